@@ -1,1 +1,208 @@
-//! (being written)
+//! `gleam-ptx`: a PTX parser and interpreter, so kernels can run honestly on a CPU when no GPU is around.
+//!
+//! The main types:
+//! - [`Module`]: a parsed PTX module ([`Module::parse`]), holding its [`Kernel`]s and module-scope
+//!   [`GlobalVar`]s. Every kernel is compiled once at parse time into a compact instruction array with
+//!   resolved register slots and branch targets; an instruction the interpreter cannot execute is recorded
+//!   and reported by [`launch`] as [`ExecError::Unsupported`] (never a silent wrong result).
+//! - [`Kernel`]: an entry point's parameter layout ([`Param`]) and resource figures (shared, local, regs).
+//! - [`GlobalMemory`]: device global memory, owned by the caller (the emu backend).
+//! - [`launch`]: runs a kernel over a grid ([`LaunchConfig`]) and returns [`LaunchStats`] or an [`ExecError`].
+//!
+//! Execution model: the threads of a block run as 32-lane warps; within a warp the lanes run in lockstep
+//! with per-lane program counters, and each step executes the instruction at the minimum PC among runnable
+//! lanes (which reconverges structured code and lets `shfl.sync`/`vote.sync` see every participating lane).
+//! `bar.sync` parks a warp until every warp of the block has arrived. Blocks run in parallel on OS threads.
+//!
+//! Address spaces: global and const addresses are device pointers (const variables live in the caller's
+//! global memory at the addresses given in `symbols`). Shared and local addresses are offsets inside the
+//! block's shared window and the thread's local window; in generic addressing they appear at
+//! [`SHARED_WINDOW`] and [`LOCAL_WINDOW`], high fixed bases that cannot collide with device pointers.
+
+mod compile;
+mod exec;
+mod lex;
+mod ops;
+mod parse;
+
+use std::collections::HashMap;
+
+pub use exec::launch;
+
+/// Base of the shared-memory window in generic addresses (`cvta.shared` adds it, `cvta.to.shared` removes it).
+pub const SHARED_WINDOW: u64 = 0xFE00_0000_0000_0000;
+/// Base of the local-memory window in generic addresses (per thread, like on hardware).
+pub const LOCAL_WINDOW: u64 = 0xFD00_0000_0000_0000;
+/// Size of each window; generic addresses in `[BASE, BASE + WINDOW_SIZE)` map to that space.
+pub const WINDOW_SIZE: u64 = 1 << 32;
+
+/// A state space of a module-scope variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateSpace {
+    Global,
+    Const,
+}
+
+/// A module-scope `.global` or `.const` variable; the caller allocates it and passes its address to
+/// [`launch`] through `symbols`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalVar {
+    pub name: String,
+    pub space: StateSpace,
+    pub size: usize,
+    pub align: usize,
+    /// Initial contents, zero-filled when the declaration has no initializer.
+    pub init: Vec<u8>,
+}
+
+/// A kernel parameter in the packed parameter buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Param {
+    pub name: String,
+    pub offset: usize,
+    pub size: usize,
+    pub align: usize,
+}
+
+/// A parsed PTX module.
+#[derive(Debug)]
+pub struct Module {
+    kernels: Vec<Kernel>,
+    globals: Vec<GlobalVar>,
+}
+
+impl Module {
+    /// Parses PTX text and compiles its kernels.
+    pub fn parse(ptx: &str) -> Result<Module, ParseError> {
+        let ast = parse::parse(ptx)?;
+        Ok(compile::build_module(&ast))
+    }
+
+    pub fn kernel(&self, name: &str) -> Option<&Kernel> {
+        self.kernels.iter().find(|k| k.name == name)
+    }
+
+    pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
+        self.kernels.iter()
+    }
+
+    /// Module-scope `.global` and `.const` variables.
+    pub fn globals(&self) -> &[GlobalVar] {
+        &self.globals
+    }
+}
+
+/// An `.entry` of a module.
+#[derive(Debug)]
+pub struct Kernel {
+    name: String,
+    params: Vec<Param>,
+    param_bytes: usize,
+    max_threads: u32,
+    num_regs: u32,
+    /// The compiled body, or why it cannot run (reported at launch).
+    program: Result<compile::Program, ExecError>,
+}
+
+impl Kernel {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Parameters in declaration order.
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    /// Total packed size of the parameters (each aligned as CUDA lays them out).
+    pub fn param_bytes(&self) -> usize {
+        self.param_bytes
+    }
+
+    pub fn static_shared_bytes(&self) -> usize {
+        self.program.as_ref().map_or(0, |p| p.shared_bytes)
+    }
+
+    pub fn local_bytes_per_thread(&self) -> usize {
+        self.program.as_ref().map_or(0, |p| p.local_bytes)
+    }
+
+    /// The `.maxntid`/`.reqntid` product, else 1024.
+    pub fn max_threads_per_block(&self) -> u32 {
+        self.max_threads
+    }
+
+    /// Declared registers (a plausible figure for `cuFuncGetAttribute`).
+    pub fn num_regs(&self) -> u32 {
+        self.num_regs
+    }
+
+    /// Why this kernel cannot run, if the compiler found an instruction it does not support.
+    pub fn unsupported(&self) -> Option<&ExecError> {
+        self.program.as_ref().err()
+    }
+}
+
+/// Device global memory, owned by the caller (the emu backend). Addresses are device pointers.
+pub trait GlobalMemory: Sync {
+    fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemoryFault>;
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), MemoryFault>;
+    /// Atomic read-modify-write of `size` (4 or 8) bytes at `addr`: `op(old) -> new`; returns old.
+    fn atomic(&self, addr: u64, size: usize, op: &mut dyn FnMut(u64) -> u64) -> Result<u64, MemoryFault>;
+}
+
+/// An access outside any allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("memory fault: {len} bytes at {addr:#x}")]
+pub struct MemoryFault {
+    pub addr: u64,
+    pub len: usize,
+}
+
+/// Grid and block dimensions of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub dynamic_shared_bytes: u32,
+}
+
+/// What a launch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaunchStats {
+    /// Instructions executed, counted once per active thread.
+    pub thread_instructions: u64,
+    /// Warp-level steps (one instruction issued for a set of lanes).
+    pub warp_steps: u64,
+    pub blocks: u64,
+}
+
+/// A syntax error in PTX text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("PTX line {line}: expected {expected}, found {found}")]
+pub struct ParseError {
+    pub line: usize,
+    pub expected: String,
+    pub found: String,
+}
+
+/// Why a launch failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecError {
+    #[error("illegal address: {space} access of {len} bytes at {addr:#x} (PTX line {line})")]
+    MemoryFault { space: &'static str, addr: u64, len: usize, line: usize },
+    #[error("misaligned address: {len}-byte access at {addr:#x} (PTX line {line})")]
+    Misaligned { addr: u64, len: usize, line: usize },
+    #[error("unsupported PTX instruction `{instruction}` at line {line}")]
+    Unsupported { instruction: String, line: usize },
+    #[error("invalid launch: {reason}")]
+    InvalidLaunch { reason: String },
+    #[error("kernel trapped at PTX line {line} (block {block:?}, thread {thread:?})")]
+    Trap { line: usize, block: [u32; 3], thread: [u32; 3] },
+    #[error("no kernel named `{0}` in the module")]
+    NoSuchKernel(String),
+    #[error("module symbol `{0}` has no address in the symbol table")]
+    MissingSymbol(String),
+    #[error("deadlock: warps of block {block:?} wait at a barrier that some warps never reach")]
+    Deadlock { block: [u32; 3] },
+}

@@ -1,0 +1,77 @@
+//! What executes a session's calls: NVIDIA's driver on a real GPU, or the GPU-less `emu` backend.
+//!
+//! [`ApiBackend`] has one method per call of the declaration list ([`crate::cuda_api!`]), each taking the
+//! call's [`args`] struct and returning its [`outs`] struct; every method defaults to
+//! `CUDA_ERROR_NOT_SUPPORTED`, so a backend implements what it can. [`ApiBackend::api`] dispatches an
+//! [`ApiCall`]. [`Backend`] adds the calls written by hand.
+
+use crate::api::{ApiCall, ApiReply, args, outs};
+use crate::types::CUresult;
+use crate::wire::{DeviceInfo, FunctionInfo, Launch};
+
+macro_rules! api_backend {
+    ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
+        /// The listed driver calls, one method each (generated from the declaration list).
+        #[allow(non_snake_case)]
+        pub trait ApiBackend {
+            $(
+                #[doc = concat!("`", stringify!($name), "`.")]
+                fn $name(&mut self, args: args::$name) -> Result<outs::$name, CUresult> {
+                    let _ = args;
+                    Err(CUresult::NOT_SUPPORTED)
+                }
+            )*
+
+            /// Executes one listed call.
+            fn api(&mut self, call: ApiCall) -> Result<ApiReply, CUresult> {
+                match call {
+                    $(ApiCall::$name(a) => self.$name(a).map(ApiReply::$name),)*
+                }
+            }
+        }
+    };
+}
+
+crate::cuda_api!(api_backend);
+
+/// A session's executor: the listed calls plus the ones with host buffers, images and launches.
+///
+/// Calls run in the session's order on one thread. Errors are CUDA's own codes; a sticky error (e.g.
+/// `CUDA_ERROR_ILLEGAL_ADDRESS` from a kernel) must keep being returned by later calls, as a real context does.
+pub trait Backend: ApiBackend {
+    /// Driver version (`cuDriverGetVersion`), backend name (`"cuda"`/`"emu"`) and the devices, once, at hello.
+    fn describe(&mut self) -> Result<(i32, String, Vec<DeviceInfo>), CUresult>;
+    /// Makes `ctx` current on the executing thread (0 = none), if it is not already.
+    fn set_current_context(&mut self, ctx: u64) -> Result<(), CUresult>;
+    /// `cuMemcpyHtoD_v2` (`stream: None`) or `cuMemcpyHtoDAsync_v2`.
+    fn memcpy_htod(&mut self, dst: u64, data: &[u8], stream: Option<u64>) -> Result<(), CUresult>;
+    /// `cuMemcpyDtoH_v2` or `cuMemcpyDtoHAsync_v2` (which must wait for the stream before returning data).
+    fn memcpy_dtoh(
+        &mut self,
+        src: u64,
+        len: usize,
+        stream: Option<u64>,
+    ) -> Result<Vec<u8>, CUresult>;
+    /// `cuModuleLoadData` of a PTX, cubin or fatbin image.
+    fn module_load(&mut self, image: &[u8]) -> Result<u64, CUresult>;
+    /// `cuModuleGetFunction`, plus the function's parameter layout and attributes.
+    fn module_get_function(
+        &mut self,
+        module: u64,
+        name: &str,
+    ) -> Result<(u64, FunctionInfo), CUresult>;
+    /// `cuLibraryLoadData`.
+    fn library_load(&mut self, image: &[u8]) -> Result<u64, CUresult> {
+        let _ = image;
+        Err(CUresult::NOT_SUPPORTED)
+    }
+    /// `cuKernelGetFunction`, plus the layout and attributes.
+    fn kernel_get_function(&mut self, kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
+        let _ = kernel;
+        Err(CUresult::NOT_SUPPORTED)
+    }
+    /// `cuLaunchKernel` with a packed parameter buffer.
+    fn launch(&mut self, launch: &Launch) -> Result<(), CUresult>;
+    /// The session is over: free everything it holds (memory, modules, streams, events, contexts).
+    fn shutdown(&mut self);
+}

@@ -1,0 +1,10 @@
+//! `gleam linkemu` (being written).
+
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("`gleam linkemu` is not built yet")
+}

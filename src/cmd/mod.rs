@@ -1,0 +1,74 @@
+//! Command-line interface: one module per subcommand.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub mod linkemu;
+pub mod mesh;
+pub mod peer;
+pub mod peers;
+pub mod run;
+pub mod serve;
+pub mod session;
+
+/// Gleam: run CUDA programs on another device's GPU, over the LAN.
+#[derive(Debug, Parser)]
+#[command(name = "gleam", version, about)]
+pub struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace). `GLEAM_LOG` overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the peer daemon: advertise this device's GPU, join the mesh, serve GPU work.
+    #[command(alias = "gleam-peer")]
+    Peer(peer::Args),
+    /// Inspect the mesh through the local daemon.
+    #[command(subcommand)]
+    Peers(peers::Command),
+    /// Create or join a mesh (the shared secret that lets devices trust each other).
+    #[command(subcommand)]
+    Mesh(mesh::Command),
+    /// Serve GPU work on one address without discovery (the mesh's identity and secret still apply).
+    Serve(serve::Args),
+    /// Run a program with Gleam's libcuda.so.1 in place, its CUDA work on a peer's GPU.
+    Run(run::Args),
+    /// Relay UDP between two addresses through an emulated link (rate, delay, jitter, loss).
+    Linkemu(linkemu::Args),
+    /// Internal: one client's session, in its own process (started by `serve`/`peer`).
+    #[command(hide = true)]
+    Session(session::Args),
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Peer(args) => peer::run(args),
+        Command::Peers(cmd) => peers::run(cmd),
+        Command::Mesh(cmd) => mesh::run(cmd),
+        Command::Serve(args) => serve::run(args),
+        Command::Run(args) => run::run(args),
+        Command::Linkemu(args) => linkemu::run(args),
+        Command::Session(args) => session::run(args),
+    }
+}
+
+/// Logs go to stderr through `tracing`; `GLEAM_LOG` (an `EnvFilter` string) wins over `-v`.
+pub fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn,gleam=info",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GLEAM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

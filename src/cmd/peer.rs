@@ -1,0 +1,10 @@
+//! `gleam peer` (being written).
+
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("`gleam peer` is not built yet")
+}
