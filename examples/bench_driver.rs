@@ -1,0 +1,137 @@
+//! Driver-level micro-benchmark: the same unmodified program runs against NVIDIA's driver (locally) and
+//! against Gleam's shim (`gleam run -- ...`), so their figures can be compared side by side.
+//!
+//! Measures, on device 0:
+//! * `sync_rtt_us`: the mean (and median) time of `cuCtxSynchronize` on an idle context — for Gleam, one
+//!   round trip to the serving peer;
+//! * `launches_per_s`: empty-kernel launches per second (N launches, then one synchronize);
+//! * `htod_mib_s` / `dtoh_mib_s`: throughput of one synchronous 256 MiB copy from/to pageable host memory.
+//!
+//! Prints one JSON object on stdout. `GLEAM_BENCH_COPY_MIB` changes the copy size, `GLEAM_BENCH_LAUNCHES`
+//! the launch count.
+
+use std::ffi::{CString, c_void};
+use std::time::Instant;
+
+use cudarc::driver::sys;
+
+/// An empty kernel with one pointer parameter, in PTX (JIT-compiled by the driver, or interpreted by emu).
+const EMPTY_PTX: &str = r#"
+.version 8.0
+.target sm_75
+.address_size 64
+
+.visible .entry empty(
+    .param .u64 empty_param_0
+)
+{
+    ret;
+}
+"#;
+
+fn check(what: &str, r: sys::CUresult) {
+    if r != sys::CUresult::CUDA_SUCCESS {
+        eprintln!("bench_driver: {what} failed: {r:?}");
+        std::process::exit(1);
+    }
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    let copy_mib = env_usize("GLEAM_BENCH_COPY_MIB", 256);
+    let launches = env_usize("GLEAM_BENCH_LAUNCHES", 20_000);
+    let syncs = env_usize("GLEAM_BENCH_SYNCS", 2_000);
+
+    unsafe {
+        check("cuInit", sys::cuInit(0));
+        let mut dev = 0;
+        check("cuDeviceGet", sys::cuDeviceGet(&mut dev, 0));
+        let mut ctx = std::ptr::null_mut();
+        check("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev));
+        check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx));
+
+        // Warm up: first calls may connect, JIT or allocate lazily.
+        for _ in 0..50 {
+            check("cuCtxSynchronize", sys::cuCtxSynchronize());
+        }
+
+        // 1. Synchronous round trip.
+        let mut samples = Vec::with_capacity(syncs);
+        for _ in 0..syncs {
+            let t = Instant::now();
+            check("cuCtxSynchronize", sys::cuCtxSynchronize());
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        let mean_rtt = samples.iter().sum::<f64>() / samples.len() as f64;
+        samples.sort_by(|a, b| a.total_cmp(b));
+        let median_rtt = samples[samples.len() / 2];
+
+        // 2. Launch rate.
+        let mut module = std::ptr::null_mut();
+        let ptx = CString::new(EMPTY_PTX).expect("no NUL in PTX");
+        check("cuModuleLoadData", sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void));
+        let mut func = std::ptr::null_mut();
+        let name = CString::new("empty").expect("no NUL");
+        check("cuModuleGetFunction", sys::cuModuleGetFunction(&mut func, module, name.as_ptr()));
+        let mut arg: u64 = 0;
+        let mut params = [&mut arg as *mut u64 as *mut c_void];
+        let launch = |n: usize| {
+            for _ in 0..n {
+                check(
+                    "cuLaunchKernel",
+                    sys::cuLaunchKernel(
+                        func,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        0,
+                        std::ptr::null_mut(),
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    ),
+                );
+            }
+            check("cuCtxSynchronize", sys::cuCtxSynchronize());
+        };
+        launch(100);
+        let t = Instant::now();
+        launch(launches);
+        let launches_per_s = launches as f64 / t.elapsed().as_secs_f64();
+
+        // 3. Bulk copies from/to pageable host memory.
+        let bytes = copy_mib << 20;
+        let host: Vec<u8> = (0..bytes).map(|i| (i * 7 + 3) as u8).collect();
+        let mut back = vec![0u8; bytes];
+        let mut dptr = 0;
+        check("cuMemAlloc", sys::cuMemAlloc_v2(&mut dptr, bytes));
+        check("cuMemcpyHtoD", sys::cuMemcpyHtoD_v2(dptr, host.as_ptr() as *const c_void, bytes));
+        let t = Instant::now();
+        check("cuMemcpyHtoD", sys::cuMemcpyHtoD_v2(dptr, host.as_ptr() as *const c_void, bytes));
+        let htod_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        check("cuMemcpyDtoH", sys::cuMemcpyDtoH_v2(back.as_mut_ptr() as *mut c_void, dptr, bytes));
+        let dtoh_s = t.elapsed().as_secs_f64();
+        if back != host {
+            eprintln!("bench_driver: the copied data came back different");
+            std::process::exit(1);
+        }
+        check("cuMemFree", sys::cuMemFree_v2(dptr));
+        check("cuModuleUnload", sys::cuModuleUnload(module));
+        check("cuDevicePrimaryCtxRelease", sys::cuDevicePrimaryCtxRelease_v2(dev));
+
+        let mib = copy_mib as f64;
+        println!(
+            "{{\"sync_rtt_us\": {mean_rtt:.2}, \"sync_rtt_median_us\": {median_rtt:.2}, \
+             \"launches_per_s\": {launches_per_s:.0}, \"htod_mib_s\": {:.1}, \"dtoh_mib_s\": {:.1}, \
+             \"copy_mib\": {copy_mib}}}",
+            mib / htod_s,
+            mib / dtoh_s
+        );
+    }
+}

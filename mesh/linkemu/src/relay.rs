@@ -1,0 +1,455 @@
+//! The IO layer: a UDP relay that pushes every datagram through a [`Link`] each way.
+//!
+//! One dedicated thread owns all sockets (non-blocking) and both links. It sleeps in `ppoll` with
+//! nanosecond timeouts until shortly before the next delivery, then spins the last stretch, because
+//! sub-millisecond delays are the whole point and async runtimes' timers tick in milliseconds.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, trace, warn};
+
+use crate::config::LinkConfig;
+use crate::link::{Link, LinkStats, Verdict};
+use crate::sys;
+
+/// Wake up a little before a delivery is due and spin the rest: `ppoll` itself can overshoot by
+/// tens of microseconds on a loaded machine.
+const SPIN_MARGIN: Duration = Duration::from_micros(100);
+/// Longest sleep, so a stop request is noticed promptly.
+const MAX_SLEEP: Duration = Duration::from_millis(10);
+/// Datagrams read from one socket before giving the other direction a turn.
+const RECV_BATCH: usize = 64;
+/// Largest UDP payload.
+const MAX_DATAGRAM: usize = 65_535;
+const SOCKET_BUFFER: usize = 8 << 20;
+/// A client's upstream socket is closed after this long without traffic either way.
+const CLIENT_IDLE: Duration = Duration::from_secs(120);
+/// More clients than this get dropped rather than exhaust file descriptors.
+const MAX_CLIENTS: usize = 1024;
+const STATS_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// A UDP relay from `listen` to `upstream` through an emulated link.
+///
+/// Clients send to `listen`; each distinct client address gets its own socket towards `upstream`
+/// (like a NAT), so the upstream's replies cross the `down` link back to the right client.
+#[derive(Debug, Clone)]
+pub struct Relay {
+    /// Where clients send. Port 0 picks a free port; see [`RelayHandle::local_addr`].
+    pub listen: SocketAddr,
+    pub upstream: SocketAddr,
+    /// Client → upstream.
+    pub up: LinkConfig,
+    /// Upstream → client.
+    pub down: LinkConfig,
+}
+
+impl Relay {
+    /// The same link both ways (the `down` RNG seed is offset so losses are independent).
+    pub fn symmetric(listen: SocketAddr, upstream: SocketAddr, link: LinkConfig) -> Self {
+        let down = LinkConfig {
+            seed: link.seed.wrapping_add(1),
+            ..link
+        };
+        Self {
+            listen,
+            upstream,
+            up: link,
+            down,
+        }
+    }
+
+    /// Binds `listen` and starts the relay thread. The relay runs until the handle is dropped.
+    pub fn spawn(self) -> Result<RelayHandle, RelayError> {
+        let socket = UdpSocket::bind(self.listen).map_err(|source| RelayError::Bind {
+            addr: self.listen,
+            source,
+        })?;
+        socket.set_nonblocking(true).map_err(RelayError::Socket)?;
+        sys::enlarge_buffers(&socket, SOCKET_BUFFER);
+        let local_addr = socket.local_addr().map_err(RelayError::Socket)?;
+        debug!(listen = %local_addr, upstream = %self.upstream, up = %self.up, down = %self.down, "link emulator relaying");
+
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            stats: Mutex::new(RelayStats::default()),
+        });
+        let engine = Engine {
+            listen: socket,
+            upstream: self.upstream,
+            up: Link::new(self.up),
+            down: Link::new(self.down),
+            clients: HashMap::new(),
+            client_ids: HashMap::new(),
+            next_client: 0,
+            send_errors: [0, 0],
+            shared: Arc::clone(&shared),
+            buf: vec![0; MAX_DATAGRAM].into_boxed_slice(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("gleam-linkemu".into())
+            .spawn(move || engine.run())
+            .map_err(RelayError::Thread)?;
+        Ok(RelayHandle {
+            local_addr,
+            upstream: self.upstream,
+            shared,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A running [`Relay`]; dropping it stops the relay and joins its thread.
+#[derive(Debug)]
+pub struct RelayHandle {
+    local_addr: SocketAddr,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RelayHandle {
+    /// The address clients send to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn upstream(&self) -> SocketAddr {
+        self.upstream
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> RelayStats {
+        *self
+            .shared
+            .stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops the relay and returns its final counters.
+    pub fn stop(mut self) -> RelayStats {
+        self.shutdown();
+        self.stats()
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            warn!("link emulator thread panicked");
+        }
+    }
+}
+
+impl Drop for RelayHandle {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Counters of a relay, per direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Client → upstream.
+    pub up: LinkStats,
+    /// Upstream → client.
+    pub down: LinkStats,
+    /// Datagrams the link delivered but the socket refused, per direction.
+    pub up_send_errors: u64,
+    pub down_send_errors: u64,
+    /// Clients seen since start.
+    pub clients: u64,
+}
+
+impl std::fmt::Display for RelayStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let side = |f: &mut std::fmt::Formatter<'_>, name, s: &LinkStats, errors| {
+            write!(
+                f,
+                "{name}: {} pkts / {} B in, {} pkts / {} B out, {} lost, {} queue drops, {} send errors",
+                s.offered_packets,
+                s.offered_bytes,
+                s.delivered_packets,
+                s.delivered_bytes,
+                s.lost_packets,
+                s.overflow_packets,
+                errors
+            )
+        };
+        side(f, "up", &self.up, self.up_send_errors)?;
+        f.write_str("; ")?;
+        side(f, "down", &self.down, self.down_send_errors)?;
+        write!(f, "; {} clients", self.clients)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot configure the relay socket")]
+    Socket(#[source] io::Error),
+    #[error("cannot start the relay thread")]
+    Thread(#[source] io::Error),
+}
+
+#[derive(Debug)]
+struct Shared {
+    stop: AtomicBool,
+    stats: Mutex<RelayStats>,
+}
+
+type ClientId = u64;
+
+/// What travels through either link: the datagram and whose it is.
+type Payload = (ClientId, Box<[u8]>);
+
+struct Client {
+    addr: SocketAddr,
+    /// Connected to the upstream.
+    socket: UdpSocket,
+    last_active: Instant,
+}
+
+/// Everything the relay thread owns.
+struct Engine {
+    listen: UdpSocket,
+    upstream: SocketAddr,
+    up: Link<Payload>,
+    down: Link<Payload>,
+    clients: HashMap<ClientId, Client>,
+    client_ids: HashMap<SocketAddr, ClientId>,
+    next_client: ClientId,
+    send_errors: [u64; 2],
+    shared: Arc<Shared>,
+    buf: Box<[u8]>,
+}
+
+impl Engine {
+    fn run(mut self) {
+        sys::tighten_timer_slack();
+        let mut last_sweep = Instant::now();
+        let mut last_log = last_sweep;
+        while !self.shared.stop.load(Ordering::Relaxed) {
+            let mut busy = self.receive_from_clients();
+            busy |= self.receive_from_upstream();
+            let sent = self.transmit(Instant::now());
+            if busy || sent {
+                self.publish_stats();
+            }
+
+            let now = Instant::now();
+            if now - last_sweep >= Duration::from_secs(1) {
+                self.expire_clients(now);
+                last_sweep = now;
+            }
+            if now - last_log >= STATS_LOG_EVERY {
+                debug!(stats = %self.stats(), "link emulator");
+                last_log = now;
+            }
+            if busy {
+                // A socket may hold more; read it before sleeping.
+                continue;
+            }
+            self.wait(now);
+        }
+        self.publish_stats();
+        debug!(stats = %self.stats(), "link emulator stopped");
+    }
+
+    /// Sleeps until a socket is readable or shortly before the next delivery, then returns;
+    /// inside the spin margin it only yields.
+    fn wait(&self, now: Instant) {
+        let next = [self.up.poll_timeout(), self.down.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        let wait = next.map_or(MAX_SLEEP, |at| at.saturating_duration_since(now));
+        if wait <= SPIN_MARGIN {
+            if !wait.is_zero() {
+                std::thread::yield_now();
+            }
+            return;
+        }
+        let sleep = (wait - SPIN_MARGIN).min(MAX_SLEEP);
+        let mut fds = Vec::with_capacity(1 + self.clients.len());
+        fds.push(self.listen.as_raw_fd());
+        fds.extend(self.clients.values().map(|c| c.socket.as_raw_fd()));
+        if let Err(err) = sys::wait_readable(&fds, sleep) {
+            // Never expected; sleep instead of spinning on a broken poll.
+            warn!(error = %err, "ppoll failed");
+            std::thread::sleep(sleep);
+        }
+    }
+
+    /// Reads datagrams from clients into the `up` link. True if any arrived.
+    fn receive_from_clients(&mut self) -> bool {
+        let mut any = false;
+        for _ in 0..RECV_BATCH {
+            let (len, from) = match self.listen.recv_from(&mut self.buf) {
+                Ok(received) => received,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                Err(err) => {
+                    // ICMP errors from earlier sends surface here; they concern one datagram.
+                    trace!(error = %err, "recv from clients");
+                    continue;
+                }
+            };
+            any = true;
+            let now = Instant::now();
+            let Some(id) = self.client(from, now) else {
+                continue;
+            };
+            let payload = (id, Box::from(&self.buf[..len]));
+            if let Verdict::Dropped(reason) = self.up.handle_datagram(now, len, payload) {
+                trace!(?reason, len, "up: dropped");
+            }
+        }
+        any
+    }
+
+    /// Reads replies from the upstream into the `down` link. True if any arrived.
+    fn receive_from_upstream(&mut self) -> bool {
+        let mut any = false;
+        for (&id, client) in &mut self.clients {
+            for _ in 0..RECV_BATCH {
+                let len = match client.socket.recv(&mut self.buf) {
+                    Ok(len) => len,
+                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(err) => {
+                        // Typically ECONNREFUSED: nothing listens upstream (yet).
+                        trace!(client = %client.addr, error = %err, "recv from upstream");
+                        continue;
+                    }
+                };
+                any = true;
+                let now = Instant::now();
+                client.last_active = now;
+                let payload = (id, Box::from(&self.buf[..len]));
+                if let Verdict::Dropped(reason) = self.down.handle_datagram(now, len, payload) {
+                    trace!(?reason, len, "down: dropped");
+                }
+            }
+        }
+        any
+    }
+
+    /// Sends every datagram due at `now`. True if any left.
+    fn transmit(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        while let Some(datagram) = self.up.poll_transmit(now) {
+            any = true;
+            let (id, bytes) = datagram.payload;
+            let sent = match self.clients.get(&id) {
+                Some(client) => client.socket.send(&bytes),
+                None => Err(io::ErrorKind::NotFound.into()),
+            };
+            if let Err(err) = sent {
+                self.send_errors[0] += 1;
+                trace!(error = %err, "up: send failed");
+            }
+        }
+        while let Some(datagram) = self.down.poll_transmit(now) {
+            any = true;
+            let (id, bytes) = datagram.payload;
+            let sent = match self.clients.get(&id) {
+                Some(client) => self.listen.send_to(&bytes, client.addr),
+                None => Err(io::ErrorKind::NotFound.into()),
+            };
+            if let Err(err) = sent {
+                self.send_errors[1] += 1;
+                trace!(error = %err, "down: send failed");
+            }
+        }
+        any
+    }
+
+    /// The client id for `addr`, opening its upstream socket on first sight.
+    fn client(&mut self, addr: SocketAddr, now: Instant) -> Option<ClientId> {
+        if let Some(&id) = self.client_ids.get(&addr) {
+            if let Some(client) = self.clients.get_mut(&id) {
+                client.last_active = now;
+            }
+            return Some(id);
+        }
+        if self.clients.len() >= MAX_CLIENTS {
+            debug!(client = %addr, "too many clients; dropping");
+            return None;
+        }
+        let socket = match self.upstream_socket() {
+            Ok(socket) => socket,
+            Err(err) => {
+                warn!(client = %addr, error = %err, "cannot open a socket towards the upstream");
+                return None;
+            }
+        };
+        let id = self.next_client;
+        self.next_client += 1;
+        debug!(client = %addr, via = ?socket.local_addr().ok(), "new client");
+        self.clients.insert(
+            id,
+            Client {
+                addr,
+                socket,
+                last_active: now,
+            },
+        );
+        self.client_ids.insert(addr, id);
+        Some(id)
+    }
+
+    fn upstream_socket(&self) -> io::Result<UdpSocket> {
+        let any: IpAddr = match self.upstream {
+            SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+            SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+        };
+        let socket = UdpSocket::bind((any, 0))?;
+        socket.connect(self.upstream)?;
+        socket.set_nonblocking(true)?;
+        sys::enlarge_buffers(&socket, SOCKET_BUFFER);
+        Ok(socket)
+    }
+
+    fn expire_clients(&mut self, now: Instant) {
+        let client_ids = &mut self.client_ids;
+        self.clients.retain(|_, client| {
+            let keep = now - client.last_active < CLIENT_IDLE;
+            if !keep {
+                debug!(client = %client.addr, "client idle; closing its upstream socket");
+                client_ids.remove(&client.addr);
+            }
+            keep
+        });
+    }
+
+    fn stats(&self) -> RelayStats {
+        RelayStats {
+            up: self.up.stats(),
+            down: self.down.stats(),
+            up_send_errors: self.send_errors[0],
+            down_send_errors: self.send_errors[1],
+            clients: self.next_client,
+        }
+    }
+
+    fn publish_stats(&self) {
+        let stats = self.stats();
+        *self
+            .shared
+            .stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = stats;
+    }
+}

@@ -1,0 +1,257 @@
+//! TLS 1.3 and QUIC configuration for every Gleam connection.
+//!
+//! Both sides present a self-signed certificate ([`Identity`]). A client pins the server: the
+//! server's SubjectPublicKeyInfo must hash to the [`PeerId`] the client expected (learned from
+//! mDNS or given by the user). A server accepts any well-formed certificate and learns the
+//! client's id after the handshake ([`remote_peer_id`]); whether that client may do anything is
+//! decided by the mesh-secret proof in [`crate::auth`], not by TLS.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::crypto::rustls::{NoInitialCipherSuite, QuicClientConfig, QuicServerConfig};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+
+use crate::identity::{Identity, PeerId};
+
+/// ALPN of mesh traffic: gossip, probes, daemon-to-daemon requests.
+pub const ALPN_MESH: &[u8] = b"gleam-mesh/1";
+/// ALPN of a CUDA session (a client shim talking to a serving peer).
+pub const ALPN_CUDA: &[u8] = b"gleam-cuda/1";
+
+/// The server config of a peer: TLS 1.3 only, client certificate required, both ALPNs accepted
+/// ([`ALPN_MESH`], [`ALPN_CUDA`]), transport tuned for a LAN ([`transport_config`]).
+pub fn server_config(id: &Identity) -> Result<quinn::ServerConfig, TlsError> {
+    let provider = provider();
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(Arc::new(AnyPeerVerifier {
+            algorithms: provider.signature_verification_algorithms,
+        }))
+        .with_single_cert(vec![id.certificate().clone()], id.private_key())?;
+    tls.alpn_protocols = vec![ALPN_MESH.to_vec(), ALPN_CUDA.to_vec()];
+    // No session tickets: connections are long-lived, and a resumed session would skip the
+    // certificate checks that tie a connection to a PeerId.
+    tls.send_tls13_tickets = 0;
+    tls.max_early_data_size = 0;
+    let quic = QuicServerConfig::try_from(tls)?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
+    config.transport_config(Arc::new(transport_config()));
+    Ok(config)
+}
+
+/// The client config for connecting to the peer `expected`, offering ALPN `alpn`.
+///
+/// The handshake fails unless the server's key hashes to `expected`. Connect with any valid DNS
+/// name, conventionally [`server_name`]`(expected)`.
+pub fn client_config(
+    id: &Identity,
+    expected: PeerId,
+    alpn: &[u8],
+) -> Result<quinn::ClientConfig, TlsError> {
+    let provider = provider();
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedPeerVerifier {
+            expected,
+            algorithms: provider.signature_verification_algorithms,
+        }))
+        .with_client_auth_cert(vec![id.certificate().clone()], id.private_key())?;
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    tls.resumption = rustls::client::Resumption::disabled();
+    tls.enable_early_data = false;
+    let quic = QuicClientConfig::try_from(tls)?;
+    let mut config = quinn::ClientConfig::new(Arc::new(quic));
+    config.transport_config(Arc::new(transport_config()));
+    Ok(config)
+}
+
+/// The PeerId of the other side of an established connection (from the certificate it
+/// presented; both sides always present one).
+pub fn remote_peer_id(conn: &quinn::Connection) -> Result<PeerId, TlsError> {
+    let identity = conn.peer_identity().ok_or(TlsError::NoPeerCertificate)?;
+    let certs = identity
+        .downcast::<Vec<CertificateDer<'static>>>()
+        .map_err(|_| TlsError::NoPeerCertificate)?;
+    let cert = certs.first().ok_or(TlsError::NoPeerCertificate)?;
+    PeerId::from_certificate(cert).map_err(TlsError::PeerCertificate)
+}
+
+/// The TLS server name used when connecting to `peer` (`<id>.gleam.invalid`; `.invalid` never
+/// resolves). The verifier checks the key, not the name; the name only keeps logs readable.
+pub fn server_name(peer: PeerId) -> String {
+    format!("{peer}.gleam.invalid")
+}
+
+/// The QUIC transport settings for a LAN: failures noticed within seconds, a short first
+/// retransmission timeout, and flow-control windows large enough for bulk copies at 10-25 Gbit/s.
+pub fn transport_config() -> quinn::TransportConfig {
+    let mut transport = quinn::TransportConfig::default();
+    // Keep-alive well under the idle timeout, so a live but quiet peer never times out, and a
+    // dead one is detected within IDLE_TIMEOUT_MS.
+    transport.keep_alive_interval(Some(KEEP_ALIVE));
+    transport.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(
+        IDLE_TIMEOUT_MS,
+    ))));
+    // LAN round trips are sub-millisecond; quinn's 333 ms default would make the first loss cost
+    // a third of a second.
+    transport.initial_rtt(Duration::from_millis(10));
+    // Per-stream credit below the connection's, so one stalled stream cannot take all of it.
+    transport.stream_receive_window(quinn::VarInt::from_u32(STREAM_WINDOW));
+    transport.receive_window(quinn::VarInt::from_u32(CONNECTION_WINDOW));
+    transport.send_window(u64::from(CONNECTION_WINDOW));
+    // One bidi stream per CUDA stream, plus request streams: allow many at once.
+    transport.max_concurrent_bidi_streams(quinn::VarInt::from_u32(MAX_STREAMS));
+    transport.max_concurrent_uni_streams(quinn::VarInt::from_u32(MAX_STREAMS));
+    transport
+}
+
+/// Configuring TLS or reading the peer's identity failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// The rustls config could not be built (e.g. the key does not match the certificate).
+    #[error("TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+    /// The crypto provider offers no cipher suite QUIC can use for its initial packets.
+    #[error("TLS configuration: {0}")]
+    NoInitialCipherSuite(#[from] NoInitialCipherSuite),
+    /// The connection has no peer certificate (not a Gleam connection, or not yet established).
+    #[error("the connection carries no peer certificate")]
+    NoPeerCertificate,
+    /// The peer's certificate did not parse.
+    #[error("peer certificate: {0}")]
+    PeerCertificate(#[source] rustls::Error),
+}
+
+/// The server's key does not match the id the client expected.
+#[derive(Debug, thiserror::Error)]
+#[error("peer id mismatch: expected {expected}, the server's key is {actual}")]
+pub struct PeerIdMismatch {
+    /// The id the client wanted to reach.
+    pub expected: PeerId,
+    /// The id of the key the server presented.
+    pub actual: PeerId,
+}
+
+/// Client side: accept the server's certificate only if its key hashes to `expected`.
+#[derive(Debug)]
+struct PinnedPeerVerifier {
+    expected: PeerId,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for PinnedPeerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if !intermediates.is_empty() {
+            return Err(rustls::CertificateError::UnknownIssuer.into());
+        }
+        let actual = PeerId::from_certificate(end_entity)?;
+        if actual != self.expected {
+            let mismatch = PeerIdMismatch {
+                expected: self.expected,
+                actual,
+            };
+            tracing::warn!(%mismatch, "refusing server");
+            return Err(
+                rustls::CertificateError::Other(rustls::OtherError(Arc::new(mismatch))).into(),
+            );
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        // Unreachable: the config only allows TLS 1.3.
+        Err(rustls::PeerIncompatible::Tls13RequiredForQuic.into())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// Server side: require a client certificate, accept any well-formed one (the handshake proves
+/// the client holds its key); membership is checked afterwards by [`crate::auth`].
+#[derive(Debug)]
+struct AnyPeerVerifier {
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ClientCertVerifier for AnyPeerVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        if !intermediates.is_empty() {
+            return Err(rustls::CertificateError::UnknownIssuer.into());
+        }
+        PeerId::from_certificate(end_entity)?;
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::PeerIncompatible::Tls13RequiredForQuic.into())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// The crypto provider is chosen explicitly, so the process-wide default (which other crates in
+/// the same process may set differently) does not matter.
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
+const IDLE_TIMEOUT_MS: u32 = 5_000;
+const KEEP_ALIVE: Duration = Duration::from_secs(1);
+const MAX_STREAMS: u32 = 1024;
+const STREAM_WINDOW: u32 = 16 * 1024 * 1024;

@@ -1,0 +1,1213 @@
+//! Lowers a parsed kernel into a flat [`Program`]: register names become slot indices, immediates and symbol
+//! addresses become constant slots, labels become instruction indices, and `.func` calls are inlined (each
+//! call site gets its own registers and local frame). Everything that needs a string comparison happens
+//! here, once, so the interpreter never does.
+
+use std::collections::HashMap;
+
+use crate::ops::{self, AtomOp, CvtSpec, F1, F2, F3, F4, Rnd};
+use crate::parse::{Ast, Func, Instr, Operand, Stmt, Ty, VarDecl};
+use crate::{ExecError, GlobalVar, Kernel, Module, Param, StateSpace};
+
+/// A register slot index.
+pub type R = u32;
+/// No register (unguarded instruction, absent operand).
+pub const NONE: R = u32::MAX;
+
+pub const FL_FTZ: u8 = 1;
+pub const FL_SAT: u8 = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Space {
+    Global,
+    Shared,
+    Local,
+    /// Kernel parameter buffer.
+    Param,
+    Generic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Special {
+    Tid(usize),
+    Ntid(usize),
+    Ctaid(usize),
+    Nctaid(usize),
+    LaneId,
+    WarpId,
+    NWarpId,
+    LaneMaskEq,
+    LaneMaskLt,
+    LaneMaskLe,
+    LaneMaskGt,
+    LaneMaskGe,
+    Zero,
+    DynSmem,
+    TotalSmem,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConstVal {
+    Imm(u64),
+    /// Address of module global `global_syms[i]` plus an offset.
+    Global(usize, i64),
+    /// Offset of dynamic shared memory (after all static shared variables) plus an offset.
+    DynShared(i64),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Op {
+    Un { f: F1, d: R, a: R, fl: u8 },
+    Bin { f: F2, d: R, a: R, b: R, fl: u8 },
+    Tern { f: F3, d: R, a: R, b: R, c: R, fl: u8 },
+    Quad { f: F4, d: R, a: R, b: R, c: R, e: R },
+    Mov { d: R, a: R },
+    /// `setp`: d = cmp(a, b) comb c; dn = !cmp(a, b) comb c. comb: 0 none, 1 and, 2 or, 3 xor.
+    Setp { f: F2, comb: u8, d: R, dn: R, a: R, b: R, c: R, cneg: bool },
+    /// `selp d, a, b, c`: c ? a : b.
+    Selp { d: R, a: R, b: R, c: R, cneg: bool },
+    /// Predicate logic: `and/or/xor/not` on .pred.
+    PredOp { op: u8, d: R, a: R, b: R },
+    Cvt { d: R, a: R, spec: CvtSpec },
+    Pack { d: R, n: u8, bits: u8, src: [R; 4] },
+    Unpack { a: R, n: u8, bits: u8, dst: [R; 4] },
+    Ld { space: Space, size: u8, signed: bool, n: u8, dst: [R; 4], base: R, off: i64 },
+    St { space: Space, size: u8, n: u8, src: [R; 4], base: R, off: i64 },
+    Atom { space: Space, op: AtomOp, signed: bool, size: u8, d: R, base: R, off: i64, b: R, c: R },
+    /// `cvta` between a specific space and generic: adds (`to == false`) or subtracts the window base.
+    Cvta { d: R, a: R, window: u64, to: bool },
+    IsSpace { d: R, a: R, space: Space },
+    Bra { target: u32 },
+    Exit,
+    Bar,
+    /// `shfl.sync`: mode 0 up, 1 down, 2 bfly, 3 idx.
+    Shfl { mode: u8, d: R, dp: R, a: R, b: R, c: R },
+    /// `vote.sync`: mode 0 all, 1 any, 2 uni, 3 ballot.
+    Vote { mode: u8, d: R, a: R, aneg: bool },
+    /// `redux.sync`: op 0 add, 1 min, 2 max, 3 and, 4 or, 5 xor.
+    Redux { op: u8, signed: bool, d: R, a: R },
+    Activemask { d: R },
+    Clock { d: R },
+    Trap,
+    Nop,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Inst {
+    pub op: Op,
+    pub guard: R,
+    pub gneg: bool,
+    pub line: u32,
+}
+
+#[derive(Debug)]
+pub struct Program {
+    pub code: Vec<Inst>,
+    pub nregs: u32,
+    pub consts: Vec<(R, ConstVal)>,
+    pub specials: Vec<(R, Special)>,
+    pub global_syms: Vec<String>,
+    pub shared_bytes: usize,
+    pub local_bytes: usize,
+}
+
+pub fn build_module(ast: &Ast) -> Module {
+    let globals = ast
+        .vars
+        .iter()
+        .filter(|v| v.space == "global" || v.space == "const")
+        .map(|v| {
+            let size = v.size.unwrap_or(0);
+            let mut init = v.init.clone().unwrap_or_default();
+            init.resize(size, 0);
+            GlobalVar {
+                name: v.name.clone(),
+                space: if v.space == "const" { StateSpace::Const } else { StateSpace::Global },
+                size,
+                align: v.align,
+                init,
+            }
+        })
+        .collect();
+    let kernels = ast.funcs.iter().filter(|f| f.is_entry && f.body.is_some()).map(|f| build_kernel(ast, f)).collect();
+    Module { kernels, globals }
+}
+
+fn align_up(v: usize, a: usize) -> usize {
+    let a = a.max(1);
+    v.div_ceil(a) * a
+}
+
+fn build_kernel(ast: &Ast, f: &Func) -> Kernel {
+    let mut params = Vec::new();
+    let mut off = 0;
+    for p in &f.params {
+        let size = p.size.unwrap_or(0);
+        off = align_up(off, p.align);
+        params.push(Param { name: p.name.clone(), offset: off, size, align: p.align });
+        off += size;
+    }
+    let declared_regs: usize = f
+        .body
+        .iter()
+        .flatten()
+        .map(|s| match s {
+            Stmt::Reg { ty, names, .. } if *ty != Ty::Pred => names.len() * if ty.size() == 8 { 2 } else { 1 },
+            _ => 0,
+        })
+        .sum();
+    let mut cx = Cx::new(ast);
+    let program = cx.kernel(f, &params);
+    Kernel {
+        name: f.name.clone(),
+        param_bytes: off,
+        params,
+        max_threads: f.max_threads.unwrap_or(1024),
+        num_regs: (declared_regs as u32).clamp(16, 255),
+        program,
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Sym {
+    Reg(R),
+    /// Offset in the thread's local frame (`.local` variables and call-argument `.param` variables).
+    Local(u64),
+    Shared(u64),
+    /// Offset in the kernel parameter buffer.
+    KParam(u64),
+}
+
+struct Cx<'a> {
+    ast: &'a Ast,
+    code: Vec<Inst>,
+    nregs: u32,
+    consts: Vec<(R, ConstVal)>,
+    const_map: HashMap<ConstKey, R>,
+    specials: Vec<(R, Special)>,
+    global_syms: Vec<String>,
+    shared: HashMap<String, u64>,
+    shared_bytes: usize,
+    local_bytes: usize,
+    scopes: Vec<HashMap<String, Sym>>,
+    labels: Vec<Option<u32>>,
+    fixups: Vec<(usize, usize)>,
+    depth: usize,
+    sink: R,
+}
+
+#[derive(Hash, PartialEq, Eq, Clone, Copy)]
+enum ConstKey {
+    Imm(u64),
+    Global(usize, i64),
+    Dyn(i64),
+    Special(u8, u8),
+}
+
+fn unsupported(ins: &Instr, why: &str) -> ExecError {
+    let mut text = ins.opcode.clone();
+    for m in &ins.mods {
+        text.push('.');
+        text.push_str(m);
+    }
+    if !why.is_empty() {
+        text.push_str(" (");
+        text.push_str(why);
+        text.push(')');
+    }
+    ExecError::Unsupported { instruction: text, line: ins.line }
+}
+
+type Res<T> = Result<T, ExecError>;
+
+/// Modifiers that change nothing for a sequentially consistent interpreter.
+fn ignorable(m: &str) -> bool {
+    matches!(
+        m,
+        "nc" | "volatile"
+            | "relaxed"
+            | "acquire"
+            | "release"
+            | "acq_rel"
+            | "weak"
+            | "strong"
+            | "mmio"
+            | "ca"
+            | "cg"
+            | "cs"
+            | "lu"
+            | "cv"
+            | "wb"
+            | "wt"
+            | "gpu"
+            | "sys"
+            | "cta"
+            | "cluster"
+            | "uni"
+            | "sync"
+            | "aligned"
+            | "approx"
+            | "full"
+            | "noftz"
+            | "cc"
+            | "to"
+    ) || m.starts_with("L1::")
+        || m.starts_with("L2::")
+}
+
+impl<'a> Cx<'a> {
+    fn new(ast: &'a Ast) -> Self {
+        let mut cx = Cx {
+            ast,
+            code: Vec::new(),
+            nregs: 0,
+            consts: Vec::new(),
+            const_map: HashMap::new(),
+            specials: Vec::new(),
+            global_syms: Vec::new(),
+            shared: HashMap::new(),
+            shared_bytes: 0,
+            local_bytes: 0,
+            scopes: Vec::new(),
+            labels: Vec::new(),
+            fixups: Vec::new(),
+            depth: 0,
+            sink: 0,
+        };
+        cx.sink = cx.new_reg();
+        cx
+    }
+
+    fn new_reg(&mut self) -> R {
+        self.nregs += 1;
+        self.nregs - 1
+    }
+
+    fn konst(&mut self, key: ConstKey, val: ConstVal) -> R {
+        if let Some(r) = self.const_map.get(&key) {
+            return *r;
+        }
+        let r = self.new_reg();
+        self.const_map.insert(key, r);
+        self.consts.push((r, val));
+        r
+    }
+
+    fn imm(&mut self, v: u64) -> R {
+        self.konst(ConstKey::Imm(v), ConstVal::Imm(v))
+    }
+
+    fn special(&mut self, name: &str) -> Option<R> {
+        let dim = |s: &str| match s {
+            "x" => Some(0),
+            "y" => Some(1),
+            "z" => Some(2),
+            _ => None,
+        };
+        let sp = if let Some((base, d)) = name.rsplit_once('.') {
+            let d = dim(d)?;
+            match base {
+                "%tid" => Special::Tid(d),
+                "%ntid" => Special::Ntid(d),
+                "%ctaid" => Special::Ctaid(d),
+                "%nctaid" => Special::Nctaid(d),
+                _ => return None,
+            }
+        } else {
+            match name {
+                "%laneid" => Special::LaneId,
+                "%warpid" => Special::WarpId,
+                "%nwarpid" => Special::NWarpId,
+                "%lanemask_eq" => Special::LaneMaskEq,
+                "%lanemask_lt" => Special::LaneMaskLt,
+                "%lanemask_le" => Special::LaneMaskLe,
+                "%lanemask_gt" => Special::LaneMaskGt,
+                "%lanemask_ge" => Special::LaneMaskGe,
+                "%smid" | "%gridid" | "%clusterid" => Special::Zero,
+                "%nsmid" => Special::Zero,
+                "%dynamic_smem_size" => Special::DynSmem,
+                "%total_smem_size" => Special::TotalSmem,
+                _ => return None,
+            }
+        };
+        let code = match sp {
+            Special::Tid(d) => (0, d as u8),
+            Special::Ntid(d) => (1, d as u8),
+            Special::Ctaid(d) => (2, d as u8),
+            Special::Nctaid(d) => (3, d as u8),
+            Special::LaneId => (4, 0),
+            Special::WarpId => (5, 0),
+            Special::NWarpId => (6, 0),
+            Special::LaneMaskEq => (7, 0),
+            Special::LaneMaskLt => (8, 0),
+            Special::LaneMaskLe => (9, 0),
+            Special::LaneMaskGt => (10, 0),
+            Special::LaneMaskGe => (11, 0),
+            Special::Zero => (12, 0),
+            Special::DynSmem => (13, 0),
+            Special::TotalSmem => (14, 0),
+        };
+        let key = ConstKey::Special(code.0, code.1);
+        if let Some(r) = self.const_map.get(&key) {
+            return Some(*r);
+        }
+        let r = self.new_reg();
+        self.const_map.insert(key, r);
+        self.specials.push((r, sp));
+        Some(r)
+    }
+
+    fn lookup(&self, name: &str) -> Option<Sym> {
+        self.scopes.iter().rev().find_map(|s| s.get(name).copied())
+    }
+
+    fn declare(&mut self, name: &str, sym: Sym) {
+        if let Some(s) = self.scopes.last_mut() {
+            s.insert(name.to_string(), sym);
+        }
+    }
+
+    fn alloc_local(&mut self, size: usize, align: usize) -> u64 {
+        self.local_bytes = align_up(self.local_bytes, align);
+        let off = self.local_bytes;
+        self.local_bytes += size;
+        off as u64
+    }
+
+    fn alloc_shared(&mut self, key: &str, size: usize, align: usize) -> u64 {
+        if let Some(o) = self.shared.get(key) {
+            return *o;
+        }
+        self.shared_bytes = align_up(self.shared_bytes, align);
+        let off = self.shared_bytes as u64;
+        self.shared_bytes += size;
+        self.shared.insert(key.to_string(), off);
+        off
+    }
+
+    /// Address (in its own space) of a symbol, as a constant slot, plus the space it lives in.
+    fn sym_addr(&mut self, name: &str, off: i64) -> Option<(R, Space)> {
+        match self.lookup(name) {
+            Some(Sym::Reg(_)) => None,
+            Some(Sym::Local(o)) => Some((self.imm(o.wrapping_add(off as u64)), Space::Local)),
+            Some(Sym::Shared(o)) => Some((self.imm(o.wrapping_add(off as u64)), Space::Shared)),
+            Some(Sym::KParam(o)) => Some((self.imm(o.wrapping_add(off as u64)), Space::Param)),
+            None => {
+                let v = self.ast.vars.iter().find(|v| v.name == name)?;
+                match v.space.as_str() {
+                    "global" | "const" => {
+                        let idx = match self.global_syms.iter().position(|s| s == name) {
+                            Some(i) => i,
+                            None => {
+                                self.global_syms.push(name.to_string());
+                                self.global_syms.len() - 1
+                            }
+                        };
+                        Some((self.konst(ConstKey::Global(idx, off), ConstVal::Global(idx, off)), Space::Global))
+                    }
+                    "shared" => match v.size {
+                        Some(size) => {
+                            let o = self.alloc_shared(name, size, v.align);
+                            Some((self.imm(o.wrapping_add(off as u64)), Space::Shared))
+                        }
+                        None => Some((self.konst(ConstKey::Dyn(off), ConstVal::DynShared(off)), Space::Shared)),
+                    },
+                    _ => None,
+                }
+            }
+        }
+    }
+
+    fn emit(&mut self, ins: &Instr, op: Op) -> Res<()> {
+        let (guard, gneg) = match &ins.guard {
+            None => (NONE, false),
+            Some((neg, p)) => match self.lookup(p) {
+                Some(Sym::Reg(r)) => (r, *neg),
+                _ => return Err(unsupported(ins, &format!("unknown guard predicate {p}"))),
+            },
+        };
+        self.code.push(Inst { op, guard, gneg, line: ins.line as u32 });
+        Ok(())
+    }
+
+    fn kernel(&mut self, f: &Func, params: &[Param]) -> Res<Program> {
+        let mut base = HashMap::new();
+        for p in params {
+            base.insert(p.name.clone(), Sym::KParam(p.offset as u64));
+        }
+        let body = f.body.as_deref().unwrap_or(&[]);
+        self.body(body, base, None)?;
+        for (at, label) in std::mem::take(&mut self.fixups) {
+            let Some(target) = self.labels[label] else {
+                return Err(ExecError::Unsupported {
+                    instruction: "bra to an undefined label".into(),
+                    line: self.code[at].line as usize,
+                });
+            };
+            if let Op::Bra { target: t } = &mut self.code[at].op {
+                *t = target;
+            }
+        }
+        // Falling off the end of a kernel exits.
+        self.code.push(Inst { op: Op::Exit, guard: NONE, gneg: false, line: f.line as u32 });
+        Ok(Program {
+            code: std::mem::take(&mut self.code),
+            nregs: self.nregs,
+            consts: std::mem::take(&mut self.consts),
+            specials: std::mem::take(&mut self.specials),
+            global_syms: std::mem::take(&mut self.global_syms),
+            shared_bytes: self.shared_bytes,
+            local_bytes: self.local_bytes,
+        })
+    }
+
+    /// Compiles one function body instance; `ret` branches to `ret_label` (inlined call) or exits (kernel).
+    fn body(&mut self, body: &[Stmt], base: HashMap<String, Sym>, ret_label: Option<usize>) -> Res<()> {
+        let saved = std::mem::take(&mut self.scopes);
+        self.scopes.push(base);
+        // Labels are function-scoped.
+        let mut labels = HashMap::new();
+        for s in body {
+            if let Stmt::Label(l) = s {
+                labels.insert(l.clone(), self.labels.len());
+                self.labels.push(None);
+            }
+        }
+        for s in body {
+            match s {
+                Stmt::Open => self.scopes.push(HashMap::new()),
+                Stmt::Close => {
+                    if self.scopes.len() > 1 {
+                        self.scopes.pop();
+                    }
+                }
+                Stmt::Label(l) => {
+                    if let Some(&id) = labels.get(l) {
+                        self.labels[id] = Some(self.code.len() as u32);
+                    }
+                }
+                Stmt::Reg { names, .. } => {
+                    for n in names {
+                        let r = self.new_reg();
+                        self.declare(n, Sym::Reg(r));
+                    }
+                }
+                Stmt::Var(v) => self.local_var(v)?,
+                Stmt::Instr(ins) => self.instr(ins, &labels, ret_label)?,
+            }
+        }
+        self.scopes = saved;
+        Ok(())
+    }
+
+    fn local_var(&mut self, v: &VarDecl) -> Res<()> {
+        let size = v.size.unwrap_or(0);
+        let sym = match v.space.as_str() {
+            "local" | "param" => Sym::Local(self.alloc_local(size, v.align)),
+            "shared" => {
+                let key = format!("{}@{}", v.name, v.line);
+                Sym::Shared(self.alloc_shared(&key, size, v.align))
+            }
+            _ => {
+                return Err(ExecError::Unsupported {
+                    instruction: format!("function-scope .{} variable {}", v.space, v.name),
+                    line: v.line,
+                });
+            }
+        };
+        self.declare(&v.name, sym);
+        Ok(())
+    }
+
+    /// A source operand as a slot; immediates are converted to `ty`'s representation.
+    fn src(&mut self, ins: &Instr, o: &Operand, ty: Ty) -> Res<R> {
+        match o {
+            Operand::Reg(n) => {
+                if let Some(Sym::Reg(r)) = self.lookup(n) {
+                    return Ok(r);
+                }
+                if let Some(r) = self.special(n) {
+                    return Ok(r);
+                }
+                if let Some((r, _)) = self.sym_addr(n, 0) {
+                    return Ok(r);
+                }
+                Err(unsupported(ins, &format!("unknown operand {n}")))
+            }
+            Operand::SymOff(n, off) => match self.sym_addr(n, *off) {
+                Some((r, _)) => Ok(r),
+                None => Err(unsupported(ins, &format!("unknown symbol {n}"))),
+            },
+            Operand::Int(v) => {
+                let bits = match ty {
+                    Ty::F32 => (*v as f32).to_bits() as u64,
+                    Ty::F64 => (*v as f64).to_bits(),
+                    _ => *v as u64,
+                };
+                Ok(self.imm(bits))
+            }
+            Operand::F32(b) => {
+                let f = f32::from_bits(*b);
+                let bits = match ty {
+                    Ty::F64 => (f as f64).to_bits(),
+                    Ty::F16 => ops::f2h(f),
+                    Ty::Bf16 => ops::f2b(f),
+                    _ => *b as u64,
+                };
+                Ok(self.imm(bits))
+            }
+            Operand::F64(b) => {
+                let f = f64::from_bits(*b);
+                let bits = match ty {
+                    Ty::F32 => (f as f32).to_bits() as u64,
+                    Ty::F16 => half::f16::from_f64(f).to_bits() as u64,
+                    Ty::Bf16 => half::bf16::from_f64(f).to_bits() as u64,
+                    _ => *b,
+                };
+                Ok(self.imm(bits))
+            }
+            _ => Err(unsupported(ins, "unexpected operand form")),
+        }
+    }
+
+    fn dst(&mut self, ins: &Instr, o: &Operand) -> Res<R> {
+        match o {
+            Operand::Reg(n) => match self.lookup(n) {
+                Some(Sym::Reg(r)) => Ok(r),
+                _ => Err(unsupported(ins, &format!("unknown destination {n}"))),
+            },
+            Operand::Sink => Ok(self.sink),
+            _ => Err(unsupported(ins, "destination is not a register")),
+        }
+    }
+
+    fn pred_src(&mut self, ins: &Instr, o: &Operand) -> Res<(R, bool)> {
+        match o {
+            Operand::NotReg(n) => Ok((self.src(ins, &Operand::Reg(n.clone()), Ty::Pred)?, true)),
+            Operand::Int(v) => Ok((self.imm((*v != 0) as u64), false)),
+            o => Ok((self.src(ins, o, Ty::Pred)?, false)),
+        }
+    }
+
+    /// `[base+off]` with the instruction's space; symbols resolve to their own space.
+    fn addr(&mut self, ins: &Instr, o: &Operand, space: Space) -> Res<(R, i64, Space)> {
+        match o {
+            Operand::Addr(None, off) => Ok((self.imm(0), *off, space)),
+            Operand::Addr(Some(n), off) => {
+                if let Some(Sym::Reg(r)) = self.lookup(n) {
+                    return Ok((r, *off, space));
+                }
+                match self.sym_addr(n, 0) {
+                    Some((r, sp)) => {
+                        // A generic access to a symbol goes to the symbol's own space.
+                        let sp = if space == Space::Generic { sp } else { space_for(space, sp) };
+                        Ok((r, *off, sp))
+                    }
+                    None => Err(unsupported(ins, &format!("unknown address {n}"))),
+                }
+            }
+            Operand::Reg(n) => self.addr(ins, &Operand::Addr(Some(n.clone()), 0), space),
+            _ => Err(unsupported(ins, "expected an address")),
+        }
+    }
+
+    fn vec_regs(&mut self, ins: &Instr, o: &Operand, ty: Ty, dst: bool) -> Res<(u8, [R; 4])> {
+        let list = match o {
+            Operand::Vec(v) => v.clone(),
+            o => vec![o.clone()],
+        };
+        if list.is_empty() || list.len() > 4 {
+            return Err(unsupported(ins, "vector of more than 4 elements"));
+        }
+        let mut regs = [NONE; 4];
+        for (i, e) in list.iter().enumerate() {
+            regs[i] = if dst { self.dst(ins, e)? } else { self.src(ins, e, ty)? };
+        }
+        Ok((list.len() as u8, regs))
+    }
+
+    fn instr(&mut self, ins: &Instr, labels: &HashMap<String, usize>, ret_label: Option<usize>) -> Res<()> {
+        let mods: Vec<&str> = ins.mods.iter().map(String::as_str).collect();
+        let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::from_name(m)).collect();
+        let ty = types.last().copied();
+        let has = |m: &str| mods.contains(&m);
+        let rnd = if has("rz") || has("rzi") {
+            Rnd::Z
+        } else if has("rm") || has("rmi") {
+            Rnd::M
+        } else if has("rp") || has("rpi") {
+            Rnd::P
+        } else {
+            Rnd::N
+        };
+        let mut fl = 0;
+        if has("ftz") {
+            fl |= FL_FTZ;
+        }
+        if has("sat") && ty != Some(Ty::S32) {
+            fl |= FL_SAT;
+        }
+        let ops = &ins.operands;
+        let need = |n: usize| -> Res<()> {
+            if ops.len() < n { Err(unsupported(ins, "too few operands")) } else { Ok(()) }
+        };
+        let op_name = ins.opcode.as_str();
+        match op_name {
+            "mov" => {
+                need(2)?;
+                let ty = ty.ok_or_else(|| unsupported(ins, "missing type"))?;
+                match (&ops[0], &ops[1]) {
+                    (Operand::Vec(parts), _) => {
+                        let a = self.src(ins, &ops[1], ty)?;
+                        let (n, dst) = self.vec_regs(ins, &ops[0], ty, true)?;
+                        let bits = (ty.size() * 8 / parts.len()) as u8;
+                        self.emit(ins, Op::Unpack { a, n, bits, dst })
+                    }
+                    (_, Operand::Vec(parts)) => {
+                        let d = self.dst(ins, &ops[0])?;
+                        let (n, src) = self.vec_regs(ins, &ops[1], ty, false)?;
+                        let bits = (ty.size() * 8 / parts.len()) as u8;
+                        self.emit(ins, Op::Pack { d, n, bits, src })
+                    }
+                    _ => {
+                        let d = self.dst(ins, &ops[0])?;
+                        let a = self.src(ins, &ops[1], ty)?;
+                        self.emit(ins, Op::Mov { d, a })
+                    }
+                }
+            }
+            "ld" | "ldu" | "st" => self.ld_st(ins, &mods, ty),
+            "cvta" => {
+                need(2)?;
+                let d = self.dst(ins, &ops[0])?;
+                let a = self.src(ins, &ops[1], Ty::U64)?;
+                let to = has("to");
+                let window = if has("shared") {
+                    crate::SHARED_WINDOW
+                } else if has("local") {
+                    crate::LOCAL_WINDOW
+                } else if has("global") || has("const") {
+                    0
+                } else {
+                    return Err(unsupported(ins, "cvta of this space"));
+                };
+                if window == 0 { self.emit(ins, Op::Mov { d, a }) } else { self.emit(ins, Op::Cvta { d, a, window, to }) }
+            }
+            "isspacep" => {
+                need(2)?;
+                let d = self.dst(ins, &ops[0])?;
+                let a = self.src(ins, &ops[1], Ty::U64)?;
+                let space = if has("shared") {
+                    Space::Shared
+                } else if has("local") {
+                    Space::Local
+                } else if has("global") {
+                    Space::Global
+                } else {
+                    return Err(unsupported(ins, ""));
+                };
+                self.emit(ins, Op::IsSpace { d, a, space })
+            }
+            "cvt" => {
+                need(2)?;
+                if types.len() != 2 {
+                    return Err(unsupported(ins, "cvt needs two types"));
+                }
+                let (dt, st) = (types[0], types[1]);
+                let int_round = mods.iter().any(|m| matches!(*m, "rni" | "rzi" | "rmi" | "rpi"));
+                if matches!(dt, Ty::F16x2 | Ty::Bf16x2) && st == Ty::F32 {
+                    need(3)?;
+                    if rnd != Rnd::N {
+                        return Err(unsupported(ins, ""));
+                    }
+                    let d = self.dst(ins, &ops[0])?;
+                    let a = self.src(ins, &ops[1], st)?;
+                    let b = self.src(ins, &ops[2], st)?;
+                    let f: F2 = if dt == Ty::F16x2 {
+                        |a, b| ops::f2h(f32::from_bits(b as u32)) | ops::f2h(f32::from_bits(a as u32)) << 16
+                    } else {
+                        |a, b| ops::f2b(f32::from_bits(b as u32)) | ops::f2b(f32::from_bits(a as u32)) << 16
+                    };
+                    return self.emit(ins, Op::Bin { f, d, a, b, fl: 0 });
+                }
+                let spec = CvtSpec { dst: dt, src: st, rnd, int_round, sat: has("sat"), ftz: has("ftz") };
+                if !ops::cvt_supported(&spec) {
+                    return Err(unsupported(ins, ""));
+                }
+                let d = self.dst(ins, &ops[0])?;
+                let a = self.src(ins, &ops[1], st)?;
+                self.emit(ins, Op::Cvt { d, a, spec })
+            }
+            "setp" | "set" => self.setp(ins, &mods, &types),
+            "selp" => {
+                need(4)?;
+                let ty = ty.ok_or_else(|| unsupported(ins, "missing type"))?;
+                let d = self.dst(ins, &ops[0])?;
+                let a = self.src(ins, &ops[1], ty)?;
+                let b = self.src(ins, &ops[2], ty)?;
+                let (c, cneg) = self.pred_src(ins, &ops[3])?;
+                self.emit(ins, Op::Selp { d, a, b, c, cneg })
+            }
+            "bra" | "brx" => {
+                if op_name == "brx" {
+                    return Err(unsupported(ins, "indirect branch"));
+                }
+                need(1)?;
+                let Operand::Reg(l) = &ops[0] else { return Err(unsupported(ins, "branch target")) };
+                let Some(&id) = labels.get(l) else { return Err(unsupported(ins, &format!("unknown label {l}"))) };
+                self.fixups.push((self.code.len(), id));
+                self.emit(ins, Op::Bra { target: u32::MAX })
+            }
+            "ret" => match ret_label {
+                Some(id) => {
+                    self.fixups.push((self.code.len(), id));
+                    self.emit(ins, Op::Bra { target: u32::MAX })
+                }
+                None => self.emit(ins, Op::Exit),
+            },
+            "exit" => self.emit(ins, Op::Exit),
+            "trap" | "brkpt" => self.emit(ins, Op::Trap),
+            "call" => self.call(ins),
+            "bar" | "barrier" => {
+                if has("warp") {
+                    return self.emit(ins, Op::Nop);
+                }
+                if has("red") || has("arrive") || ops.len() > 1 {
+                    return Err(unsupported(ins, "only full-block barriers"));
+                }
+                self.emit(ins, Op::Bar)
+            }
+            "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" | "discard" => {
+                self.emit(ins, Op::Nop)
+            }
+            "atom" | "red" => self.atom(ins, &mods, ty),
+            "shfl" => {
+                need(5)?;
+                let mode = if has("up") {
+                    0
+                } else if has("down") {
+                    1
+                } else if has("bfly") {
+                    2
+                } else if has("idx") {
+                    3
+                } else {
+                    return Err(unsupported(ins, "shfl mode"));
+                };
+                if !has("sync") {
+                    return Err(unsupported(ins, "shfl without .sync"));
+                }
+                let (d, dp) = match &ops[0] {
+                    Operand::Pair(a, b) => {
+                        let d = self.dst(ins, &Operand::Reg(a.clone()))?;
+                        (d, self.dst(ins, &Operand::Reg(b.clone()))?)
+                    }
+                    o => (self.dst(ins, o)?, NONE),
+                };
+                let a = self.src(ins, &ops[1], Ty::B32)?;
+                let b = self.src(ins, &ops[2], Ty::B32)?;
+                let c = self.src(ins, &ops[3], Ty::B32)?;
+                self.emit(ins, Op::Shfl { mode, d, dp, a, b, c })
+            }
+            "vote" => {
+                need(2)?;
+                let mode = if has("all") {
+                    0
+                } else if has("any") {
+                    1
+                } else if has("uni") {
+                    2
+                } else if has("ballot") {
+                    3
+                } else {
+                    return Err(unsupported(ins, "vote mode"));
+                };
+                let d = self.dst(ins, &ops[0])?;
+                let (a, aneg) = self.pred_src(ins, &ops[1])?;
+                self.emit(ins, Op::Vote { mode, d, a, aneg })
+            }
+            "activemask" => {
+                need(1)?;
+                let d = self.dst(ins, &ops[0])?;
+                self.emit(ins, Op::Activemask { d })
+            }
+            "redux" => {
+                need(2)?;
+                let op = ["add", "min", "max", "and", "or", "xor"]
+                    .iter()
+                    .position(|m| has(m))
+                    .ok_or_else(|| unsupported(ins, ""))? as u8;
+                let d = self.dst(ins, &ops[0])?;
+                let a = self.src(ins, &ops[1], Ty::B32)?;
+                self.emit(ins, Op::Redux { op, signed: ty == Some(Ty::S32), d, a })
+            }
+            "mov_clock" => Err(unsupported(ins, "")),
+            _ => self.arith(ins, &mods, ty, rnd, fl),
+        }
+    }
+
+    fn ld_st(&mut self, ins: &Instr, mods: &[&str], ty: Option<Ty>) -> Res<()> {
+        let ty = ty.ok_or_else(|| unsupported(ins, "missing type"))?;
+        let mut space = Space::Generic;
+        for m in mods {
+            space = match *m {
+                "global" => Space::Global,
+                "const" => Space::Global,
+                "shared" | "shared::cta" | "shared::cluster" => Space::Shared,
+                "local" => Space::Local,
+                "param" | "param::entry" | "param::func" => Space::Param,
+                v if v.starts_with('v') || Ty::from_name(v).is_some() || ignorable(v) => continue,
+                _ => return Err(unsupported(ins, &format!("modifier .{m}"))),
+            };
+        }
+        if ty == Ty::B128 || mods.contains(&"v8") {
+            return Err(unsupported(ins, "128-bit or 8-wide access"));
+        }
+        if ins.operands.len() < 2 {
+            return Err(unsupported(ins, "too few operands"));
+        }
+        let size = ty.size() as u8;
+        let signed = ty.is_signed();
+        if ins.opcode == "st" {
+            let (base, off, space) = self.addr(ins, &ins.operands[0], space)?;
+            let (n, src) = self.vec_regs(ins, &ins.operands[1], ty, false)?;
+            if space == Space::Param {
+                return Err(unsupported(ins, "store to a kernel parameter"));
+            }
+            self.emit(ins, Op::St { space, size, n, src, base, off })
+        } else {
+            let (base, off, space) = self.addr(ins, &ins.operands[1], space)?;
+            let (n, dst) = self.vec_regs(ins, &ins.operands[0], ty, true)?;
+            self.emit(ins, Op::Ld { space, size, signed, n, dst, base, off })
+        }
+    }
+
+    fn atom(&mut self, ins: &Instr, mods: &[&str], ty: Option<Ty>) -> Res<()> {
+        let ty = ty.ok_or_else(|| unsupported(ins, "missing type"))?;
+        let mut space = Space::Generic;
+        let mut op = None;
+        for m in mods {
+            match *m {
+                "global" => space = Space::Global,
+                "shared" | "shared::cta" => space = Space::Shared,
+                "add" => {
+                    op = Some(match ty {
+                        Ty::F32 => AtomOp::FAdd32,
+                        Ty::F64 => AtomOp::FAdd64,
+                        _ => AtomOp::Add,
+                    })
+                }
+                "min" => op = Some(AtomOp::Min),
+                "max" => op = Some(AtomOp::Max),
+                "exch" => op = Some(AtomOp::Exch),
+                "cas" => op = Some(AtomOp::Cas),
+                "and" => op = Some(AtomOp::And),
+                "or" => op = Some(AtomOp::Or),
+                "xor" => op = Some(AtomOp::Xor),
+                "inc" => op = Some(AtomOp::Inc),
+                "dec" => op = Some(AtomOp::Dec),
+                v if Ty::from_name(v).is_some() || ignorable(v) => {}
+                _ => return Err(unsupported(ins, &format!("modifier .{m}"))),
+            }
+        }
+        let op = op.ok_or_else(|| unsupported(ins, "missing atomic operation"))?;
+        let size = ty.size();
+        if size != 4 && size != 8 {
+            return Err(unsupported(ins, "atomics on 16-bit data"));
+        }
+        if matches!(op, AtomOp::Min | AtomOp::Max) && ty.is_float() {
+            return Err(unsupported(ins, "float atomic min/max"));
+        }
+        let red = ins.opcode == "red";
+        let o = &ins.operands;
+        let first = if red { 0 } else { 1 };
+        if o.len() < first + 2 {
+            return Err(unsupported(ins, "too few operands"));
+        }
+        let d = if red { self.sink } else { self.dst(ins, &o[0])? };
+        let (base, off, space) = self.addr(ins, &o[first], space)?;
+        let b = self.src(ins, &o[first + 1], ty)?;
+        let c = if op == AtomOp::Cas {
+            let Some(c) = o.get(first + 2) else { return Err(unsupported(ins, "cas needs 3 operands")) };
+            self.src(ins, c, ty)?
+        } else {
+            NONE
+        };
+        self.emit(ins, Op::Atom { space, op, signed: ty.is_signed(), size: size as u8, d, base, off, b, c })
+    }
+
+    fn setp(&mut self, ins: &Instr, mods: &[&str], types: &[Ty]) -> Res<()> {
+        let o = &ins.operands;
+        // set.<cmp>[.bool].dtype.stype / setp.<cmp>[.bool].type
+        let is_set = ins.opcode == "set";
+        let sty = *types.last().ok_or_else(|| unsupported(ins, "missing type"))?;
+        let cmp = mods.first().copied().unwrap_or("");
+        let f = if sty.is_float() { ops::flt_cmp(cmp, sty) } else { ops::int_cmp(cmp, sty) };
+        let f = f.ok_or_else(|| unsupported(ins, ""))?;
+        let comb = match mods.get(1) {
+            Some(&"and") => 1,
+            Some(&"or") => 2,
+            Some(&"xor") => 3,
+            _ => 0,
+        };
+        let need = if comb != 0 { 4 } else { 3 };
+        if o.len() < need {
+            return Err(unsupported(ins, "too few operands"));
+        }
+        if is_set {
+            // set writes 0xffffffff / 0 (or 1.0f / 0.0 for .f32 destinations).
+            if types.len() != 2 || comb != 0 {
+                return Err(unsupported(ins, ""));
+            }
+            let d = self.dst(ins, &o[0])?;
+            let a = self.src(ins, &o[1], sty)?;
+            let b = self.src(ins, &o[2], sty)?;
+            let p = self.sink;
+            self.emit(ins, Op::Setp { f, comb: 0, d: p, dn: NONE, a, b, c: NONE, cneg: false })?;
+            let (t, z) = if types[0] == Ty::F32 { (1f32.to_bits() as u64, 0) } else { (0xffff_ffff, 0) };
+            let (t, z) = (self.imm(t), self.imm(z));
+            return self.emit(ins, Op::Selp { d, a: t, b: z, c: p, cneg: false });
+        }
+        let (d, dn) = match &o[0] {
+            Operand::Pair(a, b) => {
+                let d = self.dst(ins, &Operand::Reg(a.clone()))?;
+                (d, self.dst(ins, &Operand::Reg(b.clone()))?)
+            }
+            x => (self.dst(ins, x)?, NONE),
+        };
+        let a = self.src(ins, &o[1], sty)?;
+        let b = self.src(ins, &o[2], sty)?;
+        let (c, cneg) = if comb != 0 { self.pred_src(ins, &o[3])? } else { (NONE, false) };
+        self.emit(ins, Op::Setp { f, comb, d, dn, a, b, c, cneg })
+    }
+
+    fn arith(&mut self, ins: &Instr, mods: &[&str], ty: Option<Ty>, rnd: Rnd, fl: u8) -> Res<()> {
+        let ty = ty.ok_or_else(|| unsupported(ins, ""))?;
+        let op = ins.opcode.as_str();
+        // The operation name plus a mode modifier, e.g. "mul.wide", "mad.lo", "add.sat".
+        let mode = mods
+            .iter()
+            .find(|m| matches!(**m, "lo" | "hi" | "wide" | "sat" | "NaN"))
+            .filter(|_| !ty.is_float() || mods.contains(&"NaN"));
+        let full = match mode {
+            Some(m) => format!("{op}.{m}"),
+            None => op.to_string(),
+        };
+        for m in mods {
+            let known = Ty::from_name(m).is_some()
+                || ignorable(m)
+                || matches!(*m, "lo" | "hi" | "wide" | "sat" | "NaN" | "ftz" | "rn" | "rz" | "rm" | "rp")
+                || (op == "testp"
+                    && matches!(*m, "finite" | "infinite" | "number" | "notanumber" | "normal" | "subnormal"))
+                || (op == "lop3" && *m == "b32")
+                || (op == "prmt" && *m == "b32");
+            if !known {
+                return Err(unsupported(ins, &format!("modifier .{m}")));
+            }
+        }
+        let o = &ins.operands;
+        // Predicate logic.
+        if ty == Ty::Pred {
+            let code = match op {
+                "and" => 0,
+                "or" => 1,
+                "xor" => 2,
+                "not" => 3,
+                _ => return Err(unsupported(ins, "")),
+            };
+            let d = self.dst(ins, o.first().ok_or_else(|| unsupported(ins, ""))?)?;
+            let a = self.src(ins, o.get(1).ok_or_else(|| unsupported(ins, ""))?, Ty::Pred)?;
+            let b = if code == 3 { a } else { self.src(ins, o.get(2).ok_or_else(|| unsupported(ins, ""))?, Ty::Pred)? };
+            return self.emit(ins, Op::PredOp { op: code, d, a, b });
+        }
+        if op == "testp" {
+            let which = mods.first().copied().unwrap_or("");
+            let f = ops::testp(which, ty).ok_or_else(|| unsupported(ins, ""))?;
+            if o.len() < 2 {
+                return Err(unsupported(ins, ""));
+            }
+            let d = self.dst(ins, &o[0])?;
+            let a = self.src(ins, &o[1], ty)?;
+            return self.emit(ins, Op::Un { f, d, a, fl: 0 });
+        }
+        // Source type for the immediates of wide ops.
+        let n_src = o.len().saturating_sub(1);
+        if ty.is_float() {
+            let fl = if ty == Ty::F32 { fl } else { fl & !FL_FTZ };
+            if fl & FL_SAT != 0 && ty != Ty::F32 {
+                return Err(unsupported(ins, "saturation on this type"));
+            }
+            match n_src {
+                1 => {
+                    if let Some(f) = ops::flt_un(&full, ty, rnd) {
+                        let d = self.dst(ins, &o[0])?;
+                        let a = self.src(ins, &o[1], ty)?;
+                        return self.emit(ins, Op::Un { f, d, a, fl });
+                    }
+                }
+                2 => {
+                    if let Some(f) = ops::flt_bin(&full, ty, rnd) {
+                        let d = self.dst(ins, &o[0])?;
+                        let a = self.src(ins, &o[1], ty)?;
+                        let b = self.src(ins, &o[2], ty)?;
+                        return self.emit(ins, Op::Bin { f, d, a, b, fl });
+                    }
+                }
+                3 => {
+                    if let Some(f) = ops::flt_tern(&full, ty, rnd) {
+                        let d = self.dst(ins, &o[0])?;
+                        let a = self.src(ins, &o[1], ty)?;
+                        let b = self.src(ins, &o[2], ty)?;
+                        let c = self.src(ins, &o[3], ty)?;
+                        return self.emit(ins, Op::Tern { f, d, a, b, c, fl });
+                    }
+                }
+                _ => {}
+            }
+            return Err(unsupported(ins, ""));
+        }
+        if fl != 0 && full != "add.sat" && full != "sub.sat" {
+            return Err(unsupported(ins, "saturation on this type"));
+        }
+        // Shift amounts and bfe/bfi positions are u32 whatever the data type.
+        let src_ty = |i: usize| -> Ty {
+            match (op, i) {
+                ("shl" | "shr", 1) | ("bfe", 1 | 2) | ("bfi", 2 | 3) => Ty::U32,
+                ("mad", 2) if full == "mad.wide" => match ty {
+                    Ty::S32 => Ty::S64,
+                    Ty::U32 => Ty::U64,
+                    t => t,
+                },
+                _ => ty,
+            }
+        };
+        match n_src {
+            1 => {
+                if let Some(f) = ops::int_un(&full, ty) {
+                    let d = self.dst(ins, &o[0])?;
+                    let a = self.src(ins, &o[1], src_ty(0))?;
+                    return self.emit(ins, Op::Un { f, d, a, fl: 0 });
+                }
+            }
+            2 => {
+                if let Some(f) = ops::int_bin(&full, ty) {
+                    let d = self.dst(ins, &o[0])?;
+                    let a = self.src(ins, &o[1], src_ty(0))?;
+                    let b = self.src(ins, &o[2], src_ty(1))?;
+                    return self.emit(ins, Op::Bin { f, d, a, b, fl: 0 });
+                }
+            }
+            3 => {
+                if let Some(f) = ops::int_tern(&full, ty) {
+                    let d = self.dst(ins, &o[0])?;
+                    let a = self.src(ins, &o[1], src_ty(0))?;
+                    let b = self.src(ins, &o[2], src_ty(1))?;
+                    let c = self.src(ins, &o[3], src_ty(2))?;
+                    return self.emit(ins, Op::Tern { f, d, a, b, c, fl: 0 });
+                }
+            }
+            4 => {
+                if let Some(f) = ops::int_quad(&full, ty) {
+                    let d = self.dst(ins, &o[0])?;
+                    let a = self.src(ins, &o[1], src_ty(0))?;
+                    let b = self.src(ins, &o[2], src_ty(1))?;
+                    let c = self.src(ins, &o[3], src_ty(2))?;
+                    let e = self.src(ins, &o[4], src_ty(3))?;
+                    return self.emit(ins, Op::Quad { f, d, a, b, c, e });
+                }
+            }
+            _ => {}
+        }
+        Err(unsupported(ins, ""))
+    }
+
+    fn call(&mut self, ins: &Instr) -> Res<()> {
+        let mut rets: &[Operand] = &[];
+        let mut args: &[Operand] = &[];
+        let mut name = None;
+        for o in &ins.operands {
+            match o {
+                Operand::List(l) if name.is_none() => rets = l,
+                Operand::Reg(n) if name.is_none() => name = Some(n.clone()),
+                Operand::List(l) => args = l,
+                Operand::Reg(_) => return Err(unsupported(ins, "call with a prototype (indirect call)")),
+                _ => return Err(unsupported(ins, "call operand")),
+            }
+        }
+        let name = name.ok_or_else(|| unsupported(ins, "call without a target"))?;
+        if let Some(Sym::Reg(_)) = self.lookup(&name) {
+            return Err(unsupported(ins, "indirect call"));
+        }
+        let ast = self.ast;
+        let Some(f) = ast.funcs.iter().find(|f| f.name == name) else {
+            return Err(unsupported(ins, &format!("call to unknown function {name}")));
+        };
+        let Some(body) = &f.body else {
+            return match name.as_str() {
+                // printf output is not modelled; it returns 0 like a successful vprintf.
+                "vprintf" => {
+                    if let Some(Operand::Reg(r)) = rets.first() {
+                        if let Some(Sym::Local(off)) = self.lookup(r) {
+                            let base = self.imm(off);
+                            let zero = self.imm(0);
+                            return self.emit(
+                                ins,
+                                Op::St { space: Space::Local, size: 4, n: 1, src: [zero, NONE, NONE, NONE], base, off: 0 },
+                            );
+                        }
+                    }
+                    self.emit(ins, Op::Nop)
+                }
+                "__assertfail" | "__assert_fail" => self.emit(ins, Op::Trap),
+                _ => Err(unsupported(ins, &format!("call to external function {name}"))),
+            };
+        };
+        if self.depth >= 16 {
+            return Err(unsupported(ins, "call depth over 16 (recursion is not supported)"));
+        }
+        if f.params.len() != args.len() || f.rets.len() != rets.len() {
+            return Err(unsupported(ins, "argument count does not match the callee"));
+        }
+        let mut base = HashMap::new();
+        for (formal, actual) in f.params.iter().chain(f.rets.iter()).zip(args.iter().chain(rets.iter())) {
+            if formal.space != "param" {
+                return Err(unsupported(ins, "register (.reg) function parameters"));
+            }
+            let off = match actual {
+                Operand::Reg(n) => match self.lookup(n) {
+                    Some(Sym::Local(off)) => off,
+                    Some(Sym::Reg(r)) => {
+                        // A register argument: spill it into a fresh frame slot.
+                        let size = formal.size.unwrap_or(8);
+                        let off = self.alloc_local(size, formal.align);
+                        let b = self.imm(off);
+                        self.emit(
+                            ins,
+                            Op::St { space: Space::Local, size: size.min(8) as u8, n: 1, src: [r, NONE, NONE, NONE], base: b, off: 0 },
+                        )?;
+                        off
+                    }
+                    _ => return Err(unsupported(ins, &format!("call argument {n}"))),
+                },
+                _ => return Err(unsupported(ins, "immediate call arguments")),
+            };
+            base.insert(formal.name.clone(), Sym::Local(off));
+        }
+        let end = self.labels.len();
+        self.labels.push(None);
+        self.depth += 1;
+        let r = self.body(body, base, Some(end));
+        self.depth -= 1;
+        r?;
+        self.labels[end] = Some(self.code.len() as u32);
+        Ok(())
+    }
+}
+
+/// An explicit space on an access to a symbol wins unless it is `.param` naming a local frame variable.
+fn space_for(insn: Space, sym: Space) -> Space {
+    match (insn, sym) {
+        (Space::Param, Space::Local) => Space::Local,
+        (s, _) => s,
+    }
+}

@@ -1,0 +1,622 @@
+//! The session engine: CUDA's rules for one client's ordered stream of requests, without any IO.
+//!
+//! [`Session`] turns each [`Request`] into calls on a [`Backend`] and, for requests that expect one, a
+//! [`ReplyFrame`]. It owns the rules every backend shares:
+//!
+//! * the first request must be [`Call::Hello`] with our [`PROTOCOL_VERSION`];
+//! * each request runs in the client thread's context ([`Request::ctx`]), switched only on change;
+//! * a fire-and-forget request that fails leaves its error *pending*; the next request that expects a reply
+//!   is not executed and returns that error instead, which is then cleared unless it is sticky;
+//! * a sticky error (from any call) is returned by every later request, and nothing more executes;
+//! * [`Call::Goodbye`] frees everything ([`Backend::shutdown`]) and ends the session.
+
+use std::time::Instant;
+
+use tracing::{debug, info, warn};
+
+use crate::server::backend::Backend;
+use crate::types::CUresult;
+use crate::wire::{COPY_CHUNK, Call, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request, ServerHello};
+
+/// One client's session over a backend.
+pub struct Session<B: Backend> {
+    backend: B,
+    state: State,
+    /// The context last made current on the backend (0 = none).
+    current_ctx: u64,
+    /// The first error of a fire-and-forget request not yet reported, or a sticky error (kept forever).
+    pending: Option<CUresult>,
+    started: Instant,
+    requests: u64,
+}
+
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+enum State {
+    /// Waiting for [`Call::Hello`].
+    Greeting,
+    /// Hello done: executing calls.
+    Open,
+    /// Goodbye received, or the client spoke another protocol version: nothing more executes.
+    Closed,
+}
+
+impl<B: Backend> Session<B> {
+    /// A session that has not yet seen the client's hello.
+    pub fn new(backend: B) -> Self {
+        Self {
+            backend,
+            state: State::Greeting,
+            current_ctx: 0,
+            pending: None,
+            started: Instant::now(),
+            requests: 0,
+        }
+    }
+
+    /// Executes one request; returns its reply if the request expects one.
+    pub fn handle(&mut self, req: Request) -> Option<ReplyFrame> {
+        self.requests += 1;
+        let seq = req.seq;
+        let expects_reply = req.expects_reply;
+        let (result, reply) = self.execute(req);
+        if !expects_reply {
+            if let Err(err) = result {
+                debug!(seq, error = %err, "fire-and-forget request failed: error pending");
+            }
+            return None;
+        }
+        Some(match result {
+            Ok(()) => ReplyFrame {
+                seq,
+                result: CUresult::SUCCESS,
+                reply,
+            },
+            Err(err) => ReplyFrame {
+                seq,
+                result: err,
+                reply: Reply::Empty,
+            },
+        })
+    }
+
+    /// Whether the session is over (Goodbye, or a protocol mismatch): the caller should stop reading.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// The backend (for tests and for shutting down after an abrupt end).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Ends the session if the client did not say goodbye (its connection ended): frees everything.
+    pub fn finish(&mut self) {
+        if self.state != State::Closed {
+            self.state = State::Closed;
+            self.backend.shutdown();
+        }
+        info!(
+            requests = self.requests,
+            duration_ms = self.started.elapsed().as_millis() as u64,
+            "session over"
+        );
+    }
+
+    /// Runs a request under the pending-error rules. `Err` is what the request reports (its own failure
+    /// or the pending error it returns instead of executing).
+    fn execute(&mut self, req: Request) -> (Result<(), CUresult>, Reply) {
+        match (self.state, &req.call) {
+            (State::Greeting, Call::Hello(_)) => {}
+            (State::Greeting, _) => {
+                warn!(seq = req.seq, "request before hello: refused");
+                return (Err(CUresult::NOT_INITIALIZED), Reply::Empty);
+            }
+            (State::Closed, _) => return (Err(CUresult::DEINITIALIZED), Reply::Empty),
+            (State::Open, Call::Hello(_)) => {
+                warn!(seq = req.seq, "second hello in one session: refused");
+                return (Err(CUresult::ILLEGAL_STATE), Reply::Empty);
+            }
+            (State::Open, _) => {}
+        }
+
+        // Goodbye always runs: the client is leaving, and its resources must be freed regardless.
+        if matches!(req.call, Call::Goodbye) {
+            self.state = State::Closed;
+            self.backend.shutdown();
+            return (Ok(()), Reply::Empty);
+        }
+
+        if let Some(err) = self.pending {
+            if err.is_sticky() {
+                return (Err(err), Reply::Empty);
+            }
+            if req.expects_reply {
+                // The sync call reports the earlier failure instead of running, as CUDA's next call does.
+                self.pending = None;
+                return (Err(err), Reply::Empty);
+            }
+            // A later fire-and-forget call still runs; the first error stays the one reported.
+        }
+
+        if req.ctx != self.current_ctx && !matches!(req.call, Call::Hello(_)) {
+            match self.backend.set_current_context(req.ctx) {
+                Ok(()) => self.current_ctx = req.ctx,
+                Err(err) => return (Err(self.failed(err, req.expects_reply)), Reply::Empty),
+            }
+        }
+
+        match self.dispatch(req.call) {
+            Ok(reply) => (Ok(()), reply),
+            Err(err) => (Err(self.failed(err, req.expects_reply)), Reply::Empty),
+        }
+    }
+
+    /// Records a failure: sticky errors forever, a fire-and-forget failure until the next reply.
+    fn failed(&mut self, err: CUresult, expects_reply: bool) -> CUresult {
+        if err.is_sticky() {
+            if self.pending != Some(err) {
+                warn!(error = %err, "sticky error: the session's context is unusable from now on");
+            }
+            self.pending = Some(err);
+        } else if !expects_reply && self.pending.is_none() {
+            self.pending = Some(err);
+        }
+        err
+    }
+
+    fn dispatch(&mut self, call: Call) -> Result<Reply, CUresult> {
+        match call {
+            Call::Hello(hello) => self.hello(hello.protocol, &hello.client),
+            Call::Api(call) => self.backend.api(call).map(Reply::Api),
+            Call::MemcpyHtoD { dst, data, stream } => {
+                let Payload::Inline(bytes) = data;
+                self.backend.memcpy_htod(dst, &bytes, stream)?;
+                Ok(Reply::Empty)
+            }
+            Call::MemcpyDtoH { src, len, stream } => {
+                // The reply must fit in a frame: the client splits larger copies.
+                let len = usize::try_from(len)
+                    .ok()
+                    .filter(|&len| len <= COPY_CHUNK)
+                    .ok_or(CUresult::INVALID_VALUE)?;
+                self.backend.memcpy_dtoh(src, len, stream).map(Reply::Data)
+            }
+            Call::ModuleLoad { image } => {
+                let Payload::Inline(bytes) = image;
+                let handle = self.backend.module_load(&bytes)?;
+                Ok(Reply::Module { handle })
+            }
+            Call::ModuleGetFunction { module, name } => {
+                let (handle, info) = self.backend.module_get_function(module, &name)?;
+                Ok(Reply::Function { handle, info })
+            }
+            Call::LibraryLoad { image } => {
+                let Payload::Inline(bytes) = image;
+                let handle = self.backend.library_load(&bytes)?;
+                Ok(Reply::Library { handle })
+            }
+            Call::KernelGetFunction { kernel } => {
+                let (handle, info) = self.backend.kernel_get_function(kernel)?;
+                Ok(Reply::Function { handle, info })
+            }
+            Call::LaunchKernel(launch) => {
+                self.backend.launch(&launch)?;
+                Ok(Reply::Empty)
+            }
+            // Handled before dispatch.
+            Call::Goodbye => Ok(Reply::Empty),
+        }
+    }
+
+    fn hello(&mut self, protocol: u32, client: &str) -> Result<Reply, CUresult> {
+        if protocol != PROTOCOL_VERSION {
+            warn!(
+                client,
+                client_protocol = protocol,
+                server_protocol = PROTOCOL_VERSION,
+                "client speaks another protocol version: upgrade the older side"
+            );
+            self.state = State::Closed;
+            // The client learns our version from the reply's absence of a hello and this code.
+            return Err(CUresult::SYSTEM_DRIVER_MISMATCH);
+        }
+        let (driver_version, backend, devices) = self.backend.describe()?;
+        info!(client, backend = %backend, devices = devices.len(), "session opened");
+        self.state = State::Open;
+        Ok(Reply::Hello(ServerHello {
+            protocol: PROTOCOL_VERSION,
+            driver_version,
+            backend,
+            server: server_description(),
+            devices,
+        }))
+    }
+}
+
+/// `gleam <version> on <host> (pid N)`, for the client's logs.
+fn server_description() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown host".to_owned());
+    format!(
+        "gleam {} on {host} (pid {})",
+        env!("CARGO_PKG_VERSION"),
+        std::process::id()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ApiCall, ApiReply, args, outs};
+    use crate::server::backend::ApiBackend;
+    use crate::wire::{ClientHello, DeviceInfo, FunctionInfo, Launch, ParamSlot};
+
+    /// Records what the engine asks of it; fails where told to. Tests the engine's rules, not CUDA.
+    #[derive(Default)]
+    struct Recorder {
+        log: Vec<String>,
+        fail_memset: Option<CUresult>,
+        fail_launch: Option<CUresult>,
+        shut_down: bool,
+    }
+
+    impl ApiBackend for Recorder {
+        fn cuMemAlloc_v2(&mut self, a: args::cuMemAlloc_v2) -> Result<outs::cuMemAlloc_v2, CUresult> {
+            self.log.push(format!("alloc {}", a.bytesize));
+            Ok(outs::cuMemAlloc_v2 {
+                dptr: 0x1000,
+                bytesize: (),
+            })
+        }
+        fn cuMemsetD8_v2(&mut self, a: args::cuMemsetD8_v2) -> Result<outs::cuMemsetD8_v2, CUresult> {
+            self.log.push(format!("memset {:#x}", a.dst));
+            match self.fail_memset {
+                Some(err) => Err(err),
+                None => Ok(outs::cuMemsetD8_v2::default()),
+            }
+        }
+        fn cuCtxSynchronize(
+            &mut self,
+            _: args::cuCtxSynchronize,
+        ) -> Result<outs::cuCtxSynchronize, CUresult> {
+            self.log.push("sync".into());
+            Ok(outs::cuCtxSynchronize {})
+        }
+    }
+
+    impl Backend for Recorder {
+        fn describe(&mut self) -> Result<(i32, String, Vec<DeviceInfo>), CUresult> {
+            Ok((
+                13000,
+                "test".into(),
+                vec![DeviceInfo {
+                    name: "recorder".into(),
+                    uuid: [7; 16],
+                    total_mem: 1 << 30,
+                    attributes: vec![0; 10],
+                    pci_bus_id: "0000:00:00.0".into(),
+                }],
+            ))
+        }
+        fn set_current_context(&mut self, ctx: u64) -> Result<(), CUresult> {
+            self.log.push(format!("ctx {ctx:#x}"));
+            if ctx == 0xbad {
+                Err(CUresult::INVALID_CONTEXT)
+            } else {
+                Ok(())
+            }
+        }
+        fn memcpy_htod(&mut self, dst: u64, data: &[u8], _: Option<u64>) -> Result<(), CUresult> {
+            self.log.push(format!("htod {dst:#x} {}", data.len()));
+            Ok(())
+        }
+        fn memcpy_dtoh(&mut self, src: u64, len: usize, _: Option<u64>) -> Result<Vec<u8>, CUresult> {
+            self.log.push(format!("dtoh {src:#x} {len}"));
+            Ok(vec![0xab; len])
+        }
+        fn module_load(&mut self, image: &[u8]) -> Result<u64, CUresult> {
+            self.log.push(format!("load {}", image.len()));
+            Ok(0x77)
+        }
+        fn module_get_function(&mut self, module: u64, name: &str) -> Result<(u64, FunctionInfo), CUresult> {
+            self.log.push(format!("func {module:#x} {name}"));
+            Ok((
+                0x88,
+                FunctionInfo {
+                    params: vec![ParamSlot { offset: 0, size: 8 }],
+                    attributes: vec![1024],
+                },
+            ))
+        }
+        fn launch(&mut self, launch: &Launch) -> Result<(), CUresult> {
+            self.log.push(format!("launch {:#x}", launch.function));
+            match self.fail_launch {
+                Some(err) => Err(err),
+                None => Ok(()),
+            }
+        }
+        fn shutdown(&mut self) {
+            self.log.push("shutdown".into());
+            self.shut_down = true;
+        }
+    }
+
+    fn req(seq: u64, ctx: u64, expects_reply: bool, call: Call) -> Request {
+        Request {
+            seq,
+            ctx,
+            expects_reply,
+            call,
+        }
+    }
+
+    fn hello(protocol: u32) -> Call {
+        Call::Hello(ClientHello {
+            protocol,
+            client: "test".into(),
+        })
+    }
+
+    fn memset(dst: u64) -> Call {
+        Call::Api(ApiCall::cuMemsetD8_v2(args::cuMemsetD8_v2 { dst, value: 0, n: 1 }))
+    }
+
+    fn sync() -> Call {
+        Call::Api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}))
+    }
+
+    fn launch() -> Call {
+        Call::LaunchKernel(Launch {
+            function: 0x88,
+            grid: [1; 3],
+            block: [1; 3],
+            shared_mem_bytes: 0,
+            stream: 0,
+            params: vec![0; 8],
+        })
+    }
+
+    fn open(backend: Recorder) -> Session<Recorder> {
+        let mut s = Session::new(backend);
+        let r = s.handle(req(1, 0, true, hello(PROTOCOL_VERSION))).unwrap();
+        assert_eq!(r.result, CUresult::SUCCESS);
+        s
+    }
+
+    #[test]
+    fn hello_describes_the_backend() {
+        let mut s = Session::new(Recorder::default());
+        let r = s.handle(req(1, 0, true, hello(PROTOCOL_VERSION))).unwrap();
+        assert_eq!((r.seq, r.result), (1, CUresult::SUCCESS));
+        let Reply::Hello(h) = r.reply else {
+            panic!("not a hello: {:?}", r.reply)
+        };
+        assert_eq!(h.protocol, PROTOCOL_VERSION);
+        assert_eq!(h.driver_version, 13000);
+        assert_eq!(h.backend, "test");
+        assert_eq!(h.devices.len(), 1);
+        assert_eq!(h.devices[0].name, "recorder");
+    }
+
+    #[test]
+    fn wrong_protocol_version_closes_the_session() {
+        let mut s = Session::new(Recorder::default());
+        let r = s.handle(req(1, 0, true, hello(PROTOCOL_VERSION + 1))).unwrap();
+        assert_eq!(r.result, CUresult::SYSTEM_DRIVER_MISMATCH);
+        assert!(s.is_closed());
+        let r = s.handle(req(2, 0, true, sync())).unwrap();
+        assert_eq!(r.result, CUresult::DEINITIALIZED);
+        assert!(s.backend.log.is_empty(), "{:?}", s.backend.log);
+    }
+
+    #[test]
+    fn calls_before_hello_are_refused() {
+        let mut s = Session::new(Recorder::default());
+        let r = s.handle(req(1, 0, true, sync())).unwrap();
+        assert_eq!(r.result, CUresult::NOT_INITIALIZED);
+        assert!(s.backend.log.is_empty());
+    }
+
+    #[test]
+    fn listed_calls_reply_with_out_values_and_seq() {
+        let mut s = open(Recorder::default());
+        let call = Call::Api(ApiCall::cuMemAlloc_v2(args::cuMemAlloc_v2 {
+            dptr: (),
+            bytesize: 4096,
+        }));
+        let r = s.handle(req(42, 0, true, call)).unwrap();
+        assert_eq!((r.seq, r.result), (42, CUresult::SUCCESS));
+        assert!(matches!(
+            r.reply,
+            Reply::Api(ApiReply::cuMemAlloc_v2(outs::cuMemAlloc_v2 { dptr: 0x1000, .. }))
+        ));
+        // A call the backend does not implement says so.
+        let call = Call::Api(ApiCall::cuCtxGetFlags(args::cuCtxGetFlags { flags: () }));
+        let r = s.handle(req(43, 0, true, call)).unwrap();
+        assert_eq!(r.result, CUresult::NOT_SUPPORTED);
+        assert!(matches!(r.reply, Reply::Empty));
+    }
+
+    #[test]
+    fn context_switches_only_on_change() {
+        let mut s = open(Recorder::default());
+        s.handle(req(2, 0x10, false, memset(1)));
+        s.handle(req(3, 0x10, false, memset(2)));
+        s.handle(req(4, 0x20, false, memset(3)));
+        s.handle(req(5, 0x20, true, sync()));
+        assert_eq!(
+            s.backend.log,
+            ["ctx 0x10", "memset 0x1", "memset 0x2", "ctx 0x20", "memset 0x3", "sync"]
+        );
+        // A context that cannot be made current fails the call, which does not run.
+        let r = s.handle(req(6, 0xbad, true, sync())).unwrap();
+        assert_eq!(r.result, CUresult::INVALID_CONTEXT);
+        assert_eq!(s.backend.log.last().unwrap(), "ctx 0xbad");
+    }
+
+    #[test]
+    fn deferred_error_is_returned_once_by_the_next_sync_call() {
+        let mut s = open(Recorder {
+            fail_memset: Some(CUresult::INVALID_VALUE),
+            ..Default::default()
+        });
+        assert!(s.handle(req(2, 0, false, memset(1))).is_none());
+        // Later fire-and-forget work still runs.
+        assert!(s.handle(req(3, 0, false, launch())).is_none());
+        let r = s.handle(req(4, 0, true, sync())).unwrap();
+        assert_eq!((r.seq, r.result), (4, CUresult::INVALID_VALUE));
+        // The sync call reported the error instead of running.
+        assert_eq!(s.backend.log, ["memset 0x1", "launch 0x88"]);
+        let r = s.handle(req(5, 0, true, sync())).unwrap();
+        assert_eq!(r.result, CUresult::SUCCESS);
+        assert_eq!(s.backend.log.last().unwrap(), "sync");
+    }
+
+    #[test]
+    fn first_deferred_error_wins() {
+        let mut s = open(Recorder {
+            fail_memset: Some(CUresult::INVALID_VALUE),
+            fail_launch: Some(CUresult::INVALID_HANDLE),
+            ..Default::default()
+        });
+        s.handle(req(2, 0, false, memset(1)));
+        s.handle(req(3, 0, false, launch()));
+        let r = s.handle(req(4, 0, true, sync())).unwrap();
+        assert_eq!(r.result, CUresult::INVALID_VALUE);
+    }
+
+    #[test]
+    fn a_failing_sync_call_leaves_nothing_pending() {
+        let mut s = open(Recorder {
+            fail_memset: Some(CUresult::INVALID_VALUE),
+            ..Default::default()
+        });
+        let r = s.handle(req(2, 0, true, memset(1))).unwrap();
+        assert_eq!(r.result, CUresult::INVALID_VALUE);
+        let r = s.handle(req(3, 0, true, sync())).unwrap();
+        assert_eq!(r.result, CUresult::SUCCESS);
+    }
+
+    #[test]
+    fn sticky_errors_are_returned_forever_and_stop_execution() {
+        let mut s = open(Recorder {
+            fail_launch: Some(CUresult::ILLEGAL_ADDRESS),
+            ..Default::default()
+        });
+        s.handle(req(2, 0, false, launch()));
+        s.handle(req(3, 0, false, memset(1)));
+        for seq in 4..7 {
+            let r = s.handle(req(seq, 0, true, sync())).unwrap();
+            assert_eq!((r.seq, r.result), (seq, CUresult::ILLEGAL_ADDRESS));
+        }
+        assert_eq!(s.backend.log, ["launch 0x88"]);
+        // Goodbye still frees everything.
+        let r = s.handle(req(7, 0, true, Call::Goodbye)).unwrap();
+        assert_eq!(r.result, CUresult::SUCCESS);
+        assert!(s.backend.shut_down && s.is_closed());
+    }
+
+    #[test]
+    fn sticky_error_from_a_sync_call_persists() {
+        let mut s = open(Recorder {
+            fail_launch: Some(CUresult::LAUNCH_FAILED),
+            ..Default::default()
+        });
+        let r = s.handle(req(2, 0, true, launch())).unwrap();
+        assert_eq!(r.result, CUresult::LAUNCH_FAILED);
+        let r = s.handle(req(3, 0, true, sync())).unwrap();
+        assert_eq!(r.result, CUresult::LAUNCH_FAILED);
+    }
+
+    #[test]
+    fn copies_modules_and_functions() {
+        let mut s = open(Recorder::default());
+        let r = s
+            .handle(req(
+                2,
+                0,
+                true,
+                Call::MemcpyHtoD {
+                    dst: 0x1000,
+                    data: Payload::Inline(vec![1; 100]),
+                    stream: None,
+                },
+            ))
+            .unwrap();
+        assert_eq!(r.result, CUresult::SUCCESS);
+        let r = s
+            .handle(req(
+                3,
+                0,
+                true,
+                Call::MemcpyDtoH {
+                    src: 0x1000,
+                    len: 16,
+                    stream: None,
+                },
+            ))
+            .unwrap();
+        assert!(matches!(r.reply, Reply::Data(ref d) if d == &[0xab; 16]));
+        // Larger than one chunk: refused without touching the backend.
+        let r = s
+            .handle(req(
+                4,
+                0,
+                true,
+                Call::MemcpyDtoH {
+                    src: 0x1000,
+                    len: COPY_CHUNK as u64 + 1,
+                    stream: None,
+                },
+            ))
+            .unwrap();
+        assert_eq!(r.result, CUresult::INVALID_VALUE);
+        let r = s
+            .handle(req(
+                5,
+                0,
+                true,
+                Call::ModuleLoad {
+                    image: Payload::Inline(b".version 8.0\0".to_vec()),
+                },
+            ))
+            .unwrap();
+        assert!(matches!(r.reply, Reply::Module { handle: 0x77 }));
+        let r = s
+            .handle(req(
+                6,
+                0,
+                true,
+                Call::ModuleGetFunction {
+                    module: 0x77,
+                    name: "k".into(),
+                },
+            ))
+            .unwrap();
+        let Reply::Function { handle, info } = r.reply else {
+            panic!("{:?}", r.reply)
+        };
+        assert_eq!((handle, info.params_bytes()), (0x88, 8));
+        // Library calls the backend does not implement.
+        let r = s.handle(req(7, 0, true, Call::KernelGetFunction { kernel: 1 })).unwrap();
+        assert_eq!(r.result, CUresult::NOT_SUPPORTED);
+        assert_eq!(
+            s.backend.log,
+            ["htod 0x1000 100", "dtoh 0x1000 16", "load 13", "func 0x77 k"]
+        );
+    }
+
+    #[test]
+    fn goodbye_shuts_down_and_closes() {
+        let mut s = open(Recorder::default());
+        let r = s.handle(req(2, 0, true, Call::Goodbye)).unwrap();
+        assert_eq!((r.seq, r.result), (2, CUresult::SUCCESS));
+        assert!(s.is_closed() && s.backend.shut_down);
+        let r = s.handle(req(3, 0, true, sync())).unwrap();
+        assert_eq!(r.result, CUresult::DEINITIALIZED);
+        // finish() after goodbye does not shut down twice.
+        s.finish();
+        assert_eq!(s.backend.log.iter().filter(|l| *l == "shutdown").count(), 1);
+    }
+}
