@@ -6,7 +6,14 @@
 //! * [`auth`]: the mesh-secret proof run on every new connection.
 
 pub mod auth;
+pub mod control;
+pub mod daemon;
+pub mod discovery;
+pub mod gossip;
 pub mod identity;
+pub mod probe;
+pub mod select;
+pub mod state;
 pub mod tls;
 
 pub use identity::{Identity, MeshSecret, PeerId};

@@ -23,7 +23,11 @@ pub struct JobHint {
 
 impl Default for JobHint {
     fn default() -> Self {
-        Self { bytes: 64 << 20, compute_secs: 1.0, memory: 0 }
+        Self {
+            bytes: 64 << 20,
+            compute_secs: 1.0,
+            memory: 0,
+        }
     }
 }
 
@@ -66,7 +70,11 @@ pub fn choose(candidates: &[Candidate], hint: &JobHint) -> Option<Choice> {
         .iter()
         .filter_map(|candidate| {
             let expected = expected_completion(candidate, hint)?;
-            Some((expected, candidate.rtt.unwrap_or(Duration::MAX), candidate.id))
+            Some((
+                expected,
+                candidate.rtt.unwrap_or(Duration::MAX),
+                candidate.id,
+            ))
         })
         .min()
         .map(|(expected, _, id)| Choice { id, expected })
@@ -79,7 +87,10 @@ pub fn expected_completion(candidate: &Candidate, hint: &JobHint) -> Option<Dura
     if !candidate.has_gpu || (hint.memory > 0 && candidate.free_memory < hint.memory) {
         return None;
     }
-    let bandwidth = candidate.bandwidth_bps.filter(|bps| *bps > 0).unwrap_or(UNMEASURED_BPS) as f64;
+    let bandwidth = candidate
+        .bandwidth_bps
+        .filter(|bps| *bps > 0)
+        .unwrap_or(UNMEASURED_BPS) as f64;
     // Lost packets are resent: goodput shrinks with the loss rate.
     let goodput = bandwidth * (1.0 - candidate.loss.clamp(0.0, 0.9));
     let transfer = hint.bytes as f64 * 8.0 / goodput + rtt.as_secs_f64();
@@ -121,7 +132,11 @@ mod tests {
         let mut slow = candidate(1);
         slow.bandwidth_bps = Some(20_000_000);
         let fast = candidate(2);
-        let hint = JobHint { bytes: 100 << 20, compute_secs: 1.0, memory: 0 };
+        let hint = JobHint {
+            bytes: 100 << 20,
+            compute_secs: 1.0,
+            memory: 0,
+        };
         let choice = choose(&[slow.clone(), fast.clone()], &hint).unwrap();
         assert_eq!(choice.id, fast.id);
         // 100 MiB at 10 Gbit/s ~ 84 ms, plus 1 s compute.
@@ -140,14 +155,26 @@ mod tests {
         queued.queue_len = 3;
         queued.mean_job_secs = 2.0;
         let idle = candidate(3);
-        let hint = JobHint { bytes: 1 << 20, compute_secs: 5.0, memory: 0 };
-        assert_eq!(choose(&[busy.clone(), queued.clone(), idle.clone()], &hint).unwrap().id, idle.id);
+        let hint = JobHint {
+            bytes: 1 << 20,
+            compute_secs: 5.0,
+            memory: 0,
+        };
+        assert_eq!(
+            choose(&[busy.clone(), queued.clone(), idle.clone()], &hint)
+                .unwrap()
+                .id,
+            idle.id
+        );
         // Busy: 5 s / 0.1 idle share = 50 s; queued: 6 s queue + 5 s.
         let busy_time = expected_completion(&busy, &hint).unwrap().as_secs_f64();
         let queued_time = expected_completion(&queued, &hint).unwrap().as_secs_f64();
         assert!((busy_time - 50.0).abs() < 0.1, "{busy_time}");
         assert!((queued_time - 11.0).abs() < 0.1, "{queued_time}");
-        assert_eq!(choose(&[busy, queued.clone()], &hint).unwrap().id, queued.id);
+        assert_eq!(
+            choose(&[busy, queued.clone()], &hint).unwrap().id,
+            queued.id
+        );
     }
 
     #[test]
@@ -158,9 +185,15 @@ mod tests {
         unreachable.rtt = None;
         let mut small = candidate(3);
         small.free_memory = 1 << 30;
-        let hint = JobHint { memory: 8 << 30, ..JobHint::default() };
+        let hint = JobHint {
+            memory: 8 << 30,
+            ..JobHint::default()
+        };
         assert_eq!(choose(&[no_gpu, unreachable, small.clone()], &hint), None);
-        assert_eq!(choose(&[small.clone()], &JobHint::default()).unwrap().id, small.id);
+        assert_eq!(
+            choose(&[small.clone()], &JobHint::default()).unwrap().id,
+            small.id
+        );
         assert_eq!(choose(&[], &hint), None);
     }
 
@@ -169,14 +202,28 @@ mod tests {
         let mut unmeasured = candidate(1);
         unmeasured.bandwidth_bps = None;
         let measured = candidate(2);
-        assert_eq!(choose(&[unmeasured, measured.clone()], &JobHint::default()).unwrap().id, measured.id);
+        assert_eq!(
+            choose(&[unmeasured, measured.clone()], &JobHint::default())
+                .unwrap()
+                .id,
+            measured.id
+        );
 
         let a = candidate(5);
         let mut b = candidate(4);
         b.rtt = Some(Duration::from_micros(400));
         // b's lower RTT also lowers its time, so it wins.
-        assert_eq!(choose(&[a.clone(), b.clone()], &JobHint::default()).unwrap().id, b.id);
+        assert_eq!(
+            choose(&[a.clone(), b.clone()], &JobHint::default())
+                .unwrap()
+                .id,
+            b.id
+        );
         let c = candidate(3);
-        assert_eq!(choose(&[a, c.clone()], &JobHint::default()).unwrap().id, c.id, "equal: lower id");
+        assert_eq!(
+            choose(&[a, c.clone()], &JobHint::default()).unwrap().id,
+            c.id,
+            "equal: lower id"
+        );
     }
 }

@@ -154,11 +154,20 @@ impl MeshView {
                 false
             }
             Some(entry) => {
-                *entry = ViewEntry { state, updated: now };
+                *entry = ViewEntry {
+                    state,
+                    updated: now,
+                };
                 true
             }
             None => {
-                self.peers.insert(state.id, ViewEntry { state, updated: now });
+                self.peers.insert(
+                    state.id,
+                    ViewEntry {
+                        state,
+                        updated: now,
+                    },
+                );
                 true
             }
         }
@@ -228,7 +237,10 @@ pub(crate) mod tests {
                 compute_capability: (9, 0),
                 emulated: false,
             }],
-            load: Load { free_memory: 100 << 30, ..Load::default() },
+            load: Load {
+                free_memory: 100 << 30,
+                ..Load::default()
+            },
             cache: CacheDigest::default(),
             links: Vec::new(),
         }
@@ -242,9 +254,15 @@ pub(crate) mod tests {
         assert!(!view.apply(state(1, 100, 4), t0), "older version");
         assert!(!view.apply(state(1, 100, 5), t0), "same version");
         assert!(view.apply(state(1, 100, 6), t0));
-        assert!(view.apply(state(1, 200, 0), t0), "a restart beats any version of the old run");
+        assert!(
+            view.apply(state(1, 200, 0), t0),
+            "a restart beats any version of the old run"
+        );
         assert!(!view.apply(state(1, 100, 99), t0), "the old run is gone");
-        assert_eq!(view.version_of(&PeerId::from_bytes([1; 16])), Some((200, 0)));
+        assert_eq!(
+            view.version_of(&PeerId::from_bytes([1; 16])),
+            Some((200, 0))
+        );
         assert_eq!(view.states().count(), 1);
     }
 
@@ -260,7 +278,10 @@ pub(crate) mod tests {
         assert!(view.expire(later).is_empty());
         let expired = view.expire(t0 + MeshView::STALE_AFTER + Duration::from_millis(1));
         assert_eq!(expired, vec![PeerId::from_bytes([1; 16])]);
-        assert_eq!(view.states().map(|s| s.id).collect::<Vec<_>>(), vec![PeerId::from_bytes([2; 16])]);
+        assert_eq!(
+            view.states().map(|s| s.id).collect::<Vec<_>>(),
+            vec![PeerId::from_bytes([2; 16])]
+        );
         assert!(view.remove(&PeerId::from_bytes([2; 16])).is_some());
         assert_eq!(view.states().count(), 0);
     }
@@ -274,7 +295,11 @@ pub(crate) mod tests {
         big.links = (0..100u8)
             .map(|i| LinkReport {
                 peer: PeerId::from_bytes([i; 16]),
-                quality: LinkQuality { rtt_us: u32::MAX, bandwidth_bps: u64::MAX, loss: 1.0 },
+                quality: LinkQuality {
+                    rtt_us: u32::MAX,
+                    bandwidth_bps: u64::MAX,
+                    loss: 1.0,
+                },
             })
             .collect();
         big.truncate_to_limits();

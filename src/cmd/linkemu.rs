@@ -20,18 +20,24 @@ pub struct Args {
     /// Address datagrams are relayed to (the upstream, e.g. a peer's QUIC port).
     #[arg(long)]
     pub to: SocketAddr,
-    #[command(flatten)]
-    pub both: LinkArgs,
-    #[command(flatten)]
-    pub up: UpArgs,
-    #[command(flatten)]
-    pub down: DownArgs,
     /// Let jitter reorder datagrams (by default delivery stays in order, like a wire).
     #[arg(long)]
     pub reorder: bool,
     /// Seed of the loss and jitter random generator (the down direction uses seed + 1).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    #[command(flatten, next_help_heading = "Link options (both directions)")]
+    pub both: LinkArgs,
+    #[command(
+        flatten,
+        next_help_heading = "Client → upstream (overrides the link options)"
+    )]
+    pub up: UpArgs,
+    #[command(
+        flatten,
+        next_help_heading = "Upstream → client (overrides the link options)"
+    )]
+    pub down: DownArgs,
 }
 
 /// Link options for both directions.
@@ -59,14 +65,19 @@ pub struct LinkArgs {
 /// Overrides for client → upstream.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct UpArgs {
+    /// Rate towards `--to`.
     #[arg(long, value_name = "RATE")]
     pub up_rate: Option<Rate>,
+    /// One-way delay towards `--to`.
     #[arg(long, value_name = "DELAY", value_parser = parse_delay)]
     pub up_delay: Option<Duration>,
+    /// Jitter towards `--to`.
     #[arg(long, value_name = "JITTER", value_parser = parse_delay)]
     pub up_jitter: Option<Duration>,
+    /// Loss towards `--to`.
     #[arg(long, value_name = "LOSS")]
     pub up_loss: Option<Loss>,
+    /// Queue bound towards `--to`.
     #[arg(long, value_name = "QUEUE")]
     pub up_queue: Option<QueueLimit>,
 }
@@ -74,14 +85,19 @@ pub struct UpArgs {
 /// Overrides for upstream → client.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct DownArgs {
+    /// Rate back to the clients.
     #[arg(long, value_name = "RATE")]
     pub down_rate: Option<Rate>,
+    /// One-way delay back to the clients.
     #[arg(long, value_name = "DELAY", value_parser = parse_delay)]
     pub down_delay: Option<Duration>,
+    /// Jitter back to the clients.
     #[arg(long, value_name = "JITTER", value_parser = parse_delay)]
     pub down_jitter: Option<Duration>,
+    /// Loss back to the clients.
     #[arg(long, value_name = "LOSS")]
     pub down_loss: Option<Loss>,
+    /// Queue bound back to the clients.
     #[arg(long, value_name = "QUEUE")]
     pub down_queue: Option<QueueLimit>,
 }

@@ -1,10 +1,135 @@
-//! `gleam peer` (being written).
+//! `gleam peer` (alias `gleam-peer`): the daemon that joins the mesh and serves this device's GPU.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use gleam_mesh::daemon::{Daemon, DaemonConfig, DeviceInfo, SessionHandler};
+use gleam_mesh::identity::{self, Identity, MeshSecret};
+use gleam_mesh::state::GpuSummary;
+use gleam_mesh::{PeerId, control};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// UDP address for QUIC (both IPv6 and IPv4 with the default).
+    #[arg(long, default_value = "[::]:4747")]
+    pub listen: SocketAddr,
+    /// Use mDNS only on this interface (repeatable; default: every interface that is up).
+    #[arg(long = "interface", value_name = "NAME")]
+    pub interfaces: Vec<String>,
+    /// Do not advertise or browse with mDNS (use --seed).
+    #[arg(long)]
+    pub no_mdns: bool,
+    /// A peer to connect to without discovery, as ID@ADDR:PORT (repeatable).
+    #[arg(long = "seed", value_name = "ID@ADDR", value_parser = parse_seed)]
+    pub seeds: Vec<(PeerId, SocketAddr)>,
+    /// The name other peers show for this device (default: the host name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Seconds between bandwidth probes of each link.
+    #[arg(long, default_value_t = 10.0)]
+    pub probe_interval: f64,
+    /// Control socket (default: $GLEAM_CONFIG_DIR/daemon.sock or $XDG_RUNTIME_DIR/gleam/daemon.sock).
+    #[arg(long)]
+    pub socket: Option<std::path::PathBuf>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`gleam peer` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let dir = identity::default_config_dir();
+    let identity = Identity::load_or_create(&dir)?;
+    let secret = MeshSecret::load(&dir)?;
+    let mut config = DaemonConfig::new(args.socket.unwrap_or_else(control::default_socket_path));
+    config.listen = args.listen;
+    config.mdns = !args.no_mdns;
+    config.interfaces = args.interfaces;
+    config.seeds = args.seeds;
+    if let Some(name) = args.name {
+        config.host = name;
+    }
+    config.probe_interval = Duration::try_from_secs_f64(args.probe_interval)
+        .context("--probe-interval must be a positive number of seconds")?;
+
+    // TODO(remoting): the device report should come from the backend that serves sessions:
+    // the emu backend reports its emulated device, the CUDA backend queries the real GPU.
+    let device: Arc<dyn DeviceInfo> = Arc::new(EmulatedDevice::new());
+    // TODO(remoting): hand the session to `gleam_remoting::server::serve_session(conn, peer)`
+    // once it exists; until then every CUDA session is refused with a clear reason.
+    let handler: SessionHandler = Arc::new(|conn: quinn::Connection, peer: PeerId| {
+        tracing::warn!(%peer, "refusing a CUDA session: this build does not serve sessions yet");
+        conn.close(quinn::VarInt::from_u32(0x4741_0010), b"not serving yet");
+    });
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let daemon = Daemon::bind(config, identity, secret, device, handler)?;
+        eprintln!(
+            "gleam peer {} listening on {}",
+            daemon.peer_id(),
+            daemon.local_addr()?
+        );
+        daemon.run(shutdown_signal()).await?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Stands for the emu backend's device until the backends report their own.
+struct EmulatedDevice {
+    gpus: Vec<GpuSummary>,
+}
+
+impl EmulatedDevice {
+    fn new() -> Self {
+        // The emulated device keeps "device memory" in host memory: offer half of it.
+        let total_memory = host_memory().map_or(8 << 30, |bytes| bytes / 2);
+        Self {
+            gpus: vec![GpuSummary {
+                model: "Gleam emulated GPU".into(),
+                total_memory,
+                compute_capability: (8, 0),
+                emulated: true,
+            }],
+        }
+    }
+}
+
+impl DeviceInfo for EmulatedDevice {
+    fn gpus(&self) -> Vec<GpuSummary> {
+        self.gpus.clone()
+    }
+}
+
+fn host_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|line| line.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn parse_seed(text: &str) -> Result<(PeerId, SocketAddr), String> {
+    let (id, addr) = text.split_once('@').ok_or("expected ID@ADDR:PORT")?;
+    let id = id.parse().map_err(|err| format!("{err}"))?;
+    let addr = addr
+        .parse()
+        .map_err(|err| format!("bad address {addr:?}: {err}"))?;
+    Ok((id, addr))
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
 }

@@ -1,10 +1,41 @@
-//! `gleam session` (being written).
+//! `gleam session --backend cuda|emu` (hidden): one client's session, in its own process.
+//!
+//! Started by `gleam serve`/`gleam peer` for each authenticated connection: requests arrive on stdin,
+//! replies leave on stdout (see [`gleam_remoting::server::worker`]), logs go to stderr. The exit code says
+//! how the session ended, and the parent turns it into the connection's close reason.
 
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+use gleam_remoting::server::real::RealBackend;
+use gleam_remoting::server::worker::{self, EXIT_BACKEND};
+use tracing::error;
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`gleam session` is not built yet")
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// What executes the session.
+    #[arg(long, value_enum)]
+    pub backend: Backend,
+}
+
+/// `--backend` values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Backend {
+    /// NVIDIA's driver on a real GPU.
+    Cuda,
+    /// The GPU-less backend.
+    Emu,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let reason = match args.backend {
+        Backend::Cuda => match RealBackend::new() {
+            Ok(backend) => worker::run(backend),
+            Err(err) => {
+                error!(error = %err, "cannot serve this session with NVIDIA's driver");
+                return Ok(ExitCode::from(EXIT_BACKEND));
+            }
+        },
+        Backend::Emu => worker::run(gleam_emu::EmuBackend::new(gleam_emu::EmuConfig::default())),
+    };
+    Ok(ExitCode::from(reason.code()))
 }

@@ -14,7 +14,8 @@
 //! - [`Relay`] is the IO layer: a UDP relay from a listening address to an upstream through an
 //!   `up` and a `down` link, with one upstream socket per client address (NAT-like).
 //!   [`Relay::spawn`] runs it on a dedicated thread with sub-millisecond timing and returns a
-//!   [`RelayHandle`] (bound address, [`RelayStats`], stop on drop).
+//!   [`RelayHandle`] (bound address, [`RelayStats`] with per-direction [`DirectionStats`], stop on
+//!   drop).
 
 mod config;
 mod link;
@@ -23,4 +24,4 @@ mod sys;
 
 pub use config::{LinkConfig, Loss, MAX_DELAY, ParseError, QueueLimit, Rate, parse_delay};
 pub use link::{Datagram, DropReason, Link, LinkStats, MAX_HELD_BYTES, Verdict};
-pub use relay::{Relay, RelayError, RelayHandle, RelayStats};
+pub use relay::{DirectionStats, Relay, RelayError, RelayHandle, RelayStats};

@@ -63,6 +63,7 @@ impl Drop for Echo {
     }
 }
 
+/// Sorted round-trip times of `count` pings (after 5 warm-up ones), from a fresh client socket.
 fn ping_pong_rtts(relay: SocketAddr, count: usize) -> Vec<Duration> {
     let client = UdpSocket::bind(loopback()).expect("bind client");
     client.connect(relay).expect("connect");
@@ -98,22 +99,36 @@ fn ping_pong_rtt_matches_the_configured_delay() {
     let relay = Relay::symmetric(loopback(), echo.addr, link)
         .spawn()
         .expect("relay");
-    let rtts = ping_pong_rtts(relay.local_addr(), 200);
-    let median = rtts[rtts.len() / 2];
-    eprintln!(
-        "rtt min {:?} median {median:?} p90 {:?}",
-        rtts[0],
-        rtts[rtts.len() * 9 / 10]
-    );
-    assert!(rtts[0] >= Duration::from_micros(1000), "min {:?}", rtts[0]);
+    // A busy machine can delay the threads involved by whole scheduler slices; a transient
+    // burst of load gets two more tries, a relay that is systematically off does not pass.
+    let in_range = Duration::from_micros(1000)..=Duration::from_micros(1600);
+    let mut medians = Vec::new();
+    for _attempt in 0..3 {
+        let rtts = ping_pong_rtts(relay.local_addr(), 200);
+        let median = rtts[rtts.len() / 2];
+        eprintln!(
+            "rtt min {:?} median {median:?} p90 {:?}",
+            rtts[0],
+            rtts[rtts.len() * 9 / 10]
+        );
+        eprintln!("{}", relay.stats());
+        // Never early, whatever the load.
+        assert!(rtts[0] >= Duration::from_micros(1000), "min {:?}", rtts[0]);
+        medians.push(median);
+        if in_range.contains(&median) {
+            break;
+        }
+    }
     assert!(
-        (Duration::from_micros(1000)..=Duration::from_micros(1600)).contains(&median),
-        "median rtt {median:?}"
+        medians.iter().any(|m| in_range.contains(m)),
+        "median rtts {medians:?}"
     );
     let stats = relay.stop();
-    assert_eq!(stats.up.delivered_packets, 205);
-    assert_eq!(stats.down.delivered_packets, 205);
-    assert_eq!(stats.clients, 1);
+    eprintln!("{stats}");
+    let pings = 205 * medians.len() as u64;
+    assert_eq!(stats.up.link.delivered_packets, pings);
+    assert_eq!(stats.down.link.delivered_packets, pings);
+    assert_eq!(stats.clients, medians.len() as u64);
 }
 
 #[test]
@@ -138,13 +153,41 @@ fn rate_limits_a_udp_blaster() {
     .spawn()
     .expect("relay");
 
-    // Offer 300 Mbit/s for 1 s, paced so the blaster does not starve the relay of CPU.
-    let target = relay.local_addr();
+    // As for latency, a burst of load on the machine gets another try.
+    let mut rates = Vec::new();
+    let mut received = 0;
+    for _attempt in 0..3 {
+        let (mbit, packets) = blast(relay.local_addr(), &receiver, 300.0);
+        received += packets;
+        rates.push(mbit);
+        if (180.0..=210.0).contains(&mbit) {
+            break;
+        }
+    }
+    let stats = relay.stop();
+    eprintln!("{stats}");
+    assert!(
+        rates.iter().any(|mbit| (180.0..=210.0).contains(mbit)),
+        "throughput {rates:?} Mbit/s"
+    );
+    // The receiving socket drops some itself when its thread is descheduled for long.
+    assert!(received <= stats.up.link.delivered_packets);
+    assert!(
+        received * 10 >= stats.up.link.delivered_packets * 9,
+        "{received} received"
+    );
+    assert!(stats.up.link.overflow_packets > 0, "the queue overflowed");
+}
+
+/// Offers `offered_mbit` to `relay` for 1 s and measures what reaches `receiver`:
+/// (Mbit/s, packets).
+fn blast(relay: SocketAddr, receiver: &UdpSocket, offered_mbit: f64) -> (f64, u64) {
+    // Paced, so the blaster does not starve the relay of CPU.
     let blaster = thread::spawn(move || {
         let socket = UdpSocket::bind(loopback()).expect("bind blaster");
-        socket.connect(target).expect("connect");
+        socket.connect(relay).expect("connect");
         let packet = [0xa5u8; 1200];
-        let offered_bits_per_sec = 300e6;
+        let offered_bits_per_sec = offered_mbit * 1e6;
         let start = Instant::now();
         let mut sent = 0u64;
         while start.elapsed() < Duration::from_secs(1) {
@@ -165,7 +208,7 @@ fn rate_limits_a_udp_blaster() {
     let mut packets = 0u64;
     while let Ok(len) = receiver.recv(&mut buf) {
         let now = Instant::now();
-        // Count from the end of the first datagram: bytes after it arrived over (first, last].
+        // Bytes after the first datagram arrived, over (first, last].
         if first.is_none() {
             first = Some(now);
         } else {
@@ -177,21 +220,37 @@ fn rate_limits_a_udp_blaster() {
     let offered = blaster.join().expect("blaster");
     let first = first.expect("something arrived");
     let mbit = bytes as f64 * 8.0 / (last - first).as_secs_f64() / 1e6;
-    let stats = relay.stop();
     eprintln!(
-        "offered {offered} B, received {packets} pkts, {mbit:.1} Mbit/s over {:?}; {stats}",
+        "offered {offered} B, received {packets} pkts, {mbit:.1} Mbit/s over {:?}",
         last - first
     );
+    (mbit, packets)
+}
+
+/// 1 Gbit/s needs a core for the relay and more for the blaster: run by hand on a big machine
+/// (`cargo test -p gleam-linkemu --release -- --ignored`).
+#[test]
+#[ignore = "needs idle cores"]
+fn gigabit_link() {
+    let _timing = timing_lock();
+    let receiver = UdpSocket::bind(loopback()).expect("bind receiver");
+    receiver
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    let link = LinkConfig {
+        rate: Rate::gbit(1),
+        delay: Duration::from_micros(500),
+        queue: QueueLimit::Delay(Duration::from_millis(2)),
+        ..LinkConfig::default()
+    };
+    let relay = Relay::symmetric(loopback(), receiver.local_addr().expect("addr"), link)
+        .spawn()
+        .expect("relay");
+    let (mbit, _) = blast(relay.local_addr(), &receiver, 1200.0);
+    eprintln!("{}", relay.stop());
     assert!(
-        (180.0..=210.0).contains(&mbit),
+        (900.0..=1050.0).contains(&mbit),
         "throughput {mbit:.1} Mbit/s"
-    );
-    assert!(stats.up.overflow_packets > 0, "the queue overflowed");
-    // The receiving socket may drop a few itself when this thread is descheduled.
-    assert!(packets <= stats.up.delivered_packets);
-    assert!(
-        packets * 100 >= stats.up.delivered_packets * 98,
-        "{packets} received"
     );
 }
 
@@ -224,10 +283,13 @@ fn loss_on_the_wire() {
         back += 1;
     }
     let stats = relay.stop();
-    assert_eq!(stats.up.offered_packets, 400);
-    assert_eq!(stats.up.lost_packets + stats.up.delivered_packets, 400);
-    assert!((140..=260).contains(&stats.up.lost_packets), "{stats}");
-    assert_eq!(back, stats.up.delivered_packets);
+    assert_eq!(stats.up.link.offered_packets, 400);
+    assert_eq!(
+        stats.up.link.lost_packets + stats.up.link.delivered_packets,
+        400
+    );
+    assert!((140..=260).contains(&stats.up.link.lost_packets), "{stats}");
+    assert_eq!(back, stats.up.link.delivered_packets);
 }
 
 mod quic {
@@ -329,7 +391,7 @@ mod quic {
         let stats = relay.stop();
         eprintln!("4 MiB in {elapsed:?}; {stats}");
         assert!(
-            stats.up.lost_packets > 0 && stats.down.lost_packets > 0,
+            stats.up.link.lost_packets > 0 && stats.down.link.lost_packets > 0,
             "{stats}"
         );
         // 4 MiB at 200 Mbit/s needs at least 168 ms on the wire.

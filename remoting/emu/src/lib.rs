@@ -1,1 +1,115 @@
-//! (being written)
+//! `gleam-emu`: the GPU-less backend. A machine without a GPU serves CUDA sessions for real: device memory,
+//! streams and events live in host memory and threads, and kernels run on the PTX interpreter
+//! ([`gleam_ptx`]).
+//!
+//! The main types:
+//! - [`EmuBackend`]: implements [`gleam_remoting::server::backend::ApiBackend`] and
+//!   [`gleam_remoting::server::backend::Backend`] for one session. Create it with
+//!   [`EmuBackend::new`]`(`[`EmuConfig`]`)`.
+//! - [`EmuConfig`]: the emulated device's memory size (4 GiB by default, `GLEAM_EMU_MEMORY=2GiB` overrides).
+//! - [`memory::DeviceMemory`]: the allocator over a fake device address range (from
+//!   [`memory::VA_BASE`]) and the interpreter's [`gleam_ptx::GlobalMemory`].
+//! - [`streams::Streams`]: one worker thread per stream, with CUDA's legacy-stream and event ordering.
+//!
+//! # Errors of asynchronous work (the sticky error)
+//! Launches, memsets, device-to-device and async copies are validated when they are submitted (bad
+//! handles, pointers, launch dimensions return their `CUresult` at once) and then run on the stream's
+//! worker. A kernel that faults sets the backend's *sticky error* (`CUDA_ERROR_ILLEGAL_ADDRESS` for a
+//! memory fault, `CUDA_ERROR_MISALIGNED_ADDRESS`, `CUDA_ERROR_LAUNCH_FAILED` for anything else, including an
+//! instruction the interpreter does not support) and logs the kernel's name and the interpreter's message.
+//! From then on every call of the backend returns that error first (as a real context does after a
+//! fault), queued work is skipped, and synchronising calls (`cuStreamSynchronize`, `cuCtxSynchronize`,
+//! `cuEventSynchronize`, copies to the host) return it once they have waited. The session engine therefore
+//! needs nothing special: whatever call comes next reports the fault. Only [`EmuBackend::shutdown`],
+//! `describe` and `set_current_context` ignore it.
+
+mod backend;
+pub mod device;
+pub mod image;
+pub mod memory;
+pub mod streams;
+
+pub use backend::EmuBackend;
+
+/// Default emulated memory: 4 GiB.
+pub const DEFAULT_MEMORY_BYTES: u64 = 4 << 30;
+
+/// Configuration of the emulated device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmuConfig {
+    /// Device memory the session may allocate, in bytes (`cuMemGetInfo`'s total).
+    pub memory_bytes: u64,
+}
+
+impl EmuConfig {
+    /// The configuration from the environment: `GLEAM_EMU_MEMORY` (e.g. `2GiB`, `512MiB`, `1000000`).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        match std::env::var("GLEAM_EMU_MEMORY") {
+            Ok(v) => Ok(Self {
+                memory_bytes: parse_size(&v)?,
+            }),
+            Err(_) => Ok(Self {
+                memory_bytes: DEFAULT_MEMORY_BYTES,
+            }),
+        }
+    }
+}
+
+impl Default for EmuConfig {
+    /// [`EmuConfig::from_env`], falling back to 4 GiB (with a warning) if `GLEAM_EMU_MEMORY` is malformed.
+    fn default() -> Self {
+        Self::from_env().unwrap_or_else(|e| {
+            tracing::warn!("{e}; using {DEFAULT_MEMORY_BYTES} bytes");
+            Self {
+                memory_bytes: DEFAULT_MEMORY_BYTES,
+            }
+        })
+    }
+}
+
+/// A malformed configuration value.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// `GLEAM_EMU_MEMORY` is not a size.
+    #[error("GLEAM_EMU_MEMORY={0:?} is not a size (examples: 2GiB, 512MiB, 1G, 1048576)")]
+    BadSize(String),
+}
+
+/// Parses a byte size: a number with an optional unit (`K`, `M`, `G`, `T`, with or without `iB`/`B`;
+/// binary multiples either way, as memory sizes are).
+pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
+    let bad = || ConfigError::BadSize(s.to_owned());
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(bad()),
+    };
+    let bytes = n.checked_mul(1u64 << shift).ok_or_else(bad)?;
+    if bytes == 0 {
+        return Err(bad());
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
+    }
+}

@@ -14,6 +14,11 @@ pub type R = u32;
 /// No register (unguarded instruction, absent operand).
 pub const NONE: R = u32::MAX;
 
+/// Register slots a program may use (the interpreter keeps 32 lanes x 8 bytes per slot per warp).
+const MAX_REGS: usize = 1 << 17;
+/// Local memory per thread, as CUDA allows.
+const MAX_LOCAL: usize = 512 * 1024;
+
 pub const FL_FTZ: u8 = 1;
 pub const FL_SAT: u8 = 2;
 
@@ -57,37 +62,172 @@ pub enum ConstVal {
 
 #[derive(Debug, Clone, Copy)]
 pub enum Op {
-    Un { f: F1, d: R, a: R, fl: u8 },
-    Bin { f: F2, d: R, a: R, b: R, fl: u8 },
-    Tern { f: F3, d: R, a: R, b: R, c: R, fl: u8 },
-    Quad { f: F4, d: R, a: R, b: R, c: R, e: R },
-    Mov { d: R, a: R },
+    Un {
+        f: F1,
+        d: R,
+        a: R,
+        fl: u8,
+    },
+    Bin {
+        f: F2,
+        d: R,
+        a: R,
+        b: R,
+        fl: u8,
+    },
+    Tern {
+        f: F3,
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+        fl: u8,
+    },
+    Quad {
+        f: F4,
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+        e: R,
+    },
+    Mov {
+        d: R,
+        a: R,
+    },
     /// `setp`: d = cmp(a, b) comb c; dn = !cmp(a, b) comb c. comb: 0 none, 1 and, 2 or, 3 xor.
-    Setp { f: F2, comb: u8, d: R, dn: R, a: R, b: R, c: R, cneg: bool },
+    Setp {
+        f: F2,
+        fl: u8,
+        comb: u8,
+        d: R,
+        dn: R,
+        a: R,
+        b: R,
+        c: R,
+        cneg: bool,
+    },
     /// `selp d, a, b, c`: c ? a : b.
-    Selp { d: R, a: R, b: R, c: R, cneg: bool },
+    Selp {
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+        cneg: bool,
+    },
     /// Predicate logic: `and/or/xor/not` on .pred.
-    PredOp { op: u8, d: R, a: R, b: R },
-    Cvt { d: R, a: R, spec: CvtSpec },
-    Pack { d: R, n: u8, bits: u8, src: [R; 4] },
-    Unpack { a: R, n: u8, bits: u8, dst: [R; 4] },
-    Ld { space: Space, size: u8, signed: bool, n: u8, dst: [R; 4], base: R, off: i64 },
-    St { space: Space, size: u8, n: u8, src: [R; 4], base: R, off: i64 },
-    Atom { space: Space, op: AtomOp, signed: bool, size: u8, d: R, base: R, off: i64, b: R, c: R },
+    PredLogic {
+        op: u8,
+        d: R,
+        a: R,
+        b: R,
+    },
+    Cvt {
+        d: R,
+        a: R,
+        spec: CvtSpec,
+    },
+    Pack {
+        d: R,
+        n: u8,
+        bits: u8,
+        src: [R; 4],
+    },
+    Unpack {
+        a: R,
+        n: u8,
+        bits: u8,
+        dst: [R; 4],
+    },
+    Ld {
+        space: Space,
+        size: u8,
+        signed: bool,
+        n: u8,
+        dst: [R; 4],
+        base: R,
+        off: i64,
+    },
+    St {
+        space: Space,
+        size: u8,
+        n: u8,
+        src: [R; 4],
+        base: R,
+        off: i64,
+    },
+    Atom {
+        space: Space,
+        op: AtomOp,
+        signed: bool,
+        size: u8,
+        d: R,
+        base: R,
+        off: i64,
+        b: R,
+        c: R,
+    },
     /// `cvta` between a specific space and generic: adds (`to == false`) or subtracts the window base.
-    Cvta { d: R, a: R, window: u64, to: bool },
-    IsSpace { d: R, a: R, space: Space },
-    Bra { target: u32 },
+    Cvta {
+        d: R,
+        a: R,
+        window: u64,
+        to: bool,
+    },
+    IsSpace {
+        d: R,
+        a: R,
+        space: Space,
+    },
+    Bra {
+        target: u32,
+    },
     Exit,
     Bar,
     /// `shfl.sync`: mode 0 up, 1 down, 2 bfly, 3 idx.
-    Shfl { mode: u8, d: R, dp: R, a: R, b: R, c: R },
+    Shfl {
+        mode: u8,
+        d: R,
+        dp: R,
+        a: R,
+        b: R,
+        c: R,
+    },
     /// `vote.sync`: mode 0 all, 1 any, 2 uni, 3 ballot.
-    Vote { mode: u8, d: R, a: R, aneg: bool },
+    Vote {
+        mode: u8,
+        d: R,
+        a: R,
+        aneg: bool,
+    },
     /// `redux.sync`: op 0 add, 1 min, 2 max, 3 and, 4 or, 5 xor.
-    Redux { op: u8, signed: bool, d: R, a: R },
-    Activemask { d: R },
-    Clock { d: R },
+    Redux {
+        op: u8,
+        signed: bool,
+        d: R,
+        a: R,
+    },
+    Activemask {
+        d: R,
+    },
+    /// Extended-precision `add.cc/addc/sub.cc/subc`: `cc` is the per-lane carry (borrow) flag slot.
+    /// `mad.cc/madc`: the addend is `mul` 1 = lo, 2 = hi half of a * b, added to c.
+    Carry {
+        sub: bool,
+        cin: bool,
+        cout: bool,
+        wide: bool,
+        mul: u8,
+        signed: bool,
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+        cc: R,
+    },
+    Clock {
+        d: R,
+    },
     Trap,
     Nop,
 }
@@ -122,14 +262,23 @@ pub fn build_module(ast: &Ast) -> Module {
             init.resize(size, 0);
             GlobalVar {
                 name: v.name.clone(),
-                space: if v.space == "const" { StateSpace::Const } else { StateSpace::Global },
+                space: if v.space == "const" {
+                    StateSpace::Const
+                } else {
+                    StateSpace::Global
+                },
                 size,
                 align: v.align,
                 init,
             }
         })
         .collect();
-    let kernels = ast.funcs.iter().filter(|f| f.is_entry && f.body.is_some()).map(|f| build_kernel(ast, f)).collect();
+    let kernels = ast
+        .funcs
+        .iter()
+        .filter(|f| f.is_entry && f.body.is_some())
+        .map(|f| build_kernel(ast, f))
+        .collect();
     Module { kernels, globals }
 }
 
@@ -144,7 +293,12 @@ fn build_kernel(ast: &Ast, f: &Func) -> Kernel {
     for p in &f.params {
         let size = p.size.unwrap_or(0);
         off = align_up(off, p.align);
-        params.push(Param { name: p.name.clone(), offset: off, size, align: p.align });
+        params.push(Param {
+            name: p.name.clone(),
+            offset: off,
+            size,
+            align: p.align,
+        });
         off += size;
     }
     let declared_regs: usize = f
@@ -152,7 +306,9 @@ fn build_kernel(ast: &Ast, f: &Func) -> Kernel {
         .iter()
         .flatten()
         .map(|s| match s {
-            Stmt::Reg { ty, names, .. } if *ty != Ty::Pred => names.len() * if ty.size() == 8 { 2 } else { 1 },
+            Stmt::Reg { ty, names, .. } if *ty != Ty::Pred => {
+                names.len() * if ty.size() == 8 { 2 } else { 1 }
+            }
             _ => 0,
         })
         .sum();
@@ -194,6 +350,8 @@ struct Cx<'a> {
     fixups: Vec<(usize, usize)>,
     depth: usize,
     sink: R,
+    /// The carry flag of `add.cc`/`addc`, allocated on first use.
+    cc: R,
 }
 
 #[derive(Hash, PartialEq, Eq, Clone, Copy)]
@@ -215,7 +373,10 @@ fn unsupported(ins: &Instr, why: &str) -> ExecError {
         text.push_str(why);
         text.push(')');
     }
-    ExecError::Unsupported { instruction: text, line: ins.line }
+    ExecError::Unsupported {
+        instruction: text,
+        line: ins.line,
+    }
 }
 
 type Res<T> = Result<T, ExecError>;
@@ -249,7 +410,6 @@ fn ignorable(m: &str) -> bool {
             | "approx"
             | "full"
             | "noftz"
-            | "cc"
             | "to"
     ) || m.starts_with("L1::")
         || m.starts_with("L2::")
@@ -273,13 +433,15 @@ impl<'a> Cx<'a> {
             fixups: Vec::new(),
             depth: 0,
             sink: 0,
+            cc: NONE,
         };
         cx.sink = cx.new_reg();
         cx
     }
 
     fn new_reg(&mut self) -> R {
-        self.nregs += 1;
+        // Past MAX_REGS the program is refused in `kernel`; keep counting without overflow until then.
+        self.nregs = self.nregs.saturating_add(1);
         self.nregs - 1
     }
 
@@ -403,14 +565,20 @@ impl<'a> Cx<'a> {
                                 self.global_syms.len() - 1
                             }
                         };
-                        Some((self.konst(ConstKey::Global(idx, off), ConstVal::Global(idx, off)), Space::Global))
+                        Some((
+                            self.konst(ConstKey::Global(idx, off), ConstVal::Global(idx, off)),
+                            Space::Global,
+                        ))
                     }
                     "shared" => match v.size {
                         Some(size) => {
                             let o = self.alloc_shared(name, size, v.align);
                             Some((self.imm(o.wrapping_add(off as u64)), Space::Shared))
                         }
-                        None => Some((self.konst(ConstKey::Dyn(off), ConstVal::DynShared(off)), Space::Shared)),
+                        None => Some((
+                            self.konst(ConstKey::Dyn(off), ConstVal::DynShared(off)),
+                            Space::Shared,
+                        )),
                     },
                     _ => None,
                 }
@@ -419,6 +587,13 @@ impl<'a> Cx<'a> {
     }
 
     fn emit(&mut self, ins: &Instr, op: Op) -> Res<()> {
+        // Inlining can multiply code; refuse absurd sizes instead of exhausting memory.
+        if self.code.len() >= 4 << 20 {
+            return Err(unsupported(
+                ins,
+                "program over 4M instructions after inlining",
+            ));
+        }
         let (guard, gneg) = match &ins.guard {
             None => (NONE, false),
             Some((neg, p)) => match self.lookup(p) {
@@ -426,7 +601,12 @@ impl<'a> Cx<'a> {
                 _ => return Err(unsupported(ins, &format!("unknown guard predicate {p}"))),
             },
         };
-        self.code.push(Inst { op, guard, gneg, line: ins.line as u32 });
+        self.code.push(Inst {
+            op,
+            guard,
+            gneg,
+            line: ins.line as u32,
+        });
         Ok(())
     }
 
@@ -448,8 +628,28 @@ impl<'a> Cx<'a> {
                 *t = target;
             }
         }
+        if self.nregs as usize > MAX_REGS {
+            return Err(ExecError::Unsupported {
+                instruction: format!("{} registers after inlining (limit {MAX_REGS})", self.nregs),
+                line: f.line,
+            });
+        }
+        if self.local_bytes > MAX_LOCAL {
+            return Err(ExecError::Unsupported {
+                instruction: format!(
+                    "{} bytes of local memory per thread (limit {MAX_LOCAL})",
+                    self.local_bytes
+                ),
+                line: f.line,
+            });
+        }
         // Falling off the end of a kernel exits.
-        self.code.push(Inst { op: Op::Exit, guard: NONE, gneg: false, line: f.line as u32 });
+        self.code.push(Inst {
+            op: Op::Exit,
+            guard: NONE,
+            gneg: false,
+            line: f.line as u32,
+        });
         Ok(Program {
             code: std::mem::take(&mut self.code),
             nregs: self.nregs,
@@ -462,7 +662,12 @@ impl<'a> Cx<'a> {
     }
 
     /// Compiles one function body instance; `ret` branches to `ret_label` (inlined call) or exits (kernel).
-    fn body(&mut self, body: &[Stmt], base: HashMap<String, Sym>, ret_label: Option<usize>) -> Res<()> {
+    fn body(
+        &mut self,
+        body: &[Stmt],
+        base: HashMap<String, Sym>,
+        ret_label: Option<usize>,
+    ) -> Res<()> {
         let saved = std::mem::take(&mut self.scopes);
         self.scopes.push(base);
         // Labels are function-scoped.
@@ -528,6 +733,9 @@ impl<'a> Cx<'a> {
                 }
                 if let Some(r) = self.special(n) {
                     return Ok(r);
+                }
+                if n == "WARP_SZ" {
+                    return Ok(self.imm(32));
                 }
                 if let Some((r, _)) = self.sym_addr(n, 0) {
                     return Ok(r);
@@ -600,7 +808,11 @@ impl<'a> Cx<'a> {
                 match self.sym_addr(n, 0) {
                     Some((r, sp)) => {
                         // A generic access to a symbol goes to the symbol's own space.
-                        let sp = if space == Space::Generic { sp } else { space_for(space, sp) };
+                        let sp = if space == Space::Generic {
+                            sp
+                        } else {
+                            space_for(space, sp)
+                        };
                         Ok((r, *off, sp))
                     }
                     None => Err(unsupported(ins, &format!("unknown address {n}"))),
@@ -621,12 +833,21 @@ impl<'a> Cx<'a> {
         }
         let mut regs = [NONE; 4];
         for (i, e) in list.iter().enumerate() {
-            regs[i] = if dst { self.dst(ins, e)? } else { self.src(ins, e, ty)? };
+            regs[i] = if dst {
+                self.dst(ins, e)?
+            } else {
+                self.src(ins, e, ty)?
+            };
         }
         Ok((list.len() as u8, regs))
     }
 
-    fn instr(&mut self, ins: &Instr, labels: &HashMap<String, usize>, ret_label: Option<usize>) -> Res<()> {
+    fn instr(
+        &mut self,
+        ins: &Instr,
+        labels: &HashMap<String, usize>,
+        ret_label: Option<usize>,
+    ) -> Res<()> {
         let mods: Vec<&str> = ins.mods.iter().map(String::as_str).collect();
         let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::from_name(m)).collect();
         let ty = types.last().copied();
@@ -649,7 +870,11 @@ impl<'a> Cx<'a> {
         }
         let ops = &ins.operands;
         let need = |n: usize| -> Res<()> {
-            if ops.len() < n { Err(unsupported(ins, "too few operands")) } else { Ok(()) }
+            if ops.len() < n {
+                Err(unsupported(ins, "too few operands"))
+            } else {
+                Ok(())
+            }
         };
         let op_name = ins.opcode.as_str();
         match op_name {
@@ -669,6 +894,12 @@ impl<'a> Cx<'a> {
                         let bits = (ty.size() * 8 / parts.len()) as u8;
                         self.emit(ins, Op::Pack { d, n, bits, src })
                     }
+                    (_, Operand::Reg(r))
+                        if matches!(r.as_str(), "%clock" | "%clock64" | "%globaltimer") =>
+                    {
+                        let d = self.dst(ins, &ops[0])?;
+                        self.emit(ins, Op::Clock { d })
+                    }
                     _ => {
                         let d = self.dst(ins, &ops[0])?;
                         let a = self.src(ins, &ops[1], ty)?;
@@ -686,12 +917,18 @@ impl<'a> Cx<'a> {
                     crate::SHARED_WINDOW
                 } else if has("local") {
                     crate::LOCAL_WINDOW
+                } else if has("param") {
+                    crate::PARAM_WINDOW
                 } else if has("global") || has("const") {
                     0
                 } else {
                     return Err(unsupported(ins, "cvta of this space"));
                 };
-                if window == 0 { self.emit(ins, Op::Mov { d, a }) } else { self.emit(ins, Op::Cvta { d, a, window, to }) }
+                if window == 0 {
+                    self.emit(ins, Op::Mov { d, a })
+                } else {
+                    self.emit(ins, Op::Cvta { d, a, window, to })
+                }
             }
             "isspacep" => {
                 need(2)?;
@@ -714,7 +951,26 @@ impl<'a> Cx<'a> {
                     return Err(unsupported(ins, "cvt needs two types"));
                 }
                 let (dt, st) = (types[0], types[1]);
-                let int_round = mods.iter().any(|m| matches!(*m, "rni" | "rzi" | "rmi" | "rpi"));
+                if let Some(m) = mods.iter().find(|m| {
+                    Ty::from_name(m).is_none()
+                        && !matches!(
+                            **m,
+                            "rn" | "rz"
+                                | "rm"
+                                | "rp"
+                                | "rni"
+                                | "rzi"
+                                | "rmi"
+                                | "rpi"
+                                | "sat"
+                                | "ftz"
+                        )
+                }) {
+                    return Err(unsupported(ins, &format!("modifier .{m}")));
+                }
+                let int_round = mods
+                    .iter()
+                    .any(|m| matches!(*m, "rni" | "rzi" | "rmi" | "rpi"));
                 if matches!(dt, Ty::F16x2 | Ty::Bf16x2) && st == Ty::F32 {
                     need(3)?;
                     if rnd != Rnd::N {
@@ -724,13 +980,26 @@ impl<'a> Cx<'a> {
                     let a = self.src(ins, &ops[1], st)?;
                     let b = self.src(ins, &ops[2], st)?;
                     let f: F2 = if dt == Ty::F16x2 {
-                        |a, b| ops::f2h(f32::from_bits(b as u32)) | ops::f2h(f32::from_bits(a as u32)) << 16
+                        |a, b| {
+                            ops::f2h(f32::from_bits(b as u32))
+                                | ops::f2h(f32::from_bits(a as u32)) << 16
+                        }
                     } else {
-                        |a, b| ops::f2b(f32::from_bits(b as u32)) | ops::f2b(f32::from_bits(a as u32)) << 16
+                        |a, b| {
+                            ops::f2b(f32::from_bits(b as u32))
+                                | ops::f2b(f32::from_bits(a as u32)) << 16
+                        }
                     };
                     return self.emit(ins, Op::Bin { f, d, a, b, fl: 0 });
                 }
-                let spec = CvtSpec { dst: dt, src: st, rnd, int_round, sat: has("sat"), ftz: has("ftz") };
+                let spec = CvtSpec {
+                    dst: dt,
+                    src: st,
+                    rnd,
+                    int_round,
+                    sat: has("sat"),
+                    ftz: has("ftz"),
+                };
                 if !ops::cvt_supported(&spec) {
                     return Err(unsupported(ins, ""));
                 }
@@ -753,8 +1022,12 @@ impl<'a> Cx<'a> {
                     return Err(unsupported(ins, "indirect branch"));
                 }
                 need(1)?;
-                let Operand::Reg(l) = &ops[0] else { return Err(unsupported(ins, "branch target")) };
-                let Some(&id) = labels.get(l) else { return Err(unsupported(ins, &format!("unknown label {l}"))) };
+                let Operand::Reg(l) = &ops[0] else {
+                    return Err(unsupported(ins, "branch target"));
+                };
+                let Some(&id) = labels.get(l) else {
+                    return Err(unsupported(ins, &format!("unknown label {l}")));
+                };
                 self.fixups.push((self.code.len(), id));
                 self.emit(ins, Op::Bra { target: u32::MAX })
             }
@@ -767,6 +1040,7 @@ impl<'a> Cx<'a> {
             },
             "exit" => self.emit(ins, Op::Exit),
             "trap" | "brkpt" => self.emit(ins, Op::Trap),
+            "call" if ins.guard.is_some() => Err(unsupported(ins, "predicated call")),
             "call" => self.call(ins),
             "bar" | "barrier" => {
                 if has("warp") {
@@ -807,7 +1081,17 @@ impl<'a> Cx<'a> {
                 let a = self.src(ins, &ops[1], Ty::B32)?;
                 let b = self.src(ins, &ops[2], Ty::B32)?;
                 let c = self.src(ins, &ops[3], Ty::B32)?;
-                self.emit(ins, Op::Shfl { mode, d, dp, a, b, c })
+                self.emit(
+                    ins,
+                    Op::Shfl {
+                        mode,
+                        d,
+                        dp,
+                        a,
+                        b,
+                        c,
+                    },
+                )
             }
             "vote" => {
                 need(2)?;
@@ -839,9 +1123,128 @@ impl<'a> Cx<'a> {
                     .ok_or_else(|| unsupported(ins, ""))? as u8;
                 let d = self.dst(ins, &ops[0])?;
                 let a = self.src(ins, &ops[1], Ty::B32)?;
-                self.emit(ins, Op::Redux { op, signed: ty == Some(Ty::S32), d, a })
+                self.emit(
+                    ins,
+                    Op::Redux {
+                        op,
+                        signed: ty == Some(Ty::S32),
+                        d,
+                        a,
+                    },
+                )
             }
-            "mov_clock" => Err(unsupported(ins, "")),
+            "add" | "sub" | "addc" | "subc" | "mad" | "madc"
+                if has("cc") || op_name.ends_with('c') =>
+            {
+                let is_mad = op_name.starts_with("mad");
+                need(if is_mad { 4 } else { 3 })?;
+                let ty = ty.ok_or_else(|| unsupported(ins, "missing type"))?;
+                let wide = match ty {
+                    Ty::U32 | Ty::S32 | Ty::B32 => false,
+                    Ty::U64 | Ty::S64 | Ty::B64 => true,
+                    _ => return Err(unsupported(ins, "")),
+                };
+                if self.cc == NONE {
+                    self.cc = self.new_reg();
+                }
+                let d = self.dst(ins, &ops[0])?;
+                let a = self.src(ins, &ops[1], ty)?;
+                let b = self.src(ins, &ops[2], ty)?;
+                let c = if is_mad {
+                    self.src(ins, &ops[3], ty)?
+                } else {
+                    NONE
+                };
+                let mul = match (is_mad, has("hi")) {
+                    (false, _) => 0,
+                    (true, false) => 1,
+                    (true, true) => 2,
+                };
+                let op = Op::Carry {
+                    sub: op_name.starts_with("sub"),
+                    cin: op_name.ends_with('c'),
+                    cout: has("cc"),
+                    wide,
+                    mul,
+                    signed: ty.is_signed(),
+                    d,
+                    a,
+                    b,
+                    c,
+                    cc: self.cc,
+                };
+                self.emit(ins, op)
+            }
+            "dp4a" | "dp2a" => {
+                need(4)?;
+                if types.len() != 2 || types.iter().any(|t| !matches!(t, Ty::U32 | Ty::S32)) {
+                    return Err(unsupported(ins, ""));
+                }
+                let (sa, sb) = (types[0] == Ty::S32, types[1] == Ty::S32);
+                let f: F3 = match (op_name, has("hi"), sa, sb) {
+                    ("dp4a", _, false, false) => |a, b, c| ops::dp::<false, false, 4, 0>(a, b, c),
+                    ("dp4a", _, false, true) => |a, b, c| ops::dp::<false, true, 4, 0>(a, b, c),
+                    ("dp4a", _, true, false) => |a, b, c| ops::dp::<true, false, 4, 0>(a, b, c),
+                    ("dp4a", _, true, true) => |a, b, c| ops::dp::<true, true, 4, 0>(a, b, c),
+                    (_, false, false, false) => |a, b, c| ops::dp::<false, false, 2, 0>(a, b, c),
+                    (_, false, false, true) => |a, b, c| ops::dp::<false, true, 2, 0>(a, b, c),
+                    (_, false, true, false) => |a, b, c| ops::dp::<true, false, 2, 0>(a, b, c),
+                    (_, false, true, true) => |a, b, c| ops::dp::<true, true, 2, 0>(a, b, c),
+                    (_, true, false, false) => |a, b, c| ops::dp::<false, false, 2, 2>(a, b, c),
+                    (_, true, false, true) => |a, b, c| ops::dp::<false, true, 2, 2>(a, b, c),
+                    (_, true, true, false) => |a, b, c| ops::dp::<true, false, 2, 2>(a, b, c),
+                    (_, true, true, true) => |a, b, c| ops::dp::<true, true, 2, 2>(a, b, c),
+                };
+                if op_name == "dp2a" && !has("lo") && !has("hi") {
+                    return Err(unsupported(ins, "dp2a needs .lo or .hi"));
+                }
+                let d = self.dst(ins, &ops[0])?;
+                let a = self.src(ins, &ops[1], Ty::U32)?;
+                let b = self.src(ins, &ops[2], Ty::U32)?;
+                let c = self.src(ins, &ops[3], Ty::U32)?;
+                self.emit(
+                    ins,
+                    Op::Tern {
+                        f,
+                        d,
+                        a,
+                        b,
+                        c,
+                        fl: 0,
+                    },
+                )
+            }
+            "vabsdiff4" => {
+                need(4)?;
+                if types.len() != 3
+                    || mods
+                        .iter()
+                        .any(|m| Ty::from_name(m).is_none() && *m != "add")
+                {
+                    return Err(unsupported(ins, "only the plain and .add SIMD forms"));
+                }
+                let full = if has("add") {
+                    "vabsdiff4.add"
+                } else {
+                    "vabsdiff4"
+                };
+                let f = ops::int_tern(full, types[1]).ok_or_else(|| unsupported(ins, ""))?;
+                let d = self.dst(ins, &ops[0])?;
+                let a = self.src(ins, &ops[1], Ty::U32)?;
+                let b = self.src(ins, &ops[2], Ty::U32)?;
+                let c = self.src(ins, &ops[3], Ty::U32)?;
+                self.emit(
+                    ins,
+                    Op::Tern {
+                        f,
+                        d,
+                        a,
+                        b,
+                        c,
+                        fl: 0,
+                    },
+                )
+            }
             _ => self.arith(ins, &mods, ty, rnd, fl),
         }
     }
@@ -874,11 +1277,32 @@ impl<'a> Cx<'a> {
             if space == Space::Param {
                 return Err(unsupported(ins, "store to a kernel parameter"));
             }
-            self.emit(ins, Op::St { space, size, n, src, base, off })
+            self.emit(
+                ins,
+                Op::St {
+                    space,
+                    size,
+                    n,
+                    src,
+                    base,
+                    off,
+                },
+            )
         } else {
             let (base, off, space) = self.addr(ins, &ins.operands[1], space)?;
             let (n, dst) = self.vec_regs(ins, &ins.operands[0], ty, true)?;
-            self.emit(ins, Op::Ld { space, size, signed, n, dst, base, off })
+            self.emit(
+                ins,
+                Op::Ld {
+                    space,
+                    size,
+                    signed,
+                    n,
+                    dst,
+                    base,
+                    off,
+                },
+            )
         }
     }
 
@@ -894,6 +1318,9 @@ impl<'a> Cx<'a> {
                     op = Some(match ty {
                         Ty::F32 => AtomOp::FAdd32,
                         Ty::F64 => AtomOp::FAdd64,
+                        Ty::F16x2 => AtomOp::FAddH2,
+                        Ty::Bf16x2 => AtomOp::FAddB2,
+                        Ty::F16 | Ty::Bf16 => return Err(unsupported(ins, "16-bit float atomics")),
                         _ => AtomOp::Add,
                     })
                 }
@@ -924,25 +1351,63 @@ impl<'a> Cx<'a> {
         if o.len() < first + 2 {
             return Err(unsupported(ins, "too few operands"));
         }
-        let d = if red { self.sink } else { self.dst(ins, &o[0])? };
+        let d = if red {
+            self.sink
+        } else {
+            self.dst(ins, &o[0])?
+        };
         let (base, off, space) = self.addr(ins, &o[first], space)?;
         let b = self.src(ins, &o[first + 1], ty)?;
         let c = if op == AtomOp::Cas {
-            let Some(c) = o.get(first + 2) else { return Err(unsupported(ins, "cas needs 3 operands")) };
+            let Some(c) = o.get(first + 2) else {
+                return Err(unsupported(ins, "cas needs 3 operands"));
+            };
             self.src(ins, c, ty)?
         } else {
             NONE
         };
-        self.emit(ins, Op::Atom { space, op, signed: ty.is_signed(), size: size as u8, d, base, off, b, c })
+        self.emit(
+            ins,
+            Op::Atom {
+                space,
+                op,
+                signed: ty.is_signed(),
+                size: size as u8,
+                d,
+                base,
+                off,
+                b,
+                c,
+            },
+        )
     }
 
     fn setp(&mut self, ins: &Instr, mods: &[&str], types: &[Ty]) -> Res<()> {
         let o = &ins.operands;
         // set.<cmp>[.bool].dtype.stype / setp.<cmp>[.bool].type
         let is_set = ins.opcode == "set";
-        let sty = *types.last().ok_or_else(|| unsupported(ins, "missing type"))?;
+        let sty = *types
+            .last()
+            .ok_or_else(|| unsupported(ins, "missing type"))?;
         let cmp = mods.first().copied().unwrap_or("");
-        let f = if sty.is_float() { ops::flt_cmp(cmp, sty) } else { ops::int_cmp(cmp, sty) };
+        // `.ftz` flushes f32 subnormal inputs before comparing.
+        let fl = if sty == Ty::F32 && mods.contains(&"ftz") {
+            FL_FTZ
+        } else {
+            0
+        };
+        if let Some(m) = mods
+            .iter()
+            .skip(1)
+            .find(|m| Ty::from_name(m).is_none() && !matches!(**m, "and" | "or" | "xor" | "ftz"))
+        {
+            return Err(unsupported(ins, &format!("modifier .{m}")));
+        }
+        let f = if sty.is_float() {
+            ops::flt_cmp(cmp, sty)
+        } else {
+            ops::int_cmp(cmp, sty)
+        };
         let f = f.ok_or_else(|| unsupported(ins, ""))?;
         let comb = match mods.get(1) {
             Some(&"and") => 1,
@@ -963,10 +1428,36 @@ impl<'a> Cx<'a> {
             let a = self.src(ins, &o[1], sty)?;
             let b = self.src(ins, &o[2], sty)?;
             let p = self.sink;
-            self.emit(ins, Op::Setp { f, comb: 0, d: p, dn: NONE, a, b, c: NONE, cneg: false })?;
-            let (t, z) = if types[0] == Ty::F32 { (1f32.to_bits() as u64, 0) } else { (0xffff_ffff, 0) };
+            self.emit(
+                ins,
+                Op::Setp {
+                    f,
+                    fl,
+                    comb: 0,
+                    d: p,
+                    dn: NONE,
+                    a,
+                    b,
+                    c: NONE,
+                    cneg: false,
+                },
+            )?;
+            let (t, z) = if types[0] == Ty::F32 {
+                (1f32.to_bits() as u64, 0)
+            } else {
+                (0xffff_ffff, 0)
+            };
             let (t, z) = (self.imm(t), self.imm(z));
-            return self.emit(ins, Op::Selp { d, a: t, b: z, c: p, cneg: false });
+            return self.emit(
+                ins,
+                Op::Selp {
+                    d,
+                    a: t,
+                    b: z,
+                    c: p,
+                    cneg: false,
+                },
+            );
         }
         let (d, dn) = match &o[0] {
             Operand::Pair(a, b) => {
@@ -977,8 +1468,25 @@ impl<'a> Cx<'a> {
         };
         let a = self.src(ins, &o[1], sty)?;
         let b = self.src(ins, &o[2], sty)?;
-        let (c, cneg) = if comb != 0 { self.pred_src(ins, &o[3])? } else { (NONE, false) };
-        self.emit(ins, Op::Setp { f, comb, d, dn, a, b, c, cneg })
+        let (c, cneg) = if comb != 0 {
+            self.pred_src(ins, &o[3])?
+        } else {
+            (NONE, false)
+        };
+        self.emit(
+            ins,
+            Op::Setp {
+                f,
+                fl,
+                comb,
+                d,
+                dn,
+                a,
+                b,
+                c,
+                cneg,
+            },
+        )
     }
 
     fn arith(&mut self, ins: &Instr, mods: &[&str], ty: Option<Ty>, rnd: Rnd, fl: u8) -> Res<()> {
@@ -987,18 +1495,43 @@ impl<'a> Cx<'a> {
         // The operation name plus a mode modifier, e.g. "mul.wide", "mad.lo", "add.sat".
         let mode = mods
             .iter()
-            .find(|m| matches!(**m, "lo" | "hi" | "wide" | "sat" | "NaN"))
+            .find(|m| matches!(**m, "lo" | "hi" | "wide" | "sat" | "NaN" | "shiftamt"))
             .filter(|_| !ty.is_float() || mods.contains(&"NaN"));
         let full = match mode {
             Some(m) => format!("{op}.{m}"),
+            None if op == "shf" => {
+                let dir = if mods.contains(&"l") { "l" } else { "r" };
+                let m = if mods.contains(&"clamp") {
+                    "clamp"
+                } else {
+                    "wrap"
+                };
+                format!("shf.{dir}.{m}")
+            }
             None => op.to_string(),
         };
         for m in mods {
             let known = Ty::from_name(m).is_some()
                 || ignorable(m)
-                || matches!(*m, "lo" | "hi" | "wide" | "sat" | "NaN" | "ftz" | "rn" | "rz" | "rm" | "rp")
+                || matches!(
+                    *m,
+                    "lo" | "hi"
+                        | "wide"
+                        | "sat"
+                        | "NaN"
+                        | "shiftamt"
+                        | "ftz"
+                        | "rn"
+                        | "rz"
+                        | "rm"
+                        | "rp"
+                )
                 || (op == "testp"
-                    && matches!(*m, "finite" | "infinite" | "number" | "notanumber" | "normal" | "subnormal"))
+                    && matches!(
+                        *m,
+                        "finite" | "infinite" | "number" | "notanumber" | "normal" | "subnormal"
+                    ))
+                || (op == "shf" && matches!(*m, "l" | "r" | "wrap" | "clamp"))
                 || (op == "lop3" && *m == "b32")
                 || (op == "prmt" && *m == "b32");
             if !known {
@@ -1017,8 +1550,12 @@ impl<'a> Cx<'a> {
             };
             let d = self.dst(ins, o.first().ok_or_else(|| unsupported(ins, ""))?)?;
             let a = self.src(ins, o.get(1).ok_or_else(|| unsupported(ins, ""))?, Ty::Pred)?;
-            let b = if code == 3 { a } else { self.src(ins, o.get(2).ok_or_else(|| unsupported(ins, ""))?, Ty::Pred)? };
-            return self.emit(ins, Op::PredOp { op: code, d, a, b });
+            let b = if code == 3 {
+                a
+            } else {
+                self.src(ins, o.get(2).ok_or_else(|| unsupported(ins, ""))?, Ty::Pred)?
+            };
+            return self.emit(ins, Op::PredLogic { op: code, d, a, b });
         }
         if op == "testp" {
             let which = mods.first().copied().unwrap_or("");
@@ -1072,7 +1609,7 @@ impl<'a> Cx<'a> {
         // Shift amounts and bfe/bfi positions are u32 whatever the data type.
         let src_ty = |i: usize| -> Ty {
             match (op, i) {
-                ("shl" | "shr", 1) | ("bfe", 1 | 2) | ("bfi", 2 | 3) => Ty::U32,
+                ("shl" | "shr", 1) | ("bfe", 1 | 2) | ("bfi", 2 | 3) | ("shf", 2) => Ty::U32,
                 ("mad", 2) if full == "mad.wide" => match ty {
                     Ty::S32 => Ty::S64,
                     Ty::U32 => Ty::U64,
@@ -1103,7 +1640,17 @@ impl<'a> Cx<'a> {
                     let a = self.src(ins, &o[1], src_ty(0))?;
                     let b = self.src(ins, &o[2], src_ty(1))?;
                     let c = self.src(ins, &o[3], src_ty(2))?;
-                    return self.emit(ins, Op::Tern { f, d, a, b, c, fl: 0 });
+                    return self.emit(
+                        ins,
+                        Op::Tern {
+                            f,
+                            d,
+                            a,
+                            b,
+                            c,
+                            fl: 0,
+                        },
+                    );
                 }
             }
             4 => {
@@ -1130,7 +1677,9 @@ impl<'a> Cx<'a> {
                 Operand::List(l) if name.is_none() => rets = l,
                 Operand::Reg(n) if name.is_none() => name = Some(n.clone()),
                 Operand::List(l) => args = l,
-                Operand::Reg(_) => return Err(unsupported(ins, "call with a prototype (indirect call)")),
+                Operand::Reg(_) => {
+                    return Err(unsupported(ins, "call with a prototype (indirect call)"));
+                }
                 _ => return Err(unsupported(ins, "call operand")),
             }
         }
@@ -1140,36 +1689,57 @@ impl<'a> Cx<'a> {
         }
         let ast = self.ast;
         let Some(f) = ast.funcs.iter().find(|f| f.name == name) else {
-            return Err(unsupported(ins, &format!("call to unknown function {name}")));
+            return Err(unsupported(
+                ins,
+                &format!("call to unknown function {name}"),
+            ));
         };
         let Some(body) = &f.body else {
             return match name.as_str() {
                 // printf output is not modelled; it returns 0 like a successful vprintf.
                 "vprintf" => {
-                    if let Some(Operand::Reg(r)) = rets.first() {
-                        if let Some(Sym::Local(off)) = self.lookup(r) {
-                            let base = self.imm(off);
-                            let zero = self.imm(0);
-                            return self.emit(
-                                ins,
-                                Op::St { space: Space::Local, size: 4, n: 1, src: [zero, NONE, NONE, NONE], base, off: 0 },
-                            );
-                        }
+                    if let Some(Operand::Reg(r)) = rets.first()
+                        && let Some(Sym::Local(off)) = self.lookup(r)
+                    {
+                        let base = self.imm(off);
+                        let zero = self.imm(0);
+                        return self.emit(
+                            ins,
+                            Op::St {
+                                space: Space::Local,
+                                size: 4,
+                                n: 1,
+                                src: [zero, NONE, NONE, NONE],
+                                base,
+                                off: 0,
+                            },
+                        );
                     }
                     self.emit(ins, Op::Nop)
                 }
                 "__assertfail" | "__assert_fail" => self.emit(ins, Op::Trap),
-                _ => Err(unsupported(ins, &format!("call to external function {name}"))),
+                _ => Err(unsupported(
+                    ins,
+                    &format!("call to external function {name}"),
+                )),
             };
         };
         if self.depth >= 16 {
-            return Err(unsupported(ins, "call depth over 16 (recursion is not supported)"));
+            return Err(unsupported(
+                ins,
+                "call depth over 16 (recursion is not supported)",
+            ));
         }
         if f.params.len() != args.len() || f.rets.len() != rets.len() {
             return Err(unsupported(ins, "argument count does not match the callee"));
         }
         let mut base = HashMap::new();
-        for (formal, actual) in f.params.iter().chain(f.rets.iter()).zip(args.iter().chain(rets.iter())) {
+        for (formal, actual) in f
+            .params
+            .iter()
+            .chain(f.rets.iter())
+            .zip(args.iter().chain(rets.iter()))
+        {
             if formal.space != "param" {
                 return Err(unsupported(ins, "register (.reg) function parameters"));
             }
@@ -1183,7 +1753,14 @@ impl<'a> Cx<'a> {
                         let b = self.imm(off);
                         self.emit(
                             ins,
-                            Op::St { space: Space::Local, size: size.min(8) as u8, n: 1, src: [r, NONE, NONE, NONE], base: b, off: 0 },
+                            Op::St {
+                                space: Space::Local,
+                                size: size.min(8) as u8,
+                                n: 1,
+                                src: [r, NONE, NONE, NONE],
+                                base: b,
+                                off: 0,
+                            },
                         )?;
                         off
                     }

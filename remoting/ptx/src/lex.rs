@@ -35,7 +35,11 @@ pub fn tokenize(src: &str) -> Result<Vec<Token>, ParseError> {
     let mut out = Vec::new();
     let mut i = 0;
     let mut line = 1;
-    let err = |line, expected: &str, found: String| ParseError { line, expected: expected.into(), found };
+    let err = |line, expected: &str, found: String| ParseError {
+        line,
+        expected: expected.into(),
+        found,
+    };
     while i < b.len() {
         let c = b[i];
         match c {
@@ -53,7 +57,11 @@ pub fn tokenize(src: &str) -> Result<Vec<Token>, ParseError> {
                 i += 2;
                 loop {
                     if i + 1 >= b.len() {
-                        return Err(err(line, "end of block comment `*/`", "end of input".into()));
+                        return Err(err(
+                            line,
+                            "end of block comment `*/`",
+                            "end of input".into(),
+                        ));
                     }
                     if b[i] == b'*' && b[i + 1] == b'/' {
                         i += 2;
@@ -76,7 +84,10 @@ pub fn tokenize(src: &str) -> Result<Vec<Token>, ParseError> {
                 }
                 let s = String::from_utf8_lossy(&b[start..i.min(b.len())]).into_owned();
                 i += 1;
-                out.push(Token { tok: Tok::Str(s), line });
+                out.push(Token {
+                    tok: Tok::Str(s),
+                    line,
+                });
             }
             c if c.is_ascii_digit() => {
                 let start = i;
@@ -107,15 +118,25 @@ pub fn tokenize(src: &str) -> Result<Vec<Token>, ParseError> {
                     }
                     i += 1;
                 }
-                out.push(Token { tok: Tok::Ident(src[start..i].to_string()), line });
+                out.push(Token {
+                    tok: Tok::Ident(src[start..i].to_string()),
+                    line,
+                });
             }
-            b'{' | b'}' | b'[' | b']' | b'(' | b')' | b',' | b';' | b':' | b'+' | b'-' | b'<' | b'>' | b'@'
-            | b'!' | b'=' | b'|' | b'*' => {
-                out.push(Token { tok: Tok::Punct(c as char), line });
+            b'{' | b'}' | b'[' | b']' | b'(' | b')' | b',' | b';' | b':' | b'+' | b'-' | b'<'
+            | b'>' | b'@' | b'!' | b'=' | b'|' | b'*' => {
+                out.push(Token {
+                    tok: Tok::Punct(c as char),
+                    line,
+                });
                 i += 1;
             }
             _ => {
-                return Err(err(line, "a PTX token", format!("character {:?}", c as char)));
+                return Err(err(
+                    line,
+                    "a PTX token",
+                    format!("character {:?}", c as char),
+                ));
             }
         }
     }
@@ -124,15 +145,15 @@ pub fn tokenize(src: &str) -> Result<Vec<Token>, ParseError> {
 
 fn number(t: &str) -> Option<Tok> {
     let t2 = t.strip_suffix('U').unwrap_or(t);
-    if let Some(h) = t.strip_prefix("0f").or_else(|| t.strip_prefix("0F")) {
-        if h.len() == 8 {
-            return u32::from_str_radix(h, 16).ok().map(Tok::F32);
-        }
+    if let Some(h) = t.strip_prefix("0f").or_else(|| t.strip_prefix("0F"))
+        && h.len() == 8
+    {
+        return u32::from_str_radix(h, 16).ok().map(Tok::F32);
     }
-    if let Some(h) = t.strip_prefix("0d").or_else(|| t.strip_prefix("0D")) {
-        if h.len() == 16 {
-            return u64::from_str_radix(h, 16).ok().map(Tok::F64);
-        }
+    if let Some(h) = t.strip_prefix("0d").or_else(|| t.strip_prefix("0D"))
+        && h.len() == 16
+    {
+        return u64::from_str_radix(h, 16).ok().map(Tok::F64);
     }
     if let Some(h) = t2.strip_prefix("0x").or_else(|| t2.strip_prefix("0X")) {
         return u64::from_str_radix(h, 16).ok().map(Tok::Int);

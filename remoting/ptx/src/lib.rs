@@ -1,38 +1,50 @@
 //! `gleam-ptx`: a PTX parser and interpreter, so kernels can run honestly on a CPU when no GPU is around.
 //!
 //! The main types:
-//! - [`Module`]: a parsed PTX module ([`Module::parse`]), holding its [`Kernel`]s and module-scope
-//!   [`GlobalVar`]s. Every kernel is compiled once at parse time into a compact instruction array with
-//!   resolved register slots and branch targets; an instruction the interpreter cannot execute is recorded
-//!   and reported by [`launch`] as [`ExecError::Unsupported`] (never a silent wrong result).
+//! - [`Module`]: a parsed PTX module ([`Module::parse`], errors as [`ParseError`] naming the line), holding
+//!   its [`Kernel`]s and module-scope [`GlobalVar`]s. Every kernel is compiled once at parse time into a
+//!   compact instruction array with resolved register slots and branch targets (`.func` calls are
+//!   inlined); an instruction the interpreter cannot execute is recorded ([`Kernel::unsupported`]) and
+//!   reported by [`launch`] as [`ExecError::Unsupported`] with its PTX line: never a silent wrong result.
 //! - [`Kernel`]: an entry point's parameter layout ([`Param`]) and resource figures (shared, local, regs).
-//! - [`GlobalMemory`]: device global memory, owned by the caller (the emu backend).
+//! - [`GlobalMemory`]: device global memory, owned by the caller (the emu backend); [`FlatMemory`] is a
+//!   simple lock-free implementation for tests and tools.
 //! - [`launch`]: runs a kernel over a grid ([`LaunchConfig`]) and returns [`LaunchStats`] or an [`ExecError`].
 //!
 //! Execution model: the threads of a block run as 32-lane warps; within a warp the lanes run in lockstep
 //! with per-lane program counters, and each step executes the instruction at the minimum PC among runnable
 //! lanes (which reconverges structured code and lets `shfl.sync`/`vote.sync` see every participating lane).
-//! `bar.sync` parks a warp until every warp of the block has arrived. Blocks run in parallel on OS threads.
+//! Warps of a block take turns in time slices; `bar.sync` parks a warp until every live warp of the block
+//! has arrived. Blocks are independent and run in parallel on OS threads.
 //!
 //! Address spaces: global and const addresses are device pointers (const variables live in the caller's
 //! global memory at the addresses given in `symbols`). Shared and local addresses are offsets inside the
 //! block's shared window and the thread's local window; in generic addressing they appear at
-//! [`SHARED_WINDOW`] and [`LOCAL_WINDOW`], high fixed bases that cannot collide with device pointers.
+//! [`SHARED_WINDOW`] and [`LOCAL_WINDOW`] (and kernel parameters at [`PARAM_WINDOW`]), high fixed bases that cannot collide with device pointers.
+//!
+//! Floating point: `.rn/.rz/.rm/.rp` arithmetic, `fma`, `div`, `sqrt`, `rcp` and `cvt` are correctly
+//! rounded (computed with error-free transformations in f64); `.approx` instructions are computed in f64
+//! and rounded, which is well inside PTX's documented error; `.ftz` and `.sat` are honoured for f32.
+//! Not supported (reported as unsupported): textures and surfaces, `cp.async`/`mbarrier`/tensor-core
+//! instructions, named barriers with thread counts, 16-bit atomics, indirect calls and recursion deeper
+//! than 16 calls.
 
 mod compile;
 mod exec;
+mod flat;
 mod lex;
 mod ops;
 mod parse;
 
-use std::collections::HashMap;
-
 pub use exec::launch;
+pub use flat::{FLAT_BASE, FlatMemory};
 
 /// Base of the shared-memory window in generic addresses (`cvta.shared` adds it, `cvta.to.shared` removes it).
 pub const SHARED_WINDOW: u64 = 0xFE00_0000_0000_0000;
 /// Base of the local-memory window in generic addresses (per thread, like on hardware).
 pub const LOCAL_WINDOW: u64 = 0xFD00_0000_0000_0000;
+/// Base of the kernel-parameter window in generic addresses (`cvta.param`), read-only.
+pub const PARAM_WINDOW: u64 = 0xFC00_0000_0000_0000;
 /// Size of each window; generic addresses in `[BASE, BASE + WINDOW_SIZE)` map to that space.
 pub const WINDOW_SIZE: u64 = 1 << 32;
 
@@ -148,7 +160,12 @@ pub trait GlobalMemory: Sync {
     fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemoryFault>;
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), MemoryFault>;
     /// Atomic read-modify-write of `size` (4 or 8) bytes at `addr`: `op(old) -> new`; returns old.
-    fn atomic(&self, addr: u64, size: usize, op: &mut dyn FnMut(u64) -> u64) -> Result<u64, MemoryFault>;
+    fn atomic(
+        &self,
+        addr: u64,
+        size: usize,
+        op: &mut dyn FnMut(u64) -> u64,
+    ) -> Result<u64, MemoryFault>;
 }
 
 /// An access outside any allocation.
@@ -190,7 +207,12 @@ pub struct ParseError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecError {
     #[error("illegal address: {space} access of {len} bytes at {addr:#x} (PTX line {line})")]
-    MemoryFault { space: &'static str, addr: u64, len: usize, line: usize },
+    MemoryFault {
+        space: &'static str,
+        addr: u64,
+        len: usize,
+        line: usize,
+    },
     #[error("misaligned address: {len}-byte access at {addr:#x} (PTX line {line})")]
     Misaligned { addr: u64, len: usize, line: usize },
     #[error("unsupported PTX instruction `{instruction}` at line {line}")]
@@ -198,11 +220,13 @@ pub enum ExecError {
     #[error("invalid launch: {reason}")]
     InvalidLaunch { reason: String },
     #[error("kernel trapped at PTX line {line} (block {block:?}, thread {thread:?})")]
-    Trap { line: usize, block: [u32; 3], thread: [u32; 3] },
+    Trap {
+        line: usize,
+        block: [u32; 3],
+        thread: [u32; 3],
+    },
     #[error("no kernel named `{0}` in the module")]
     NoSuchKernel(String),
     #[error("module symbol `{0}` has no address in the symbol table")]
     MissingSymbol(String),
-    #[error("deadlock: warps of block {block:?} wait at a barrier that some warps never reach")]
-    Deadlock { block: [u32; 3] },
 }

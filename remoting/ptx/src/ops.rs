@@ -22,14 +22,62 @@ pub enum Rnd {
 macro_rules! int2 {
     ($ty:expr, |$a:ident, $b:ident| $e:expr) => {
         match $ty {
-            Ty::U8 | Ty::B8 => Some((|x: u64, y: u64| { let $a = x as u8; let $b = y as u8; ($e) as u8 as u64 }) as F2),
-            Ty::S8 => Some((|x: u64, y: u64| { let $a = x as i8; let $b = y as i8; ($e) as u8 as u64 }) as F2),
-            Ty::U16 | Ty::B16 => Some((|x: u64, y: u64| { let $a = x as u16; let $b = y as u16; ($e) as u16 as u64 }) as F2),
-            Ty::S16 => Some((|x: u64, y: u64| { let $a = x as i16; let $b = y as i16; ($e) as u16 as u64 }) as F2),
-            Ty::U32 | Ty::B32 => Some((|x: u64, y: u64| { let $a = x as u32; let $b = y as u32; ($e) as u32 as u64 }) as F2),
-            Ty::S32 => Some((|x: u64, y: u64| { let $a = x as i32; let $b = y as i32; ($e) as u32 as u64 }) as F2),
-            Ty::U64 | Ty::B64 => Some((|x: u64, y: u64| { let $a = x; let $b = y; ($e) as u64 }) as F2),
-            Ty::S64 => Some((|x: u64, y: u64| { let $a = x as i64; let $b = y as i64; ($e) as u64 }) as F2),
+            Ty::U8 | Ty::B8 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as u8;
+                    let $b = y as u8;
+                    ($e) as u8 as u64
+                }) as F2,
+            ),
+            Ty::S8 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as i8;
+                    let $b = y as i8;
+                    ($e) as u8 as u64
+                }) as F2,
+            ),
+            Ty::U16 | Ty::B16 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as u16;
+                    let $b = y as u16;
+                    ($e) as u16 as u64
+                }) as F2,
+            ),
+            Ty::S16 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as i16;
+                    let $b = y as i16;
+                    ($e) as u16 as u64
+                }) as F2,
+            ),
+            Ty::U32 | Ty::B32 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as u32;
+                    let $b = y as u32;
+                    ($e) as u32 as u64
+                }) as F2,
+            ),
+            Ty::S32 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as i32;
+                    let $b = y as i32;
+                    ($e) as u32 as u64
+                }) as F2,
+            ),
+            Ty::U64 | Ty::B64 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x;
+                    let $b = y;
+                    ($e) as u64
+                }) as F2,
+            ),
+            Ty::S64 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as i64;
+                    let $b = y as i64;
+                    ($e) as u64
+                }) as F2,
+            ),
             _ => None,
         }
     };
@@ -38,14 +86,54 @@ macro_rules! int2 {
 macro_rules! int1 {
     ($ty:expr, |$a:ident| $e:expr) => {
         match $ty {
-            Ty::U8 | Ty::B8 => Some((|x: u64| { let $a = x as u8; ($e) as u8 as u64 }) as F1),
-            Ty::S8 => Some((|x: u64| { let $a = x as i8; ($e) as u8 as u64 }) as F1),
-            Ty::U16 | Ty::B16 => Some((|x: u64| { let $a = x as u16; ($e) as u16 as u64 }) as F1),
-            Ty::S16 => Some((|x: u64| { let $a = x as i16; ($e) as u16 as u64 }) as F1),
-            Ty::U32 | Ty::B32 => Some((|x: u64| { let $a = x as u32; ($e) as u32 as u64 }) as F1),
-            Ty::S32 => Some((|x: u64| { let $a = x as i32; ($e) as u32 as u64 }) as F1),
-            Ty::U64 | Ty::B64 => Some((|x: u64| { let $a = x; ($e) as u64 }) as F1),
-            Ty::S64 => Some((|x: u64| { let $a = x as i64; ($e) as u64 }) as F1),
+            Ty::U8 | Ty::B8 => Some(
+                (|x: u64| {
+                    let $a = x as u8;
+                    ($e) as u8 as u64
+                }) as F1,
+            ),
+            Ty::S8 => Some(
+                (|x: u64| {
+                    let $a = x as i8;
+                    ($e) as u8 as u64
+                }) as F1,
+            ),
+            Ty::U16 | Ty::B16 => Some(
+                (|x: u64| {
+                    let $a = x as u16;
+                    ($e) as u16 as u64
+                }) as F1,
+            ),
+            Ty::S16 => Some(
+                (|x: u64| {
+                    let $a = x as i16;
+                    ($e) as u16 as u64
+                }) as F1,
+            ),
+            Ty::U32 | Ty::B32 => Some(
+                (|x: u64| {
+                    let $a = x as u32;
+                    ($e) as u32 as u64
+                }) as F1,
+            ),
+            Ty::S32 => Some(
+                (|x: u64| {
+                    let $a = x as i32;
+                    ($e) as u32 as u64
+                }) as F1,
+            ),
+            Ty::U64 | Ty::B64 => Some(
+                (|x: u64| {
+                    let $a = x;
+                    ($e) as u64
+                }) as F1,
+            ),
+            Ty::S64 => Some(
+                (|x: u64| {
+                    let $a = x as i64;
+                    ($e) as u64
+                }) as F1,
+            ),
             _ => None,
         }
     };
@@ -54,14 +142,62 @@ macro_rules! int1 {
 macro_rules! intcmp {
     ($ty:expr, |$a:ident, $b:ident| $e:expr) => {
         match $ty {
-            Ty::U8 | Ty::B8 => Some((|x: u64, y: u64| { let $a = x as u8; let $b = y as u8; ($e) as u64 }) as F2),
-            Ty::S8 => Some((|x: u64, y: u64| { let $a = x as i8; let $b = y as i8; ($e) as u64 }) as F2),
-            Ty::U16 | Ty::B16 => Some((|x: u64, y: u64| { let $a = x as u16; let $b = y as u16; ($e) as u64 }) as F2),
-            Ty::S16 => Some((|x: u64, y: u64| { let $a = x as i16; let $b = y as i16; ($e) as u64 }) as F2),
-            Ty::U32 | Ty::B32 => Some((|x: u64, y: u64| { let $a = x as u32; let $b = y as u32; ($e) as u64 }) as F2),
-            Ty::S32 => Some((|x: u64, y: u64| { let $a = x as i32; let $b = y as i32; ($e) as u64 }) as F2),
-            Ty::U64 | Ty::B64 => Some((|x: u64, y: u64| { let $a = x; let $b = y; ($e) as u64 }) as F2),
-            Ty::S64 => Some((|x: u64, y: u64| { let $a = x as i64; let $b = y as i64; ($e) as u64 }) as F2),
+            Ty::U8 | Ty::B8 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as u8;
+                    let $b = y as u8;
+                    ($e) as u64
+                }) as F2,
+            ),
+            Ty::S8 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as i8;
+                    let $b = y as i8;
+                    ($e) as u64
+                }) as F2,
+            ),
+            Ty::U16 | Ty::B16 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as u16;
+                    let $b = y as u16;
+                    ($e) as u64
+                }) as F2,
+            ),
+            Ty::S16 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as i16;
+                    let $b = y as i16;
+                    ($e) as u64
+                }) as F2,
+            ),
+            Ty::U32 | Ty::B32 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as u32;
+                    let $b = y as u32;
+                    ($e) as u64
+                }) as F2,
+            ),
+            Ty::S32 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as i32;
+                    let $b = y as i32;
+                    ($e) as u64
+                }) as F2,
+            ),
+            Ty::U64 | Ty::B64 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x;
+                    let $b = y;
+                    ($e) as u64
+                }) as F2,
+            ),
+            Ty::S64 => Some(
+                (|x: u64, y: u64| {
+                    let $a = x as i64;
+                    let $b = y as i64;
+                    ($e) as u64
+                }) as F2,
+            ),
             _ => None,
         }
     };
@@ -72,18 +208,64 @@ macro_rules! intcmp {
 macro_rules! flt2 {
     ($ty:expr, |$a:ident, $b:ident| $e:expr) => {
         match $ty {
-            Ty::F32 => Some((|x: u64, y: u64| { let $a = f32::from_bits(x as u32); let $b = f32::from_bits(y as u32); (($e) as f32).to_bits() as u64 }) as F2),
-            Ty::F64 => Some((|x: u64, y: u64| { let $a = f64::from_bits(x); let $b = f64::from_bits(y); (($e) as f64).to_bits() }) as F2),
-            Ty::F16 => Some((|x: u64, y: u64| { let $a = h2f(x); let $b = h2f(y); f2h(($e) as f32) }) as F2),
-            Ty::Bf16 => Some((|x: u64, y: u64| { let $a = b2f(x); let $b = b2f(y); f2b(($e) as f32) }) as F2),
-            Ty::F16x2 => Some((|x: u64, y: u64| {
-                let lo = { let $a = h2f(x); let $b = h2f(y); f2h(($e) as f32) };
-                let hi = { let $a = h2f(x >> 16); let $b = h2f(y >> 16); f2h(($e) as f32) };
-                lo | hi << 16 }) as F2),
-            Ty::Bf16x2 => Some((|x: u64, y: u64| {
-                let lo = { let $a = b2f(x); let $b = b2f(y); f2b(($e) as f32) };
-                let hi = { let $a = b2f(x >> 16); let $b = b2f(y >> 16); f2b(($e) as f32) };
-                lo | hi << 16 }) as F2),
+            Ty::F32 => Some(
+                (|x: u64, y: u64| {
+                    let $a = f32::from_bits(x as u32);
+                    let $b = f32::from_bits(y as u32);
+                    (($e) as f32).to_bits() as u64
+                }) as F2,
+            ),
+            Ty::F64 => Some(
+                (|x: u64, y: u64| {
+                    let $a = f64::from_bits(x);
+                    let $b = f64::from_bits(y);
+                    (($e) as f64).to_bits()
+                }) as F2,
+            ),
+            Ty::F16 => Some(
+                (|x: u64, y: u64| {
+                    let $a = h2f(x);
+                    let $b = h2f(y);
+                    f2h(($e) as f32)
+                }) as F2,
+            ),
+            Ty::Bf16 => Some(
+                (|x: u64, y: u64| {
+                    let $a = b2f(x);
+                    let $b = b2f(y);
+                    f2b(($e) as f32)
+                }) as F2,
+            ),
+            Ty::F16x2 => Some(
+                (|x: u64, y: u64| {
+                    let lo = {
+                        let $a = h2f(x);
+                        let $b = h2f(y);
+                        f2h(($e) as f32)
+                    };
+                    let hi = {
+                        let $a = h2f(x >> 16);
+                        let $b = h2f(y >> 16);
+                        f2h(($e) as f32)
+                    };
+                    lo | hi << 16
+                }) as F2,
+            ),
+            Ty::Bf16x2 => Some(
+                (|x: u64, y: u64| {
+                    let lo = {
+                        let $a = b2f(x);
+                        let $b = b2f(y);
+                        f2b(($e) as f32)
+                    };
+                    let hi = {
+                        let $a = b2f(x >> 16);
+                        let $b = b2f(y >> 16);
+                        f2b(($e) as f32)
+                    };
+                    lo | hi << 16
+                }) as F2,
+            ),
             _ => None,
         }
     };
@@ -92,18 +274,56 @@ macro_rules! flt2 {
 macro_rules! flt1 {
     ($ty:expr, |$a:ident| $e:expr) => {
         match $ty {
-            Ty::F32 => Some((|x: u64| { let $a = f32::from_bits(x as u32); (($e) as f32).to_bits() as u64 }) as F1),
-            Ty::F64 => Some((|x: u64| { let $a = f64::from_bits(x); (($e) as f64).to_bits() }) as F1),
-            Ty::F16 => Some((|x: u64| { let $a = h2f(x); f2h(($e) as f32) }) as F1),
-            Ty::Bf16 => Some((|x: u64| { let $a = b2f(x); f2b(($e) as f32) }) as F1),
-            Ty::F16x2 => Some((|x: u64| {
-                let lo = { let $a = h2f(x); f2h(($e) as f32) };
-                let hi = { let $a = h2f(x >> 16); f2h(($e) as f32) };
-                lo | hi << 16 }) as F1),
-            Ty::Bf16x2 => Some((|x: u64| {
-                let lo = { let $a = b2f(x); f2b(($e) as f32) };
-                let hi = { let $a = b2f(x >> 16); f2b(($e) as f32) };
-                lo | hi << 16 }) as F1),
+            Ty::F32 => Some(
+                (|x: u64| {
+                    let $a = f32::from_bits(x as u32);
+                    (($e) as f32).to_bits() as u64
+                }) as F1,
+            ),
+            Ty::F64 => Some(
+                (|x: u64| {
+                    let $a = f64::from_bits(x);
+                    (($e) as f64).to_bits()
+                }) as F1,
+            ),
+            Ty::F16 => Some(
+                (|x: u64| {
+                    let $a = h2f(x);
+                    f2h(($e) as f32)
+                }) as F1,
+            ),
+            Ty::Bf16 => Some(
+                (|x: u64| {
+                    let $a = b2f(x);
+                    f2b(($e) as f32)
+                }) as F1,
+            ),
+            Ty::F16x2 => Some(
+                (|x: u64| {
+                    let lo = {
+                        let $a = h2f(x);
+                        f2h(($e) as f32)
+                    };
+                    let hi = {
+                        let $a = h2f(x >> 16);
+                        f2h(($e) as f32)
+                    };
+                    lo | hi << 16
+                }) as F1,
+            ),
+            Ty::Bf16x2 => Some(
+                (|x: u64| {
+                    let lo = {
+                        let $a = b2f(x);
+                        f2b(($e) as f32)
+                    };
+                    let hi = {
+                        let $a = b2f(x >> 16);
+                        f2b(($e) as f32)
+                    };
+                    lo | hi << 16
+                }) as F1,
+            ),
             _ => None,
         }
     };
@@ -141,7 +361,11 @@ fn r32(v: f32) -> u64 {
 /// Flush an f32 subnormal to a zero of the same sign (`.ftz`).
 pub fn ftz32(x: u64) -> u64 {
     let b = x as u32;
-    if b & 0x7f80_0000 == 0 { (b & 0x8000_0000) as u64 } else { b as u64 }
+    if b & 0x7f80_0000 == 0 {
+        (b & 0x8000_0000) as u64
+    } else {
+        b as u64
+    }
 }
 
 /// Saturate an f32 to [0, 1], NaN to 0 (`.sat`).
@@ -198,10 +422,18 @@ pub fn rnd32(hi: f64, lo: f64, mode: Rnd) -> f32 {
         Rnd::N => {
             if lo != 0.0 && r.is_finite() {
                 // hi may sit exactly on a midpoint that lo breaks.
-                let other = if r as f64 > hi { next_down32(r) } else { next_up32(r) };
+                let other = if r as f64 > hi {
+                    next_down32(r)
+                } else {
+                    next_up32(r)
+                };
                 if ((r as f64 - hi).abs() - (other as f64 - hi).abs()) == 0.0 {
                     let exact_above = lo > 0.0;
-                    r = if exact_above { r.max(other) } else { r.min(other) };
+                    r = if exact_above {
+                        r.max(other)
+                    } else {
+                        r.min(other)
+                    };
                 }
             }
             r
@@ -242,18 +474,89 @@ pub fn rnd64(hi: f64, lo: f64, mode: Rnd) -> f64 {
         Rnd::N => hi,
         Rnd::Z => {
             if (hi > 0.0) != (lo > 0.0) {
-                if hi > 0.0 { next_down64(hi) } else { next_up64(hi) }
+                if hi > 0.0 {
+                    next_down64(hi)
+                } else {
+                    next_up64(hi)
+                }
             } else {
                 hi
             }
         }
         Rnd::M => {
-            if lo < 0.0 { next_down64(hi) } else { hi }
+            if lo < 0.0 {
+                next_down64(hi)
+            } else {
+                hi
+            }
         }
         Rnd::P => {
-            if lo > 0.0 { next_up64(hi) } else { hi }
+            if lo > 0.0 {
+                next_up64(hi)
+            } else {
+                hi
+            }
         }
     }
+}
+
+/// Rounds `hi + lo` to f16 (`bf == false`) or bf16 with `mode`; returns the bits.
+pub fn rnd16(hi: f64, lo: f64, mode: Rnd, bf: bool) -> u64 {
+    let value = |b: u16| {
+        if bf {
+            bf16::from_bits(b).to_f64()
+        } else {
+            f16::from_bits(b).to_f64()
+        }
+    };
+    let r = if bf {
+        bf16::from_f64(hi).to_bits()
+    } else {
+        f16::from_f64(hi).to_bits()
+    };
+    if hi.is_nan() || hi.is_infinite() || mode == Rnd::N {
+        return r as u64;
+    }
+    let max: u16 = if bf { 0x7f7f } else { 0x7bff };
+    let neg = r & 0x8000 != 0;
+    let rv = value(r);
+    if rv.is_infinite() {
+        // Overflowed while rounding to nearest: directed modes may stop at the largest finite value.
+        let keep_inf = matches!((mode, neg), (Rnd::P, false) | (Rnd::M, true));
+        return if keep_inf {
+            r as u64
+        } else {
+            (r & 0x8000 | max) as u64
+        };
+    }
+    let up = |b: u16| -> u16 {
+        if b & 0x8000 == 0 {
+            b + 1
+        } else if b == 0x8000 {
+            1
+        } else {
+            b - 1
+        }
+    };
+    let down = |b: u16| -> u16 {
+        if b & 0x8000 != 0 {
+            b + 1
+        } else if b == 0 {
+            0x8001
+        } else {
+            b - 1
+        }
+    };
+    // Sign of (r - exact).
+    let diff = (rv - hi) - lo;
+    let out = match mode {
+        Rnd::Z if hi > 0.0 && diff > 0.0 => down(r),
+        Rnd::Z if hi < 0.0 && diff < 0.0 => up(r),
+        Rnd::M if diff > 0.0 => down(r),
+        Rnd::P if diff < 0.0 => up(r),
+        _ => r,
+    };
+    out as u64
 }
 
 fn two_sum(a: f64, b: f64) -> (f64, f64) {
@@ -277,7 +580,11 @@ fn f32_mul<const R: u8>(x: u64, y: u64) -> u64 {
 fn f32_div<const R: u8>(x: u64, y: u64) -> u64 {
     let (a, b) = (f32b(x) as f64, f32b(y) as f64);
     let q = a / b;
-    let lo = if q.is_finite() { (-q).mul_add(b, a) / b } else { 0.0 };
+    let lo = if q.is_finite() {
+        (-q).mul_add(b, a) / b
+    } else {
+        0.0
+    };
     r32(rnd32(q, lo, rnd(R)))
 }
 fn f32_fma<const R: u8>(x: u64, y: u64, z: u64) -> u64 {
@@ -289,7 +596,11 @@ fn f32_fma<const R: u8>(x: u64, y: u64, z: u64) -> u64 {
 fn f32_sqrt<const R: u8>(x: u64) -> u64 {
     let a = f32b(x) as f64;
     let r = a.sqrt();
-    let lo = if r.is_finite() && r > 0.0 { (-r).mul_add(r, a) } else { 0.0 };
+    let lo = if r.is_finite() && r > 0.0 {
+        (-r).mul_add(r, a)
+    } else {
+        0.0
+    };
     r32(rnd32(r, lo, rnd(R)))
 }
 fn f32_rcp<const R: u8>(x: u64) -> u64 {
@@ -312,7 +623,11 @@ fn f64_mul<const R: u8>(x: u64, y: u64) -> u64 {
 fn f64_div<const R: u8>(x: u64, y: u64) -> u64 {
     let (a, b) = (f64b(x), f64b(y));
     let q = a / b;
-    let rem = if q.is_finite() { (-q).mul_add(b, a) } else { 0.0 };
+    let rem = if q.is_finite() {
+        (-q).mul_add(b, a)
+    } else {
+        0.0
+    };
     // sign of the remainder over b gives the side of the exact quotient.
     let lo = if b < 0.0 { -rem } else { rem };
     rnd64(q, lo, rnd(R)).to_bits()
@@ -320,14 +635,33 @@ fn f64_div<const R: u8>(x: u64, y: u64) -> u64 {
 fn f64_sqrt<const R: u8>(x: u64) -> u64 {
     let a = f64b(x);
     let r = a.sqrt();
-    let lo = if r.is_finite() && r > 0.0 { (-r).mul_add(r, a) } else { 0.0 };
+    let lo = if r.is_finite() && r > 0.0 {
+        (-r).mul_add(r, a)
+    } else {
+        0.0
+    };
     rnd64(r, lo, rnd(R)).to_bits()
 }
 fn f64_rcp<const R: u8>(x: u64) -> u64 {
     f64_div::<R>(1f64.to_bits(), x)
 }
-fn f64_fma_rn(x: u64, y: u64, z: u64) -> u64 {
-    f64b(x).mul_add(f64b(y), f64b(z)).to_bits()
+fn f64_fma<const R: u8>(x: u64, y: u64, z: u64) -> u64 {
+    let (a, b, c) = (f64b(x), f64b(y), f64b(z));
+    let hi = a.mul_add(b, c);
+    if R == 0 || !hi.is_finite() {
+        return hi.to_bits();
+    }
+    // exact = p + ep + c; the sign of (exact - hi) picks the directed neighbour.
+    let p = a * b;
+    if !p.is_finite() {
+        return hi.to_bits();
+    }
+    let ep = a.mul_add(b, -p);
+    let (s, e1) = two_sum(p, c);
+    let d = s - hi;
+    let (t, t_err) = two_sum(e1, ep);
+    let lo = if d + t != 0.0 { d + t } else { t_err };
+    rnd64(hi, lo, rnd(R)).to_bits()
 }
 
 const fn rnd(r: u8) -> Rnd {
@@ -359,23 +693,22 @@ pub fn int_bin(op: &str, ty: Ty) -> Option<F2> {
         "mul.lo" | "mul" => int2!(ty, |a, b| a.wrapping_mul(b)),
         "min" => int2!(ty, |a, b| a.min(b)),
         "max" => int2!(ty, |a, b| a.max(b)),
-        "div" => int2!(ty, |a, b| {
-            let z = a ^ a;
-            if b == z { !z } else { a.wrapping_div(b) }
-        }),
-        "rem" => int2!(ty, |a, b| {
-            let z = a ^ a;
-            if b == z { a } else { a.wrapping_rem(b) }
-        }),
+        // Division by zero is undefined in PTX; hardware gives all ones, and it must not panic here.
+        "div" => int2!(ty, |a, b| if b == 0 { !0 } else { a.wrapping_div(b) }),
+        "rem" => int2!(ty, |a, b| if b == 0 { a } else { a.wrapping_rem(b) }),
         "and" => int2!(ty, |a, b| a & b),
         "or" => int2!(ty, |a, b| a | b),
         "xor" => int2!(ty, |a, b| a ^ b),
-        "add.sat" if ty == Ty::S32 => Some(|x, y| (x as i32).saturating_add(y as i32) as u32 as u64),
-        "sub.sat" if ty == Ty::S32 => Some(|x, y| (x as i32).saturating_sub(y as i32) as u32 as u64),
+        "add.sat" if ty == Ty::S32 => {
+            Some(|x, y| (x as i32).saturating_add(y as i32) as u32 as u64)
+        }
+        "sub.sat" if ty == Ty::S32 => {
+            Some(|x, y| (x as i32).saturating_sub(y as i32) as u32 as u64)
+        }
         "mul.hi" => match ty {
             Ty::U16 => Some(|x, y| ((x as u16 as u32 * y as u16 as u32) >> 16) as u64),
             Ty::S16 => Some(|x, y| (((x as i16 as i32 * y as i16 as i32) >> 16) as u16) as u64),
-            Ty::U32 => Some(|x, y| ((x as u32 as u64 * y as u32 as u64) >> 32) as u64),
+            Ty::U32 => Some(|x, y| (x as u32 as u64 * y as u32 as u64) >> 32),
             Ty::S32 => Some(|x, y| (((x as i32 as i64 * y as i32 as i64) >> 32) as u32) as u64),
             Ty::U64 => Some(|x, y| ((x as u128 * y as u128) >> 64) as u64),
             Ty::S64 => Some(|x, y| ((x as i64 as i128 * y as i64 as i128) >> 64) as u64),
@@ -389,7 +722,9 @@ pub fn int_bin(op: &str, ty: Ty) -> Option<F2> {
             _ => None,
         },
         "mul24.lo" => match ty {
-            Ty::U32 => Some(|x, y| ((x as u32 & 0xff_ffff).wrapping_mul(y as u32 & 0xff_ffff)) as u64),
+            Ty::U32 => {
+                Some(|x, y| ((x as u32 & 0xff_ffff).wrapping_mul(y as u32 & 0xff_ffff)) as u64)
+            }
             Ty::S32 => Some(|x, y| {
                 let a = ((x as i32) << 8) >> 8;
                 let b = ((y as i32) << 8) >> 8;
@@ -398,15 +733,39 @@ pub fn int_bin(op: &str, ty: Ty) -> Option<F2> {
             _ => None,
         },
         "shl" => match ty.size() {
-            2 => Some(|x, y| if (y as u32) >= 16 { 0 } else { ((x as u16) << (y as u32)) as u64 }),
-            4 => Some(|x, y| if (y as u32) >= 32 { 0 } else { ((x as u32) << (y as u32)) as u64 }),
+            2 => Some(|x, y| {
+                if (y as u32) >= 16 {
+                    0
+                } else {
+                    ((x as u16) << (y as u32)) as u64
+                }
+            }),
+            4 => Some(|x, y| {
+                if (y as u32) >= 32 {
+                    0
+                } else {
+                    ((x as u32) << (y as u32)) as u64
+                }
+            }),
             8 => Some(|x, y| if (y as u32) >= 64 { 0 } else { x << (y as u32) }),
             _ => None,
         },
         "shr" => match ty {
-            Ty::U16 | Ty::B16 => Some(|x, y| if (y as u32) >= 16 { 0 } else { ((x as u16) >> (y as u32)) as u64 }),
+            Ty::U16 | Ty::B16 => Some(|x, y| {
+                if (y as u32) >= 16 {
+                    0
+                } else {
+                    ((x as u16) >> (y as u32)) as u64
+                }
+            }),
             Ty::S16 => Some(|x, y| ((x as i16) >> (y as u32).min(15)) as u16 as u64),
-            Ty::U32 | Ty::B32 => Some(|x, y| if (y as u32) >= 32 { 0 } else { ((x as u32) >> (y as u32)) as u64 }),
+            Ty::U32 | Ty::B32 => Some(|x, y| {
+                if (y as u32) >= 32 {
+                    0
+                } else {
+                    ((x as u32) >> (y as u32)) as u64
+                }
+            }),
             Ty::S32 => Some(|x, y| ((x as i32) >> (y as u32).min(31)) as u32 as u64),
             Ty::U64 | Ty::B64 => Some(|x, y| if (y as u32) >= 64 { 0 } else { x >> (y as u32) }),
             Ty::S64 => Some(|x, y| ((x as i64) >> (y as u32).min(63)) as u64),
@@ -415,8 +774,16 @@ pub fn int_bin(op: &str, ty: Ty) -> Option<F2> {
         "bmsk" if ty == Ty::B32 => Some(|x, y| {
             let pos = (x as u32).min(32);
             let w = (y as u32).min(32);
-            let m = if pos + w >= 32 { u32::MAX } else { (1u32 << (pos + w)) - 1 };
-            let lo = if pos >= 32 { u32::MAX } else { (1u32 << pos) - 1 };
+            let m = if pos + w >= 32 {
+                u32::MAX
+            } else {
+                (1u32 << (pos + w)) - 1
+            };
+            let lo = if pos >= 32 {
+                u32::MAX
+            } else {
+                (1u32 << pos) - 1
+            };
             (m & !lo) as u64
         }),
         _ => None,
@@ -433,7 +800,7 @@ pub fn int_un(op: &str, ty: Ty) -> Option<F1> {
             _ => None,
         },
         "not" => int1!(ty, |a| !a),
-        "cnot" => int1!(ty, |a| (a == (a ^ a)) as u8),
+        "cnot" => int1!(ty, |a| (a == 0) as u8),
         "popc" => match ty {
             Ty::B32 | Ty::U32 => Some(|x| (x as u32).count_ones() as u64),
             Ty::B64 | Ty::U64 => Some(|x| x.count_ones() as u64),
@@ -449,18 +816,73 @@ pub fn int_un(op: &str, ty: Ty) -> Option<F1> {
             Ty::B64 | Ty::U64 => Some(|x| x.reverse_bits()),
             _ => None,
         },
-        "bfind" => match ty {
-            Ty::U32 => Some(|x| if x as u32 == 0 { u32::MAX as u64 } else { (31 - (x as u32).leading_zeros()) as u64 }),
-            Ty::U64 => Some(|x| if x == 0 { u32::MAX as u64 } else { (63 - x.leading_zeros()) as u64 }),
+        "bfind.shiftamt" => match ty {
+            Ty::U32 => Some(|x| {
+                if x as u32 == 0 {
+                    u32::MAX as u64
+                } else {
+                    (x as u32).leading_zeros() as u64
+                }
+            }),
+            Ty::U64 => Some(|x| {
+                if x == 0 {
+                    u32::MAX as u64
+                } else {
+                    x.leading_zeros() as u64
+                }
+            }),
             Ty::S32 => Some(|x| {
                 let v = x as i32;
                 let v = if v < 0 { !v } else { v } as u32;
-                if v == 0 { u32::MAX as u64 } else { (31 - v.leading_zeros()) as u64 }
+                if v == 0 {
+                    u32::MAX as u64
+                } else {
+                    v.leading_zeros() as u64
+                }
             }),
             Ty::S64 => Some(|x| {
                 let v = x as i64;
                 let v = if v < 0 { !v } else { v } as u64;
-                if v == 0 { u32::MAX as u64 } else { (63 - v.leading_zeros()) as u64 }
+                if v == 0 {
+                    u32::MAX as u64
+                } else {
+                    v.leading_zeros() as u64
+                }
+            }),
+            _ => None,
+        },
+        "bfind" => match ty {
+            Ty::U32 => Some(|x| {
+                if x as u32 == 0 {
+                    u32::MAX as u64
+                } else {
+                    (31 - (x as u32).leading_zeros()) as u64
+                }
+            }),
+            Ty::U64 => Some(|x| {
+                if x == 0 {
+                    u32::MAX as u64
+                } else {
+                    (63 - x.leading_zeros()) as u64
+                }
+            }),
+            Ty::S32 => Some(|x| {
+                let v = x as i32;
+                let v = if v < 0 { !v } else { v } as u32;
+                if v == 0 {
+                    u32::MAX as u64
+                } else {
+                    (31 - v.leading_zeros()) as u64
+                }
+            }),
+            Ty::S64 => Some(|x| {
+                let v = x as i64;
+                let v = if v < 0 { !v } else { v } as u64;
+                if v == 0 {
+                    u32::MAX as u64
+                } else {
+                    (63 - v.leading_zeros()) as u64
+                }
             }),
             _ => None,
         },
@@ -470,31 +892,113 @@ pub fn int_un(op: &str, ty: Ty) -> Option<F1> {
 
 pub fn int_tern(op: &str, ty: Ty) -> Option<F3> {
     match (op, ty) {
-        ("mad.lo" | "mad", Ty::U16 | Ty::S16) => Some(|a, b, c| (a as u16).wrapping_mul(b as u16).wrapping_add(c as u16) as u64),
-        ("mad.lo" | "mad", Ty::U32 | Ty::S32) => Some(|a, b, c| (a as u32).wrapping_mul(b as u32).wrapping_add(c as u32) as u64),
+        ("mad.lo" | "mad", Ty::U16 | Ty::S16) => {
+            Some(|a, b, c| (a as u16).wrapping_mul(b as u16).wrapping_add(c as u16) as u64)
+        }
+        ("mad.lo" | "mad", Ty::U32 | Ty::S32) => {
+            Some(|a, b, c| (a as u32).wrapping_mul(b as u32).wrapping_add(c as u32) as u64)
+        }
         ("mad.lo" | "mad", Ty::U64 | Ty::S64) => Some(|a, b, c| a.wrapping_mul(b).wrapping_add(c)),
-        ("mad.hi", Ty::U32) => Some(|a, b, c| (((a as u32 as u64 * b as u32 as u64) >> 32) as u32).wrapping_add(c as u32) as u64),
-        ("mad.hi", Ty::S32) => Some(|a, b, c| (((a as i32 as i64 * b as i32 as i64) >> 32) as u32).wrapping_add(c as u32) as u64),
-        ("mad.hi", Ty::U64) => Some(|a, b, c| (((a as u128 * b as u128) >> 64) as u64).wrapping_add(c)),
-        ("mad.hi", Ty::S64) => Some(|a, b, c| (((a as i64 as i128 * b as i64 as i128) >> 64) as u64).wrapping_add(c)),
-        ("mad.wide", Ty::U32) => Some(|a, b, c| (a as u32 as u64 * b as u32 as u64).wrapping_add(c)),
-        ("mad.wide", Ty::S32) => Some(|a, b, c| ((a as i32 as i64 * b as i32 as i64) as u64).wrapping_add(c)),
-        ("mad.wide", Ty::U16) => Some(|a, b, c| (a as u16 as u32 * b as u16 as u32).wrapping_add(c as u32) as u64),
-        ("mad.wide", Ty::S16) => Some(|a, b, c| (a as i16 as i32 * b as i16 as i32).wrapping_add(c as i32) as u32 as u64),
-        ("mad24.lo", Ty::U32) => Some(|a, b, c| (a as u32 & 0xff_ffff).wrapping_mul(b as u32 & 0xff_ffff).wrapping_add(c as u32) as u64),
+        ("mad.hi", Ty::U32) => Some(|a, b, c| {
+            (((a as u32 as u64 * b as u32 as u64) >> 32) as u32).wrapping_add(c as u32) as u64
+        }),
+        ("mad.hi", Ty::S32) => Some(|a, b, c| {
+            (((a as i32 as i64 * b as i32 as i64) >> 32) as u32).wrapping_add(c as u32) as u64
+        }),
+        ("mad.hi", Ty::U64) => {
+            Some(|a, b, c| (((a as u128 * b as u128) >> 64) as u64).wrapping_add(c))
+        }
+        ("mad.hi", Ty::S64) => {
+            Some(|a, b, c| (((a as i64 as i128 * b as i64 as i128) >> 64) as u64).wrapping_add(c))
+        }
+        ("mad.wide", Ty::U32) => {
+            Some(|a, b, c| (a as u32 as u64 * b as u32 as u64).wrapping_add(c))
+        }
+        ("mad.wide", Ty::S32) => {
+            Some(|a, b, c| ((a as i32 as i64 * b as i32 as i64) as u64).wrapping_add(c))
+        }
+        ("mad.wide", Ty::U16) => {
+            Some(|a, b, c| (a as u16 as u32 * b as u16 as u32).wrapping_add(c as u32) as u64)
+        }
+        ("mad.wide", Ty::S16) => {
+            Some(|a, b, c| (a as i16 as i32 * b as i16 as i32).wrapping_add(c as i32) as u32 as u64)
+        }
+        ("mad24.lo", Ty::U32) => Some(|a, b, c| {
+            (a as u32 & 0xff_ffff)
+                .wrapping_mul(b as u32 & 0xff_ffff)
+                .wrapping_add(c as u32) as u64
+        }),
         ("mad24.lo", Ty::S32) => Some(|a, b, c| {
             let x = ((a as i32) << 8) >> 8;
             let y = ((b as i32) << 8) >> 8;
             x.wrapping_mul(y).wrapping_add(c as i32) as u32 as u64
         }),
-        ("sad", Ty::U32) => Some(|a, b, c| (a as u32).abs_diff(b as u32).wrapping_add(c as u32) as u64),
-        ("sad", Ty::S32) => Some(|a, b, c| (a as i32).abs_diff(b as i32).wrapping_add(c as u32) as u64),
+        // Funnel shifts: b:a as a 64-bit value.
+        ("shf.l.wrap", Ty::B32) => Some(|a, b, c| {
+            ((((b as u32 as u64) << 32 | a as u32 as u64) << (c as u32 & 31)) >> 32) as u32 as u64
+        }),
+        ("shf.l.clamp", Ty::B32) => Some(|a, b, c| {
+            let v = (b as u32 as u64) << 32 | a as u32 as u64;
+            let n = (c as u32).min(32);
+            ((v << n) >> 32) as u32 as u64
+        }),
+        ("shf.r.wrap", Ty::B32) => Some(|a, b, c| {
+            (((b as u32 as u64) << 32 | a as u32 as u64) >> (c as u32 & 31)) as u32 as u64
+        }),
+        ("shf.r.clamp", Ty::B32) => Some(|a, b, c| {
+            let v = (b as u32 as u64) << 32 | a as u32 as u64;
+            let n = (c as u32).min(32);
+            (v >> n) as u32 as u64
+        }),
+        // SIMD byte absolute difference (`__vabsdiffu4`/`__vabsdiffs4`); `.add` sums the bytes onto c.
+        ("vabsdiff4", Ty::U32) => Some(|a, b, _c| {
+            let mut d = 0u32;
+            for i in 0..4 {
+                let (x, y) = ((a >> (8 * i)) as u8, (b >> (8 * i)) as u8);
+                d |= (x.abs_diff(y) as u32) << (8 * i);
+            }
+            d as u64
+        }),
+        ("vabsdiff4", Ty::S32) => Some(|a, b, _c| {
+            let mut d = 0u32;
+            for i in 0..4 {
+                let (x, y) = ((a >> (8 * i)) as u8 as i8, (b >> (8 * i)) as u8 as i8);
+                d |= (x.abs_diff(y) as u32) << (8 * i);
+            }
+            d as u64
+        }),
+        ("vabsdiff4.add", Ty::U32) => Some(|a, b, c| {
+            let mut s = c as u32;
+            for i in 0..4 {
+                let (x, y) = ((a >> (8 * i)) as u8, (b >> (8 * i)) as u8);
+                s = s.wrapping_add(x.abs_diff(y) as u32);
+            }
+            s as u64
+        }),
+        ("vabsdiff4.add", Ty::S32) => Some(|a, b, c| {
+            let mut s = c as u32;
+            for i in 0..4 {
+                let (x, y) = ((a >> (8 * i)) as u8 as i8, (b >> (8 * i)) as u8 as i8);
+                s = s.wrapping_add(x.abs_diff(y) as u32);
+            }
+            s as u64
+        }),
+        ("sad", Ty::U32) => {
+            Some(|a, b, c| (a as u32).abs_diff(b as u32).wrapping_add(c as u32) as u64)
+        }
+        ("sad", Ty::S32) => {
+            Some(|a, b, c| (a as i32).abs_diff(b as i32).wrapping_add(c as u32) as u64)
+        }
         ("bfe", Ty::U32) => Some(|a, b, c| {
             let (pos, len) = ((b as u8) as u32, (c as u8) as u32);
             let v = a as u32;
             let mut d = 0u32;
             for i in 0..len.min(32) {
-                let bit = if pos + i < 32 { (v >> (pos + i)) & 1 } else { 0 };
+                let bit = if pos + i < 32 {
+                    (v >> (pos + i)) & 1
+                } else {
+                    0
+                };
                 d |= bit << i;
             }
             d as u64
@@ -502,10 +1006,18 @@ pub fn int_tern(op: &str, ty: Ty) -> Option<F3> {
         ("bfe", Ty::S32) => Some(|a, b, c| {
             let (pos, len) = ((b as u8) as u32, (c as u8) as u32);
             let v = a as u32;
-            let sbit = if len == 0 { 0 } else { (v >> (pos + len - 1).min(31)) & 1 };
+            let sbit = if len == 0 {
+                0
+            } else {
+                (v >> (pos + len - 1).min(31)) & 1
+            };
             let mut d = 0u32;
             for i in 0..32 {
-                let bit = if i < len && pos + i < 32 { (v >> (pos + i)) & 1 } else { sbit };
+                let bit = if i < len && pos + i < 32 {
+                    (v >> (pos + i)) & 1
+                } else {
+                    sbit
+                };
                 d |= bit << i;
             }
             d as u64
@@ -514,17 +1026,29 @@ pub fn int_tern(op: &str, ty: Ty) -> Option<F3> {
             let (pos, len) = ((b as u8) as u32, (c as u8) as u32);
             let mut d = 0u64;
             for i in 0..len.min(64) {
-                let bit = if pos + i < 64 { (a >> (pos + i)) & 1 } else { 0 };
+                let bit = if pos + i < 64 {
+                    (a >> (pos + i)) & 1
+                } else {
+                    0
+                };
                 d |= bit << i;
             }
             d
         }),
         ("bfe", Ty::S64) => Some(|a, b, c| {
             let (pos, len) = ((b as u8) as u32, (c as u8) as u32);
-            let sbit = if len == 0 { 0 } else { (a >> (pos + len - 1).min(63)) & 1 };
+            let sbit = if len == 0 {
+                0
+            } else {
+                (a >> (pos + len - 1).min(63)) & 1
+            };
             let mut d = 0u64;
             for i in 0..64 {
-                let bit = if i < len && pos + i < 64 { (a >> (pos + i)) & 1 } else { sbit };
+                let bit = if i < len && pos + i < 64 {
+                    (a >> (pos + i)) & 1
+                } else {
+                    sbit
+                };
                 d |= bit << i;
             }
             d
@@ -536,7 +1060,11 @@ pub fn int_tern(op: &str, ty: Ty) -> Option<F3> {
             for i in 0..4 {
                 let s = (sel >> (4 * i)) & 0xf;
                 let byte = ((bytes >> (8 * (s & 7))) & 0xff) as u32;
-                let byte = if s & 8 != 0 { if byte & 0x80 != 0 { 0xff } else { 0 } } else { byte };
+                let byte = if s & 8 != 0 {
+                    if byte & 0x80 != 0 { 0xff } else { 0 }
+                } else {
+                    byte
+                };
                 d |= byte << (8 * i);
             }
             d as u64
@@ -585,6 +1113,35 @@ pub fn int_quad(op: &str, ty: Ty) -> Option<F4> {
     }
 }
 
+/// PTX `min`/`max`: a NaN operand yields the other operand, and -0 orders below +0.
+trait MinMax: Copy {
+    fn pmin(self, b: Self) -> Self;
+    fn pmax(self, b: Self) -> Self;
+}
+
+macro_rules! minmax {
+    ($t:ty) => {
+        impl MinMax for $t {
+            fn pmin(self, b: Self) -> Self {
+                if self == b {
+                    if self.is_sign_negative() { self } else { b }
+                } else {
+                    self.min(b)
+                }
+            }
+            fn pmax(self, b: Self) -> Self {
+                if self == b {
+                    if self.is_sign_positive() { self } else { b }
+                } else {
+                    self.max(b)
+                }
+            }
+        }
+    };
+}
+minmax!(f32);
+minmax!(f64);
+
 /// Float two-operand operations with a rounding mode.
 pub fn flt_bin(op: &str, ty: Ty, m: Rnd) -> Option<F2> {
     match (op, ty) {
@@ -601,10 +1158,18 @@ pub fn flt_bin(op: &str, ty: Ty, m: Rnd) -> Option<F2> {
         ("sub", _) => flt2!(ty, |a, b| a - b),
         ("mul", _) => flt2!(ty, |a, b| a * b),
         ("div", _) => flt2!(ty, |a, b| a / b),
-        ("min", _) => flt2!(ty, |a, b| a.min(b)),
-        ("max", _) => flt2!(ty, |a, b| a.max(b)),
-        ("min.NaN", _) => flt2!(ty, |a, b| if a.is_nan() || b.is_nan() { a + b } else { a.min(b) }),
-        ("max.NaN", _) => flt2!(ty, |a, b| if a.is_nan() || b.is_nan() { a + b } else { a.max(b) }),
+        ("min", _) => flt2!(ty, |a, b| a.pmin(b)),
+        ("max", _) => flt2!(ty, |a, b| a.pmax(b)),
+        ("min.NaN", _) => flt2!(ty, |a, b| if a.is_nan() || b.is_nan() {
+            a + b
+        } else {
+            a.pmin(b)
+        }),
+        ("max.NaN", _) => flt2!(ty, |a, b| if a.is_nan() || b.is_nan() {
+            a + b
+        } else {
+            a.pmax(b)
+        }),
         // copysign d, a, b: b's magnitude with a's sign.
         ("copysign", _) => flt2!(ty, |a, b| b.copysign(a)),
         _ => None,
@@ -614,7 +1179,7 @@ pub fn flt_bin(op: &str, ty: Ty, m: Rnd) -> Option<F2> {
 pub fn flt_tern(op: &str, ty: Ty, m: Rnd) -> Option<F3> {
     match (op, ty) {
         ("fma" | "mad", Ty::F32) => Some(sel4!(f32_fma, m, F3)),
-        ("fma" | "mad", Ty::F64) if m == Rnd::N => Some(f64_fma_rn),
+        ("fma" | "mad", Ty::F64) => Some(sel4!(f64_fma, m, F3)),
         ("fma" | "mad", Ty::F16) if m == Rnd::N => {
             Some(|a, b, c| f2h64((h2f(a) as f64).mul_add(h2f(b) as f64, h2f(c) as f64)))
         }
@@ -654,23 +1219,53 @@ pub fn flt_un(op: &str, ty: Ty, m: Rnd) -> Option<F1> {
         ("tanh", Ty::F32) => Some(|x| r32((f32b(x) as f64).tanh() as f32)),
         ("ex2", Ty::F16) => Some(|x| f2h64((h2f(x) as f64).exp2())),
         ("tanh", Ty::F16) => Some(|x| f2h64((h2f(x) as f64).tanh())),
-        ("ex2", Ty::F16x2) => Some(|x| f2h64((h2f(x) as f64).exp2()) | f2h64((h2f(x >> 16) as f64).exp2()) << 16),
-        ("tanh", Ty::F16x2) => Some(|x| f2h64((h2f(x) as f64).tanh()) | f2h64((h2f(x >> 16) as f64).tanh()) << 16),
+        ("ex2", Ty::F16x2) => {
+            Some(|x| f2h64((h2f(x) as f64).exp2()) | f2h64((h2f(x >> 16) as f64).exp2()) << 16)
+        }
+        ("tanh", Ty::F16x2) => {
+            Some(|x| f2h64((h2f(x) as f64).tanh()) | f2h64((h2f(x >> 16) as f64).tanh()) << 16)
+        }
         ("ex2", Ty::Bf16) => Some(|x| f2b64((b2f(x) as f64).exp2())),
         ("tanh", Ty::Bf16) => Some(|x| f2b64((b2f(x) as f64).tanh())),
         _ => None,
     }
 }
 
-/// Float comparison for `setp`/`set`: returns 0 or 1.
+/// Float comparison for `setp`/`set`: returns 0 or 1. The unordered forms are spelled as negated ordered
+/// comparisons on purpose: they are true when either side is NaN.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn flt_cmp(op: &str, ty: Ty) -> Option<F2> {
     macro_rules! fc {
         (|$a:ident, $b:ident| $e:expr) => {
             match ty {
-                Ty::F32 => Some((|x: u64, y: u64| { let $a = f32b(x) as f64; let $b = f32b(y) as f64; ($e) as u64 }) as F2),
-                Ty::F64 => Some((|x: u64, y: u64| { let $a = f64b(x); let $b = f64b(y); ($e) as u64 }) as F2),
-                Ty::F16 => Some((|x: u64, y: u64| { let $a = h2f(x) as f64; let $b = h2f(y) as f64; ($e) as u64 }) as F2),
-                Ty::Bf16 => Some((|x: u64, y: u64| { let $a = b2f(x) as f64; let $b = b2f(y) as f64; ($e) as u64 }) as F2),
+                Ty::F32 => Some(
+                    (|x: u64, y: u64| {
+                        let $a = f32b(x) as f64;
+                        let $b = f32b(y) as f64;
+                        ($e) as u64
+                    }) as F2,
+                ),
+                Ty::F64 => Some(
+                    (|x: u64, y: u64| {
+                        let $a = f64b(x);
+                        let $b = f64b(y);
+                        ($e) as u64
+                    }) as F2,
+                ),
+                Ty::F16 => Some(
+                    (|x: u64, y: u64| {
+                        let $a = h2f(x) as f64;
+                        let $b = h2f(y) as f64;
+                        ($e) as u64
+                    }) as F2,
+                ),
+                Ty::Bf16 => Some(
+                    (|x: u64, y: u64| {
+                        let $a = b2f(x) as f64;
+                        let $b = b2f(y) as f64;
+                        ($e) as u64
+                    }) as F2,
+                ),
                 _ => None,
             }
         };
@@ -722,8 +1317,18 @@ pub fn testp(op: &str, ty: Ty) -> Option<F1> {
     macro_rules! tp {
         (|$a:ident| $e:expr) => {
             match ty {
-                Ty::F32 => Some((|x: u64| { let $a = f32b(x) as f64; let _ = $a; let $a = f32b(x); ($e) as u64 }) as F1),
-                Ty::F64 => Some((|x: u64| { let $a = f64b(x); ($e) as u64 }) as F1),
+                Ty::F32 => Some(
+                    (|x: u64| {
+                        let $a = f32b(x);
+                        ($e) as u64
+                    }) as F1,
+                ),
+                Ty::F64 => Some(
+                    (|x: u64| {
+                        let $a = f64b(x);
+                        ($e) as u64
+                    }) as F1,
+                ),
                 _ => None,
             }
         };
@@ -737,6 +1342,29 @@ pub fn testp(op: &str, ty: Ty) -> Option<F1> {
         "subnormal" => tp!(|a| a.is_subnormal()),
         _ => None,
     }
+}
+
+/// `dp4a` (N = 4: bytes of a times bytes of b) and `dp2a` (N = 2: halves of a times bytes OFF.. of b),
+/// accumulated onto c; SA/SB say whether a's and b's parts are signed.
+pub fn dp<const SA: bool, const SB: bool, const N: u32, const OFF: u32>(
+    a: u64,
+    b: u64,
+    c: u64,
+) -> u64 {
+    let mut acc = c as u32 as i64;
+    for i in 0..N {
+        let x = if N == 4 {
+            let v = (a >> (8 * i)) as u8;
+            if SA { v as i8 as i64 } else { v as i64 }
+        } else {
+            let v = (a >> (16 * i)) as u16;
+            if SA { v as i16 as i64 } else { v as i64 }
+        };
+        let v = (b >> (8 * (i + OFF))) as u8;
+        let y = if SB { v as i8 as i64 } else { v as i64 };
+        acc += x * y;
+    }
+    acc as u32 as u64
 }
 
 /// Operand kinds for `cvt`.
@@ -769,9 +1397,7 @@ pub fn cvt_supported(s: &CvtSpec) -> bool {
     let scalar_f = |t: Ty| matches!(t, Ty::F16 | Ty::Bf16 | Ty::F32 | Ty::F64);
     let src_ok = int_bits(s.src).is_some() || scalar_f(s.src);
     let dst_ok = int_bits(s.dst).is_some() || scalar_f(s.dst);
-    // Directed rounding into 16-bit floats is not implemented.
-    let dir16 = matches!(s.dst, Ty::F16 | Ty::Bf16) && s.rnd != Rnd::N && !s.int_round;
-    src_ok && dst_ok && !dir16
+    src_ok && dst_ok
 }
 
 fn round_int(v: f64, m: Rnd) -> f64 {
@@ -797,7 +1423,11 @@ pub fn cvt(x: u64, s: &CvtSpec) -> u64 {
         t => {
             let (bits, signed) = int_bits(t).unwrap_or((64, false));
             let sh = 64 - bits;
-            V::I(if signed { (((x << sh) as i64) >> sh) as i128 } else { ((x << sh) >> sh) as i128 })
+            V::I(if signed {
+                (((x << sh) as i64) >> sh) as i128
+            } else {
+                ((x << sh) >> sh) as i128
+            })
         }
     };
     if let Some((bits, signed)) = int_bits(s.dst) {
@@ -831,7 +1461,11 @@ pub fn cvt(x: u64, s: &CvtSpec) -> u64 {
             }
         };
         let u = i as u64;
-        return if bits == 64 { u } else { u & ((1u64 << bits) - 1) };
+        return if bits == 64 {
+            u
+        } else {
+            u & ((1u64 << bits) - 1)
+        };
     }
     // Float destination: the exact value as hi + lo.
     let (hi, lo) = match v {
@@ -848,8 +1482,8 @@ pub fn cvt(x: u64, s: &CvtSpec) -> u64 {
             let r = r32(rnd32(hi, lo, m));
             if s.ftz { ftz32(r) } else { r }
         }
-        Ty::F16 => f2h64(hi),
-        Ty::Bf16 => f2b64(hi),
+        Ty::F16 => rnd16(hi, lo, m, false),
+        Ty::Bf16 => rnd16(hi, lo, m, true),
         _ => 0,
     };
     if s.sat {
@@ -857,11 +1491,19 @@ pub fn cvt(x: u64, s: &CvtSpec) -> u64 {
             Ty::F32 => sat32(out),
             Ty::F64 => {
                 let f = f64b(out);
-                if f.is_nan() { 0 } else { f.clamp(0.0, 1.0).to_bits() }
+                if f.is_nan() {
+                    0
+                } else {
+                    f.clamp(0.0, 1.0).to_bits()
+                }
             }
             Ty::F16 => {
                 let f = h2f(out);
-                if f.is_nan() { 0 } else { f2h(f.clamp(0.0, 1.0)) }
+                if f.is_nan() {
+                    0
+                } else {
+                    f2h(f.clamp(0.0, 1.0))
+                }
             }
             _ => out,
         }
@@ -876,6 +1518,9 @@ pub enum AtomOp {
     Add,
     FAdd32,
     FAdd64,
+    /// Packed `f16x2` / `bf16x2` additions (each half rounded to nearest).
+    FAddH2,
+    FAddB2,
     Min,
     Max,
     Exch,
@@ -895,9 +1540,15 @@ pub fn atom_apply(op: AtomOp, signed: bool, size: usize, old: u64, b: u64, c: u6
         AtomOp::Add => old.wrapping_add(b),
         AtomOp::FAdd32 => r32(f32b(old) + f32b(b)),
         AtomOp::FAdd64 => (f64b(old) + f64b(b)).to_bits(),
+        AtomOp::FAddH2 => f2h(h2f(old) + h2f(b)) | f2h(h2f(old >> 16) + h2f(b >> 16)) << 16,
+        AtomOp::FAddB2 => f2b(b2f(old) + b2f(b)) | f2b(b2f(old >> 16) + b2f(b >> 16)) << 16,
         AtomOp::Min | AtomOp::Max => {
             let less = if signed {
-                if size == 8 { (old as i64) < (b as i64) } else { (old as u32 as i32) < (b as u32 as i32) }
+                if size == 8 {
+                    (old as i64) < (b as i64)
+                } else {
+                    (old as u32 as i32) < (b as u32 as i32)
+                }
             } else {
                 old < b
             };

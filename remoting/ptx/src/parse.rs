@@ -67,7 +67,10 @@ impl Ty {
     }
 
     pub fn is_float(self) -> bool {
-        matches!(self, Ty::F16 | Ty::F16x2 | Ty::Bf16 | Ty::Bf16x2 | Ty::F32 | Ty::F64)
+        matches!(
+            self,
+            Ty::F16 | Ty::F16x2 | Ty::Bf16 | Ty::Bf16x2 | Ty::F32 | Ty::F64
+        )
     }
 
     pub fn is_signed(self) -> bool {
@@ -81,7 +84,6 @@ pub struct VarDecl {
     pub name: String,
     /// `global`, `const`, `shared`, `local`, `param`.
     pub space: String,
-    pub ty: Ty,
     pub align: usize,
     /// Total size in bytes; `None` for unsized `[]` arrays (dynamic shared memory).
     pub size: Option<usize>,
@@ -122,7 +124,7 @@ pub struct Instr {
 
 #[derive(Debug, Clone)]
 pub enum Stmt {
-    Reg { ty: Ty, names: Vec<String>, line: usize },
+    Reg { ty: Ty, names: Vec<String> },
     Var(VarDecl),
     Label(String),
     Open,
@@ -154,6 +156,12 @@ struct P {
 
 type R<T> = Result<T, ParseError>;
 
+const MAX_ALIGN: i64 = 1 << 16;
+/// Largest variable or parameter accepted (module globals get materialized).
+const MAX_VAR_BYTES: usize = 1 << 30;
+/// Most registers one `%r<N>` declaration may create.
+const MAX_REG_RANGE: i64 = 1 << 16;
+
 impl P {
     fn peek(&self) -> Option<&Tok> {
         self.t.get(self.i).map(|t| &t.tok)
@@ -173,7 +181,11 @@ impl P {
             Some(Tok::Str(s)) => format!("\"{s}\""),
             Some(t) => format!("{t:?}"),
         };
-        Err(ParseError { line: self.line(), expected: expected.into(), found })
+        Err(ParseError {
+            line: self.line(),
+            expected: expected.into(),
+            found,
+        })
     }
     fn next(&mut self) -> Option<Tok> {
         let t = self.t.get(self.i).map(|t| t.tok.clone());
@@ -192,17 +204,10 @@ impl P {
         }
     }
     fn expect_punct(&mut self, c: char) -> R<()> {
-        if self.eat_punct(c) { Ok(()) } else { self.err(&format!("`{c}`")) }
-    }
-    fn is_ident(&self, s: &str) -> bool {
-        matches!(self.peek(), Some(Tok::Ident(x)) if x == s)
-    }
-    fn eat_ident(&mut self, s: &str) -> bool {
-        if self.is_ident(s) {
-            self.i += 1;
-            true
+        if self.eat_punct(c) {
+            Ok(())
         } else {
-            false
+            self.err(&format!("`{c}`"))
         }
     }
     fn ident(&mut self, what: &str) -> R<String> {
@@ -224,6 +229,30 @@ impl P {
                 Ok(if neg { v.wrapping_neg() } else { v })
             }
             _ => self.err("an integer"),
+        }
+    }
+    /// `.align N`: a power of two up to 64 KiB.
+    fn align(&mut self) -> R<usize> {
+        let a = self.int()?;
+        if a <= 0 || a > MAX_ALIGN || a & (a - 1) != 0 {
+            self.i -= 1;
+            return self.err("an alignment that is a power of two up to 65536");
+        }
+        Ok(a as usize)
+    }
+    /// `[N]`: an array dimension, multiplied into `size` without overflow or absurd totals.
+    fn dim(&mut self, size: usize) -> R<usize> {
+        let n = self.int()?;
+        match usize::try_from(n)
+            .ok()
+            .and_then(|n| n.checked_mul(size))
+            .filter(|t| *t <= MAX_VAR_BYTES)
+        {
+            Some(t) => Ok(t),
+            None => {
+                self.i -= 1;
+                self.err("an array size under 1 GiB")
+            }
         }
     }
     fn skip_line(&mut self) {
@@ -263,7 +292,10 @@ impl P {
 }
 
 pub fn parse(src: &str) -> R<Ast> {
-    let mut p = P { t: tokenize(src)?, i: 0 };
+    let mut p = P {
+        t: tokenize(src)?,
+        i: 0,
+    };
     let mut ast = Ast::default();
     while let Some(tok) = p.peek().cloned() {
         let Tok::Ident(word) = tok else {
@@ -325,10 +357,7 @@ fn parse_param(p: &mut P) -> R<VarDecl> {
                 let s = s.clone();
                 p.i += 1;
                 match s.as_str() {
-                    ".align" => {
-                        let a = p.int()?;
-                        align = Some(a.max(1) as usize);
-                    }
+                    ".align" => align = Some(p.align()?),
                     ".ptr" => ptr = true,
                     ".global" | ".shared" | ".const" | ".local" => {}
                     _ => {
@@ -351,7 +380,7 @@ fn parse_param(p: &mut P) -> R<VarDecl> {
                             ".ptr" | ".global" | ".shared" | ".const" | ".local" => p.i += 1,
                             ".align" => {
                                 p.i += 1;
-                                p.int()?;
+                                p.align()?;
                             }
                             _ => break,
                         }
@@ -361,18 +390,18 @@ fn parse_param(p: &mut P) -> R<VarDecl> {
             _ => break,
         }
     }
-    let Some(ty) = ty else { return p.err("a parameter type") };
+    let Some(ty) = ty else {
+        return p.err("a parameter type");
+    };
     let name = p.ident("a parameter name")?;
     let mut size = ty.size();
     while p.eat_punct('[') {
-        let n = p.int()?;
+        size = p.dim(size)?;
         p.expect_punct(']')?;
-        size *= n.max(0) as usize;
     }
     Ok(VarDecl {
         name,
         space: space[1..].to_string(),
-        ty,
         align: if ptr { 8 } else { align.unwrap_or(ty.size()) },
         size: Some(size),
         init: None,
@@ -399,9 +428,17 @@ fn parse_func(p: &mut P) -> R<Func> {
     let line = p.line();
     let kind = p.ident("`.entry` or `.func`")?;
     let is_entry = kind == ".entry";
-    let rets = if !is_entry && p.is_punct('(') { parse_param_list(p)? } else { Vec::new() };
+    let rets = if !is_entry && p.is_punct('(') {
+        parse_param_list(p)?
+    } else {
+        Vec::new()
+    };
     let name = p.ident("a function name")?;
-    let params = if p.is_punct('(') { parse_param_list(p)? } else { Vec::new() };
+    let params = if p.is_punct('(') {
+        parse_param_list(p)?
+    } else {
+        Vec::new()
+    };
     let mut max_threads = None;
     // Performance directives and attributes.
     while let Some(Tok::Ident(s)) = p.peek() {
@@ -434,8 +471,20 @@ fn parse_func(p: &mut P) -> R<Func> {
             }
         }
     }
-    let body = if p.eat_punct(';') { None } else { Some(parse_body(p)?) };
-    Ok(Func { name, is_entry, params, rets, body, max_threads, line })
+    let body = if p.eat_punct(';') {
+        None
+    } else {
+        Some(parse_body(p)?)
+    };
+    Ok(Func {
+        name,
+        is_entry,
+        params,
+        rets,
+        body,
+        max_threads,
+        line,
+    })
 }
 
 /// `[.align N] [.vN] .type name[dims] [= init]` after the state-space word (which is consumed here).
@@ -452,7 +501,7 @@ fn parse_var(p: &mut P) -> R<VarDecl> {
         let s = s.clone();
         p.i += 1;
         match s.as_str() {
-            ".align" => align = Some(p.int()?.max(1) as usize),
+            ".align" => align = Some(p.align()?),
             ".v2" => vec = 2,
             ".v4" => vec = 4,
             ".v8" => vec = 8,
@@ -468,7 +517,9 @@ fn parse_var(p: &mut P) -> R<VarDecl> {
             },
         }
     }
-    let Some(ty) = ty else { return p.err("a variable type") };
+    let Some(ty) = ty else {
+        return p.err("a variable type");
+    };
     let name = p.ident("a variable name")?;
     let elem = ty.size() * vec;
     let mut size = Some(elem);
@@ -478,9 +529,8 @@ fn parse_var(p: &mut P) -> R<VarDecl> {
             unsized_dim = true;
             continue;
         }
-        let n = p.int()?;
+        size = Some(p.dim(size.unwrap_or(0))?);
         p.expect_punct(']')?;
-        size = size.map(|s| s * n.max(0) as usize);
     }
     let mut init = None;
     if p.eat_punct('=') {
@@ -495,7 +545,14 @@ fn parse_var(p: &mut P) -> R<VarDecl> {
     if unsized_dim {
         size = None;
     }
-    Ok(VarDecl { name, space: space[1..].to_string(), ty, align: align.unwrap_or(elem), size, init, line })
+    Ok(VarDecl {
+        name,
+        space: space[1..].to_string(),
+        align: align.unwrap_or(elem),
+        size,
+        init,
+        line,
+    })
 }
 
 fn parse_init(p: &mut P, ty: Ty, out: &mut Vec<u8>) -> R<()> {
@@ -514,7 +571,11 @@ fn parse_init(p: &mut P, ty: Ty, out: &mut Vec<u8>) -> R<()> {
     let neg = p.eat_punct('-');
     let bits: u64 = match p.peek().cloned() {
         Some(Tok::Int(v)) => {
-            let v = if neg { (v as i64).wrapping_neg() as u64 } else { v };
+            let v = if neg {
+                (v as i64).wrapping_neg() as u64
+            } else {
+                v
+            };
             match ty {
                 Ty::F32 => (v as i64 as f32).to_bits() as u64,
                 Ty::F64 => (v as i64 as f64).to_bits(),
@@ -553,7 +614,9 @@ fn parse_body(p: &mut P) -> R<Vec<Stmt>> {
     let mut out = Vec::new();
     loop {
         let line = p.line();
-        let Some(tok) = p.peek().cloned() else { return p.err("`}`") };
+        let Some(tok) = p.peek().cloned() else {
+            return p.err("`}`");
+        };
         match tok {
             Tok::Punct('{') => {
                 p.i += 1;
@@ -586,7 +649,8 @@ fn parse_body(p: &mut P) -> R<Vec<Stmt>> {
                 }
                 match w.as_str() {
                     ".loc" | ".file" => p.skip_line(),
-                    ".pragma" => p.skip_past(';'),
+                    // Indirect-call prototypes: calls through them are refused at compile time.
+                    ".pragma" | ".callprototype" => p.skip_past(';'),
                     ".reg" => {
                         p.i += 1;
                         let mut ty = None;
@@ -603,12 +667,18 @@ fn parse_body(p: &mut P) -> R<Vec<Stmt>> {
                                 return p.err("a register type");
                             }
                         }
-                        let Some(ty) = ty else { return p.err("a register type") };
+                        let Some(ty) = ty else {
+                            return p.err("a register type");
+                        };
                         let mut names = Vec::new();
                         loop {
                             let n = p.ident("a register name")?;
                             if p.eat_punct('<') {
                                 let count = p.int()?;
+                                if count > MAX_REG_RANGE {
+                                    p.i -= 1;
+                                    return p.err("a register range up to 65536");
+                                }
                                 p.expect_punct('>')?;
                                 for k in 0..count.max(0) {
                                     names.push(format!("{n}{k}"));
@@ -621,7 +691,7 @@ fn parse_body(p: &mut P) -> R<Vec<Stmt>> {
                             }
                         }
                         p.expect_punct(';')?;
-                        out.push(Stmt::Reg { ty, names, line });
+                        out.push(Stmt::Reg { ty, names });
                     }
                     ".local" | ".shared" | ".param" | ".global" | ".const" => {
                         let v = parse_var(p)?;
@@ -646,7 +716,10 @@ fn parse_instr(p: &mut P) -> R<Instr> {
     let op = p.ident("an instruction")?;
     let mut parts = op.split('.');
     let opcode = parts.next().unwrap_or_default().to_string();
-    let mods = parts.filter(|m| !m.is_empty()).map(str::to_string).collect();
+    let mods = parts
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .collect();
     let mut operands = Vec::new();
     if !p.eat_punct(';') {
         loop {
@@ -657,7 +730,13 @@ fn parse_instr(p: &mut P) -> R<Instr> {
             p.expect_punct(',')?;
         }
     }
-    Ok(Instr { line, guard: None, opcode, mods, operands })
+    Ok(Instr {
+        line,
+        guard: None,
+        opcode,
+        mods,
+        operands,
+    })
 }
 
 fn parse_operand(p: &mut P) -> R<Operand> {
@@ -678,7 +757,11 @@ fn parse_operand(p: &mut P) -> R<Operand> {
                     p.i += 1;
                 }
                 let v = p.int()?;
-                off = if neg { off.wrapping_sub(v) } else { off.wrapping_add(v) };
+                off = if neg {
+                    off.wrapping_sub(v)
+                } else {
+                    off.wrapping_add(v)
+                };
             }
             p.expect_punct(']')?;
             Ok(Operand::Addr(base, off))

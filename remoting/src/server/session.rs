@@ -14,16 +14,19 @@ use std::time::Instant;
 
 use tracing::{debug, info, warn};
 
+use crate::api::ApiCall;
 use crate::server::backend::Backend;
 use crate::types::CUresult;
-use crate::wire::{COPY_CHUNK, Call, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request, ServerHello};
+use crate::wire::{
+    COPY_CHUNK, Call, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request, ServerHello,
+};
 
 /// One client's session over a backend.
 pub struct Session<B: Backend> {
     backend: B,
     state: State,
-    /// The context last made current on the backend (0 = none).
-    current_ctx: u64,
+    /// The context last made current on the backend (`Some(0)` = none, `None` = unknown).
+    current_ctx: Option<u64>,
     /// The first error of a fire-and-forget request not yet reported, or a sticky error (kept forever).
     pending: Option<CUresult>,
     started: Instant,
@@ -46,7 +49,7 @@ impl<B: Backend> Session<B> {
         Self {
             backend,
             state: State::Greeting,
-            current_ctx: 0,
+            current_ctx: Some(0),
             pending: None,
             started: Instant::now(),
             requests: 0,
@@ -138,9 +141,9 @@ impl<B: Backend> Session<B> {
             // A later fire-and-forget call still runs; the first error stays the one reported.
         }
 
-        if req.ctx != self.current_ctx && !matches!(req.call, Call::Hello(_)) {
+        if self.current_ctx != Some(req.ctx) && !matches!(req.call, Call::Hello(_)) {
             match self.backend.set_current_context(req.ctx) {
-                Ok(()) => self.current_ctx = req.ctx,
+                Ok(()) => self.current_ctx = Some(req.ctx),
                 Err(err) => return (Err(self.failed(err, req.expects_reply)), Reply::Empty),
             }
         }
@@ -167,7 +170,18 @@ impl<B: Backend> Session<B> {
     fn dispatch(&mut self, call: Call) -> Result<Reply, CUresult> {
         match call {
             Call::Hello(hello) => self.hello(hello.protocol, &hello.client),
-            Call::Api(call) => self.backend.api(call).map(Reply::Api),
+            Call::Api(call) => {
+                // These change the driver's current context as a side effect: switch again next time.
+                if matches!(
+                    call,
+                    ApiCall::cuCtxCreate_v2(_)
+                        | ApiCall::cuCtxDestroy_v2(_)
+                        | ApiCall::cuDevicePrimaryCtxReset_v2(_)
+                ) {
+                    self.current_ctx = None;
+                }
+                self.backend.api(call).map(Reply::Api)
+            }
             Call::MemcpyHtoD { dst, data, stream } => {
                 let Payload::Inline(bytes) = data;
                 self.backend.memcpy_htod(dst, &bytes, stream)?;
@@ -248,7 +262,7 @@ fn server_description() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ApiCall, ApiReply, args, outs};
+    use crate::api::{ApiReply, args, outs};
     use crate::server::backend::ApiBackend;
     use crate::wire::{ClientHello, DeviceInfo, FunctionInfo, Launch, ParamSlot};
 
@@ -262,14 +276,20 @@ mod tests {
     }
 
     impl ApiBackend for Recorder {
-        fn cuMemAlloc_v2(&mut self, a: args::cuMemAlloc_v2) -> Result<outs::cuMemAlloc_v2, CUresult> {
+        fn cuMemAlloc_v2(
+            &mut self,
+            a: args::cuMemAlloc_v2,
+        ) -> Result<outs::cuMemAlloc_v2, CUresult> {
             self.log.push(format!("alloc {}", a.bytesize));
             Ok(outs::cuMemAlloc_v2 {
                 dptr: 0x1000,
                 bytesize: (),
             })
         }
-        fn cuMemsetD8_v2(&mut self, a: args::cuMemsetD8_v2) -> Result<outs::cuMemsetD8_v2, CUresult> {
+        fn cuMemsetD8_v2(
+            &mut self,
+            a: args::cuMemsetD8_v2,
+        ) -> Result<outs::cuMemsetD8_v2, CUresult> {
             self.log.push(format!("memset {:#x}", a.dst));
             match self.fail_memset {
                 Some(err) => Err(err),
@@ -311,7 +331,12 @@ mod tests {
             self.log.push(format!("htod {dst:#x} {}", data.len()));
             Ok(())
         }
-        fn memcpy_dtoh(&mut self, src: u64, len: usize, _: Option<u64>) -> Result<Vec<u8>, CUresult> {
+        fn memcpy_dtoh(
+            &mut self,
+            src: u64,
+            len: usize,
+            _: Option<u64>,
+        ) -> Result<Vec<u8>, CUresult> {
             self.log.push(format!("dtoh {src:#x} {len}"));
             Ok(vec![0xab; len])
         }
@@ -319,7 +344,11 @@ mod tests {
             self.log.push(format!("load {}", image.len()));
             Ok(0x77)
         }
-        fn module_get_function(&mut self, module: u64, name: &str) -> Result<(u64, FunctionInfo), CUresult> {
+        fn module_get_function(
+            &mut self,
+            module: u64,
+            name: &str,
+        ) -> Result<(u64, FunctionInfo), CUresult> {
             self.log.push(format!("func {module:#x} {name}"));
             Ok((
                 0x88,
@@ -359,7 +388,11 @@ mod tests {
     }
 
     fn memset(dst: u64) -> Call {
-        Call::Api(ApiCall::cuMemsetD8_v2(args::cuMemsetD8_v2 { dst, value: 0, n: 1 }))
+        Call::Api(ApiCall::cuMemsetD8_v2(args::cuMemsetD8_v2 {
+            dst,
+            value: 0,
+            n: 1,
+        }))
     }
 
     fn sync() -> Call {
@@ -402,7 +435,9 @@ mod tests {
     #[test]
     fn wrong_protocol_version_closes_the_session() {
         let mut s = Session::new(Recorder::default());
-        let r = s.handle(req(1, 0, true, hello(PROTOCOL_VERSION + 1))).unwrap();
+        let r = s
+            .handle(req(1, 0, true, hello(PROTOCOL_VERSION + 1)))
+            .unwrap();
         assert_eq!(r.result, CUresult::SYSTEM_DRIVER_MISMATCH);
         assert!(s.is_closed());
         let r = s.handle(req(2, 0, true, sync())).unwrap();
@@ -429,7 +464,10 @@ mod tests {
         assert_eq!((r.seq, r.result), (42, CUresult::SUCCESS));
         assert!(matches!(
             r.reply,
-            Reply::Api(ApiReply::cuMemAlloc_v2(outs::cuMemAlloc_v2 { dptr: 0x1000, .. }))
+            Reply::Api(ApiReply::cuMemAlloc_v2(outs::cuMemAlloc_v2 {
+                dptr: 0x1000,
+                ..
+            }))
         ));
         // A call the backend does not implement says so.
         let call = Call::Api(ApiCall::cuCtxGetFlags(args::cuCtxGetFlags { flags: () }));
@@ -447,7 +485,14 @@ mod tests {
         s.handle(req(5, 0x20, true, sync()));
         assert_eq!(
             s.backend.log,
-            ["ctx 0x10", "memset 0x1", "memset 0x2", "ctx 0x20", "memset 0x3", "sync"]
+            [
+                "ctx 0x10",
+                "memset 0x1",
+                "memset 0x2",
+                "ctx 0x20",
+                "memset 0x3",
+                "sync"
+            ]
         );
         // A context that cannot be made current fails the call, which does not run.
         let r = s.handle(req(6, 0xbad, true, sync())).unwrap();
@@ -599,11 +644,18 @@ mod tests {
         };
         assert_eq!((handle, info.params_bytes()), (0x88, 8));
         // Library calls the backend does not implement.
-        let r = s.handle(req(7, 0, true, Call::KernelGetFunction { kernel: 1 })).unwrap();
+        let r = s
+            .handle(req(7, 0, true, Call::KernelGetFunction { kernel: 1 }))
+            .unwrap();
         assert_eq!(r.result, CUresult::NOT_SUPPORTED);
         assert_eq!(
             s.backend.log,
-            ["htod 0x1000 100", "dtoh 0x1000 16", "load 13", "func 0x77 k"]
+            [
+                "htod 0x1000 100",
+                "dtoh 0x1000 16",
+                "load 13",
+                "func 0x77 k"
+            ]
         );
     }
 

@@ -1,0 +1,222 @@
+//! The local control API of the daemon: a Unix socket, one JSON [`Request`] per connection
+//! answered by one JSON [`Response`], each a single line.
+//!
+//! `gleam peers list` sends [`Request::List`]; `gleam run` without `--peer` sends
+//! [`Request::Best`]. The client side ([`request`], [`best_peer`]) is blocking and needs no async
+//! runtime, so the shim and small tools can use it too.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::identity::PeerId;
+use crate::select::JobHint;
+use crate::state::{CacheDigest, GpuSummary};
+
+/// A request to the daemon.
+#[derive(Clone, Debug, Deserialize, PartialEq, Serialize)]
+#[serde(tag = "request", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Request {
+    /// Every live member, this device included.
+    List,
+    /// The best peer for a job.
+    Best {
+        /// What the job needs.
+        hint: JobHint,
+    },
+}
+
+/// The daemon's answer.
+#[derive(Clone, Debug, Deserialize, PartialEq, Serialize)]
+#[serde(tag = "response", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Response {
+    /// Answer to [`Request::List`].
+    Peers {
+        /// One row per member, this device first.
+        peers: Vec<PeerRow>,
+    },
+    /// Answer to [`Request::Best`]; `None` when no peer can take the job.
+    Best {
+        /// The choice.
+        best: Option<BestPeer>,
+    },
+    /// The request failed.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+/// One member as `gleam peers list` shows it.
+#[derive(Clone, Debug, Deserialize, PartialEq, Serialize)]
+pub struct PeerRow {
+    /// The peer.
+    pub id: PeerId,
+    /// Whether this row is the local device.
+    pub is_self: bool,
+    /// Host name it reports.
+    pub host: String,
+    /// Its GPUs.
+    pub gpus: Vec<GpuSummary>,
+    /// Free device memory, bytes.
+    pub free_memory: u64,
+    /// Total device memory, bytes.
+    pub total_memory: u64,
+    /// GPU utilization, 0.0 to 1.0.
+    pub utilization: f32,
+    /// CUDA sessions it serves now.
+    pub active_sessions: u32,
+    /// Jobs waiting for its GPU.
+    pub queue_len: u32,
+    /// Smoothed RTT from this device, microseconds (`None` for ourselves or not connected).
+    pub rtt_us: Option<u32>,
+    /// Probed bandwidth from this device, bits per second (`None` until measured).
+    pub bandwidth_bps: Option<u64>,
+    /// Recent loss on the link from this device, 0.0 to 1.0.
+    pub loss: f32,
+    /// Its cache summary.
+    pub cache: CacheDigest,
+    /// Addresses it can be reached at.
+    pub addrs: Vec<SocketAddr>,
+}
+
+/// Where to run a job.
+#[derive(Clone, Debug, Deserialize, PartialEq, Serialize)]
+pub struct BestPeer {
+    /// The chosen peer (pin it with [`crate::tls::client_config`]).
+    pub id: PeerId,
+    /// Its addresses, the one this daemon is connected through first.
+    pub addrs: Vec<SocketAddr>,
+    /// Expected completion time of the job there, seconds.
+    pub expected_secs: f64,
+}
+
+/// The control socket: `$GLEAM_CONFIG_DIR/daemon.sock` when that variable is set, else
+/// `$XDG_RUNTIME_DIR/gleam/daemon.sock`, else `daemon.sock` in the default config directory.
+pub fn default_socket_path() -> PathBuf {
+    let non_empty = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
+    if let Some(dir) = non_empty("GLEAM_CONFIG_DIR") {
+        return PathBuf::from(dir).join(SOCKET_NAME);
+    }
+    if let Some(dir) = non_empty("XDG_RUNTIME_DIR") {
+        return PathBuf::from(dir).join("gleam").join(SOCKET_NAME);
+    }
+    crate::identity::default_config_dir().join(SOCKET_NAME)
+}
+
+/// Sends one request to the daemon listening on `socket` and waits for its answer.
+pub fn request(socket: &Path, request: &Request) -> Result<Response, ControlError> {
+    let stream = UnixStream::connect(socket).map_err(|source| ControlError::Connect {
+        path: socket.to_owned(),
+        source,
+    })?;
+    stream
+        .set_read_timeout(Some(TIMEOUT))
+        .map_err(ControlError::Io)?;
+    stream
+        .set_write_timeout(Some(TIMEOUT))
+        .map_err(ControlError::Io)?;
+    let mut line = serde_json::to_vec(request).map_err(ControlError::Json)?;
+    line.push(b'\n');
+    (&stream).write_all(&line).map_err(ControlError::Io)?;
+    let mut reader = BufReader::new((&stream).take(MAX_LINE));
+    let mut answer = String::new();
+    reader.read_line(&mut answer).map_err(ControlError::Io)?;
+    if answer.is_empty() {
+        return Err(ControlError::Closed);
+    }
+    serde_json::from_str(&answer).map_err(ControlError::Json)
+}
+
+/// Asks the daemon for the best peer for a job (what `gleam run` does without `--peer`).
+pub fn best_peer(socket: &Path, hint: JobHint) -> Result<Option<BestPeer>, ControlError> {
+    match request(socket, &Request::Best { hint })? {
+        Response::Best { best } => Ok(best),
+        Response::Error { message } => Err(ControlError::Daemon(message)),
+        _ => Err(ControlError::Unexpected),
+    }
+}
+
+/// Asks the daemon for the member list.
+pub fn list_peers(socket: &Path) -> Result<Vec<PeerRow>, ControlError> {
+    match request(socket, &Request::List)? {
+        Response::Peers { peers } => Ok(peers),
+        Response::Error { message } => Err(ControlError::Daemon(message)),
+        _ => Err(ControlError::Unexpected),
+    }
+}
+
+/// Talking to the daemon failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// The daemon hung up without answering.
+    #[error("the daemon closed the connection without answering")]
+    Closed,
+    /// No daemon listens on the socket.
+    #[error("cannot reach the Gleam daemon at {path}: {source} (is `gleam peer` running?)")]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The daemon answered with an error.
+    #[error("daemon: {0}")]
+    Daemon(String),
+    /// Reading or writing the socket failed (or timed out).
+    #[error("control socket: {0}")]
+    Io(#[source] std::io::Error),
+    /// A message was not valid JSON of the expected shape.
+    #[error("control message: {0}")]
+    Json(#[source] serde_json::Error),
+    /// The daemon answered a different question.
+    #[error("unexpected answer from the daemon")]
+    Unexpected,
+}
+
+/// Longest accepted line, either way.
+pub(crate) const MAX_LINE: u64 = 1 << 20;
+const SOCKET_NAME: &str = "daemon.sock";
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_responses_round_trip_as_json_lines() {
+        let best = Request::Best {
+            hint: JobHint {
+                bytes: 1,
+                compute_secs: 2.0,
+                memory: 3,
+            },
+        };
+        let text = serde_json::to_string(&best).unwrap();
+        assert_eq!(
+            text,
+            r#"{"request":"best","hint":{"bytes":1,"compute_secs":2.0,"memory":3}}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), best);
+        assert_eq!(
+            serde_json::to_string(&Request::List).unwrap(),
+            r#"{"request":"list"}"#
+        );
+        let response = Response::Best { best: None };
+        let text = serde_json::to_string(&response).unwrap();
+        assert_eq!(serde_json::from_str::<Response>(&text).unwrap(), response);
+    }
+
+    #[test]
+    fn no_daemon_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = list_peers(&dir.path().join("daemon.sock")).unwrap_err();
+        assert!(matches!(err, ControlError::Connect { .. }), "{err}");
+        assert!(err.to_string().contains("gleam peer"));
+    }
+}

@@ -1,0 +1,1517 @@
+//! [`EmuBackend`]: contexts, memory, modules, streams, events and launches of one session.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use gleam_ptx::{ExecError, LaunchConfig};
+use gleam_remoting::api::{args, outs};
+use gleam_remoting::server::backend::{ApiBackend, Backend};
+use gleam_remoting::types::CUresult;
+use gleam_remoting::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
+
+use crate::device::{self, Resources, func_attr};
+use crate::memory::{ALLOC_ALIGN, DeviceMemory};
+use crate::streams::{
+    EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, Event, Job, STREAM_NON_BLOCKING, StreamKey, Streams,
+};
+use crate::{EmuConfig, image};
+
+/// State shared with the stream workers.
+struct Shared {
+    mem: DeviceMemory,
+    /// The sticky error (0 = none): the first fault of asynchronous work.
+    sticky: AtomicU32,
+}
+
+impl Shared {
+    fn sticky(&self) -> Option<CUresult> {
+        match self.sticky.load(Ordering::Acquire) {
+            0 => None,
+            code => Some(CUresult(code)),
+        }
+    }
+
+    /// Records `err` unless an earlier fault already did (the first one is what CUDA reports).
+    fn set_sticky(&self, err: CUresult) {
+        let _ = self
+            .sticky
+            .compare_exchange(0, err.0, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
+/// Handle namespaces: each kind of object gets its own range, so a handle of the wrong kind is never found.
+/// None is 0, 1 or 2 (the stream sentinels).
+mod kind {
+    pub const CONTEXT: u64 = 0x0c70_0000_0000;
+    pub const MODULE: u64 = 0x0d00_0000_0000;
+    pub const FUNCTION: u64 = 0x0f00_0000_0000;
+    pub const STREAM: u64 = 0x0500_0000_0000;
+    pub const EVENT: u64 = 0x0e00_0000_0000;
+    pub const LIBRARY: u64 = 0x0b00_0000_0000;
+}
+
+/// The primary context of device 0 (exists from the start, like the driver's).
+const PRIMARY: u64 = kind::CONTEXT | 0x10;
+
+/// Limits (`CUlimit`) a context holds, by id, with their defaults.
+const LIMIT_DEFAULTS: [usize; 10] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0, 0, 0, 0];
+/// Limits `cuCtxSetLimit` accepts here (stack, printf FIFO, heap, CDP depth and launches, L2 fetch).
+const SETTABLE_LIMITS: usize = 6;
+/// Valid bits of context flags (scheduling, map host, lmem resize, coredump, sync memops).
+const CTX_FLAGS_MASK: u32 = 0xff;
+
+struct Context {
+    flags: u32,
+    limits: [usize; 10],
+    cache_config: u32,
+}
+
+impl Context {
+    fn new(flags: u32) -> Self {
+        Self {
+            flags,
+            limits: LIMIT_DEFAULTS,
+            cache_config: 0,
+        }
+    }
+}
+
+struct LoadedModule {
+    ctx: u64,
+    ptx: Arc<gleam_ptx::Module>,
+    symbols: Arc<HashMap<String, u64>>,
+    /// Module globals: name -> (address, size).
+    globals: HashMap<String, (u64, u64)>,
+    ptx_version: i32,
+    const_bytes: u32,
+    /// Functions handed out: name -> handle (the same handle every time, as the driver does).
+    functions: HashMap<String, u64>,
+}
+
+struct Function {
+    module: u64,
+    name: String,
+    params: Vec<ParamSlot>,
+    param_bytes: usize,
+    resources: Resources,
+    local_bytes: u32,
+    carveout: i32,
+}
+
+/// The GPU-less backend of one session. See the crate documentation for how errors of asynchronous work
+/// are reported.
+pub struct EmuBackend {
+    shared: Arc<Shared>,
+    streams: Streams,
+    events: HashMap<u64, Event>,
+    contexts: HashMap<u64, Context>,
+    primary_refs: u32,
+    current: u64,
+    modules: HashMap<u64, LoadedModule>,
+    functions: HashMap<u64, Function>,
+    /// Library -> the module it loaded (a library's kernels are that module's functions).
+    libraries: HashMap<u64, u64>,
+    next_handle: u64,
+}
+
+impl EmuBackend {
+    /// A fresh device with `config.memory_bytes` of memory and only the primary context.
+    pub fn new(config: EmuConfig) -> Self {
+        let mut contexts = HashMap::new();
+        contexts.insert(PRIMARY, Context::new(0));
+        tracing::info!(
+            memory_bytes = config.memory_bytes,
+            "emu backend: {} (compute capability {}.{})",
+            device::NAME,
+            device::CC.0,
+            device::CC.1
+        );
+        Self {
+            shared: Arc::new(Shared {
+                mem: DeviceMemory::new(config.memory_bytes),
+                sticky: AtomicU32::new(0),
+            }),
+            streams: Streams::default(),
+            events: HashMap::new(),
+            contexts,
+            primary_refs: 0,
+            current: 0,
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            libraries: HashMap::new(),
+            next_handle: 1,
+        }
+    }
+
+    /// The device memory (tests and diagnostics).
+    pub fn memory(&self) -> &DeviceMemory {
+        &self.shared.mem
+    }
+
+    /// The sticky error, if asynchronous work has faulted.
+    pub fn sticky_error(&self) -> Option<CUresult> {
+        self.shared.sticky()
+    }
+
+    fn handle(&mut self, kind: u64) -> u64 {
+        self.next_handle += 1;
+        kind | (self.next_handle << 4)
+    }
+
+    /// Every call starts here: a sticky error is returned before anything else.
+    fn check(&self) -> Result<(), CUresult> {
+        self.shared.sticky().map_or(Ok(()), Err)
+    }
+
+    /// The current context, for calls that need one.
+    fn ctx(&self) -> Result<u64, CUresult> {
+        self.check()?;
+        if self.current != 0 && self.contexts.contains_key(&self.current) {
+            Ok(self.current)
+        } else {
+            Err(CUresult::INVALID_CONTEXT)
+        }
+    }
+
+    fn ctx_mut(&mut self) -> Result<&mut Context, CUresult> {
+        let c = self.ctx()?;
+        self.contexts.get_mut(&c).ok_or(CUresult::INVALID_CONTEXT)
+    }
+
+    fn device(dev: i32) -> Result<(), CUresult> {
+        if dev == 0 {
+            Ok(())
+        } else {
+            Err(CUresult::INVALID_DEVICE)
+        }
+    }
+
+    /// Queues `f` on `stream`; its failure becomes the sticky error, and it is skipped after a fault.
+    fn submit(
+        &mut self,
+        stream: u64,
+        what: &'static str,
+        f: impl FnOnce(&DeviceMemory) -> Result<(), CUresult> + Send + 'static,
+    ) -> Result<(), CUresult> {
+        let key = self.streams.resolve(stream)?;
+        let shared = self.shared.clone();
+        let job: Job = Box::new(move || {
+            if shared.sticky().is_some() {
+                return;
+            }
+            if let Err(e) = f(&shared.mem) {
+                tracing::error!("{what} failed on the device: {e}");
+                shared.set_sticky(e);
+            }
+        });
+        self.streams.enqueue(key, Vec::new(), Some(job))
+    }
+
+    /// Waits for `stream` (None: the legacy stream, as synchronous copies do), then reports a fault.
+    fn sync_stream(&self, stream: Option<u64>) -> Result<(), CUresult> {
+        let key = match stream {
+            Some(s) => self.streams.resolve(s)?,
+            None => StreamKey::Legacy,
+        };
+        self.streams.synchronize(key);
+        self.check()
+    }
+
+    /// Frees everything context `ctx` owns (after letting queued work finish).
+    fn destroy_resources(&mut self, ctx: u64) {
+        self.streams.synchronize_all();
+        for s in self.streams.of_context(ctx) {
+            let _ = self.streams.destroy(s);
+        }
+        self.events.retain(|_, e| e.ctx != ctx);
+        let doomed: Vec<u64> = self
+            .modules
+            .iter()
+            .filter(|(_, m)| m.ctx == ctx)
+            .map(|(h, _)| *h)
+            .collect();
+        for m in doomed {
+            self.unload(m);
+        }
+        self.shared.mem.free_all(Some(ctx));
+    }
+
+    fn unload(&mut self, module: u64) {
+        if let Some(m) = self.modules.remove(&module) {
+            self.functions.retain(|_, f| f.module != module);
+            self.libraries.retain(|_, &mut lm| lm != module);
+            for (addr, _) in m.globals.values() {
+                let _ = self.shared.mem.free(*addr);
+            }
+        }
+    }
+
+    fn load_module(&mut self, image: &[u8]) -> Result<u64, CUresult> {
+        let ctx = self.ctx()?;
+        let sm = (device::CC.0 * 10 + device::CC.1) as u32;
+        let text = image::ptx_of(image, sm).map_err(|e| {
+            match &e {
+                image::ImageError::NoPtx(_) => tracing::error!("module load: {e}"),
+                _ => tracing::warn!("module load: {e}"),
+            }
+            e.code()
+        })?;
+        let ptx = gleam_ptx::Module::parse(&text).map_err(|e| {
+            tracing::warn!("module load: the PTX interpreter cannot parse this module: {e}");
+            CUresult::INVALID_PTX
+        })?;
+        // What ptxas would refuse: the interpreter would otherwise try to provide it from host memory.
+        for k in ptx.kernels() {
+            if k.static_shared_bytes() > device::SHARED_PER_BLOCK as usize {
+                tracing::warn!(
+                    "module load: kernel {} uses {} bytes of static shared memory (limit {})",
+                    k.name(),
+                    k.static_shared_bytes(),
+                    device::SHARED_PER_BLOCK
+                );
+                return Err(CUresult::INVALID_PTX);
+            }
+            if k.local_bytes_per_thread() > device::LOCAL_PER_THREAD as usize {
+                tracing::warn!(
+                    "module load: kernel {} uses {} bytes of local memory per thread (limit {})",
+                    k.name(),
+                    k.local_bytes_per_thread(),
+                    device::LOCAL_PER_THREAD
+                );
+                return Err(CUresult::INVALID_PTX);
+            }
+        }
+        let mut symbols = HashMap::new();
+        let mut globals: HashMap<String, (u64, u64)> = HashMap::new();
+        let mut const_bytes = 0u32;
+        for g in ptx.globals() {
+            let placed = self
+                .shared
+                .mem
+                .alloc(g.size.max(1) as u64, g.align as u64, ctx)
+                .and_then(|addr| {
+                    let init = &g.init[..g.init.len().min(g.size)];
+                    match self.shared.mem.write_bytes(addr, init) {
+                        Ok(()) => Ok(addr),
+                        Err(_) => {
+                            let _ = self.shared.mem.free(addr);
+                            Err(CUresult::INVALID_IMAGE)
+                        }
+                    }
+                });
+            let addr = match placed {
+                Ok(addr) => addr,
+                Err(e) => {
+                    tracing::warn!(
+                        "module load: cannot place global {} ({} bytes): {e}",
+                        g.name,
+                        g.size
+                    );
+                    for (a, _) in globals.values() {
+                        let _ = self.shared.mem.free(*a);
+                    }
+                    return Err(e);
+                }
+            };
+            if g.space == gleam_ptx::StateSpace::Const {
+                const_bytes = const_bytes.saturating_add(u32::try_from(g.size).unwrap_or(u32::MAX));
+            }
+            symbols.insert(g.name.clone(), addr);
+            globals.insert(g.name.clone(), (addr, g.size as u64));
+        }
+        let handle = self.handle(kind::MODULE);
+        let kernels: Vec<&str> = ptx.kernels().map(|k| k.name()).collect();
+        tracing::debug!(
+            module = handle,
+            ?kernels,
+            globals = globals.len(),
+            "module loaded"
+        );
+        for k in ptx.kernels() {
+            if let Some(why) = k.unsupported() {
+                tracing::warn!(
+                    "kernel {} cannot run on the emu backend ({why}); launching it will fail",
+                    k.name()
+                );
+            }
+        }
+        self.modules.insert(
+            handle,
+            LoadedModule {
+                ctx,
+                ptx_version: ptx_version(&text),
+                ptx: Arc::new(ptx),
+                symbols: Arc::new(symbols),
+                globals,
+                const_bytes,
+                functions: HashMap::new(),
+            },
+        );
+        Ok(handle)
+    }
+
+    fn get_function(&mut self, module: u64, name: &str) -> Result<u64, CUresult> {
+        self.check()?;
+        let m = self.modules.get(&module).ok_or(CUresult::INVALID_HANDLE)?;
+        if let Some(&f) = m.functions.get(name) {
+            return Ok(f);
+        }
+        let k = m.ptx.kernel(name).ok_or(CUresult::NOT_FOUND)?;
+        let static_shared = k.static_shared_bytes() as u32;
+        let function = Function {
+            module,
+            name: name.to_owned(),
+            params: k
+                .params()
+                .iter()
+                .map(|p| ParamSlot {
+                    offset: p.offset as u32,
+                    size: p.size as u32,
+                })
+                .collect(),
+            param_bytes: k.param_bytes(),
+            resources: Resources {
+                max_threads: k
+                    .max_threads_per_block()
+                    .clamp(1, device::MAX_THREADS_PER_BLOCK),
+                regs: k.num_regs(),
+                static_shared,
+                max_dynamic_shared: device::SHARED_PER_BLOCK.saturating_sub(static_shared),
+            },
+            local_bytes: k.local_bytes_per_thread() as u32,
+            carveout: -1,
+        };
+        let handle = self.handle(kind::FUNCTION);
+        self.functions.insert(handle, function);
+        if let Some(m) = self.modules.get_mut(&module) {
+            m.functions.insert(name.to_owned(), handle);
+        }
+        Ok(handle)
+    }
+
+    fn function(&self, f: u64) -> Result<&Function, CUresult> {
+        self.check()?;
+        self.functions.get(&f).ok_or(CUresult::INVALID_HANDLE)
+    }
+
+    /// `cuFuncGetAttribute` values, indexed by attribute id.
+    fn function_attributes(&self, f: &Function) -> Vec<i32> {
+        let m = self.modules.get(&f.module);
+        let mut a = vec![0i32; device::FUNC_ATTRIBUTE_END];
+        a[func_attr::MAX_THREADS_PER_BLOCK as usize] = f.resources.max_threads as i32;
+        a[func_attr::SHARED_SIZE_BYTES as usize] = f.resources.static_shared as i32;
+        a[func_attr::CONST_SIZE_BYTES as usize] = m.map_or(0, |m| m.const_bytes as i32);
+        a[func_attr::LOCAL_SIZE_BYTES as usize] = f.local_bytes as i32;
+        a[func_attr::NUM_REGS as usize] = f.resources.regs as i32;
+        a[func_attr::PTX_VERSION as usize] = m.map_or(0, |m| m.ptx_version);
+        a[func_attr::BINARY_VERSION as usize] = device::CC.0 * 10 + device::CC.1;
+        a[func_attr::CACHE_MODE_CA as usize] = 0;
+        a[func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES as usize] =
+            f.resources.max_dynamic_shared as i32;
+        a[func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT as usize] = f.carveout;
+        a
+    }
+
+    fn function_info(&self, handle: u64) -> Result<FunctionInfo, CUresult> {
+        let f = self.function(handle)?;
+        Ok(FunctionInfo {
+            params: f.params.clone(),
+            attributes: self.function_attributes(f),
+        })
+    }
+
+    fn func_attribute(&self, func: u64, attrib: i32) -> Result<i32, CUresult> {
+        let f = self.function(func)?;
+        usize::try_from(attrib)
+            .ok()
+            .and_then(|i| self.function_attributes(f).get(i).copied())
+            .ok_or(CUresult::INVALID_VALUE)
+    }
+
+    fn set_func_attribute(&mut self, func: u64, attrib: i32, value: i32) -> Result<(), CUresult> {
+        self.check()?;
+        let f = self
+            .functions
+            .get_mut(&func)
+            .ok_or(CUresult::INVALID_HANDLE)?;
+        match attrib {
+            func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES => {
+                let limit =
+                    device::SHARED_PER_BLOCK_OPTIN.saturating_sub(f.resources.static_shared);
+                let v = u32::try_from(value).map_err(|_| CUresult::INVALID_VALUE)?;
+                if v > limit {
+                    return Err(CUresult::INVALID_VALUE);
+                }
+                f.resources.max_dynamic_shared = v;
+            }
+            func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT => {
+                if !(-1..=100).contains(&value) {
+                    return Err(CUresult::INVALID_VALUE);
+                }
+                f.carveout = value;
+            }
+            _ => return Err(CUresult::INVALID_VALUE),
+        }
+        Ok(())
+    }
+
+    fn memset(
+        &mut self,
+        dst: u64,
+        pattern: Vec<u8>,
+        n: usize,
+        stream: u64,
+    ) -> Result<(), CUresult> {
+        self.ctx()?;
+        if !dst.is_multiple_of(pattern.len() as u64) {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let bytes = (n as u64)
+            .checked_mul(pattern.len() as u64)
+            .ok_or(CUresult::INVALID_VALUE)?;
+        if bytes == 0 {
+            self.streams.resolve(stream)?;
+            return Ok(());
+        }
+        self.shared.mem.check(dst, bytes)?;
+        self.submit(stream, "memset", move |mem| {
+            mem.fill(dst, &pattern, n as u64)
+                .map_err(|_| CUresult::ILLEGAL_ADDRESS)
+        })
+    }
+
+    fn dtod(&mut self, dst: u64, src: u64, bytes: usize, stream: u64) -> Result<(), CUresult> {
+        self.ctx()?;
+        if bytes == 0 {
+            self.streams.resolve(stream)?;
+            return Ok(());
+        }
+        self.shared.mem.check(dst, bytes as u64)?;
+        self.shared.mem.check(src, bytes as u64)?;
+        self.submit(stream, "device-to-device copy", move |mem| {
+            mem.copy(dst, src, bytes as u64)
+                .map_err(|_| CUresult::ILLEGAL_ADDRESS)
+        })
+    }
+
+    fn create_stream(&mut self, flags: u32, priority: i32) -> Result<u64, CUresult> {
+        let ctx = self.ctx()?;
+        if flags & !STREAM_NON_BLOCKING != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let (least, greatest) = device::STREAM_PRIORITIES;
+        let priority = priority.clamp(greatest, least);
+        let handle = self.handle(kind::STREAM);
+        self.streams.create(handle, flags, priority, ctx)?;
+        Ok(handle)
+    }
+
+    fn record_event(&mut self, event: u64, stream: u64) -> Result<(), CUresult> {
+        self.ctx()?;
+        let key = self.streams.resolve(stream)?;
+        let e = self
+            .events
+            .get_mut(&event)
+            .ok_or(CUresult::INVALID_HANDLE)?;
+        e.records += 1;
+        let (signal, target) = (e.signal.clone(), e.records);
+        // Not skipped after a fault: waiters on the event must still wake up.
+        let job: Job = Box::new(move || signal.advance_to(target));
+        self.streams.enqueue(key, Vec::new(), Some(job))
+    }
+
+    fn elapsed(&self, start: u64, end: u64) -> Result<f32, CUresult> {
+        self.check()?;
+        let s = self.events.get(&start).ok_or(CUresult::INVALID_HANDLE)?;
+        let e = self.events.get(&end).ok_or(CUresult::INVALID_HANDLE)?;
+        e.elapsed_since(s)
+    }
+
+    fn validate_launch(&self, launch: &Launch) -> Result<(), CUresult> {
+        let f = self.function(launch.function)?;
+        let [bx, by, bz] = launch.block;
+        let in_limits =
+            |dims: [u32; 3], max: [u32; 3]| dims.iter().zip(max).all(|(&d, m)| d >= 1 && d <= m);
+        if !in_limits(launch.block, device::MAX_BLOCK_DIM)
+            || !in_limits(launch.grid, device::MAX_GRID_DIM)
+        {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let threads = u64::from(bx) * u64::from(by) * u64::from(bz);
+        if threads > u64::from(device::MAX_THREADS_PER_BLOCK) {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // More threads than the kernel's own limit (`.maxntid`): "too many resources requested".
+        if threads > u64::from(f.resources.max_threads) {
+            return Err(CUresult::LAUNCH_OUT_OF_RESOURCES);
+        }
+        if launch.shared_mem_bytes > f.resources.max_dynamic_shared {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        if launch.params.len() < f.param_bytes {
+            tracing::warn!(
+                "launch of {}: {} parameter bytes, the kernel takes {}",
+                f.name,
+                launch.params.len(),
+                f.param_bytes
+            );
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(())
+    }
+}
+
+/// `CU_FUNC_ATTRIBUTE_PTX_VERSION`: major * 10 + minor of the module's `.version`.
+fn ptx_version(text: &str) -> i32 {
+    text.lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix(".version"))
+        .and_then(|v| {
+            let (major, minor) = v.trim().split_once('.')?;
+            let minor = minor.split(|c: char| !c.is_ascii_digit()).next()?;
+            Some(major.parse::<i32>().ok()? * 10 + minor.parse::<i32>().ok()?)
+        })
+        .unwrap_or(0)
+}
+
+/// The `CUresult` a failed launch leaves behind.
+fn launch_error(e: &ExecError) -> CUresult {
+    match e {
+        ExecError::MemoryFault { .. } => CUresult::ILLEGAL_ADDRESS,
+        ExecError::Misaligned { .. } => CUresult::MISALIGNED_ADDRESS,
+        _ => CUresult::LAUNCH_FAILED,
+    }
+}
+
+#[allow(non_snake_case)]
+impl ApiBackend for EmuBackend {
+    // --- Contexts -------------------------------------------------------------------------------------
+
+    fn cuDevicePrimaryCtxRetain(
+        &mut self,
+        a: args::cuDevicePrimaryCtxRetain,
+    ) -> Result<outs::cuDevicePrimaryCtxRetain, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        self.primary_refs += 1;
+        Ok(outs::cuDevicePrimaryCtxRetain {
+            pctx: PRIMARY,
+            ..Default::default()
+        })
+    }
+
+    fn cuDevicePrimaryCtxRelease_v2(
+        &mut self,
+        a: args::cuDevicePrimaryCtxRelease_v2,
+    ) -> Result<outs::cuDevicePrimaryCtxRelease_v2, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        if self.primary_refs == 0 {
+            return Err(CUresult::INVALID_CONTEXT);
+        }
+        self.primary_refs -= 1;
+        if self.primary_refs == 0 {
+            // The last release destroys the primary context's resources, as the driver does.
+            self.destroy_resources(PRIMARY);
+        }
+        Ok(Default::default())
+    }
+
+    fn cuDevicePrimaryCtxReset_v2(
+        &mut self,
+        a: args::cuDevicePrimaryCtxReset_v2,
+    ) -> Result<outs::cuDevicePrimaryCtxReset_v2, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        self.destroy_resources(PRIMARY);
+        let flags = self.contexts.get(&PRIMARY).map_or(0, |c| c.flags);
+        self.contexts.insert(PRIMARY, Context::new(flags));
+        Ok(Default::default())
+    }
+
+    fn cuDevicePrimaryCtxSetFlags_v2(
+        &mut self,
+        a: args::cuDevicePrimaryCtxSetFlags_v2,
+    ) -> Result<outs::cuDevicePrimaryCtxSetFlags_v2, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        if a.flags & !CTX_FLAGS_MASK != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        if let Some(c) = self.contexts.get_mut(&PRIMARY) {
+            c.flags = a.flags;
+        }
+        Ok(Default::default())
+    }
+
+    fn cuDevicePrimaryCtxGetState(
+        &mut self,
+        a: args::cuDevicePrimaryCtxGetState,
+    ) -> Result<outs::cuDevicePrimaryCtxGetState, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        Ok(outs::cuDevicePrimaryCtxGetState {
+            flags: self.contexts.get(&PRIMARY).map_or(0, |c| c.flags),
+            active: i32::from(self.primary_refs > 0),
+            ..Default::default()
+        })
+    }
+
+    fn cuCtxCreate_v2(
+        &mut self,
+        a: args::cuCtxCreate_v2,
+    ) -> Result<outs::cuCtxCreate_v2, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        if a.flags & !CTX_FLAGS_MASK != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let handle = self.handle(kind::CONTEXT);
+        self.contexts.insert(handle, Context::new(a.flags));
+        Ok(outs::cuCtxCreate_v2 {
+            pctx: handle,
+            ..Default::default()
+        })
+    }
+
+    fn cuCtxDestroy_v2(
+        &mut self,
+        a: args::cuCtxDestroy_v2,
+    ) -> Result<outs::cuCtxDestroy_v2, CUresult> {
+        self.check()?;
+        if a.ctx == PRIMARY || !self.contexts.contains_key(&a.ctx) {
+            return Err(CUresult::INVALID_CONTEXT);
+        }
+        self.destroy_resources(a.ctx);
+        self.contexts.remove(&a.ctx);
+        if self.current == a.ctx {
+            self.current = 0;
+        }
+        Ok(Default::default())
+    }
+
+    fn cuCtxSynchronize(
+        &mut self,
+        _: args::cuCtxSynchronize,
+    ) -> Result<outs::cuCtxSynchronize, CUresult> {
+        self.ctx()?;
+        self.streams.synchronize_all();
+        self.check()?;
+        Ok(Default::default())
+    }
+
+    fn cuCtxSynchronize_v2(
+        &mut self,
+        a: args::cuCtxSynchronize_v2,
+    ) -> Result<outs::cuCtxSynchronize_v2, CUresult> {
+        self.check()?;
+        if a.ctx == 0 {
+            self.ctx()?;
+        } else if !self.contexts.contains_key(&a.ctx) {
+            return Err(CUresult::INVALID_CONTEXT);
+        }
+        self.streams.synchronize_all();
+        self.check()?;
+        Ok(Default::default())
+    }
+
+    fn cuCtxSetLimit(&mut self, a: args::cuCtxSetLimit) -> Result<outs::cuCtxSetLimit, CUresult> {
+        let c = self.ctx_mut()?;
+        let limit = a.limit as usize;
+        if limit >= SETTABLE_LIMITS {
+            return Err(CUresult::UNSUPPORTED_LIMIT);
+        }
+        c.limits[limit] = a.value;
+        Ok(Default::default())
+    }
+
+    fn cuCtxGetLimit(&mut self, a: args::cuCtxGetLimit) -> Result<outs::cuCtxGetLimit, CUresult> {
+        let c = self.ctx_mut()?;
+        let v = *c
+            .limits
+            .get(a.limit as usize)
+            .ok_or(CUresult::UNSUPPORTED_LIMIT)?;
+        Ok(outs::cuCtxGetLimit {
+            pvalue: v,
+            ..Default::default()
+        })
+    }
+
+    fn cuCtxSetCacheConfig(
+        &mut self,
+        a: args::cuCtxSetCacheConfig,
+    ) -> Result<outs::cuCtxSetCacheConfig, CUresult> {
+        let c = self.ctx_mut()?;
+        if a.config > 3 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        c.cache_config = a.config;
+        Ok(Default::default())
+    }
+
+    fn cuCtxGetCacheConfig(
+        &mut self,
+        _: args::cuCtxGetCacheConfig,
+    ) -> Result<outs::cuCtxGetCacheConfig, CUresult> {
+        let c = self.ctx_mut()?;
+        Ok(outs::cuCtxGetCacheConfig {
+            pconfig: c.cache_config,
+        })
+    }
+
+    fn cuCtxGetStreamPriorityRange(
+        &mut self,
+        _: args::cuCtxGetStreamPriorityRange,
+    ) -> Result<outs::cuCtxGetStreamPriorityRange, CUresult> {
+        self.ctx()?;
+        let (least, greatest) = device::STREAM_PRIORITIES;
+        Ok(outs::cuCtxGetStreamPriorityRange { least, greatest })
+    }
+
+    fn cuCtxGetFlags(&mut self, _: args::cuCtxGetFlags) -> Result<outs::cuCtxGetFlags, CUresult> {
+        let c = self.ctx_mut()?;
+        Ok(outs::cuCtxGetFlags { flags: c.flags })
+    }
+
+    fn cuCtxSetFlags(&mut self, a: args::cuCtxSetFlags) -> Result<outs::cuCtxSetFlags, CUresult> {
+        let c = self.ctx_mut()?;
+        if a.flags & !CTX_FLAGS_MASK != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        c.flags = a.flags;
+        Ok(Default::default())
+    }
+
+    fn cuCtxGetApiVersion(
+        &mut self,
+        a: args::cuCtxGetApiVersion,
+    ) -> Result<outs::cuCtxGetApiVersion, CUresult> {
+        self.check()?;
+        let ctx = if a.ctx == 0 { self.ctx()? } else { a.ctx };
+        if !self.contexts.contains_key(&ctx) {
+            return Err(CUresult::INVALID_CONTEXT);
+        }
+        Ok(outs::cuCtxGetApiVersion {
+            version: 3020,
+            ..Default::default()
+        })
+    }
+
+    // --- Memory ---------------------------------------------------------------------------------------
+
+    fn cuMemAlloc_v2(&mut self, a: args::cuMemAlloc_v2) -> Result<outs::cuMemAlloc_v2, CUresult> {
+        let ctx = self.ctx()?;
+        let dptr = self.shared.mem.alloc(a.bytesize as u64, ALLOC_ALIGN, ctx)?;
+        Ok(outs::cuMemAlloc_v2 {
+            dptr,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemAllocPitch_v2(
+        &mut self,
+        a: args::cuMemAllocPitch_v2,
+    ) -> Result<outs::cuMemAllocPitch_v2, CUresult> {
+        let ctx = self.ctx()?;
+        if !matches!(a.element_size, 4 | 8 | 16) || a.width == 0 || a.height == 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // Rows aligned like textures (TEXTURE_PITCH_ALIGNMENT is 32; the driver uses 512 for speed).
+        let pitch = a
+            .width
+            .checked_next_multiple_of(512)
+            .ok_or(CUresult::INVALID_VALUE)?;
+        let bytes = pitch.checked_mul(a.height).ok_or(CUresult::OUT_OF_MEMORY)?;
+        let dptr = self.shared.mem.alloc(bytes as u64, ALLOC_ALIGN, ctx)?;
+        Ok(outs::cuMemAllocPitch_v2 {
+            dptr,
+            pitch,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemFree_v2(&mut self, a: args::cuMemFree_v2) -> Result<outs::cuMemFree_v2, CUresult> {
+        self.ctx()?;
+        if self.shared.mem.address_range(a.dptr).map(|r| r.0) != Some(a.dptr) {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // cuMemFree synchronises with the device: nothing still queued may touch the memory.
+        self.streams.synchronize_all();
+        self.shared.mem.free(a.dptr)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemGetInfo_v2(
+        &mut self,
+        _: args::cuMemGetInfo_v2,
+    ) -> Result<outs::cuMemGetInfo_v2, CUresult> {
+        self.ctx()?;
+        let (free, total) = self.shared.mem.info();
+        Ok(outs::cuMemGetInfo_v2 {
+            free: free as usize,
+            total: total as usize,
+        })
+    }
+
+    fn cuMemGetAddressRange_v2(
+        &mut self,
+        a: args::cuMemGetAddressRange_v2,
+    ) -> Result<outs::cuMemGetAddressRange_v2, CUresult> {
+        self.ctx()?;
+        let (base, size) = self
+            .shared
+            .mem
+            .address_range(a.dptr)
+            .ok_or(CUresult::NOT_FOUND)?;
+        Ok(outs::cuMemGetAddressRange_v2 {
+            base,
+            size: size as usize,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemcpyDtoD_v2(
+        &mut self,
+        a: args::cuMemcpyDtoD_v2,
+    ) -> Result<outs::cuMemcpyDtoD_v2, CUresult> {
+        self.dtod(a.dst, a.src, a.bytes, 0)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemcpyDtoDAsync_v2(
+        &mut self,
+        a: args::cuMemcpyDtoDAsync_v2,
+    ) -> Result<outs::cuMemcpyDtoDAsync_v2, CUresult> {
+        self.dtod(a.dst, a.src, a.bytes, a.stream)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD8_v2(&mut self, a: args::cuMemsetD8_v2) -> Result<outs::cuMemsetD8_v2, CUresult> {
+        self.memset(a.dst, vec![a.value], a.n, 0)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD16_v2(
+        &mut self,
+        a: args::cuMemsetD16_v2,
+    ) -> Result<outs::cuMemsetD16_v2, CUresult> {
+        self.memset(a.dst, a.value.to_le_bytes().to_vec(), a.n, 0)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD32_v2(
+        &mut self,
+        a: args::cuMemsetD32_v2,
+    ) -> Result<outs::cuMemsetD32_v2, CUresult> {
+        self.memset(a.dst, a.value.to_le_bytes().to_vec(), a.n, 0)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD8Async(
+        &mut self,
+        a: args::cuMemsetD8Async,
+    ) -> Result<outs::cuMemsetD8Async, CUresult> {
+        self.memset(a.dst, vec![a.value], a.n, a.stream)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD16Async(
+        &mut self,
+        a: args::cuMemsetD16Async,
+    ) -> Result<outs::cuMemsetD16Async, CUresult> {
+        self.memset(a.dst, a.value.to_le_bytes().to_vec(), a.n, a.stream)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD32Async(
+        &mut self,
+        a: args::cuMemsetD32Async,
+    ) -> Result<outs::cuMemsetD32Async, CUresult> {
+        self.memset(a.dst, a.value.to_le_bytes().to_vec(), a.n, a.stream)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemAllocAsync(
+        &mut self,
+        a: args::cuMemAllocAsync,
+    ) -> Result<outs::cuMemAllocAsync, CUresult> {
+        let ctx = self.ctx()?;
+        self.streams.resolve(a.stream)?;
+        // Stream-ordered allocation: memory that exists now is also valid for the stream's later work.
+        let dptr = self.shared.mem.alloc(a.bytesize as u64, ALLOC_ALIGN, ctx)?;
+        Ok(outs::cuMemAllocAsync {
+            dptr,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemFreeAsync(
+        &mut self,
+        a: args::cuMemFreeAsync,
+    ) -> Result<outs::cuMemFreeAsync, CUresult> {
+        self.ctx()?;
+        if self.shared.mem.address_range(a.dptr).map(|r| r.0) != Some(a.dptr) {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let dptr = a.dptr;
+        self.submit(a.stream, "stream-ordered free", move |mem| {
+            mem.free(dptr).map_err(|_| CUresult::ILLEGAL_ADDRESS)
+        })?;
+        Ok(Default::default())
+    }
+
+    // --- Modules and functions ------------------------------------------------------------------------
+
+    fn cuModuleUnload(
+        &mut self,
+        a: args::cuModuleUnload,
+    ) -> Result<outs::cuModuleUnload, CUresult> {
+        self.check()?;
+        if !self.modules.contains_key(&a.module) {
+            return Err(CUresult::INVALID_HANDLE);
+        }
+        // Kernels of the module may still be queued: let them finish before its globals go.
+        self.streams.synchronize_all();
+        self.unload(a.module);
+        Ok(Default::default())
+    }
+
+    fn cuModuleGetGlobal_v2(
+        &mut self,
+        a: args::cuModuleGetGlobal_v2,
+    ) -> Result<outs::cuModuleGetGlobal_v2, CUresult> {
+        self.check()?;
+        let m = self
+            .modules
+            .get(&a.module)
+            .ok_or(CUresult::INVALID_HANDLE)?;
+        let &(dptr, size) = m.globals.get(&a.name).ok_or(CUresult::NOT_FOUND)?;
+        Ok(outs::cuModuleGetGlobal_v2 {
+            dptr,
+            bytes: size as usize,
+            ..Default::default()
+        })
+    }
+
+    fn cuFuncGetAttribute(
+        &mut self,
+        a: args::cuFuncGetAttribute,
+    ) -> Result<outs::cuFuncGetAttribute, CUresult> {
+        Ok(outs::cuFuncGetAttribute {
+            value: self.func_attribute(a.func, a.attrib)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuFuncSetAttribute(
+        &mut self,
+        a: args::cuFuncSetAttribute,
+    ) -> Result<outs::cuFuncSetAttribute, CUresult> {
+        self.set_func_attribute(a.func, a.attrib, a.value)?;
+        Ok(Default::default())
+    }
+
+    fn cuFuncSetCacheConfig(
+        &mut self,
+        a: args::cuFuncSetCacheConfig,
+    ) -> Result<outs::cuFuncSetCacheConfig, CUresult> {
+        self.function(a.func)?;
+        if a.config > 3 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(Default::default())
+    }
+
+    fn cuFuncSetSharedMemConfig(
+        &mut self,
+        a: args::cuFuncSetSharedMemConfig,
+    ) -> Result<outs::cuFuncSetSharedMemConfig, CUresult> {
+        self.function(a.func)?;
+        if a.config > 2 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(Default::default())
+    }
+
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        &mut self,
+        a: args::cuOccupancyMaxActiveBlocksPerMultiprocessor,
+    ) -> Result<outs::cuOccupancyMaxActiveBlocksPerMultiprocessor, CUresult> {
+        let f = self.function(a.func)?;
+        let block = u32::try_from(a.block_size).map_err(|_| CUresult::INVALID_VALUE)?;
+        let n = device::max_active_blocks(&f.resources, block, a.dynamic_smem as u64);
+        Ok(outs::cuOccupancyMaxActiveBlocksPerMultiprocessor {
+            num_blocks: n as i32,
+            ..Default::default()
+        })
+    }
+
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+        &mut self,
+        a: args::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+    ) -> Result<outs::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult> {
+        let f = self.function(a.func)?;
+        // Flags: 0 = default, 1 = disable caching override; neither changes this model.
+        if a.flags > 1 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let block = u32::try_from(a.block_size).map_err(|_| CUresult::INVALID_VALUE)?;
+        let n = device::max_active_blocks(&f.resources, block, a.dynamic_smem as u64);
+        Ok(outs::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags {
+            num_blocks: n as i32,
+            ..Default::default()
+        })
+    }
+
+    fn cuOccupancyAvailableDynamicSMemPerBlock(
+        &mut self,
+        a: args::cuOccupancyAvailableDynamicSMemPerBlock,
+    ) -> Result<outs::cuOccupancyAvailableDynamicSMemPerBlock, CUresult> {
+        let f = self.function(a.func)?;
+        let blocks = u32::try_from(a.num_blocks).map_err(|_| CUresult::INVALID_VALUE)?;
+        let block = u32::try_from(a.block_size).map_err(|_| CUresult::INVALID_VALUE)?;
+        let n = device::available_dynamic_shared(&f.resources, blocks, block);
+        Ok(outs::cuOccupancyAvailableDynamicSMemPerBlock {
+            dynamic_smem: n as usize,
+            ..Default::default()
+        })
+    }
+
+    fn cuLibraryUnload(
+        &mut self,
+        a: args::cuLibraryUnload,
+    ) -> Result<outs::cuLibraryUnload, CUresult> {
+        self.check()?;
+        let module = self
+            .libraries
+            .remove(&a.library)
+            .ok_or(CUresult::INVALID_HANDLE)?;
+        self.streams.synchronize_all();
+        self.unload(module);
+        Ok(Default::default())
+    }
+
+    fn cuLibraryGetKernel(
+        &mut self,
+        a: args::cuLibraryGetKernel,
+    ) -> Result<outs::cuLibraryGetKernel, CUresult> {
+        self.check()?;
+        let module = *self
+            .libraries
+            .get(&a.library)
+            .ok_or(CUresult::INVALID_HANDLE)?;
+        // A kernel is its function here: CUDA accepts a CUkernel wherever a CUfunction goes.
+        let kernel = self.get_function(module, &a.name)?;
+        Ok(outs::cuLibraryGetKernel {
+            kernel,
+            ..Default::default()
+        })
+    }
+
+    fn cuLibraryGetModule(
+        &mut self,
+        a: args::cuLibraryGetModule,
+    ) -> Result<outs::cuLibraryGetModule, CUresult> {
+        self.check()?;
+        let module = *self
+            .libraries
+            .get(&a.library)
+            .ok_or(CUresult::INVALID_HANDLE)?;
+        Ok(outs::cuLibraryGetModule {
+            module,
+            ..Default::default()
+        })
+    }
+
+    fn cuLibraryGetGlobal(
+        &mut self,
+        a: args::cuLibraryGetGlobal,
+    ) -> Result<outs::cuLibraryGetGlobal, CUresult> {
+        self.check()?;
+        let module = *self
+            .libraries
+            .get(&a.library)
+            .ok_or(CUresult::INVALID_HANDLE)?;
+        let m = self.modules.get(&module).ok_or(CUresult::INVALID_HANDLE)?;
+        let &(dptr, size) = m.globals.get(&a.name).ok_or(CUresult::NOT_FOUND)?;
+        Ok(outs::cuLibraryGetGlobal {
+            dptr,
+            bytes: size as usize,
+            ..Default::default()
+        })
+    }
+
+    fn cuKernelGetAttribute(
+        &mut self,
+        a: args::cuKernelGetAttribute,
+    ) -> Result<outs::cuKernelGetAttribute, CUresult> {
+        Self::device(a.dev)?;
+        Ok(outs::cuKernelGetAttribute {
+            value: self.func_attribute(a.kernel, a.attrib)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuKernelSetAttribute(
+        &mut self,
+        a: args::cuKernelSetAttribute,
+    ) -> Result<outs::cuKernelSetAttribute, CUresult> {
+        Self::device(a.dev)?;
+        self.set_func_attribute(a.kernel, a.attrib, a.value)?;
+        Ok(Default::default())
+    }
+
+    // --- Streams --------------------------------------------------------------------------------------
+
+    fn cuStreamCreate(
+        &mut self,
+        a: args::cuStreamCreate,
+    ) -> Result<outs::cuStreamCreate, CUresult> {
+        let stream = self.create_stream(a.flags, 0)?;
+        Ok(outs::cuStreamCreate {
+            stream,
+            ..Default::default()
+        })
+    }
+
+    fn cuStreamCreateWithPriority(
+        &mut self,
+        a: args::cuStreamCreateWithPriority,
+    ) -> Result<outs::cuStreamCreateWithPriority, CUresult> {
+        let stream = self.create_stream(a.flags, a.priority)?;
+        Ok(outs::cuStreamCreateWithPriority {
+            stream,
+            ..Default::default()
+        })
+    }
+
+    fn cuStreamDestroy_v2(
+        &mut self,
+        a: args::cuStreamDestroy_v2,
+    ) -> Result<outs::cuStreamDestroy_v2, CUresult> {
+        self.check()?;
+        self.streams.destroy(a.stream)?;
+        Ok(Default::default())
+    }
+
+    fn cuStreamSynchronize(
+        &mut self,
+        a: args::cuStreamSynchronize,
+    ) -> Result<outs::cuStreamSynchronize, CUresult> {
+        self.check()?;
+        self.sync_stream(Some(a.stream))?;
+        Ok(Default::default())
+    }
+
+    fn cuStreamQuery(&mut self, a: args::cuStreamQuery) -> Result<outs::cuStreamQuery, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        if self.streams.busy(key) {
+            return Err(CUresult::NOT_READY);
+        }
+        self.check()?;
+        Ok(Default::default())
+    }
+
+    fn cuStreamWaitEvent(
+        &mut self,
+        a: args::cuStreamWaitEvent,
+    ) -> Result<outs::cuStreamWaitEvent, CUresult> {
+        self.check()?;
+        if a.flags > 1 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let key = self.streams.resolve(a.stream)?;
+        let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
+        // Waiting for a never-recorded event waits for nothing.
+        if e.records > 0 {
+            let dep = (e.signal.clone(), e.records);
+            self.streams.enqueue(key, vec![dep], None)?;
+        }
+        Ok(Default::default())
+    }
+
+    fn cuStreamGetPriority(
+        &mut self,
+        a: args::cuStreamGetPriority,
+    ) -> Result<outs::cuStreamGetPriority, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        let priority = match key {
+            StreamKey::Created(h) => self.streams.get(h).map_or(0, |s| s.priority),
+            _ => 0,
+        };
+        Ok(outs::cuStreamGetPriority {
+            priority,
+            ..Default::default()
+        })
+    }
+
+    fn cuStreamGetFlags(
+        &mut self,
+        a: args::cuStreamGetFlags,
+    ) -> Result<outs::cuStreamGetFlags, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        let flags = match key {
+            StreamKey::Created(h) => self.streams.get(h).map_or(0, |s| s.flags),
+            _ => 0,
+        };
+        Ok(outs::cuStreamGetFlags {
+            flags,
+            ..Default::default()
+        })
+    }
+
+    // --- Events ---------------------------------------------------------------------------------------
+
+    fn cuEventCreate(&mut self, a: args::cuEventCreate) -> Result<outs::cuEventCreate, CUresult> {
+        let ctx = self.ctx()?;
+        if a.flags & !0x7 != 0
+            || (a.flags & EVENT_INTERPROCESS != 0 && a.flags & EVENT_DISABLE_TIMING == 0)
+        {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let event = self.handle(kind::EVENT);
+        self.events.insert(event, Event::new(a.flags, ctx));
+        Ok(outs::cuEventCreate {
+            event,
+            ..Default::default()
+        })
+    }
+
+    fn cuEventRecord(&mut self, a: args::cuEventRecord) -> Result<outs::cuEventRecord, CUresult> {
+        self.record_event(a.event, a.stream)?;
+        Ok(Default::default())
+    }
+
+    fn cuEventRecordWithFlags(
+        &mut self,
+        a: args::cuEventRecordWithFlags,
+    ) -> Result<outs::cuEventRecordWithFlags, CUresult> {
+        if a.flags > 1 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        self.record_event(a.event, a.stream)?;
+        Ok(Default::default())
+    }
+
+    fn cuEventSynchronize(
+        &mut self,
+        a: args::cuEventSynchronize,
+    ) -> Result<outs::cuEventSynchronize, CUresult> {
+        self.check()?;
+        let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
+        e.signal.wait_for(e.records);
+        self.check()?;
+        Ok(Default::default())
+    }
+
+    fn cuEventQuery(&mut self, a: args::cuEventQuery) -> Result<outs::cuEventQuery, CUresult> {
+        self.check()?;
+        let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
+        if !e.complete() {
+            return Err(CUresult::NOT_READY);
+        }
+        Ok(Default::default())
+    }
+
+    fn cuEventElapsedTime(
+        &mut self,
+        a: args::cuEventElapsedTime,
+    ) -> Result<outs::cuEventElapsedTime, CUresult> {
+        Ok(outs::cuEventElapsedTime {
+            ms: self.elapsed(a.start, a.end)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuEventElapsedTime_v2(
+        &mut self,
+        a: args::cuEventElapsedTime_v2,
+    ) -> Result<outs::cuEventElapsedTime_v2, CUresult> {
+        Ok(outs::cuEventElapsedTime_v2 {
+            ms: self.elapsed(a.start, a.end)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuEventDestroy_v2(
+        &mut self,
+        a: args::cuEventDestroy_v2,
+    ) -> Result<outs::cuEventDestroy_v2, CUresult> {
+        self.check()?;
+        // Pending records hold their own reference to the event's signal, so they still complete.
+        self.events
+            .remove(&a.event)
+            .ok_or(CUresult::INVALID_HANDLE)?;
+        Ok(Default::default())
+    }
+}
+
+impl Backend for EmuBackend {
+    fn describe(&mut self) -> Result<(i32, String, Vec<DeviceInfo>), CUresult> {
+        let info = DeviceInfo {
+            name: device::NAME.to_owned(),
+            uuid: device::UUID,
+            total_mem: self.shared.mem.capacity(),
+            attributes: device::attributes(),
+            pci_bus_id: device::PCI_BUS_ID.to_owned(),
+        };
+        Ok((device::DRIVER_VERSION, "emu".to_owned(), vec![info]))
+    }
+
+    fn set_current_context(&mut self, ctx: u64) -> Result<(), CUresult> {
+        if ctx != 0 && !self.contexts.contains_key(&ctx) {
+            return Err(CUresult::INVALID_CONTEXT);
+        }
+        self.current = ctx;
+        Ok(())
+    }
+
+    fn memcpy_htod(&mut self, dst: u64, data: &[u8], stream: Option<u64>) -> Result<(), CUresult> {
+        self.ctx()?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.shared.mem.check(dst, data.len() as u64)?;
+        match stream {
+            None => {
+                // Ordered after everything the legacy stream would wait for; done when we return.
+                self.sync_stream(None)?;
+                self.shared
+                    .mem
+                    .write_bytes(dst, data)
+                    .map_err(|_| CUresult::INVALID_VALUE)
+            }
+            Some(s) => {
+                let data = data.to_vec();
+                self.submit(s, "host-to-device copy", move |mem| {
+                    mem.write_bytes(dst, &data)
+                        .map_err(|_| CUresult::ILLEGAL_ADDRESS)
+                })
+            }
+        }
+    }
+
+    fn memcpy_dtoh(
+        &mut self,
+        src: u64,
+        len: usize,
+        stream: Option<u64>,
+    ) -> Result<Vec<u8>, CUresult> {
+        self.ctx()?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        self.shared.mem.check(src, len as u64)?;
+        self.sync_stream(stream)?;
+        let mut out = vec![0u8; len];
+        self.shared
+            .mem
+            .read_bytes(src, &mut out)
+            .map_err(|_| CUresult::INVALID_VALUE)?;
+        Ok(out)
+    }
+
+    fn module_load(&mut self, image: &[u8]) -> Result<u64, CUresult> {
+        self.load_module(image)
+    }
+
+    fn module_get_function(
+        &mut self,
+        module: u64,
+        name: &str,
+    ) -> Result<(u64, FunctionInfo), CUresult> {
+        let f = self.get_function(module, name)?;
+        Ok((f, self.function_info(f)?))
+    }
+
+    fn library_load(&mut self, image: &[u8]) -> Result<u64, CUresult> {
+        // Libraries are context-independent in CUDA; here they belong to the primary context when no
+        // context is current.
+        let saved = self.current;
+        if self.current == 0 {
+            self.current = PRIMARY;
+        }
+        let loaded = self.load_module(image);
+        self.current = saved;
+        let module = loaded?;
+        let library = self.handle(kind::LIBRARY);
+        self.libraries.insert(library, module);
+        Ok(library)
+    }
+
+    fn kernel_get_function(&mut self, kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
+        Ok((kernel, self.function_info(kernel)?))
+    }
+
+    fn launch(&mut self, launch: &Launch) -> Result<(), CUresult> {
+        self.ctx()?;
+        self.validate_launch(launch)?;
+        let f = self.function(launch.function)?;
+        let m = self
+            .modules
+            .get(&f.module)
+            .ok_or(CUresult::INVALID_HANDLE)?;
+        let module = m.ptx.clone();
+        let symbols = m.symbols.clone();
+        let name = f.name.clone();
+        let cfg = LaunchConfig {
+            grid: launch.grid,
+            block: launch.block,
+            dynamic_shared_bytes: launch.shared_mem_bytes,
+        };
+        let params = launch.params.clone();
+        let key = self.streams.resolve(launch.stream)?;
+        let shared = self.shared.clone();
+        let job: Job = Box::new(move || {
+            if shared.sticky().is_some() {
+                return;
+            }
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                gleam_ptx::launch(&module, &name, &cfg, &params, &symbols, &shared.mem)
+            }));
+            match run {
+                Ok(Ok(stats)) => tracing::trace!(
+                    kernel = %name,
+                    grid = ?cfg.grid,
+                    block = ?cfg.block,
+                    instructions = stats.thread_instructions,
+                    "kernel done"
+                ),
+                Ok(Err(e)) => {
+                    let code = launch_error(&e);
+                    tracing::error!(kernel = %name, "kernel {name} failed: {e} -> {code}");
+                    shared.set_sticky(code);
+                }
+                Err(_) => {
+                    tracing::error!(kernel = %name, "the PTX interpreter panicked running {name}");
+                    shared.set_sticky(CUresult::LAUNCH_FAILED);
+                }
+            }
+        });
+        self.streams.enqueue(key, Vec::new(), Some(job))
+    }
+
+    fn shutdown(&mut self) {
+        self.streams.shutdown();
+        self.events.clear();
+        self.functions.clear();
+        self.libraries.clear();
+        self.modules.clear();
+        self.shared.mem.free_all(None);
+        self.contexts.retain(|&c, _| c == PRIMARY);
+        self.primary_refs = 0;
+        self.current = 0;
+        tracing::debug!("emu backend shut down");
+    }
+}
+
+impl Drop for EmuBackend {
+    fn drop(&mut self) {
+        // Joins the stream workers (their queues drain first).
+        self.streams.shutdown();
+    }
+}

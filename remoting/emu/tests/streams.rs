@@ -1,0 +1,331 @@
+//! Streams and events: real asynchrony, cross-stream ordering through events, the legacy default stream's
+//! implicit synchronisation, timing, and destroying a stream with work still queued.
+
+mod common;
+
+use std::time::Instant;
+
+use common::{Emu, PTX, Params};
+use gleam_remoting::api::args;
+use gleam_remoting::server::backend::ApiBackend;
+use gleam_remoting::types::CUresult;
+
+/// Loop trips of `slowFill`: enough that the kernel is still running when the host looks (~100 ms+).
+const ITERS: u32 = 20_000;
+const N: usize = 256;
+
+struct Kernels {
+    slow_fill: u64,
+    add_one: u64,
+}
+
+fn setup() -> (Emu, Kernels) {
+    let mut emu = Emu::new(64 << 20);
+    let module = emu.load(PTX).unwrap();
+    let slow_fill = emu.function(module, "slowFill").unwrap().0;
+    let add_one = emu.function(module, "addOne").unwrap().0;
+    (emu, Kernels { slow_fill, add_one })
+}
+
+#[test]
+fn event_orders_work_across_streams() {
+    let (mut emu, k) = setup();
+    let a = emu.stream(0);
+    let b = emu.stream(1); // non-blocking: only the event orders it after `a`
+    let buf1 = emu.alloc(N * 4).unwrap();
+    let buf2 = emu.alloc(N * 4).unwrap();
+    let start = emu.event(0);
+    let done = emu.event(0);
+
+    let t0 = Instant::now();
+    emu.record(start, a).unwrap();
+    emu.launch(
+        k.slow_fill,
+        (N / 64) as u32,
+        64,
+        a,
+        &Params::default().u64(buf1).u32(7).u32(ITERS),
+    )
+    .unwrap();
+    emu.record(done, a).unwrap();
+    emu.b
+        .cuStreamWaitEvent(args::cuStreamWaitEvent {
+            stream: b,
+            event: done,
+            flags: 0,
+        })
+        .unwrap();
+    emu.launch(
+        k.add_one,
+        (N / 64) as u32,
+        64,
+        b,
+        &Params::default().u64(buf1).u64(buf2),
+    )
+    .unwrap();
+    let queued = t0.elapsed();
+
+    // The host got control back while the kernel runs.
+    assert_eq!(
+        emu.query(a),
+        Err(CUresult::NOT_READY),
+        "queued in {queued:?}"
+    );
+    assert_eq!(emu.query(b), Err(CUresult::NOT_READY));
+    assert_eq!(
+        emu.b
+            .cuEventQuery(args::cuEventQuery { event: done })
+            .map(|_| ()),
+        Err(CUresult::NOT_READY)
+    );
+    assert_eq!(
+        emu.b
+            .cuEventElapsedTime(args::cuEventElapsedTime {
+                ms: (),
+                start,
+                end: done
+            })
+            .map(|_| ()),
+        Err(CUresult::NOT_READY)
+    );
+
+    emu.sync(b).unwrap();
+    let out = emu.download_u32(buf2, N, Some(b)).unwrap();
+    assert!(out.iter().all(|&v| v == 7 + ITERS + 1), "{:?}", &out[..8]);
+    emu.query(a).unwrap();
+    emu.b
+        .cuEventSynchronize(args::cuEventSynchronize { event: done })
+        .unwrap();
+    let ms = emu
+        .b
+        .cuEventElapsedTime(args::cuEventElapsedTime {
+            ms: (),
+            start,
+            end: done,
+        })
+        .unwrap()
+        .ms;
+    assert!(ms > 0.0, "elapsed {ms} ms");
+    assert!(f64::from(ms) <= t0.elapsed().as_secs_f64() * 1e3 + 1.0);
+}
+
+#[test]
+fn the_legacy_stream_waits_for_blocking_streams() {
+    let (mut emu, k) = setup();
+    let s = emu.stream(0);
+    let buf1 = emu.alloc(N * 4).unwrap();
+    let buf2 = emu.alloc(N * 4).unwrap();
+    emu.launch(
+        k.slow_fill,
+        (N / 64) as u32,
+        64,
+        s,
+        &Params::default().u64(buf1).u32(1).u32(ITERS),
+    )
+    .unwrap();
+    // No event: the legacy default stream (handle 0) implicitly waits for the blocking stream `s`.
+    emu.launch(
+        k.add_one,
+        (N / 64) as u32,
+        64,
+        0,
+        &Params::default().u64(buf1).u64(buf2),
+    )
+    .unwrap();
+    let out = emu.download_u32(buf2, N, None).unwrap();
+    assert!(out.iter().all(|&v| v == ITERS + 2), "{:?}", &out[..8]);
+
+    // And work queued on a blocking stream waits for the legacy stream.
+    emu.launch(
+        k.slow_fill,
+        (N / 64) as u32,
+        64,
+        0,
+        &Params::default().u64(buf1).u32(10).u32(ITERS),
+    )
+    .unwrap();
+    emu.launch(
+        k.add_one,
+        (N / 64) as u32,
+        64,
+        s,
+        &Params::default().u64(buf1).u64(buf2),
+    )
+    .unwrap();
+    let out = emu.download_u32(buf2, N, Some(s)).unwrap();
+    assert!(out.iter().all(|&v| v == ITERS + 11), "{:?}", &out[..8]);
+}
+
+#[test]
+fn non_blocking_streams_do_not_wait_for_the_legacy_stream() {
+    let (mut emu, k) = setup();
+    let nb = emu.stream(1);
+    let slow = emu.alloc(N * 4).unwrap();
+    let fast = emu.alloc(4).unwrap();
+    emu.launch(
+        k.slow_fill,
+        (N / 64) as u32,
+        64,
+        0,
+        &Params::default().u64(slow).u32(0).u32(ITERS * 4),
+    )
+    .unwrap();
+    emu.b
+        .cuMemsetD32Async(args::cuMemsetD32Async {
+            dst: fast,
+            value: 9,
+            n: 1,
+            stream: nb,
+        })
+        .unwrap();
+    // The non-blocking stream finishes while the legacy stream is still busy.
+    emu.sync(nb).unwrap();
+    assert_eq!(emu.query(0), Err(CUresult::NOT_READY));
+    assert_eq!(emu.download_u32(fast, 1, Some(nb)).unwrap(), vec![9]);
+    emu.sync(0).unwrap();
+}
+
+#[test]
+fn event_rules_follow_cuda() {
+    let (mut emu, _) = setup();
+    let e = emu.event(0);
+    let untimed = emu.event(2); // CU_EVENT_DISABLE_TIMING
+    // Never recorded: complete for queries, invalid for timing.
+    emu.b.cuEventQuery(args::cuEventQuery { event: e }).unwrap();
+    emu.b
+        .cuEventSynchronize(args::cuEventSynchronize { event: e })
+        .unwrap();
+    assert_eq!(
+        emu.b
+            .cuEventElapsedTime(args::cuEventElapsedTime {
+                ms: (),
+                start: e,
+                end: e
+            })
+            .map(|_| ()),
+        Err(CUresult::INVALID_HANDLE)
+    );
+    emu.record(e, 0).unwrap();
+    emu.record(untimed, 0).unwrap();
+    emu.sync(0).unwrap();
+    let zero = emu
+        .b
+        .cuEventElapsedTime(args::cuEventElapsedTime {
+            ms: (),
+            start: e,
+            end: e,
+        })
+        .unwrap()
+        .ms;
+    assert_eq!(zero, 0.0);
+    assert_eq!(
+        emu.b
+            .cuEventElapsedTime(args::cuEventElapsedTime {
+                ms: (),
+                start: e,
+                end: untimed
+            })
+            .map(|_| ()),
+        Err(CUresult::INVALID_HANDLE)
+    );
+    assert_eq!(
+        emu.b
+            .cuEventCreate(args::cuEventCreate {
+                event: (),
+                flags: 4
+            })
+            .map(|_| ()),
+        Err(CUresult::INVALID_VALUE)
+    );
+    emu.b
+        .cuEventDestroy_v2(args::cuEventDestroy_v2 { event: e })
+        .unwrap();
+    assert_eq!(
+        emu.b
+            .cuEventQuery(args::cuEventQuery { event: e })
+            .map(|_| ()),
+        Err(CUresult::INVALID_HANDLE)
+    );
+    // Waiting on a never-recorded event waits for nothing.
+    let fresh = emu.event(0);
+    let s = emu.stream(0);
+    emu.b
+        .cuStreamWaitEvent(args::cuStreamWaitEvent {
+            stream: s,
+            event: fresh,
+            flags: 0,
+        })
+        .unwrap();
+    emu.sync(s).unwrap();
+}
+
+#[test]
+fn a_destroyed_stream_finishes_its_work() {
+    let (mut emu, k) = setup();
+    let s = emu
+        .b
+        .cuStreamCreateWithPriority(args::cuStreamCreateWithPriority {
+            stream: (),
+            flags: 0,
+            priority: -100,
+        })
+        .unwrap()
+        .stream;
+    let p = emu
+        .b
+        .cuStreamGetPriority(args::cuStreamGetPriority {
+            stream: s,
+            priority: (),
+        })
+        .unwrap();
+    assert_eq!(p.priority, -5); // clamped to the device's range, as CUDA does
+    let buf = emu.alloc(N * 4).unwrap();
+    let e = emu.event(0);
+    emu.launch(
+        k.slow_fill,
+        (N / 64) as u32,
+        64,
+        s,
+        &Params::default().u64(buf).u32(3).u32(ITERS),
+    )
+    .unwrap();
+    emu.record(e, s).unwrap();
+    emu.b
+        .cuStreamDestroy_v2(args::cuStreamDestroy_v2 { stream: s })
+        .unwrap();
+    assert_eq!(emu.query(s), Err(CUresult::INVALID_HANDLE));
+    emu.b
+        .cuEventSynchronize(args::cuEventSynchronize { event: e })
+        .unwrap();
+    let out = emu.download_u32(buf, N, None).unwrap();
+    assert!(out.iter().all(|&v| v == ITERS + 3));
+}
+
+#[test]
+fn the_per_thread_stream_is_a_blocking_stream() {
+    let (mut emu, k) = setup();
+    let buf1 = emu.alloc(N * 4).unwrap();
+    let buf2 = emu.alloc(N * 4).unwrap();
+    let per_thread = gleam_remoting::types::CU_STREAM_PER_THREAD;
+    emu.launch(
+        k.slow_fill,
+        (N / 64) as u32,
+        64,
+        per_thread,
+        &Params::default().u64(buf1).u32(5).u32(ITERS),
+    )
+    .unwrap();
+    // The legacy stream waits for it, as for any blocking stream.
+    emu.launch(
+        k.add_one,
+        (N / 64) as u32,
+        64,
+        0,
+        &Params::default().u64(buf1).u64(buf2),
+    )
+    .unwrap();
+    let out = emu.download_u32(buf2, N, None).unwrap();
+    assert!(out.iter().all(|&v| v == ITERS + 6));
+    emu.sync(per_thread).unwrap();
+    emu.query(per_thread).unwrap();
+}

@@ -1,0 +1,930 @@
+//! The interpreter: runs a compiled [`Program`] over a grid. Each OS worker takes whole blocks; within a
+//! block, warps run one after the other until they finish or park at `bar.sync`; within a warp, lanes run
+//! in lockstep at the minimum PC among runnable lanes.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::compile::{ConstVal, FL_FTZ, FL_SAT, Inst, NONE, Op, Program, R, Space, Special};
+use crate::ops::{self, AtomOp};
+use crate::{
+    ExecError, GlobalMemory, LOCAL_WINDOW, LaunchConfig, LaunchStats, Module, PARAM_WINDOW,
+    SHARED_WINDOW, WINDOW_SIZE,
+};
+
+/// Warp steps a warp runs before the block scheduler moves on to the next warp.
+const SLICE_STEPS: u64 = 4096;
+
+/// Shared memory a block may use (static plus dynamic), as on sm_90.
+const MAX_SHARED: usize = 227 * 1024;
+
+/// Runs `kernel` of `module` over the grid in `cfg`.
+///
+/// `params` is the packed parameter buffer laid out per [`crate::Kernel::params`]; `symbols` gives the device
+/// address of every module `.global`/`.const` variable the kernel uses.
+pub fn launch(
+    module: &Module,
+    kernel: &str,
+    cfg: &LaunchConfig,
+    params: &[u8],
+    symbols: &HashMap<String, u64>,
+    mem: &dyn GlobalMemory,
+) -> Result<LaunchStats, ExecError> {
+    let k = module
+        .kernel(kernel)
+        .ok_or_else(|| ExecError::NoSuchKernel(kernel.to_string()))?;
+    let prog = k.program.as_ref().map_err(Clone::clone)?;
+    let invalid = |reason: String| Err(ExecError::InvalidLaunch { reason });
+    let [bx, by, bz] = cfg.block;
+    let [gx, gy, gz] = cfg.grid;
+    if bx == 0 || by == 0 || bz == 0 || gx == 0 || gy == 0 || gz == 0 {
+        return invalid(format!(
+            "zero dimension in grid {:?} or block {:?}",
+            cfg.grid, cfg.block
+        ));
+    }
+    let nthreads = bx as u64 * by as u64 * bz as u64;
+    if nthreads > k.max_threads as u64 || bz > 64 {
+        return invalid(format!(
+            "block {:?} exceeds the kernel's {} threads per block",
+            cfg.block, k.max_threads
+        ));
+    }
+    if gy > 65535 || gz > 65535 || gx > i32::MAX as u32 {
+        return invalid(format!("grid {:?} exceeds the device limits", cfg.grid));
+    }
+    if params.len() < k.param_bytes {
+        return invalid(format!(
+            "parameter buffer has {} bytes, kernel needs {}",
+            params.len(),
+            k.param_bytes
+        ));
+    }
+    let dyn_base = prog.shared_bytes.div_ceil(16) * 16;
+    let shared_total = dyn_base + cfg.dynamic_shared_bytes as usize;
+    if shared_total > MAX_SHARED {
+        return invalid(format!(
+            "{shared_total} bytes of shared memory exceed {MAX_SHARED}"
+        ));
+    }
+    let mut consts = Vec::with_capacity(prog.consts.len());
+    for (r, c) in &prog.consts {
+        let v = match *c {
+            ConstVal::Imm(v) => v,
+            ConstVal::Global(i, off) => {
+                let name = &prog.global_syms[i];
+                let base = symbols
+                    .get(name)
+                    .ok_or_else(|| ExecError::MissingSymbol(name.clone()))?;
+                base.wrapping_add(off as u64)
+            }
+            ConstVal::DynShared(off) => (dyn_base as u64).wrapping_add(off as u64),
+        };
+        consts.push((*r, v));
+    }
+    let nblocks = gx as u64 * gy as u64 * gz as u64;
+    let ctx = Ctx {
+        prog,
+        cfg,
+        params,
+        mem,
+        consts,
+        nthreads: nthreads as usize,
+        shared_total,
+    };
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(nblocks as usize)
+        .max(1);
+    let next = AtomicU64::new(0);
+    let failed = AtomicBool::new(false);
+    let first_err: Mutex<Option<(u64, ExecError)>> = Mutex::new(None);
+    let total = Mutex::new(LaunchStats::default());
+    let work = || {
+        let mut b = Block::new(&ctx);
+        let mut stats = LaunchStats::default();
+        loop {
+            if failed.load(Ordering::Relaxed) {
+                break;
+            }
+            let id = next.fetch_add(1, Ordering::Relaxed);
+            if id >= nblocks {
+                break;
+            }
+            let ctaid = [
+                (id % gx as u64) as u32,
+                ((id / gx as u64) % gy as u64) as u32,
+                (id / (gx as u64 * gy as u64)) as u32,
+            ];
+            if let Err(e) = b.run(&ctx, ctaid, &mut stats) {
+                failed.store(true, Ordering::Relaxed);
+                if let Ok(mut slot) = first_err.lock() {
+                    // Report the error of the lowest block for determinism.
+                    if slot.as_ref().is_none_or(|(bid, _)| id < *bid) {
+                        *slot = Some((id, e));
+                    }
+                }
+                break;
+            }
+            stats.blocks += 1;
+        }
+        if let Ok(mut t) = total.lock() {
+            t.thread_instructions += stats.thread_instructions;
+            t.warp_steps += stats.warp_steps;
+            t.blocks += stats.blocks;
+        }
+    };
+    if workers == 1 {
+        work();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(work);
+            }
+        });
+    }
+    if let Some((_, e)) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    Ok(total.into_inner().unwrap_or_else(|p| p.into_inner()))
+}
+
+struct Ctx<'a> {
+    prog: &'a Program,
+    cfg: &'a LaunchConfig,
+    params: &'a [u8],
+    mem: &'a dyn GlobalMemory,
+    consts: Vec<(R, u64)>,
+    nthreads: usize,
+    shared_total: usize,
+}
+
+/// Per-worker state, reused across blocks.
+struct Block {
+    regs: Vec<u64>,
+    pcs: Vec<[u32; 32]>,
+    alive: Vec<u32>,
+    waiting: Vec<u32>,
+    shared: Vec<u8>,
+    local: Vec<u8>,
+    clock: u64,
+}
+
+/// What a warp touches besides its registers.
+struct Mem<'a> {
+    global: &'a dyn GlobalMemory,
+    shared: &'a mut [u8],
+    local: &'a mut [u8],
+    local_size: usize,
+    params: &'a [u8],
+}
+
+#[derive(Debug)]
+enum Fault {
+    Oob(&'static str, u64, usize),
+    Misaligned(u64, usize),
+}
+
+fn space_name(s: Space) -> &'static str {
+    match s {
+        Space::Global => "global",
+        Space::Shared => "shared",
+        Space::Local => "local",
+        Space::Param => "param",
+        Space::Generic => "generic",
+    }
+}
+
+impl Mem<'_> {
+    fn resolve(space: Space, addr: u64) -> (Space, u64) {
+        if space != Space::Generic {
+            return (space, addr);
+        }
+        if addr.wrapping_sub(SHARED_WINDOW) < WINDOW_SIZE {
+            (Space::Shared, addr - SHARED_WINDOW)
+        } else if addr.wrapping_sub(LOCAL_WINDOW) < WINDOW_SIZE {
+            (Space::Local, addr - LOCAL_WINDOW)
+        } else if addr.wrapping_sub(PARAM_WINDOW) < WINDOW_SIZE {
+            (Space::Param, addr - PARAM_WINDOW)
+        } else {
+            (Space::Global, addr)
+        }
+    }
+
+    fn slice(buf: &mut [u8], space: Space, addr: u64, len: usize) -> Result<&mut [u8], Fault> {
+        let start = usize::try_from(addr).map_err(|_| Fault::Oob(space_name(space), addr, len))?;
+        let end = start
+            .checked_add(len)
+            .ok_or(Fault::Oob(space_name(space), addr, len))?;
+        buf.get_mut(start..end)
+            .ok_or(Fault::Oob(space_name(space), addr, len))
+    }
+
+    /// Offset in the block's local buffer of `thread`'s local address `addr`.
+    fn local_at(&self, addr: u64, size: usize, thread: usize) -> Result<u64, Fault> {
+        if addr.saturating_add(size as u64) > self.local_size as u64 {
+            return Err(Fault::Oob("local", addr, size));
+        }
+        Ok((thread * self.local_size) as u64 + addr)
+    }
+
+    fn read(&mut self, space: Space, addr: u64, size: usize, thread: usize) -> Result<u64, Fault> {
+        let (space, addr) = Self::resolve(space, addr);
+        if addr % size as u64 != 0 {
+            return Err(Fault::Misaligned(addr, size));
+        }
+        let mut b = [0u8; 8];
+        match space {
+            Space::Global | Space::Generic => self
+                .global
+                .read(addr, &mut b[..size])
+                .map_err(|f| Fault::Oob("global", f.addr, f.len))?,
+            Space::Shared => {
+                b[..size].copy_from_slice(Self::slice(self.shared, space, addr, size)?)
+            }
+            Space::Local => {
+                let at = self.local_at(addr, size, thread)?;
+                b[..size].copy_from_slice(Self::slice(self.local, space, at, size)?)
+            }
+            Space::Param => {
+                let start = usize::try_from(addr).map_err(|_| Fault::Oob("param", addr, size))?;
+                let s = start
+                    .checked_add(size)
+                    .and_then(|end| self.params.get(start..end))
+                    .ok_or(Fault::Oob("param", addr, size))?;
+                b[..size].copy_from_slice(s);
+            }
+        }
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn write(
+        &mut self,
+        space: Space,
+        addr: u64,
+        size: usize,
+        v: u64,
+        thread: usize,
+    ) -> Result<(), Fault> {
+        let (space, addr) = Self::resolve(space, addr);
+        if addr % size as u64 != 0 {
+            return Err(Fault::Misaligned(addr, size));
+        }
+        let b = v.to_le_bytes();
+        match space {
+            Space::Global | Space::Generic => self
+                .global
+                .write(addr, &b[..size])
+                .map_err(|f| Fault::Oob("global", f.addr, f.len)),
+            Space::Shared => {
+                Self::slice(self.shared, space, addr, size)?.copy_from_slice(&b[..size]);
+                Ok(())
+            }
+            Space::Local => {
+                let at = self.local_at(addr, size, thread)?;
+                Self::slice(self.local, space, at, size)?.copy_from_slice(&b[..size]);
+                Ok(())
+            }
+            Space::Param => Err(Fault::Oob("param", addr, size)),
+        }
+    }
+
+    fn atomic(
+        &mut self,
+        space: Space,
+        addr: u64,
+        size: usize,
+        op: &mut dyn FnMut(u64) -> u64,
+        thread: usize,
+    ) -> Result<u64, Fault> {
+        let (space, addr) = Self::resolve(space, addr);
+        if addr % size as u64 != 0 {
+            return Err(Fault::Misaligned(addr, size));
+        }
+        match space {
+            Space::Global | Space::Generic => self
+                .global
+                .atomic(addr, size, op)
+                .map_err(|f| Fault::Oob("global", f.addr, f.len)),
+            // One OS thread runs the whole block, so shared and local read-modify-writes are atomic already.
+            _ => {
+                let old = self.read(space, addr, size, thread)?;
+                self.write(space, addr, size, op(old), thread)?;
+                Ok(old)
+            }
+        }
+    }
+}
+
+#[inline]
+fn lanes(mut m: u32, mut f: impl FnMut(usize)) {
+    while m != 0 {
+        let l = m.trailing_zeros() as usize;
+        m &= m - 1;
+        f(l);
+    }
+}
+
+impl Block {
+    fn new(ctx: &Ctx) -> Block {
+        let nwarps = ctx.nthreads.div_ceil(32);
+        let stride = ctx.prog.nregs as usize * 32;
+        Block {
+            regs: vec![0; nwarps * stride],
+            pcs: vec![[0; 32]; nwarps],
+            alive: vec![0; nwarps],
+            waiting: vec![0; nwarps],
+            shared: vec![0; ctx.shared_total],
+            local: vec![0; ctx.nthreads * ctx.prog.local_bytes],
+            clock: 0,
+        }
+    }
+
+    fn run(
+        &mut self,
+        ctx: &Ctx,
+        ctaid: [u32; 3],
+        stats: &mut LaunchStats,
+    ) -> Result<(), ExecError> {
+        let nwarps = self.pcs.len();
+        let stride = ctx.prog.nregs as usize * 32;
+        let [bx, by, _] = ctx.cfg.block;
+        self.shared.fill(0);
+        self.local.fill(0);
+        for w in 0..nwarps {
+            let n = (ctx.nthreads - w * 32).min(32);
+            self.alive[w] = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
+            self.waiting[w] = 0;
+            self.pcs[w] = [0; 32];
+            let regs = &mut self.regs[w * stride..(w + 1) * stride];
+            regs.fill(0);
+            for &(r, v) in &ctx.consts {
+                regs[r as usize * 32..r as usize * 32 + 32].fill(v);
+            }
+            for &(r, sp) in &ctx.prog.specials {
+                for lane in 0..32usize {
+                    let t = (w * 32 + lane) as u32;
+                    let tid = [t % bx, (t / bx) % by, t / (bx * by)];
+                    let l = lane as u32;
+                    let v: u64 = match sp {
+                        Special::Tid(d) => tid[d] as u64,
+                        Special::Ntid(d) => ctx.cfg.block[d] as u64,
+                        Special::Ctaid(d) => ctaid[d] as u64,
+                        Special::Nctaid(d) => ctx.cfg.grid[d] as u64,
+                        Special::LaneId => l as u64,
+                        Special::WarpId => w as u64,
+                        Special::NWarpId => nwarps as u64,
+                        Special::LaneMaskEq => 1u64 << l,
+                        Special::LaneMaskLt => (1u64 << l) - 1,
+                        Special::LaneMaskLe => (1u64 << (l + 1)) - 1,
+                        Special::LaneMaskGt => (!((1u64 << (l + 1)) - 1)) & 0xffff_ffff,
+                        Special::LaneMaskGe => (!((1u64 << l) - 1)) & 0xffff_ffff,
+                        Special::Zero => 0,
+                        Special::DynSmem => ctx.cfg.dynamic_shared_bytes as u64,
+                        Special::TotalSmem => ctx.shared_total as u64,
+                    };
+                    regs[r as usize * 32 + lane] = v;
+                }
+            }
+        }
+        loop {
+            // Warps run in time slices, so a warp spinning on a flag another warp of the block sets
+            // still lets that warp run.
+            let mut ran = false;
+            for w in 0..nwarps {
+                if self.alive[w] & !self.waiting[w] != 0 {
+                    ran = true;
+                    self.run_warp(ctx, w, ctaid, stats)?;
+                }
+            }
+            if ran {
+                continue;
+            }
+            if self.alive.iter().all(|&a| a == 0) {
+                return Ok(());
+            }
+            // Every live warp is parked at the barrier: release it.
+            for w in 0..nwarps {
+                self.waiting[w] = 0;
+            }
+        }
+    }
+
+    fn run_warp(
+        &mut self,
+        ctx: &Ctx,
+        w: usize,
+        ctaid: [u32; 3],
+        stats: &mut LaunchStats,
+    ) -> Result<(), ExecError> {
+        let code: &[Inst] = &ctx.prog.code;
+        let stride = ctx.prog.nregs as usize * 32;
+        let regs = &mut self.regs[w * stride..(w + 1) * stride];
+        let pcs = &mut self.pcs[w];
+        let mut alive = self.alive[w];
+        let mut waiting = self.waiting[w];
+        let mut mem = Mem {
+            global: ctx.mem,
+            shared: &mut self.shared,
+            local: &mut self.local,
+            local_size: ctx.prog.local_bytes,
+            params: ctx.params,
+        };
+        let mut cur: u32 = 0;
+        let mut mask: u32 = 0;
+        let mut min_other = u32::MAX;
+        let mut recompute = true;
+        let mut tinst = 0u64;
+        let mut steps = 0u64;
+        let [bx, by, _] = ctx.cfg.block;
+        let result = loop {
+            if steps >= SLICE_STEPS {
+                break Ok(());
+            }
+            if recompute {
+                let run = alive & !waiting;
+                if run == 0 {
+                    break Ok(());
+                }
+                cur = u32::MAX;
+                lanes(run, |l| cur = cur.min(pcs[l]));
+                mask = 0;
+                min_other = u32::MAX;
+                lanes(run, |l| {
+                    if pcs[l] == cur {
+                        mask |= 1 << l;
+                    } else {
+                        min_other = min_other.min(pcs[l]);
+                    }
+                });
+                recompute = false;
+            }
+            let Some(inst) = code.get(cur as usize) else {
+                // Ran past the end (cannot happen: every program ends with exit).
+                alive &= !mask;
+                recompute = true;
+                continue;
+            };
+            let mut em = mask;
+            if inst.guard != NONE {
+                let g = &regs[inst.guard as usize * 32..inst.guard as usize * 32 + 32];
+                let mut keep = 0;
+                lanes(mask, |l| {
+                    if (g[l] != 0) != inst.gneg {
+                        keep |= 1 << l;
+                    }
+                });
+                em = keep;
+            }
+            steps += 1;
+            tinst += mask.count_ones() as u64;
+            let line = inst.line as usize;
+            let fault = |f: Fault| match f {
+                Fault::Oob(space, addr, len) => ExecError::MemoryFault {
+                    space,
+                    addr,
+                    len,
+                    line,
+                },
+                Fault::Misaligned(addr, len) => ExecError::Misaligned { addr, len, line },
+            };
+            macro_rules! rd {
+                ($r:expr, $l:expr) => {
+                    regs[$r as usize * 32 + $l]
+                };
+            }
+            match inst.op {
+                Op::Un { f, d, a, fl } => {
+                    if fl == 0 {
+                        lanes(em, |l| rd!(d, l) = f(rd!(a, l)));
+                    } else {
+                        lanes(em, |l| rd!(d, l) = post(fl, f(pre(fl, rd!(a, l)))));
+                    }
+                }
+                Op::Bin { f, d, a, b, fl } => {
+                    if fl == 0 {
+                        lanes(em, |l| rd!(d, l) = f(rd!(a, l), rd!(b, l)));
+                    } else {
+                        lanes(em, |l| {
+                            rd!(d, l) = post(fl, f(pre(fl, rd!(a, l)), pre(fl, rd!(b, l))))
+                        });
+                    }
+                }
+                Op::Tern { f, d, a, b, c, fl } => {
+                    if fl == 0 {
+                        lanes(em, |l| rd!(d, l) = f(rd!(a, l), rd!(b, l), rd!(c, l)));
+                    } else {
+                        lanes(em, |l| {
+                            rd!(d, l) = post(
+                                fl,
+                                f(pre(fl, rd!(a, l)), pre(fl, rd!(b, l)), pre(fl, rd!(c, l))),
+                            )
+                        });
+                    }
+                }
+                Op::Quad { f, d, a, b, c, e } => lanes(em, |l| {
+                    rd!(d, l) = f(rd!(a, l), rd!(b, l), rd!(c, l), rd!(e, l))
+                }),
+                Op::Mov { d, a } => lanes(em, |l| rd!(d, l) = rd!(a, l)),
+                Op::Setp {
+                    f,
+                    fl,
+                    comb,
+                    d,
+                    dn,
+                    a,
+                    b,
+                    c,
+                    cneg,
+                } => lanes(em, |l| {
+                    let r = f(pre(fl, rd!(a, l)), pre(fl, rd!(b, l))) != 0;
+                    let cv = c != NONE && ((rd!(c, l) != 0) != cneg);
+                    let combine = |x: bool| match comb {
+                        1 => x && cv,
+                        2 => x || cv,
+                        3 => x != cv,
+                        _ => x,
+                    };
+                    rd!(d, l) = combine(r) as u64;
+                    if dn != NONE {
+                        rd!(dn, l) = combine(!r) as u64;
+                    }
+                }),
+                Op::Selp { d, a, b, c, cneg } => lanes(em, |l| {
+                    rd!(d, l) = if (rd!(c, l) != 0) != cneg {
+                        rd!(a, l)
+                    } else {
+                        rd!(b, l)
+                    };
+                }),
+                Op::PredLogic { op, d, a, b } => lanes(em, |l| {
+                    let (x, y) = (rd!(a, l) != 0, rd!(b, l) != 0);
+                    rd!(d, l) = match op {
+                        0 => x && y,
+                        1 => x || y,
+                        2 => x != y,
+                        _ => !x,
+                    } as u64;
+                }),
+                Op::Cvt { d, a, spec } => lanes(em, |l| rd!(d, l) = ops::cvt(rd!(a, l), &spec)),
+                Op::Pack { d, n, bits, src } => lanes(em, |l| {
+                    let m = if bits >= 64 {
+                        u64::MAX
+                    } else {
+                        (1u64 << bits) - 1
+                    };
+                    let mut v = 0u64;
+                    for (i, s) in src.iter().take(n as usize).enumerate() {
+                        v |= (rd!(*s, l) & m) << (i as u32 * bits as u32);
+                    }
+                    rd!(d, l) = v;
+                }),
+                Op::Unpack { a, n, bits, dst } => lanes(em, |l| {
+                    let m = if bits >= 64 {
+                        u64::MAX
+                    } else {
+                        (1u64 << bits) - 1
+                    };
+                    let v = rd!(a, l);
+                    for (i, s) in dst.iter().take(n as usize).enumerate() {
+                        rd!(*s, l) = (v >> (i as u32 * bits as u32)) & m;
+                    }
+                }),
+                Op::Ld {
+                    space,
+                    size,
+                    signed,
+                    n,
+                    dst,
+                    base,
+                    off,
+                } => {
+                    let sz = size as usize;
+                    let mut err = None;
+                    lanes(em, |l| {
+                        if err.is_some() {
+                            return;
+                        }
+                        let addr = rd!(base, l).wrapping_add(off as u64);
+                        let total = sz * n as usize;
+                        if n > 1 && !Mem::resolve(space, addr).1.is_multiple_of(total as u64) {
+                            err = Some(Fault::Misaligned(addr, total));
+                            return;
+                        }
+                        for (i, dr) in dst.iter().take(n as usize).enumerate() {
+                            match mem.read(
+                                space,
+                                addr.wrapping_add((i * sz) as u64),
+                                sz,
+                                w * 32 + l,
+                            ) {
+                                Ok(v) => {
+                                    let v = if signed && sz < 8 {
+                                        let sh = 64 - 8 * sz as u32;
+                                        (((v << sh) as i64) >> sh) as u64
+                                    } else {
+                                        v
+                                    };
+                                    rd!(*dr, l) = v;
+                                }
+                                Err(f) => {
+                                    err = Some(f);
+                                    return;
+                                }
+                            }
+                        }
+                    });
+                    if let Some(f) = err {
+                        break Err(fault(f));
+                    }
+                }
+                Op::St {
+                    space,
+                    size,
+                    n,
+                    src,
+                    base,
+                    off,
+                } => {
+                    let sz = size as usize;
+                    let mut err = None;
+                    lanes(em, |l| {
+                        if err.is_some() {
+                            return;
+                        }
+                        let addr = rd!(base, l).wrapping_add(off as u64);
+                        let total = sz * n as usize;
+                        if n > 1 && !Mem::resolve(space, addr).1.is_multiple_of(total as u64) {
+                            err = Some(Fault::Misaligned(addr, total));
+                            return;
+                        }
+                        for (i, s) in src.iter().take(n as usize).enumerate() {
+                            let v = rd!(*s, l);
+                            if let Err(f) = mem.write(
+                                space,
+                                addr.wrapping_add((i * sz) as u64),
+                                sz,
+                                v,
+                                w * 32 + l,
+                            ) {
+                                err = Some(f);
+                                return;
+                            }
+                        }
+                    });
+                    if let Some(f) = err {
+                        break Err(fault(f));
+                    }
+                }
+                Op::Atom {
+                    space,
+                    op,
+                    signed,
+                    size,
+                    d,
+                    base,
+                    off,
+                    b,
+                    c,
+                } => {
+                    let mut err = None;
+                    lanes(em, |l| {
+                        if err.is_some() {
+                            return;
+                        }
+                        let addr = rd!(base, l).wrapping_add(off as u64);
+                        let bv = rd!(b, l);
+                        let cv = if c != NONE { rd!(c, l) } else { 0 };
+                        let mut f =
+                            |old: u64| ops::atom_apply(op, signed, size as usize, old, bv, cv);
+                        match mem.atomic(space, addr, size as usize, &mut f, w * 32 + l) {
+                            Ok(old) => rd!(d, l) = old,
+                            Err(e) => err = Some(e),
+                        }
+                    });
+                    if let Some(f) = err {
+                        break Err(fault(f));
+                    }
+                    let _ = AtomOp::Add;
+                }
+                Op::Cvta { d, a, window, to } => lanes(em, |l| {
+                    let v = rd!(a, l);
+                    rd!(d, l) = if to {
+                        v.wrapping_sub(window)
+                    } else {
+                        v.wrapping_add(window)
+                    };
+                }),
+                Op::IsSpace { d, a, space } => lanes(em, |l| {
+                    rd!(d, l) = (Mem::resolve(Space::Generic, rd!(a, l)).0 == space) as u64;
+                }),
+                Op::Bra { target } => {
+                    let next = cur + 1;
+                    lanes(mask, |l| {
+                        pcs[l] = if em & (1 << l) != 0 { target } else { next }
+                    });
+                    recompute = true;
+                    continue;
+                }
+                Op::Exit => {
+                    alive &= !em;
+                    let next = cur + 1;
+                    lanes(mask & !em, |l| pcs[l] = next);
+                    recompute = true;
+                    continue;
+                }
+                Op::Bar => {
+                    waiting |= em;
+                    let next = cur + 1;
+                    lanes(mask, |l| pcs[l] = next);
+                    recompute = true;
+                    continue;
+                }
+                Op::Trap => {
+                    if em != 0 {
+                        let t = (w * 32 + em.trailing_zeros() as usize) as u32;
+                        break Err(ExecError::Trap {
+                            line,
+                            block: ctaid,
+                            thread: [t % bx, (t / bx) % by, t / (bx * by)],
+                        });
+                    }
+                }
+                Op::Nop => {}
+                Op::Shfl {
+                    mode,
+                    d,
+                    dp,
+                    a,
+                    b,
+                    c,
+                } => {
+                    let mut vals = [0u64; 32];
+                    let mut oks = [false; 32];
+                    lanes(em, |l| {
+                        let lane = l as i32;
+                        let bval = (rd!(b, l) as u32 & 0x1f) as i32;
+                        let cv = rd!(c, l) as u32;
+                        let clamp = (cv & 0x1f) as i32;
+                        let segmask = ((cv >> 8) & 0x1f) as i32;
+                        let max_lane = (lane & segmask) | (clamp & !segmask);
+                        let min_lane = lane & segmask;
+                        let (j, ok) = match mode {
+                            0 => (lane - bval, lane - bval >= max_lane),
+                            1 => (lane + bval, lane + bval <= max_lane),
+                            2 => (lane ^ bval, (lane ^ bval) <= max_lane),
+                            _ => {
+                                let j = min_lane | (bval & !segmask);
+                                (j, j <= max_lane)
+                            }
+                        };
+                        let j = if ok && (0..32).contains(&j) {
+                            j as usize
+                        } else {
+                            l
+                        };
+                        vals[l] = rd!(a, j);
+                        oks[l] = ok;
+                    });
+                    lanes(em, |l| {
+                        rd!(d, l) = vals[l];
+                        if dp != NONE {
+                            rd!(dp, l) = oks[l] as u64;
+                        }
+                    });
+                }
+                Op::Vote { mode, d, a, aneg } => {
+                    let mut ballot = 0u32;
+                    lanes(em, |l| {
+                        if (rd!(a, l) != 0) != aneg {
+                            ballot |= 1 << l;
+                        }
+                    });
+                    let v = match mode {
+                        0 => (ballot == em) as u64,
+                        1 => (ballot != 0) as u64,
+                        2 => (ballot == 0 || ballot == em) as u64,
+                        _ => ballot as u64,
+                    };
+                    lanes(em, |l| rd!(d, l) = v);
+                }
+                Op::Redux { op, signed, d, a } => {
+                    let mut acc: Option<u32> = None;
+                    lanes(em, |l| {
+                        let x = rd!(a, l) as u32;
+                        acc = Some(match acc {
+                            None => x,
+                            Some(y) => match op {
+                                0 => y.wrapping_add(x),
+                                1 if signed => (y as i32).min(x as i32) as u32,
+                                1 => y.min(x),
+                                2 if signed => (y as i32).max(x as i32) as u32,
+                                2 => y.max(x),
+                                3 => y & x,
+                                4 => y | x,
+                                _ => y ^ x,
+                            },
+                        });
+                    });
+                    let v = acc.unwrap_or(0) as u64;
+                    lanes(em, |l| rd!(d, l) = v);
+                }
+                Op::Carry {
+                    sub,
+                    cin,
+                    cout,
+                    wide,
+                    mul,
+                    signed,
+                    d,
+                    a,
+                    b,
+                    c,
+                    cc,
+                } => lanes(em, |l| {
+                    let (x, y) = match mul {
+                        0 => (rd!(a, l), rd!(b, l)),
+                        _ => {
+                            let (p, q) = (rd!(a, l), rd!(b, l));
+                            let prod: u128 = match (wide, signed) {
+                                (false, false) => (p as u32 as u64 * q as u32 as u64) as u128,
+                                (false, true) => (p as i32 as i64 * q as i32 as i64) as u64 as u128,
+                                (true, false) => p as u128 * q as u128,
+                                (true, true) => (p as i64 as i128 * q as i64 as i128) as u128,
+                            };
+                            let half = match (wide, mul) {
+                                (false, 1) => prod as u32 as u64,
+                                (false, _) => (prod >> 32) as u32 as u64,
+                                (true, 1) => prod as u64,
+                                (true, _) => (prod >> 64) as u64,
+                            };
+                            (half, rd!(c, l))
+                        }
+                    };
+                    let ci = if cin { rd!(cc, l) & 1 } else { 0 };
+                    let c = ci;
+                    let (r, flag) = match (wide, sub) {
+                        (false, false) => {
+                            let t = x as u32 as u64 + y as u32 as u64 + c;
+                            (t as u32 as u64, t >> 32)
+                        }
+                        (false, true) => {
+                            let t = (x as u32 as u64).wrapping_sub(y as u32 as u64 + c);
+                            (t as u32 as u64, (t >> 63) & 1)
+                        }
+                        (true, false) => {
+                            let t = x as u128 + y as u128 + c as u128;
+                            (t as u64, (t >> 64) as u64)
+                        }
+                        (true, true) => {
+                            let t = (x as u128).wrapping_sub(y as u128 + c as u128);
+                            (t as u64, ((t >> 127) & 1) as u64)
+                        }
+                    };
+                    rd!(d, l) = r;
+                    if cout {
+                        rd!(cc, l) = flag;
+                    }
+                }),
+                Op::Activemask { d } => lanes(em, |l| rd!(d, l) = mask as u64),
+                Op::Clock { d } => {
+                    let v = self.clock + steps;
+                    lanes(em, |l| rd!(d, l) = v);
+                }
+            }
+            cur += 1;
+            if cur >= min_other {
+                let c = cur;
+                lanes(mask, |l| pcs[l] = c);
+                recompute = true;
+            }
+        };
+        if !recompute {
+            // Stopped on an error mid-sequence: keep the PCs coherent anyway.
+            lanes(mask, |l| pcs[l] = cur);
+        }
+        self.alive[w] = alive;
+        self.waiting[w] = waiting;
+        self.clock += steps;
+        stats.thread_instructions += tinst;
+        stats.warp_steps += steps;
+        result
+    }
+}
+
+#[inline]
+fn pre(fl: u8, x: u64) -> u64 {
+    if fl & FL_FTZ != 0 { ops::ftz32(x) } else { x }
+}
+
+#[inline]
+fn post(fl: u8, mut r: u64) -> u64 {
+    if fl & FL_FTZ != 0 {
+        r = ops::ftz32(r);
+    }
+    if fl & FL_SAT != 0 {
+        r = ops::sat32(r);
+    }
+    r
+}

@@ -1,0 +1,201 @@
+//! `cuInit`, the driver version, device queries and error strings: answered locally, from what the server
+//! described at connect (every device attribute is fetched once, in the hello).
+
+use std::ffi::{CString, c_char};
+use std::sync::OnceLock;
+
+use gleam_remoting::types::{CUresult, ERROR_NAMES};
+
+use crate::{export, put, state};
+
+/// The driver version reported before a session exists: NVIDIA's 580 driver is CUDA 13.0.
+pub const OFFLINE_DRIVER_VERSION: i32 = 13000;
+
+// Attributes whose features the shim does not provide across the network, so it reports them absent
+// (a program then takes the paths Gleam supports).
+const CAN_MAP_HOST_MEMORY: i32 = 19;
+const MANAGED_MEMORY: i32 = 83;
+const PAGEABLE_MEMORY_ACCESS: i32 = 88;
+const CONCURRENT_MANAGED_ACCESS: i32 = 89;
+const HOST_REGISTER_SUPPORTED: i32 = 99;
+const MEMORY_POOLS_SUPPORTED: i32 = 115;
+const COMPUTE_CAPABILITY_MAJOR: i32 = 75;
+const COMPUTE_CAPABILITY_MINOR: i32 = 76;
+
+/// `cuDeviceGetAttribute` of device `dev`, with the overrides above.
+pub fn attribute(dev: i32, attrib: i32) -> Result<i32, CUresult> {
+    let info = state::device(dev)?;
+    if matches!(
+        attrib,
+        CAN_MAP_HOST_MEMORY
+            | MANAGED_MEMORY
+            | PAGEABLE_MEMORY_ACCESS
+            | CONCURRENT_MANAGED_ACCESS
+            | HOST_REGISTER_SUPPORTED
+            | MEMORY_POOLS_SUPPORTED
+    ) {
+        return Ok(0);
+    }
+    usize::try_from(attrib)
+        .ok()
+        .filter(|&i| i > 0)
+        .and_then(|i| info.attributes.get(i).copied())
+        .ok_or(CUresult::INVALID_VALUE)
+}
+
+/// Copies `text` into a caller buffer of `len` bytes, truncating and always NUL-terminating.
+unsafe fn put_str(out: *mut c_char, len: i32, text: &str) -> Result<(), CUresult> {
+    if out.is_null() || len <= 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let n = text.len().min(len as usize - 1);
+    // SAFETY: the caller's buffer holds `len` bytes; we write n + 1 <= len.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), out.cast::<u8>(), n);
+        *out.add(n) = 0;
+    }
+    Ok(())
+}
+
+/// NUL-terminated names and descriptions with static lifetime, for `cuGetErrorName`/`String`.
+fn error_strings() -> &'static [(u32, CString, CString)] {
+    static STRINGS: OnceLock<Vec<(u32, CString, CString)>> = OnceLock::new();
+    STRINGS.get_or_init(|| {
+        ERROR_NAMES
+            .iter()
+            .map(|&(code, name)| {
+                let text = describe(code).map_or_else(
+                    || {
+                        name.trim_start_matches("CUDA_ERROR_")
+                            .replace('_', " ")
+                            .to_lowercase()
+                    },
+                    str::to_owned,
+                );
+                (
+                    code,
+                    CString::new(name).unwrap_or_default(),
+                    CString::new(text).unwrap_or_default(),
+                )
+            })
+            .collect()
+    })
+}
+
+fn describe(code: u32) -> Option<&'static str> {
+    Some(match code {
+        0 => "no error",
+        1 => "invalid argument",
+        2 => "out of memory",
+        3 => "initialization error",
+        4 => "driver shutting down",
+        46 => "CUDA-capable device(s) is/are busy or unavailable",
+        100 => "no CUDA-capable device is detected",
+        101 => "invalid device ordinal",
+        200 => "device kernel image is invalid",
+        201 => "invalid device context",
+        209 => "no kernel image is available for execution on the device",
+        218 => "a PTX JIT compilation failed",
+        400 => "invalid resource handle",
+        500 => "named symbol not found",
+        600 => "device not ready",
+        700 => "an illegal memory access was encountered",
+        701 => "too many resources requested for launch",
+        719 => "unspecified launch failure",
+        801 => "operation not supported",
+        999 => "unknown error",
+        _ => return None,
+    })
+}
+
+export! {
+    fn cuInit(flags: u32) {
+        if flags != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        state::init()
+    }
+
+    fn cuDriverGetVersion(version: *mut i32) {
+        let v = state::session_if_up()
+            .map_or(OFFLINE_DRIVER_VERSION, |s| s.client.hello().driver_version);
+        put(version, v)
+    }
+
+    fn cuDeviceGet(device: *mut i32, ordinal: i32) {
+        state::device(ordinal)?;
+        put(device, ordinal)
+    }
+
+    fn cuDeviceGetCount(count: *mut i32) {
+        let session = state::session()?;
+        put(count, session.client.hello().devices.len() as i32)
+    }
+
+    fn cuDeviceGetName(name: *mut c_char, len: i32, dev: i32) {
+        put_str(name, len, &state::device(dev)?.name)
+    }
+
+    fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: i32) {
+        put(uuid, state::device(dev)?.uuid)
+    }
+
+    fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: i32) {
+        put(uuid, state::device(dev)?.uuid)
+    }
+
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: i32) {
+        put(bytes, state::device(dev)?.total_mem as usize)
+    }
+
+    fn cuDeviceGetAttribute(value: *mut i32, attrib: i32, dev: i32) {
+        let v = attribute(dev, attrib)?;
+        put(value, v)
+    }
+
+    fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: i32, dev: i32) {
+        put_str(bus_id, len, &state::device(dev)?.pci_bus_id)
+    }
+
+    fn cuDeviceComputeCapability(major: *mut i32, minor: *mut i32, dev: i32) {
+        let (ma, mi) = (attribute(dev, COMPUTE_CAPABILITY_MAJOR)?, attribute(dev, COMPUTE_CAPABILITY_MINOR)?);
+        put(major, ma)?;
+        put(minor, mi)
+    }
+
+    fn cuDeviceGetProperties(prop: *mut [i32; 14], dev: i32) {
+        // CUdevprop: maxThreadsPerBlock, maxThreadsDim[3], maxGridSize[3], sharedMemPerBlock,
+        // totalConstantMemory, SIMDWidth, memPitch, regsPerBlock, clockRate, textureAlign = attributes 1..=14.
+        let mut out = [0i32; 14];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = attribute(dev, i as i32 + 1)?;
+        }
+        put(prop, out)
+    }
+
+    fn cuGetErrorName(error: u32, text: *mut *const c_char) {
+        if text.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        match error_strings().iter().find(|(code, _, _)| *code == error) {
+            Some((_, name, _)) => put(text, name.as_ptr()),
+            None => {
+                put(text, std::ptr::null())?;
+                Err(CUresult::INVALID_VALUE)
+            }
+        }
+    }
+
+    fn cuGetErrorString(error: u32, text: *mut *const c_char) {
+        if text.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        match error_strings().iter().find(|(code, _, _)| *code == error) {
+            Some((_, _, description)) => put(text, description.as_ptr()),
+            None => {
+                put(text, std::ptr::null())?;
+                Err(CUresult::INVALID_VALUE)
+            }
+        }
+    }
+}

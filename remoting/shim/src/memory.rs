@@ -1,0 +1,443 @@
+//! Memory: the client's allocation table, copies in every direction, host allocations, pointer queries.
+//!
+//! Device pointers are the server's values (identity), recorded here at allocation so that `cuMemFree` is
+//! validated locally, `cuMemGetAddressRange` and `cuPointerGetAttribute(s)` need no round trip, and a
+//! unified `cuMemcpy` knows its direction. Classification uses only this table, never address ranges: a
+//! client host pointer may equal a live device pointer of the server. Host ("pinned") memory is local
+//! page-aligned memory; nothing is mapped into the device (`CAN_MAP_HOST_MEMORY` is reported as 0).
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, MutexGuard};
+
+use gleam_remoting::types::{CU_STREAM_PER_THREAD, CUresult, CUstream};
+
+use crate::generated::fwd;
+use crate::{context, export, put, state};
+
+/// What an address range of the table is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Device memory (a server address).
+    Device,
+    /// Host memory from `cuMemHostAlloc`/`cuMemAllocHost` (flags as given).
+    Host {
+        /// `CU_MEMHOSTALLOC_*` flags.
+        flags: u32,
+    },
+}
+
+/// One allocation.
+#[derive(Clone, Copy, Debug)]
+pub struct Region {
+    /// First address.
+    pub base: u64,
+    /// Length in bytes.
+    pub size: u64,
+    /// Device or host.
+    pub kind: Kind,
+    /// The context current when it was allocated.
+    pub ctx: u64,
+}
+
+static TABLE: Mutex<BTreeMap<u64, Region>> = Mutex::new(BTreeMap::new());
+
+fn table() -> MutexGuard<'static, BTreeMap<u64, Region>> {
+    TABLE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The allocation containing `ptr`, if any.
+pub fn lookup(ptr: u64) -> Option<Region> {
+    let table = table();
+    let (_, region) = table.range(..=ptr).next_back()?;
+    (ptr < region.base + region.size.max(1)).then_some(*region)
+}
+
+fn record(base: u64, size: u64, kind: Kind) {
+    table().insert(
+        base,
+        Region {
+            base,
+            size,
+            kind,
+            ctx: context::current(),
+        },
+    );
+}
+
+/// Removes the allocation starting exactly at `base` if it is of the wanted kind.
+fn unrecord(base: u64, device: bool) -> Result<Region, CUresult> {
+    let mut table = table();
+    match table.get(&base) {
+        Some(r) if (r.kind == Kind::Device) == device => {
+            let region = *r;
+            table.remove(&base);
+            Ok(region)
+        }
+        _ => Err(CUresult::INVALID_VALUE),
+    }
+}
+
+/// `NULL` (the legacy default stream in a `_ptsz` build) means the per-thread stream.
+pub(crate) fn per_thread(stream: CUstream) -> CUstream {
+    if stream.is_null() {
+        CU_STREAM_PER_THREAD as CUstream
+    } else {
+        stream
+    }
+}
+
+/// Host bytes of a copy source (`n` may be 0, then `src` may be NULL).
+unsafe fn host_slice<'a>(src: *const c_void, n: usize) -> Result<&'a [u8], CUresult> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if src.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: the caller promised `n` readable bytes at `src`.
+    Ok(unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) })
+}
+
+unsafe fn host_slice_mut<'a>(dst: *mut c_void, n: usize) -> Result<&'a mut [u8], CUresult> {
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    if dst.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: the caller promised `n` writable bytes at `dst`.
+    Ok(unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) })
+}
+
+/// Host to device; `stream: None` for the synchronous copy.
+pub unsafe fn htod(
+    dst: u64,
+    src: *const c_void,
+    n: usize,
+    stream: Option<u64>,
+) -> Result<(), CUresult> {
+    let session = state::session()?;
+    // SAFETY: forwarded.
+    let bytes = unsafe { host_slice(src, n)? };
+    if dst == 0 && n > 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    session
+        .client
+        .memcpy_htod(context::current(), dst, bytes, stream)
+        .map_err(state::lost)?
+        .result()
+}
+
+/// Device to host; waits for the data (the asynchronous form too: its completion is observable only
+/// after a synchronization, and returning earlier with the data already there is allowed).
+pub unsafe fn dtoh(
+    dst: *mut c_void,
+    src: u64,
+    n: usize,
+    stream: Option<u64>,
+) -> Result<(), CUresult> {
+    let session = state::session()?;
+    // SAFETY: forwarded.
+    let bytes = unsafe { host_slice_mut(dst, n)? };
+    if src == 0 && n > 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    session
+        .client
+        .memcpy_dtoh(context::current(), bytes, src, stream)
+        .map_err(state::lost)?
+        .result()
+}
+
+/// `cuMemcpy`/`cuMemcpyAsync`: the direction comes from the allocation table.
+unsafe fn unified(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> Result<(), CUresult> {
+    state::session()?;
+    let on_device = |p: u64| lookup(p).is_some_and(|r| r.kind == Kind::Device);
+    // SAFETY: forwarded; the table says which side each pointer lives on.
+    unsafe {
+        match (on_device(dst), on_device(src), stream) {
+            (true, true, None) => fwd::cuMemcpyDtoD_v2(dst, src, n),
+            (true, true, Some(s)) => fwd::cuMemcpyDtoDAsync_v2(dst, src, n, s),
+            (true, false, s) => htod(dst, src as *const c_void, n, s.map(|s| s as u64)),
+            (false, true, s) => dtoh(dst as *mut c_void, src, n, s.map(|s| s as u64)),
+            (false, false, _) => {
+                // Host to host: ordered after nothing on the device, so done here.
+                let from = host_slice(src as *const c_void, n)?;
+                let to = host_slice_mut(dst as *mut c_void, n)?;
+                to.copy_from_slice(from);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void, CUresult> {
+    if bytes == 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: an anonymous private mapping; page-aligned as pinned memory is.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(CUresult::OUT_OF_MEMORY);
+    }
+    record(p as u64, bytes as u64, Kind::Host { flags });
+    Ok(p)
+}
+
+/// Bytes written for each `CUpointer_attribute` (booleans are C `bool`s).
+fn attribute_size(attribute: u32) -> Option<usize> {
+    Some(match attribute {
+        1 | 3 | 4 | 7 | 11 | 12 | 14 | 17 | 18 | 19 | 20 => 8,
+        2 | 9 | 16 | 22 => 4,
+        5 => 16,
+        6 | 8 | 10 | 13 | 15 | 21 => 1,
+        _ => return None,
+    })
+}
+
+/// Writes one pointer attribute of `ptr` (`region` = its allocation) into `data`.
+unsafe fn pointer_attribute(
+    data: *mut c_void,
+    attribute: u32,
+    ptr: u64,
+    region: Option<Region>,
+    lenient: bool,
+) -> Result<(), CUresult> {
+    let size = attribute_size(attribute).ok_or(CUresult::INVALID_VALUE)?;
+    if data.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let mut value = [0u8; 16];
+    let mut set = |bytes: &[u8]| value[..bytes.len()].copy_from_slice(bytes);
+    match (region, attribute) {
+        (None, _) if !lenient => return Err(CUresult::INVALID_VALUE),
+        // Unknown pointers in cuPointerGetAttributes: zeros, except the ordinal (-2 = not a device).
+        (None, 9) => set(&(-2i32).to_le_bytes()),
+        (None, _) => {}
+        (Some(r), 1) => set(&r.ctx.to_le_bytes()),
+        (Some(r), 2) => set(&(if r.kind == Kind::Device { 2u32 } else { 1 }).to_le_bytes()),
+        (Some(r), 3) if r.kind == Kind::Device => set(&ptr.to_le_bytes()),
+        (Some(r), 4) if r.kind != Kind::Device => set(&ptr.to_le_bytes()),
+        (Some(_), 3 | 4) if !lenient => return Err(CUresult::INVALID_VALUE),
+        (Some(_), 3 | 4) => {}
+        (Some(r), 7 | 20) => set(&r.base.to_le_bytes()),
+        (Some(_), 8 | 10 | 15 | 21) => set(&[0]),
+        (Some(r), 6 | 13) => set(&[u8::from(r.kind == Kind::Device)]),
+        (Some(r), 9) => set(&context::device_of(r.ctx).unwrap_or(0).to_le_bytes()),
+        (Some(r), 11 | 19) => set(&r.base.to_le_bytes()),
+        (Some(r), 12 | 18) => set(&r.size.to_le_bytes()),
+        (Some(_), 16) => set(&3u32.to_le_bytes()),
+        (Some(_), _) if !lenient => return Err(CUresult::NOT_SUPPORTED),
+        (Some(_), _) => {}
+    }
+    // SAFETY: the caller's buffer holds the attribute's C type, `size` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), data.cast::<u8>(), size) };
+    Ok(())
+}
+
+export! {
+    fn cuMemAlloc_v2(dptr: *mut u64, bytesize: usize) {
+        if bytesize == 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        fwd::cuMemAlloc_v2(dptr, bytesize)?;
+        record(*dptr, bytesize as u64, Kind::Device);
+        Ok(())
+    }
+
+    fn cuMemAllocAsync(dptr: *mut u64, bytesize: usize, stream: CUstream) {
+        fwd::cuMemAllocAsync(dptr, bytesize, stream)?;
+        record(*dptr, bytesize as u64, Kind::Device);
+        Ok(())
+    }
+
+    fn cuMemAllocAsync_ptsz(dptr: *mut u64, bytesize: usize, stream: CUstream) {
+        fwd::cuMemAllocAsync(dptr, bytesize, per_thread(stream))?;
+        record(*dptr, bytesize as u64, Kind::Device);
+        Ok(())
+    }
+
+    fn cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_size: u32) {
+        fwd::cuMemAllocPitch_v2(dptr, pitch, width, height, element_size)?;
+        record(*dptr, (*pitch as u64).saturating_mul(height as u64), Kind::Device);
+        Ok(())
+    }
+
+    fn cuMemFree_v2(dptr: u64) {
+        state::session()?;
+        unrecord(dptr, true)?;
+        fwd::cuMemFree_v2(dptr)
+    }
+
+    fn cuMemFreeAsync(dptr: u64, stream: CUstream) {
+        state::session()?;
+        unrecord(dptr, true)?;
+        fwd::cuMemFreeAsync(dptr, stream)
+    }
+
+    fn cuMemFreeAsync_ptsz(dptr: u64, stream: CUstream) {
+        state::session()?;
+        unrecord(dptr, true)?;
+        fwd::cuMemFreeAsync(dptr, per_thread(stream))
+    }
+
+    fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, dptr: u64) {
+        state::session()?;
+        let region = lookup(dptr).filter(|r| r.kind == Kind::Device).ok_or(CUresult::NOT_FOUND)?;
+        if !base.is_null() {
+            put(base, region.base)?;
+        }
+        if !size.is_null() {
+            put(size, region.size as usize)?;
+        }
+        Ok(())
+    }
+
+    fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) {
+        state::session()?;
+        if pp.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        put(pp, host_alloc(bytesize, flags)?)
+    }
+
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) {
+        state::session()?;
+        if pp.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        put(pp, host_alloc(bytesize, 0)?)
+    }
+
+    fn cuMemFreeHost(p: *mut c_void) {
+        state::session()?;
+        let region = unrecord(p as u64, false)?;
+        // SAFETY: the mapping made by host_alloc for exactly this range.
+        libc::munmap(p, region.size as usize);
+        Ok(())
+    }
+
+    fn cuMemHostGetDevicePointer_v2(pdptr: *mut u64, p: *mut c_void, flags: u32) {
+        state::session()?;
+        if pdptr.is_null() || flags != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        match lookup(p as u64) {
+            // Host memory is not mapped into the remote device (CAN_MAP_HOST_MEMORY = 0).
+            Some(r) if r.kind != Kind::Device => Err(CUresult::NOT_SUPPORTED),
+            _ => Err(CUresult::INVALID_VALUE),
+        }
+    }
+
+    fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64) {
+        state::session()?;
+        pointer_attribute(data, attribute, ptr, lookup(ptr), false)
+    }
+
+    fn cuPointerGetAttributes(count: u32, attributes: *const u32, data: *mut *mut c_void, ptr: u64) {
+        state::session()?;
+        if count > 0 && (attributes.is_null() || data.is_null()) {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let region = lookup(ptr);
+        for i in 0..count as usize {
+            let out = *data.add(i);
+            if out.is_null() {
+                continue;
+            }
+            pointer_attribute(out, *attributes.add(i), ptr, region, true)?;
+        }
+        Ok(())
+    }
+
+    fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) {
+        htod(dst, src, n, None)
+    }
+
+    fn cuMemcpyHtoD_v2_ptds(dst: u64, src: *const c_void, n: usize) {
+        htod(dst, src, n, None)
+    }
+
+    fn cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, n: usize, stream: CUstream) {
+        htod(dst, src, n, Some(stream as u64))
+    }
+
+    fn cuMemcpyHtoDAsync_v2_ptsz(dst: u64, src: *const c_void, n: usize, stream: CUstream) {
+        htod(dst, src, n, Some(per_thread(stream) as u64))
+    }
+
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) {
+        dtoh(dst, src, n, None)
+    }
+
+    fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: u64, n: usize) {
+        dtoh(dst, src, n, None)
+    }
+
+    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, n: usize, stream: CUstream) {
+        dtoh(dst, src, n, Some(stream as u64))
+    }
+
+    fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: u64, n: usize, stream: CUstream) {
+        dtoh(dst, src, n, Some(per_thread(stream) as u64))
+    }
+
+    fn cuMemcpyDtoD_v2_ptds(dst: u64, src: u64, n: usize) {
+        fwd::cuMemcpyDtoD_v2(dst, src, n)
+    }
+
+    fn cuMemcpyDtoDAsync_v2_ptsz(dst: u64, src: u64, n: usize, stream: CUstream) {
+        fwd::cuMemcpyDtoDAsync_v2(dst, src, n, per_thread(stream))
+    }
+
+    fn cuMemcpy(dst: u64, src: u64, n: usize) {
+        unified(dst, src, n, None)
+    }
+
+    fn cuMemcpy_ptds(dst: u64, src: u64, n: usize) {
+        unified(dst, src, n, None)
+    }
+
+    fn cuMemcpyAsync(dst: u64, src: u64, n: usize, stream: CUstream) {
+        unified(dst, src, n, Some(stream))
+    }
+
+    fn cuMemcpyAsync_ptsz(dst: u64, src: u64, n: usize, stream: CUstream) {
+        unified(dst, src, n, Some(per_thread(stream)))
+    }
+
+    fn cuMemsetD8_v2_ptds(dst: u64, value: u8, n: usize) {
+        fwd::cuMemsetD8_v2(dst, value, n)
+    }
+
+    fn cuMemsetD16_v2_ptds(dst: u64, value: u16, n: usize) {
+        fwd::cuMemsetD16_v2(dst, value, n)
+    }
+
+    fn cuMemsetD32_v2_ptds(dst: u64, value: u32, n: usize) {
+        fwd::cuMemsetD32_v2(dst, value, n)
+    }
+
+    fn cuMemsetD8Async_ptsz(dst: u64, value: u8, n: usize, stream: CUstream) {
+        fwd::cuMemsetD8Async(dst, value, n, per_thread(stream))
+    }
+
+    fn cuMemsetD16Async_ptsz(dst: u64, value: u16, n: usize, stream: CUstream) {
+        fwd::cuMemsetD16Async(dst, value, n, per_thread(stream))
+    }
+
+    fn cuMemsetD32Async_ptsz(dst: u64, value: u32, n: usize, stream: CUstream) {
+        fwd::cuMemsetD32Async(dst, value, n, per_thread(stream))
+    }
+}

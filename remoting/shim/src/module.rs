@@ -1,0 +1,524 @@
+//! Modules, libraries, functions and kernel launches; plus the per-thread-stream variants of stream and
+//! event calls.
+//!
+//! Module images are sized on the client ([`gleam_remoting::image`]) and shipped whole. A function handle
+//! arrives with its [`FunctionInfo`] (parameter layout and attributes), cached here, so a launch is packed,
+//! validated (handle, block and grid dimensions, dynamic shared memory) and sent fire-and-forget, and
+//! `cuFuncGetAttribute` needs no round trip.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CStr, c_char, c_void};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use gleam_remoting::image;
+use gleam_remoting::types::{
+    CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END, CUfunction,
+    CUkernel, CUlibrary, CUmodule, CUresult, CUstream,
+};
+use gleam_remoting::wire::{Call, FunctionInfo, Launch, Payload, Reply};
+
+use crate::generated::fwd;
+use crate::memory::per_thread;
+use crate::{context, device, export, put, state};
+
+#[derive(Default)]
+struct Caches {
+    /// Layout and attributes of every function (and launched kernel) handle seen.
+    functions: HashMap<u64, Arc<FunctionInfo>>,
+    /// Kernel handles from `cuLibraryGetKernel` (a `CUkernel` may be launched as a `CUfunction`).
+    kernels: HashSet<u64>,
+}
+
+static CACHES: Mutex<Option<Caches>> = Mutex::new(None);
+
+fn with_caches<R>(f: impl FnOnce(&mut Caches) -> R) -> R {
+    let mut guard: MutexGuard<'_, Option<Caches>> =
+        CACHES.lock().unwrap_or_else(|e| e.into_inner());
+    f(guard.get_or_insert_with(Caches::default))
+}
+
+// CUfunction_attribute ids used for local answers and validation.
+const FUNC_MAX_THREADS_PER_BLOCK: usize = 0;
+const FUNC_MAX_DYNAMIC_SHARED: usize = 8;
+// Device attribute ids of the launch limits.
+const MAX_BLOCK_DIM_X: i32 = 2;
+const MAX_GRID_DIM_X: i32 = 5;
+/// The largest `extra`/`kernelParams` buffer CUDA accepts (CUDA 12.1+, Volta+).
+const MAX_PARAM_BYTES: usize = 32_764;
+
+/// Ships a module image, returns the handle.
+fn load_module(bytes: Vec<u8>) -> Result<u64, CUresult> {
+    let session = state::session()?;
+    let (result, reply) = session
+        .client
+        .call(
+            context::current(),
+            Call::ModuleLoad {
+                image: Payload::Inline(bytes),
+            },
+        )
+        .map_err(state::lost)?;
+    result.result()?;
+    match reply {
+        Reply::Module { handle } => Ok(handle),
+        other => Err(state::mismatch("cuModuleLoadData", &other)),
+    }
+}
+
+fn load_library(bytes: Vec<u8>) -> Result<u64, CUresult> {
+    let session = state::session()?;
+    let (result, reply) = session
+        .client
+        .call(
+            context::current(),
+            Call::LibraryLoad {
+                image: Payload::Inline(bytes),
+            },
+        )
+        .map_err(state::lost)?;
+    result.result()?;
+    match reply {
+        Reply::Library { handle } => Ok(handle),
+        other => Err(state::mismatch("cuLibraryLoadData", &other)),
+    }
+}
+
+/// Copies the image at `image` (a fatbin wrapper is followed to its fatbin).
+unsafe fn image_bytes(image: *const c_void) -> Result<Vec<u8>, CUresult> {
+    // SAFETY: the application passed a module image, as cuModuleLoadData requires.
+    unsafe {
+        let start = image::unwrap_fatbin_wrapper(image).map_err(bad_image)?;
+        let len = image::image_size(start).map_err(bad_image)?;
+        Ok(std::slice::from_raw_parts(start.cast::<u8>(), len).to_vec())
+    }
+}
+
+fn bad_image(err: image::ImageError) -> CUresult {
+    tracing::warn!(%err, "cannot load module image");
+    match err {
+        image::ImageError::Null => CUresult::INVALID_VALUE,
+        _ => CUresult::INVALID_IMAGE,
+    }
+}
+
+unsafe fn read_file(path: *const c_char) -> Result<Vec<u8>, CUresult> {
+    if path.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: a NUL-terminated path, as the C API requires.
+    let path = unsafe { CStr::from_ptr(path) };
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+    std::fs::read(path).map_err(|err| {
+        tracing::debug!(path = %path.display(), %err, "cannot read module file");
+        CUresult::FILE_NOT_FOUND
+    })
+}
+
+fn cache_function(handle: u64, info: FunctionInfo) {
+    with_caches(|c| c.functions.insert(handle, Arc::new(info)));
+}
+
+/// The layout of a launchable handle: a function, or a kernel (fetched once with `KernelGetFunction`).
+fn function_info(handle: u64) -> Result<Arc<FunctionInfo>, CUresult> {
+    if let Some(info) = with_caches(|c| c.functions.get(&handle).cloned()) {
+        return Ok(info);
+    }
+    if !with_caches(|c| c.kernels.contains(&handle)) {
+        return Err(CUresult::INVALID_HANDLE);
+    }
+    let (_, info) = kernel_get_function(handle)?;
+    let info = Arc::new(info);
+    with_caches(|c| c.functions.insert(handle, info.clone()));
+    Ok(info)
+}
+
+fn kernel_get_function(kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
+    let session = state::session()?;
+    let (result, reply) = session
+        .client
+        .call(context::current(), Call::KernelGetFunction { kernel })
+        .map_err(state::lost)?;
+    result.result()?;
+    match reply {
+        Reply::Function { handle, info } => Ok((handle, info)),
+        other => Err(state::mismatch("cuKernelGetFunction", &other)),
+    }
+}
+
+/// Packs `kernelParams` per the layout, or takes `extra`'s buffer.
+unsafe fn pack_params(
+    info: &FunctionInfo,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<Vec<u8>, CUresult> {
+    match (params.is_null(), extra.is_null()) {
+        (false, false) => Err(CUresult::INVALID_VALUE),
+        (false, true) => {
+            let mut buf = vec![0u8; info.params_bytes()];
+            for (i, slot) in info.params.iter().enumerate() {
+                // SAFETY: kernelParams holds one pointer per parameter of the kernel.
+                let value = unsafe { *params.add(i) };
+                if value.is_null() {
+                    return Err(CUresult::INVALID_VALUE);
+                }
+                let (offset, size) = (slot.offset as usize, slot.size as usize);
+                // SAFETY: each points to a value of the parameter's size.
+                let bytes = unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) };
+                buf[offset..offset + size].copy_from_slice(bytes);
+            }
+            Ok(buf)
+        }
+        (true, false) => {
+            let (mut buffer, mut size) = (std::ptr::null::<u8>(), None);
+            // The list is key/value pairs up to END; a handful of entries at most.
+            for i in (0..16).step_by(2) {
+                // SAFETY: `extra` is an END-terminated key/value array.
+                let key = unsafe { *extra.add(i) } as usize;
+                match key {
+                    CU_LAUNCH_PARAM_END => break,
+                    // SAFETY: the value follows its key.
+                    CU_LAUNCH_PARAM_BUFFER_POINTER => buffer = unsafe { *extra.add(i + 1) }.cast(),
+                    CU_LAUNCH_PARAM_BUFFER_SIZE => {
+                        // SAFETY: BUFFER_SIZE's value points to a size_t.
+                        let p = unsafe { *extra.add(i + 1) }.cast::<usize>();
+                        if p.is_null() {
+                            return Err(CUresult::INVALID_VALUE);
+                        }
+                        size = Some(unsafe { p.read_unaligned() });
+                    }
+                    _ => return Err(CUresult::INVALID_VALUE),
+                }
+            }
+            match (buffer.is_null(), size) {
+                (false, Some(size)) if size <= MAX_PARAM_BYTES => {
+                    // SAFETY: the buffer holds `size` bytes.
+                    Ok(unsafe { std::slice::from_raw_parts(buffer, size) }.to_vec())
+                }
+                _ => Err(CUresult::INVALID_VALUE),
+            }
+        }
+        (true, true) if info.params.is_empty() => Ok(Vec::new()),
+        (true, true) => Err(CUresult::INVALID_VALUE),
+    }
+}
+
+/// Validates a launch against the function's and the device's limits, packs it and sends it.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch(
+    f: CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<(), CUresult> {
+    let session = state::session()?;
+    let info = function_info(f as u64)?;
+    if grid.contains(&0) || block.contains(&0) {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let threads = block.iter().map(|&d| u64::from(d)).product::<u64>();
+    let attr = |i: usize| info.attributes.get(i).copied().filter(|&v| v > 0);
+    if attr(FUNC_MAX_THREADS_PER_BLOCK).is_some_and(|max| threads > max as u64) {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    if attr(FUNC_MAX_DYNAMIC_SHARED).is_some_and(|max| u64::from(shared_mem_bytes) > max as u64) {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let dev = context::device_of(0).unwrap_or(0);
+    for axis in 0..3 {
+        let limit = |base: i32| {
+            device::attribute(dev, base + axis as i32)
+                .ok()
+                .filter(|&v| v > 0)
+        };
+        if limit(MAX_BLOCK_DIM_X).is_some_and(|max| u64::from(block[axis]) > max as u64)
+            || limit(MAX_GRID_DIM_X).is_some_and(|max| u64::from(grid[axis]) > max as u64)
+        {
+            return Err(CUresult::INVALID_VALUE);
+        }
+    }
+    // SAFETY: forwarded.
+    let params = unsafe { pack_params(&info, params, extra)? };
+    let call = Call::LaunchKernel(Launch {
+        function: f as u64,
+        grid,
+        block,
+        shared_mem_bytes,
+        stream: stream as u64,
+        params,
+    });
+    session
+        .client
+        .send(context::current(), call)
+        .map_err(state::lost)?
+        .result()
+}
+
+/// Reads a `CUlaunchConfig` and refuses the attributes Gleam cannot honour (clusters).
+unsafe fn launch_ex(
+    config: *const LaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    per_thread_stream: bool,
+) -> Result<(), CUresult> {
+    if config.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: a valid CUlaunchConfig, as the C API requires.
+    let c = unsafe { config.read_unaligned() };
+    if c.num_attrs > 0 && c.attrs.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    for i in 0..c.num_attrs as usize {
+        // SAFETY: `attrs` holds `numAttrs` entries.
+        let a = unsafe { c.attrs.add(i).read_unaligned() };
+        const CLUSTER_DIMENSION: u32 = 4;
+        const CLUSTER_SCHEDULING_POLICY: u32 = 5;
+        match a.id {
+            CLUSTER_DIMENSION => {
+                let dims = [a.value[0], a.value[1], a.value[2]];
+                if dims.iter().any(|&d| d > 1) {
+                    tracing::warn!(
+                        ?dims,
+                        "cuLaunchKernelEx: thread block clusters are not supported yet"
+                    );
+                    return Err(CUresult::NOT_SUPPORTED);
+                }
+            }
+            CLUSTER_SCHEDULING_POLICY => {}
+            other => tracing::debug!(
+                attribute = other,
+                "cuLaunchKernelEx: launch attribute ignored"
+            ),
+        }
+    }
+    let stream = if per_thread_stream {
+        per_thread(c.stream)
+    } else {
+        c.stream
+    };
+    // SAFETY: forwarded.
+    unsafe {
+        launch(
+            f,
+            [c.grid[0], c.grid[1], c.grid[2]],
+            [c.block[0], c.block[1], c.block[2]],
+            c.shared_mem_bytes,
+            stream,
+            params,
+            extra,
+        )
+    }
+}
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LaunchConfig {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    attrs: *const LaunchAttribute,
+    num_attrs: u32,
+}
+
+/// `CUlaunchAttribute`: an id, padding, and a 64-byte value union.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LaunchAttribute {
+    id: u32,
+    pad: u32,
+    value: [u32; 16],
+}
+
+export! {
+    fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) {
+        if module.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let bytes = read_file(fname)?;
+        put(module, load_module(bytes)? as CUmodule)
+    }
+
+    fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) {
+        if module.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        state::session()?;
+        let bytes = image_bytes(image)?;
+        put(module, load_module(bytes)? as CUmodule)
+    }
+
+    fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, num_options: u32,
+                          options: *mut u32, values: *mut *mut c_void) {
+        // JIT options (log buffers, optimisation level) apply on the server's side; none is needed to
+        // load correctly, so they are not forwarded.
+        let _ = (num_options, options, values);
+        if module.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        state::session()?;
+        let bytes = image_bytes(image)?;
+        put(module, load_module(bytes)? as CUmodule)
+    }
+
+    fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) {
+        if module.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        state::session()?;
+        let bytes = image_bytes(fat_cubin)?;
+        put(module, load_module(bytes)? as CUmodule)
+    }
+
+    fn cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) {
+        if hfunc.is_null() || name.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let session = state::session()?;
+        let name = CStr::from_ptr(name).to_str().map_err(|_| CUresult::NOT_FOUND)?.to_owned();
+        let (result, reply) = session
+            .client
+            .call(context::current(), Call::ModuleGetFunction { module: hmod as u64, name })
+            .map_err(state::lost)?;
+        result.result()?;
+        match reply {
+            Reply::Function { handle, info } => {
+                cache_function(handle, info);
+                put(hfunc, handle as CUfunction)
+            }
+            other => Err(state::mismatch("cuModuleGetFunction", &other)),
+        }
+    }
+
+    fn cuModuleGetLoadingMode(mode: *mut u32) {
+        // CU_MODULE_LAZY_LOADING, the default of current drivers.
+        put(mode, 2)
+    }
+
+    fn cuFuncGetAttribute(value: *mut i32, attrib: i32, func: CUfunction) {
+        if value.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let cached = with_caches(|c| c.functions.get(&(func as u64)).cloned());
+        let local = cached.and_then(|info| usize::try_from(attrib).ok().and_then(|i| info.attributes.get(i).copied()));
+        match local {
+            Some(v) => put(value, v),
+            None => fwd::cuFuncGetAttribute(value, attrib, func),
+        }
+    }
+
+    fn cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void,
+                         jit_options: *mut u32, jit_values: *mut *mut c_void, num_jit_options: u32,
+                         library_options: *mut u32, library_values: *mut *mut c_void, num_library_options: u32) {
+        let _ = (jit_options, jit_values, num_jit_options, library_options, library_values, num_library_options);
+        if library.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        state::session()?;
+        let bytes = image_bytes(code)?;
+        put(library, load_library(bytes)? as CUlibrary)
+    }
+
+    fn cuLibraryLoadFromFile(library: *mut CUlibrary, file_name: *const c_char,
+                             jit_options: *mut u32, jit_values: *mut *mut c_void, num_jit_options: u32,
+                             library_options: *mut u32, library_values: *mut *mut c_void, num_library_options: u32) {
+        let _ = (jit_options, jit_values, num_jit_options, library_options, library_values, num_library_options);
+        if library.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        state::session()?;
+        let bytes = read_file(file_name)?;
+        put(library, load_library(bytes)? as CUlibrary)
+    }
+
+    fn cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char) {
+        fwd::cuLibraryGetKernel(kernel, library, name)?;
+        let handle = *kernel as u64;
+        with_caches(|c| c.kernels.insert(handle));
+        Ok(())
+    }
+
+    fn cuKernelGetFunction(pfunc: *mut CUfunction, kernel: CUkernel) {
+        if pfunc.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let (handle, info) = kernel_get_function(kernel as u64)?;
+        cache_function(handle, info);
+        put(pfunc, handle as CUfunction)
+    }
+
+    fn cuLaunchKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+                      shared_mem_bytes: u32, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch(f, [gx, gy, gz], [bx, by, bz], shared_mem_bytes, stream, params, extra)
+    }
+
+    fn cuLaunchKernel_ptsz(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+                           shared_mem_bytes: u32, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch(f, [gx, gy, gz], [bx, by, bz], shared_mem_bytes, per_thread(stream), params, extra)
+    }
+
+    fn cuLaunchCooperativeKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+                                 shared_mem_bytes: u32, stream: CUstream, params: *mut *mut c_void) {
+        launch(f, [gx, gy, gz], [bx, by, bz], shared_mem_bytes, stream, params, std::ptr::null_mut())
+    }
+
+    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+                                      shared_mem_bytes: u32, stream: CUstream, params: *mut *mut c_void) {
+        launch(f, [gx, gy, gz], [bx, by, bz], shared_mem_bytes, per_thread(stream), params, std::ptr::null_mut())
+    }
+
+    fn cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_ex(config, f, params, extra, false)
+    }
+
+    fn cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_ex(config, f, params, extra, true)
+    }
+
+    fn cuStreamIsCapturing(stream: CUstream, status: *mut u32) {
+        let _ = stream;
+        state::session()?;
+        // Capture is not forwarded yet, so no stream is ever capturing (CU_STREAM_CAPTURE_STATUS_NONE).
+        put(status, 0)
+    }
+
+    fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut u32) {
+        let _ = stream;
+        state::session()?;
+        put(status, 0)
+    }
+
+    fn cuStreamSynchronize_ptsz(stream: CUstream) {
+        fwd::cuStreamSynchronize(per_thread(stream))
+    }
+
+    fn cuStreamQuery_ptsz(stream: CUstream) {
+        fwd::cuStreamQuery(per_thread(stream))
+    }
+
+    fn cuStreamWaitEvent_ptsz(stream: CUstream, event: *mut c_void, flags: u32) {
+        fwd::cuStreamWaitEvent(per_thread(stream), event, flags)
+    }
+
+    fn cuStreamGetPriority_ptsz(stream: CUstream, priority: *mut i32) {
+        fwd::cuStreamGetPriority(per_thread(stream), priority)
+    }
+
+    fn cuStreamGetFlags_ptsz(stream: CUstream, flags: *mut u32) {
+        fwd::cuStreamGetFlags(per_thread(stream), flags)
+    }
+
+    fn cuEventRecord_ptsz(event: *mut c_void, stream: CUstream) {
+        fwd::cuEventRecord(event, per_thread(stream))
+    }
+
+    fn cuEventRecordWithFlags_ptsz(event: *mut c_void, stream: CUstream, flags: u32) {
+        fwd::cuEventRecordWithFlags(event, per_thread(stream), flags)
+    }
+}

@@ -1,0 +1,393 @@
+//! `cuGetProcAddress` / `cuGetProcAddress_v2`: answered locally (cudart calls them hundreds of times at
+//! start, before `cuInit`), returning the variant of each entry point that the caller's CUDA version and
+//! stream flags expect. Returning the wrong variant would be silent ABI corruption.
+//!
+//! The table `proc-table.tsv` (`base<TAB>flags<TAB>min_version<TAB>symbol`, one row per variant
+//! breakpoint, holding until the next row of the same base and flags; symbol `-` = none yet) is generated
+//! from NVIDIA's driver on the GPU machine and compiled in. Without a table (a build before it existed),
+//! [`fallback`] answers: a rule plus the breakpoints known from public sources. The chosen symbol is then
+//! looked up among this library's own exports.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::OnceLock;
+
+use gleam_remoting::types::CUresult;
+
+use crate::{export, state};
+
+/// The exports of NVIDIA's 580 driver (the names this library exports).
+pub const EXPORTS: &str = include_str!("../libcuda-580-exports.txt");
+/// The generated table (empty until the GPU machine produced it).
+const TABLE: &str = include_str!(concat!(env!("OUT_DIR"), "/proc-table.tsv"));
+
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+const PER_THREAD: u64 = 2;
+
+/// `CUdriverProcAddressQueryResult`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum Status {
+    /// Found.
+    Success = 0,
+    /// No such entry point.
+    SymbolNotFound = 1,
+    /// The entry point exists only in newer CUDA versions than the one asked for.
+    VersionNotSufficient = 2,
+}
+
+/// Rows of the generated table: (base, flags) -> [(min_version, symbol)], sorted by version.
+type Rows = HashMap<(String, u64), Vec<(i32, String)>>;
+
+fn table() -> &'static Rows {
+    static ROWS: OnceLock<Rows> = OnceLock::new();
+    ROWS.get_or_init(|| parse_table(TABLE))
+}
+
+/// Parses `base<TAB>flags<TAB>min_version<TAB>symbol` lines; comments (`#`), blank and malformed lines
+/// (a header) are skipped.
+pub fn parse_table(text: &str) -> Rows {
+    let mut rows: Rows = HashMap::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<&str> = line.split('\t').collect();
+        let [base, flags, version, symbol] = fields[..] else {
+            continue;
+        };
+        let (Ok(flags), Ok(version)) = (flags.parse::<u64>(), version.parse::<i32>()) else {
+            continue;
+        };
+        rows.entry((base.to_owned(), flags))
+            .or_default()
+            .push((version, symbol.to_owned()));
+    }
+    for variants in rows.values_mut() {
+        variants.sort_by_key(|(v, _)| *v);
+    }
+    rows
+}
+
+fn exported(name: &str) -> bool {
+    static NAMES: OnceLock<std::collections::HashSet<&'static str>> = OnceLock::new();
+    NAMES
+        .get_or_init(|| {
+            EXPORTS
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect()
+        })
+        .contains(name)
+}
+
+/// The symbol for `base` at `version` with `flags`, from `rows` or else the fallback rule.
+pub fn select(rows: &Rows, base: &str, version: i32, flags: u64) -> Result<String, Status> {
+    let flags = if flags == PER_THREAD {
+        PER_THREAD
+    } else {
+        flags & 1
+    };
+    let variants = rows
+        .get(&(base.to_owned(), flags))
+        .or_else(|| rows.get(&(base.to_owned(), 0)));
+    match variants {
+        // A `-` row: the entry point does not exist at that version.
+        Some(variants) => match variants.iter().rev().find(|(min, _)| *min <= version) {
+            Some((_, symbol)) if symbol != "-" => Ok(symbol.clone()),
+            _ => Err(Status::VersionNotSufficient),
+        },
+        // The generated table lists every entry point of the driver: anything else does not exist.
+        None if !rows.is_empty() => Err(Status::SymbolNotFound),
+        None => fallback(base, version, flags),
+    }
+}
+
+/// Variant breakpoints beyond the 3.2 `_v2` generation, from public sources (newest first).
+const BREAKPOINTS: &[(&str, &[(i32, &str)])] = &[
+    (
+        "cuCtxCreate",
+        &[
+            (12050, "cuCtxCreate_v4"),
+            (11040, "cuCtxCreate_v3"),
+            (3020, "cuCtxCreate_v2"),
+        ],
+    ),
+    ("cuCtxSynchronize", &[(13000, "cuCtxSynchronize_v2")]),
+    ("cuCtxGetDevice", &[(13000, "cuCtxGetDevice_v2")]),
+    ("cuEventElapsedTime", &[(12080, "cuEventElapsedTime_v2")]),
+    ("cuGetProcAddress", &[(12000, "cuGetProcAddress_v2")]),
+    ("cuDeviceGetUuid", &[(11040, "cuDeviceGetUuid_v2")]),
+    (
+        "cuDevicePrimaryCtxRelease",
+        &[(11000, "cuDevicePrimaryCtxRelease_v2")],
+    ),
+    (
+        "cuDevicePrimaryCtxReset",
+        &[(11000, "cuDevicePrimaryCtxReset_v2")],
+    ),
+    (
+        "cuDevicePrimaryCtxSetFlags",
+        &[(11000, "cuDevicePrimaryCtxSetFlags_v2")],
+    ),
+    (
+        "cuStreamGetCaptureInfo",
+        &[
+            (12030, "cuStreamGetCaptureInfo_v3"),
+            (11030, "cuStreamGetCaptureInfo_v2"),
+        ],
+    ),
+    (
+        "cuStreamBeginCapture",
+        &[(10010, "cuStreamBeginCapture_v2")],
+    ),
+    ("cuGraphInstantiate", &[(11000, "cuGraphInstantiate_v2")]),
+    ("cuMemAdvise", &[(12020, "cuMemAdvise_v2")]),
+    ("cuMemPrefetchAsync", &[(12020, "cuMemPrefetchAsync_v2")]),
+];
+
+/// Without a table row: the known breakpoints, else `base_v2` from CUDA 3.2 on, else `base`; with the
+/// per-thread flag, the `_ptds`/`_ptsz` form of the chosen symbol when the driver has one.
+pub fn fallback(base: &str, version: i32, flags: u64) -> Result<String, Status> {
+    let known = BREAKPOINTS.iter().find(|(b, _)| *b == base);
+    let chosen = match known.and_then(|(_, points)| points.iter().find(|(min, _)| *min <= version))
+    {
+        Some((_, symbol)) => symbol.to_string(),
+        None if version >= 3020 && exported(&format!("{base}_v2")) && known.is_none() => {
+            format!("{base}_v2")
+        }
+        None if exported(base) => base.to_owned(),
+        None => return Err(Status::SymbolNotFound),
+    };
+    if flags == PER_THREAD {
+        for suffix in ["_ptds", "_ptsz"] {
+            let candidate = format!("{chosen}{suffix}");
+            if exported(&candidate) {
+                return Ok(candidate);
+            }
+        }
+    }
+    Ok(chosen)
+}
+
+/// The address of this library's export `symbol`.
+fn resolve(symbol: &str) -> *mut c_void {
+    let Ok(name) = std::ffi::CString::new(symbol) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: dlsym with a valid handle and a NUL-terminated name.
+    unsafe { libc::dlsym(self_handle(), name.as_ptr()) }
+}
+
+/// A `dlopen` handle of this very library (so its own exports are found, not another libcuda's); the
+/// process's global scope when linked statically into a program (tests).
+fn self_handle() -> *mut c_void {
+    static HANDLE: OnceLock<usize> = OnceLock::new();
+    *HANDLE.get_or_init(|| {
+        // SAFETY: dladdr on one of our own functions; dlopen with NOLOAD only returns an existing handle.
+        unsafe {
+            let mut info: libc::Dl_info = std::mem::zeroed();
+            let here = cuGetProcAddress_v2 as *const c_void;
+            if libc::dladdr(here, &mut info) != 0 && !info.dli_fname.is_null() {
+                let handle = libc::dlopen(info.dli_fname, libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+                if !handle.is_null() {
+                    return handle as usize;
+                }
+            }
+            libc::RTLD_DEFAULT as usize
+        }
+    }) as *mut c_void
+}
+
+unsafe fn get_proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: i32,
+    flags: u64,
+    status: *mut i32,
+) -> Result<(), CUresult> {
+    let report = |s: Status| {
+        if !status.is_null() {
+            // SAFETY: the caller's symbolStatus out-pointer.
+            unsafe { status.write(s as i32) };
+        }
+    };
+    let name = if symbol.is_null() {
+        ""
+    } else {
+        // SAFETY: a NUL-terminated symbol name.
+        unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("")
+    };
+    if pfn.is_null() || name.is_empty() {
+        report(Status::SymbolNotFound);
+        return Err(CUresult::NOT_FOUND);
+    }
+    let found = select(table(), name, version, flags).and_then(|symbol| {
+        let address = resolve(&symbol);
+        if address.is_null() {
+            Err(Status::SymbolNotFound)
+        } else {
+            Ok(address)
+        }
+    });
+    match found {
+        Ok(address) => {
+            // SAFETY: checked non-NULL above.
+            unsafe { pfn.write(address) };
+            report(Status::Success);
+            Ok(())
+        }
+        Err(s) => {
+            tracing::debug!(symbol = name, version, flags, status = ?s, "cuGetProcAddress: not found");
+            // SAFETY: checked non-NULL above.
+            unsafe { pfn.write(std::ptr::null_mut()) };
+            report(s);
+            Err(CUresult::NOT_FOUND)
+        }
+    }
+}
+
+export! {
+    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: i32, flags: u64) {
+        state::init_logging();
+        get_proc_address(symbol, pfn, cuda_version, flags, std::ptr::null_mut())
+    }
+
+    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: i32, flags: u64,
+                           status: *mut i32) {
+        state::init_logging();
+        get_proc_address(symbol, pfn, cuda_version, flags, status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_rows_pick_the_newest_variant_not_above_the_version() {
+        let rows = parse_table(
+            "base\tflags\tmin_version\tsymbol\n\
+             cuMemAlloc\t0\t2000\tcuMemAlloc\n\
+             cuMemAlloc\t0\t3020\tcuMemAlloc_v2\n\
+             cuLaunchKernel\t0\t4000\tcuLaunchKernel\n\
+             cuLaunchKernel\t2\t7000\tcuLaunchKernel_ptsz\n",
+        );
+        assert_eq!(select(&rows, "cuMemAlloc", 2000, 0).unwrap(), "cuMemAlloc");
+        assert_eq!(
+            select(&rows, "cuMemAlloc", 12000, 0).unwrap(),
+            "cuMemAlloc_v2"
+        );
+        assert_eq!(
+            select(&rows, "cuMemAlloc", 1000, 0),
+            Err(Status::VersionNotSufficient)
+        );
+        assert_eq!(
+            select(&rows, "cuLaunchKernel", 13000, 2).unwrap(),
+            "cuLaunchKernel_ptsz"
+        );
+        // Flag 1 (legacy stream) without rows of its own uses the default rows.
+        assert_eq!(
+            select(&rows, "cuLaunchKernel", 13000, 1).unwrap(),
+            "cuLaunchKernel"
+        );
+    }
+
+    #[test]
+    fn the_generated_table_answers_like_the_driver() {
+        let rows = table();
+        if TABLE.trim().is_empty() {
+            return; // Built before the table existed: the fallback test covers this build.
+        }
+        assert_eq!(select(rows, "cuMemAlloc", 2000, 0).unwrap(), "cuMemAlloc");
+        assert_eq!(
+            select(rows, "cuMemAlloc", 13000, 0).unwrap(),
+            "cuMemAlloc_v2"
+        );
+        assert_eq!(
+            select(rows, "cuMemAlloc", 1000, 0),
+            Err(Status::VersionNotSufficient)
+        );
+        assert_eq!(
+            select(rows, "cuCtxCreate", 12000, 0).unwrap(),
+            "cuCtxCreate_v3"
+        );
+        assert_eq!(
+            select(rows, "cuCtxCreate", 13000, 0).unwrap(),
+            "cuCtxCreate_v4"
+        );
+        assert_eq!(
+            select(rows, "cuLaunchKernel", 13000, 2).unwrap(),
+            "cuLaunchKernel_ptsz"
+        );
+        assert_eq!(
+            select(rows, "cuMemcpyHtoD", 12000, 2).unwrap(),
+            "cuMemcpyHtoD_v2_ptds"
+        );
+        assert_eq!(
+            select(rows, "cuNoSuchThing", 12000, 0),
+            Err(Status::SymbolNotFound)
+        );
+        // Every symbol the table can return is one of our exports.
+        for variants in rows.values() {
+            for (_, symbol) in variants {
+                assert!(
+                    symbol == "-" || exported(symbol),
+                    "{symbol} is not exported"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fallback_follows_known_breakpoints_and_stream_flags() {
+        let rows = Rows::new();
+        assert_eq!(
+            select(&rows, "cuCtxCreate", 3020, 0).unwrap(),
+            "cuCtxCreate_v2"
+        );
+        assert_eq!(
+            select(&rows, "cuCtxCreate", 12000, 0).unwrap(),
+            "cuCtxCreate_v3"
+        );
+        assert_eq!(
+            select(&rows, "cuCtxCreate", 13000, 0).unwrap(),
+            "cuCtxCreate_v4"
+        );
+        assert_eq!(
+            select(&rows, "cuCtxCreate", 2000, 0).unwrap(),
+            "cuCtxCreate"
+        );
+        assert_eq!(select(&rows, "cuMemAlloc", 2000, 0).unwrap(), "cuMemAlloc");
+        assert_eq!(
+            select(&rows, "cuMemAlloc", 12000, 0).unwrap(),
+            "cuMemAlloc_v2"
+        );
+        assert_eq!(
+            select(&rows, "cuGetProcAddress", 11030, 0).unwrap(),
+            "cuGetProcAddress"
+        );
+        assert_eq!(
+            select(&rows, "cuGetProcAddress", 12000, 0).unwrap(),
+            "cuGetProcAddress_v2"
+        );
+        assert_eq!(
+            select(&rows, "cuMemcpyHtoD", 12000, 2).unwrap(),
+            "cuMemcpyHtoD_v2_ptds"
+        );
+        assert_eq!(
+            select(&rows, "cuLaunchKernel", 12000, 2).unwrap(),
+            "cuLaunchKernel_ptsz"
+        );
+        assert_eq!(
+            select(&rows, "cuLaunchKernel", 12000, 0).unwrap(),
+            "cuLaunchKernel"
+        );
+        assert_eq!(
+            select(&rows, "cuNoSuchThing", 12000, 0),
+            Err(Status::SymbolNotFound)
+        );
+    }
+}

@@ -1,0 +1,206 @@
+//! The process's session with its GPU peer: opened once by `cuInit`, shared by every thread.
+//!
+//! `cuInit` reads `GLEAM_PEER` (`<peer-id>@host:port`, set by `gleam run`) and `GLEAM_CONFIG_DIR` (this
+//! device's identity and mesh secret), connects, and keeps the [`Session`] (or the failure, which every
+//! later `cuInit` returns again, as a real driver does). A `fork()`ed child sees a different pid and is
+//! refused with `CUDA_ERROR_NOT_INITIALIZED`: the connection belongs to the parent.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use gleam_mesh::identity::{Identity, MeshSecret, PeerId, default_config_dir};
+use gleam_remoting::client::{Client, ClientError};
+use gleam_remoting::types::CUresult;
+use gleam_remoting::wire::{DeviceInfo, Reply};
+
+/// The session of this process.
+pub struct Session {
+    /// The connection to the serving peer.
+    pub client: Client,
+    /// The process that opened it.
+    pid: u32,
+    /// Where the peer is, for messages.
+    peer: String,
+}
+
+static SESSION: OnceLock<Result<Session, CUresult>> = OnceLock::new();
+static LOST_REPORTED: AtomicBool = AtomicBool::new(false);
+static FORK_REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// How long the process waits at exit for the peer to finish queued work before closing.
+const GOODBYE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `cuInit`'s work: connects once; later calls return the first outcome.
+pub fn init() -> Result<(), CUresult> {
+    crate::state::init_logging();
+    let outcome = SESSION.get_or_init(connect);
+    match outcome {
+        Ok(session) if session.pid != std::process::id() => Err(forked()),
+        Ok(_) => Ok(()),
+        Err(err) => Err(*err),
+    }
+}
+
+/// The session, if `cuInit` succeeded in this process.
+pub fn session() -> Result<&'static Session, CUresult> {
+    match SESSION.get() {
+        None => Err(CUresult::NOT_INITIALIZED),
+        Some(Err(err)) => Err(*err),
+        Some(Ok(session)) if session.pid != std::process::id() => Err(forked()),
+        Some(Ok(session)) => Ok(session),
+    }
+}
+
+/// The session if one is up, without reporting anything (for answers that have an offline default).
+pub fn session_if_up() -> Option<&'static Session> {
+    match SESSION.get() {
+        Some(Ok(session)) if session.pid == std::process::id() => Some(session),
+        _ => None,
+    }
+}
+
+/// The device `ordinal` of the session.
+pub fn device(ordinal: i32) -> Result<&'static DeviceInfo, CUresult> {
+    let session = session()?;
+    usize::try_from(ordinal)
+        .ok()
+        .and_then(|i| session.client.hello().devices.get(i))
+        .ok_or(CUresult::INVALID_DEVICE)
+}
+
+/// Turns a session failure into the CUDA result the application sees; the first time, tells the user what
+/// happened and what to do.
+pub fn lost(err: ClientError) -> CUresult {
+    if !LOST_REPORTED.swap(true, Ordering::AcqRel) {
+        let peer = session_if_up().map_or("?", |s| s.peer.as_str());
+        tracing::error!(%peer, reason = %err, "GPU session lost");
+        eprintln!(
+            "gleam: the session with GPU peer {peer} ended: {err}.\n\
+             gleam: every CUDA call of this process now fails; check that the peer is running \
+             (`gleam peers list`) and reachable, then run the program again."
+        );
+    }
+    err.cuda_result()
+}
+
+/// A reply of the wrong kind: the server broke the protocol.
+pub fn mismatch(call: &str, reply: &Reply) -> CUresult {
+    tracing::error!(
+        call,
+        ?reply,
+        "the server answered with the wrong kind of reply"
+    );
+    CUresult::UNKNOWN
+}
+
+/// At exit: lets the server finish and free everything, then closes the connection.
+pub fn shutdown() {
+    if let Some(session) = session_if_up() {
+        session.client.close(GOODBYE_TIMEOUT);
+    }
+}
+
+fn forked() -> CUresult {
+    if !FORK_REPORTED.swap(true, Ordering::AcqRel) {
+        tracing::error!(
+            "CUDA used in a fork()ed child of the process that initialized it; refused, as NVIDIA's driver \
+             refuses it (use the 'spawn' start method)"
+        );
+    }
+    CUresult::NOT_INITIALIZED
+}
+
+fn connect() -> Result<Session, CUresult> {
+    let target = match std::env::var("GLEAM_PEER") {
+        Ok(target) if !target.trim().is_empty() => target,
+        _ => {
+            eprintln!(
+                "gleam: GLEAM_PEER is not set, so this libcuda has no GPU peer to use.\n\
+                 gleam: run the program through `gleam run [--peer <peer-id>@HOST:PORT] -- PROGRAM`."
+            );
+            return Err(CUresult::NO_DEVICE);
+        }
+    };
+    let (peer, addr) = match parse_target(&target) {
+        Ok(parsed) => parsed,
+        Err(why) => {
+            eprintln!("gleam: GLEAM_PEER={target:?} is not <peer-id>@HOST:PORT: {why}");
+            return Err(CUresult::NO_DEVICE);
+        }
+    };
+    let dir = default_config_dir();
+    let identity = match Identity::load_or_create(&dir) {
+        Ok(identity) => identity,
+        Err(err) => {
+            eprintln!(
+                "gleam: cannot load this device's identity from {}: {err}",
+                dir.display()
+            );
+            return Err(CUresult::NO_DEVICE);
+        }
+    };
+    let secret = match MeshSecret::load(&dir) {
+        Ok(secret) => secret,
+        Err(err) => {
+            eprintln!(
+                "gleam: no mesh secret in {}: {err}\ngleam: join the peer's mesh with `gleam mesh join CODE`.",
+                dir.display()
+            );
+            return Err(CUresult::NO_DEVICE);
+        }
+    };
+    match Client::connect(peer, addr, &identity, &secret) {
+        Ok(client) => {
+            let hello = client.hello();
+            tracing::info!(%peer, %addr, backend = %hello.backend, server = %hello.server,
+                devices = hello.devices.len(), "connected to GPU peer");
+            if hello.devices.is_empty() {
+                eprintln!("gleam: GPU peer {peer} at {addr} offers no device");
+                return Err(CUresult::NO_DEVICE);
+            }
+            Ok(Session {
+                client,
+                pid: std::process::id(),
+                peer: format!("{peer}@{addr}"),
+            })
+        }
+        Err(err) => {
+            eprintln!(
+                "gleam: cannot use GPU peer {peer} at {addr}: {err}\n\
+                 gleam: CUDA reports no device to this program; check that `gleam serve`/`gleam peer` runs \
+                 there and that both devices are in the same mesh."
+            );
+            Err(err.cuda_result())
+        }
+    }
+}
+
+/// Parses `<peer-id>@host:port`.
+pub fn parse_target(target: &str) -> Result<(PeerId, SocketAddr), String> {
+    let (id, host) = target
+        .trim()
+        .split_once('@')
+        .ok_or_else(|| "missing '@'".to_string())?;
+    let peer: PeerId = id.parse().map_err(|_| format!("{id:?} is not a peer id"))?;
+    let addr = host
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host:?} resolves to no address"))?;
+    Ok((peer, addr))
+}
+
+/// Logs to stderr through `tracing`, filtered by `GLEAM_LOG` (default: warnings only).
+pub fn init_logging() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("GLEAM_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    });
+}

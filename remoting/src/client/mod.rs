@@ -1,0 +1,639 @@
+//! The client side of a CUDA session: one authenticated QUIC connection to a serving peer, one ordered
+//! command stream on it.
+//!
+//! [`Client::connect`] dials the peer (TLS pinned to its [`PeerId`], then the mesh-secret proof), opens the
+//! command stream and exchanges [`Call::Hello`]. From then on a small background tokio runtime owns the
+//! connection: a writer task drains the queue of encoded request frames and coalesces whatever is queued
+//! into one `write_all_chunks`, and a reader task routes each [`ReplyFrame`] to the thread waiting for its
+//! `seq`. Callers never touch async code:
+//!
+//! * [`Client::call`] sends a request and blocks the calling thread until its reply;
+//! * [`Client::send`] queues a fire-and-forget request (ordered with everything else), or waits for it
+//!   when the session runs in blocking mode (`CUDA_LAUNCH_BLOCKING=1`);
+//! * [`Client::memcpy_htod`] / [`Client::memcpy_dtoh`] split bulk copies into [`COPY_CHUNK`] pieces.
+//!
+//! If the connection is lost (QUIC idle timeout with keep-alives on, the server's session process died,
+//! a protocol violation), every pending and later call fails with [`ClientError::Lost`] within seconds,
+//! never hangs.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::time::Duration;
+
+use bytes::Bytes;
+use gleam_mesh::auth::{AuthError, authenticate_as_client};
+use gleam_mesh::identity::{Identity, MeshSecret, PeerId};
+use gleam_mesh::tls::{ALPN_CUDA, TlsError, client_config, server_name};
+use tokio::sync::mpsc as tokio_mpsc;
+use tracing::{debug, warn};
+
+use crate::types::CUresult;
+use crate::wire::{
+    COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request,
+    ServerHello, WireError, decode, encode_frame, read_frame_body, write_frame,
+};
+
+/// How long [`Client::connect`] may take in all (handshake, authentication, hello).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The writer stops coalescing queued frames into one write once it holds this many bytes.
+const COALESCE_BYTES: usize = 1 << 20;
+/// QUIC application close code of an orderly client exit.
+const CLOSE_CLIENT_EXIT: u32 = 0;
+
+/// Why a session could not be established, or why it ended.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClientError {
+    /// The local UDP endpoint could not be created.
+    #[error("cannot open a local UDP socket: {0}")]
+    Endpoint(String),
+    /// The TLS configuration could not be built from this device's identity.
+    #[error("TLS configuration: {0}")]
+    Tls(Arc<TlsError>),
+    /// The peer did not complete the QUIC/TLS handshake.
+    #[error("cannot reach peer {peer} at {addr}: {reason}")]
+    Unreachable {
+        /// The peer dialled.
+        peer: PeerId,
+        /// Its address.
+        addr: SocketAddr,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The mesh-secret proof failed (the peer is in another mesh, or refused us).
+    #[error("peer refused the session: {0}")]
+    Auth(Arc<AuthError>),
+    /// The whole connect sequence took longer than allowed.
+    #[error("peer {peer} at {addr} did not answer within {timeout:?}")]
+    Timeout {
+        /// The peer dialled.
+        peer: PeerId,
+        /// Its address.
+        addr: SocketAddr,
+        /// The limit.
+        timeout: Duration,
+    },
+    /// The peer speaks another protocol version.
+    #[error(
+        "protocol version mismatch: this client speaks {client}, the peer {server}; update Gleam on both"
+    )]
+    Version {
+        /// Ours.
+        client: u32,
+        /// The peer's.
+        server: u32,
+    },
+    /// The peer broke the protocol (an undecodable frame, a reply to nothing, a wrong reply kind).
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The session is over: the connection was lost or closed. Every later call fails the same way.
+    #[error("the session with the GPU peer ended: {0}")]
+    Lost(String),
+}
+
+impl ClientError {
+    /// The CUDA result an application sees for this failure: connecting failures are "no device";
+    /// a lost session is "device unavailable" (every later call returns it, like a sticky error).
+    pub fn cuda_result(&self) -> CUresult {
+        match self {
+            Self::Lost(_) | Self::Protocol(_) => CUresult::DEVICE_UNAVAILABLE,
+            _ => CUresult::NO_DEVICE,
+        }
+    }
+}
+
+/// What a waiter receives: the reply, or why none will come.
+type Outcome = Result<ReplyFrame, ClientError>;
+
+/// State shared by the calling threads and the background tasks.
+struct Shared {
+    /// Assigns sequence numbers and queues frames in that order (one lock, so the queue is in seq order).
+    queue: Mutex<Queue>,
+    /// Threads waiting for a reply, by seq; `lost` once the session ended.
+    waiters: Mutex<Waiters>,
+    /// Set once the session ended (fast path for callers).
+    lost: AtomicBool,
+    /// Set when this side ends the session, so the end is not reported as a failure.
+    closing: AtomicBool,
+}
+
+struct Queue {
+    next_seq: u64,
+    frames: tokio_mpsc::UnboundedSender<Bytes>,
+    /// Initial capacity of a frame buffer (most requests are small).
+    frame_hint: usize,
+}
+
+#[derive(Default)]
+struct Waiters {
+    pending: HashMap<u64, mpsc::SyncSender<Outcome>>,
+    lost: Option<ClientError>,
+}
+
+impl Shared {
+    fn waiters(&self) -> MutexGuard<'_, Waiters> {
+        // A poisoned lock only means a thread panicked while holding it; the map is still consistent.
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends the session: every pending and later call fails with `err` (the first reason wins).
+    fn fail_all(&self, err: ClientError) {
+        let mut waiters = self.waiters();
+        let err = waiters.lost.get_or_insert(err).clone();
+        self.lost.store(true, Ordering::Release);
+        for (_, tx) in waiters.pending.drain() {
+            let _ = tx.try_send(Err(err.clone()));
+        }
+    }
+
+    fn lost_error(&self) -> ClientError {
+        self.waiters()
+            .lost
+            .clone()
+            .unwrap_or_else(|| ClientError::Lost("the session ended".into()))
+    }
+}
+
+/// A request whose reply has not been collected yet.
+#[must_use = "a pending request must be waited for"]
+pub struct Pending {
+    rx: mpsc::Receiver<Outcome>,
+}
+
+impl Pending {
+    /// Blocks until the reply arrives (or the session ends).
+    pub fn wait(self) -> Result<(CUresult, Reply), ClientError> {
+        match self.rx.recv() {
+            Ok(Ok(frame)) => Ok((frame.result, frame.reply)),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(ClientError::Lost("the session ended".into())),
+        }
+    }
+
+    /// As [`Pending::wait`], giving up after `timeout`.
+    pub fn wait_timeout(self, timeout: Duration) -> Result<(CUresult, Reply), ClientError> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(Ok(frame)) => Ok((frame.result, frame.reply)),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(ClientError::Lost(format!("no reply within {timeout:?}"))),
+        }
+    }
+}
+
+/// An established session with a serving peer.
+pub struct Client {
+    shared: Arc<Shared>,
+    hello: ServerHello,
+    blocking: bool,
+    connection: quinn::Connection,
+    endpoint: quinn::Endpoint,
+    // Last, so the tasks stop after everything else is dropped.
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Client {
+    /// Connects to `peer` at `addr` as `identity`, proves membership with `secret`, and says hello.
+    ///
+    /// Fails within [`CONNECT_TIMEOUT`] if the peer does not answer.
+    pub fn connect(
+        peer: PeerId,
+        addr: SocketAddr,
+        identity: &Identity,
+        secret: &MeshSecret,
+    ) -> Result<Self, ClientError> {
+        Self::connect_with_timeout(peer, addr, identity, secret, CONNECT_TIMEOUT)
+    }
+
+    /// [`Client::connect`] with an explicit time limit.
+    pub fn connect_with_timeout(
+        peer: PeerId,
+        addr: SocketAddr,
+        identity: &Identity,
+        secret: &MeshSecret,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("gleam-client")
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Endpoint(e.to_string()))?;
+        let config =
+            client_config(identity, peer, ALPN_CUDA).map_err(|e| ClientError::Tls(Arc::new(e)))?;
+        let bind: SocketAddr = if addr.is_ipv6() {
+            "[::]:0".parse().expect("valid literal")
+        } else {
+            "0.0.0.0:0".parse().expect("valid literal")
+        };
+        let endpoint = runtime
+            .block_on(async { quinn::Endpoint::client(bind) })
+            .map_err(|e| ClientError::Endpoint(e.to_string()))?;
+
+        let secret = secret.clone();
+        let handshake = async {
+            let connecting = endpoint
+                .connect_with(config, addr, &server_name(peer))
+                .map_err(|e| unreachable(peer, addr, e))?;
+            let connection = connecting.await.map_err(|e| unreachable(peer, addr, e))?;
+            authenticate_as_client(&connection, &secret)
+                .await
+                .map_err(|e| ClientError::Auth(Arc::new(e)))?;
+            let (mut send, mut recv) = connection
+                .open_bi()
+                .await
+                .map_err(|e| unreachable(peer, addr, e))?;
+            let hello = Request {
+                seq: 1,
+                ctx: 0,
+                expects_reply: true,
+                call: Call::Hello(ClientHello {
+                    protocol: PROTOCOL_VERSION,
+                    client: describe_self(),
+                }),
+            };
+            write_frame(&mut send, &hello).await.map_err(lost_wire)?;
+            let mut buf = Vec::new();
+            if !read_frame_body(&mut recv, &mut buf)
+                .await
+                .map_err(lost_wire)?
+            {
+                return Err(ClientError::Lost(close_reason(&connection)));
+            }
+            let frame: ReplyFrame =
+                decode(&buf).map_err(|e| ClientError::Protocol(e.to_string()))?;
+            let server = match frame.reply {
+                Reply::Hello(server) => server,
+                other if !frame.result.is_success() => {
+                    debug!(?other, "hello refused");
+                    return Err(ClientError::Protocol(format!(
+                        "the peer refused the session: {}",
+                        frame.result
+                    )));
+                }
+                other => {
+                    return Err(ClientError::Protocol(format!(
+                        "expected a hello reply, got {other:?}"
+                    )));
+                }
+            };
+            if server.protocol != PROTOCOL_VERSION {
+                return Err(ClientError::Version {
+                    client: PROTOCOL_VERSION,
+                    server: server.protocol,
+                });
+            }
+            Ok((connection, send, recv, server))
+        };
+        let (connection, send, recv, hello) = runtime
+            .block_on(async { tokio::time::timeout(timeout, handshake).await })
+            .map_err(|_| ClientError::Timeout {
+                peer,
+                addr,
+                timeout,
+            })??;
+
+        let (frames, queued) = tokio_mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                next_seq: 2,
+                frames,
+                frame_hint: 128,
+            }),
+            waiters: Mutex::new(Waiters::default()),
+            lost: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+        });
+        runtime.spawn(writer(send, queued, shared.clone(), connection.clone()));
+        runtime.spawn(reader(recv, shared.clone(), connection.clone()));
+        let blocking = std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v.trim() == "1");
+        debug!(%peer, %addr, backend = %hello.backend, devices = hello.devices.len(), blocking, "session established");
+        Ok(Self {
+            shared,
+            hello,
+            blocking,
+            connection,
+            endpoint,
+            runtime,
+        })
+    }
+
+    /// What the server said about itself and its devices at connect.
+    pub fn hello(&self) -> &ServerHello {
+        &self.hello
+    }
+
+    /// Whether every call waits for its reply (`CUDA_LAUNCH_BLOCKING=1`).
+    pub fn is_blocking(&self) -> bool {
+        self.blocking
+    }
+
+    /// Whether the session has ended.
+    pub fn is_lost(&self) -> bool {
+        self.shared.lost.load(Ordering::Acquire)
+    }
+
+    /// Queues one request; returns the waiter when `expects_reply`.
+    pub fn submit(
+        &self,
+        ctx: u64,
+        call: Call,
+        expects_reply: bool,
+    ) -> Result<Option<Pending>, ClientError> {
+        if self.is_lost() {
+            return Err(self.shared.lost_error());
+        }
+        let mut queue = self.shared.queue();
+        let seq = queue.next_seq;
+        let bulk = match &call {
+            Call::MemcpyHtoD { data, .. } => data.len(),
+            Call::ModuleLoad { image } | Call::LibraryLoad { image } => image.len(),
+            _ => 0,
+        };
+        let request = Request {
+            seq,
+            ctx,
+            expects_reply,
+            call,
+        };
+        let mut scratch = std::mem::take(&mut queue.scratch);
+        scratch.clear();
+        if let Err(err) = encode_frame(&request, &mut scratch) {
+            queue.scratch = scratch;
+            return Err(ClientError::Protocol(format!(
+                "cannot encode request: {err}"
+            )));
+        }
+        let frame = Bytes::copy_from_slice(&scratch);
+        queue.scratch = scratch;
+        let pending = if expects_reply {
+            let (tx, rx) = mpsc::sync_channel(1);
+            let mut waiters = self.shared.waiters();
+            if let Some(err) = &waiters.lost {
+                return Err(err.clone());
+            }
+            waiters.pending.insert(seq, tx);
+            Some(Pending { rx })
+        } else {
+            None
+        };
+        queue.next_seq += 1;
+        if queue.frames.send(frame).is_err() {
+            drop(queue);
+            self.shared
+                .fail_all(ClientError::Lost("the connection's writer stopped".into()));
+            return Err(self.shared.lost_error());
+        }
+        Ok(pending)
+    }
+
+    /// Sends `call` and blocks until its reply: the call's CUDA result and out-values.
+    pub fn call(&self, ctx: u64, call: Call) -> Result<(CUresult, Reply), ClientError> {
+        match self.submit(ctx, call, true)? {
+            Some(pending) => pending.wait(),
+            None => unreachable!("a request expecting a reply has a waiter"),
+        }
+    }
+
+    /// Sends `call` fire-and-forget (its failure becomes the session's pending error), or, in blocking
+    /// mode, waits and returns its result.
+    pub fn send(&self, ctx: u64, call: Call) -> Result<CUresult, ClientError> {
+        if self.blocking {
+            return self.call(ctx, call).map(|(result, _)| result);
+        }
+        self.submit(ctx, call, false)?;
+        Ok(CUresult::SUCCESS)
+    }
+
+    /// Copies `src` to device address `dst` in [`COPY_CHUNK`] pieces. The bytes are copied out of `src`
+    /// before returning, so the caller may reuse the buffer at once. A synchronous copy (`stream: None`)
+    /// waits for the last piece's reply; an asynchronous one is fire-and-forget (unless blocking).
+    pub fn memcpy_htod(
+        &self,
+        ctx: u64,
+        dst: u64,
+        src: &[u8],
+        stream: Option<u64>,
+    ) -> Result<CUresult, ClientError> {
+        let chunks: Vec<&[u8]> = if src.is_empty() {
+            vec![src]
+        } else {
+            src.chunks(COPY_CHUNK).collect()
+        };
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let call = Call::MemcpyHtoD {
+                dst: dst + (i * COPY_CHUNK) as u64,
+                data: Payload::Inline(chunk.to_vec()),
+                stream,
+            };
+            if i == last && (stream.is_none() || self.blocking) {
+                return self.call(ctx, call).map(|(result, _)| result);
+            }
+            if let Some(pending) = self.submit(ctx, call, self.blocking)? {
+                let (result, _) = pending.wait()?;
+                if !result.is_success() {
+                    return Ok(result);
+                }
+            }
+        }
+        Ok(CUresult::SUCCESS)
+    }
+
+    /// Copies `dst.len()` bytes from device address `src` into `dst`. All pieces are requested at once
+    /// (pipelined) and collected in order. With `stream`, the server waits for the stream first.
+    pub fn memcpy_dtoh(
+        &self,
+        ctx: u64,
+        dst: &mut [u8],
+        src: u64,
+        stream: Option<u64>,
+    ) -> Result<CUresult, ClientError> {
+        let len = dst.len();
+        let pieces = len.div_ceil(COPY_CHUNK).max(1);
+        let mut pending = Vec::with_capacity(pieces);
+        for i in 0..pieces {
+            let offset = i * COPY_CHUNK;
+            let n = (len - offset).min(COPY_CHUNK);
+            let call = Call::MemcpyDtoH {
+                src: src + offset as u64,
+                len: n as u64,
+                stream,
+            };
+            match self.submit(ctx, call, true)? {
+                Some(p) => pending.push((offset, n, p)),
+                None => unreachable!("a request expecting a reply has a waiter"),
+            }
+        }
+        let mut first_error = None;
+        for (offset, n, p) in pending {
+            let (result, reply) = p.wait()?;
+            if !result.is_success() {
+                first_error.get_or_insert(result);
+                continue;
+            }
+            match reply {
+                Reply::Data(data) if data.len() == n => {
+                    dst[offset..offset + n].copy_from_slice(&data);
+                }
+                Reply::Data(data) => {
+                    return Err(ClientError::Protocol(format!(
+                        "asked for {n} bytes, got {}",
+                        data.len()
+                    )));
+                }
+                other => {
+                    return Err(ClientError::Protocol(format!(
+                        "expected data, got {other:?}"
+                    )));
+                }
+            }
+        }
+        Ok(first_error.unwrap_or(CUresult::SUCCESS))
+    }
+
+    /// Ends the session in order: waits (briefly) for the server to finish queued work and free
+    /// everything, then closes the connection.
+    pub fn close(&self, timeout: Duration) {
+        self.shared.closing.store(true, Ordering::Release);
+        if !self.is_lost()
+            && let Ok(Some(pending)) = self.submit(0, Call::Goodbye, true)
+        {
+            let _ = pending.wait_timeout(timeout);
+        }
+        self.shared
+            .fail_all(ClientError::Lost("the client closed the session".into()));
+        self.connection
+            .close(quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT), b"client exit");
+        // Give the close frame a moment to leave (the process may be exiting right after). No `block_on`:
+        // this may run from a library destructor, after the calling thread's tokio context is gone.
+        let endpoint = self.endpoint.clone();
+        let (done, idle) = mpsc::sync_channel(1);
+        self.runtime.spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
+            let _ = done.try_send(());
+        });
+        let _ = idle.recv_timeout(Duration::from_millis(250));
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.shared
+            .fail_all(ClientError::Lost("the client was dropped".into()));
+        self.connection
+            .close(quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT), b"client exit");
+    }
+}
+
+fn unreachable(peer: PeerId, addr: SocketAddr, err: impl std::fmt::Display) -> ClientError {
+    ClientError::Unreachable {
+        peer,
+        addr,
+        reason: err.to_string(),
+    }
+}
+
+fn lost_wire(err: WireError) -> ClientError {
+    ClientError::Lost(err.to_string())
+}
+
+fn close_reason(connection: &quinn::Connection) -> String {
+    match connection.close_reason() {
+        Some(quinn::ConnectionError::ApplicationClosed(close)) => {
+            let reason = String::from_utf8_lossy(&close.reason);
+            format!("the peer closed the session ({reason})")
+        }
+        Some(quinn::ConnectionError::TimedOut) => {
+            "the peer stopped answering (network down or peer gone)".into()
+        }
+        Some(other) => other.to_string(),
+        None => "the peer ended the command stream".into(),
+    }
+}
+
+fn describe_self() -> String {
+    let program = std::env::args()
+        .next()
+        .unwrap_or_else(|| "<unknown program>".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    format!("{program} (pid {}) on {host}", std::process::id())
+}
+
+/// Drains the frame queue onto the stream, coalescing whatever is already queued into one write.
+async fn writer(
+    mut send: quinn::SendStream,
+    mut queued: tokio_mpsc::UnboundedReceiver<Bytes>,
+    shared: Arc<Shared>,
+    connection: quinn::Connection,
+) {
+    let mut batch: Vec<Bytes> = Vec::new();
+    while let Some(first) = queued.recv().await {
+        let mut bytes = first.len();
+        batch.push(first);
+        while bytes < COALESCE_BYTES {
+            match queued.try_recv() {
+                Ok(frame) => {
+                    bytes += frame.len();
+                    batch.push(frame);
+                }
+                Err(_) => break,
+            }
+        }
+        if let Err(err) = send.write_all_chunks(&mut batch).await {
+            let reason = match connection.close_reason() {
+                Some(_) => close_reason(&connection),
+                None => err.to_string(),
+            };
+            warn!(%reason, "CUDA session lost while sending");
+            shared.fail_all(ClientError::Lost(reason));
+            return;
+        }
+        batch.clear();
+    }
+    // Every sender is gone: the client was dropped. Finish the stream so the server sees a clean end.
+    let _ = send.finish();
+}
+
+/// Routes replies to their waiters by `seq`.
+async fn reader(mut recv: quinn::RecvStream, shared: Arc<Shared>, connection: quinn::Connection) {
+    let mut buf = Vec::new();
+    let err = loop {
+        match read_frame_body(&mut recv, &mut buf).await {
+            Ok(true) => {}
+            Ok(false) => break ClientError::Lost(close_reason(&connection)),
+            Err(WireError::Io(_)) => {
+                // Let the connection record why it closed before reporting it.
+                let _ = tokio::time::timeout(Duration::from_millis(100), connection.closed()).await;
+                break ClientError::Lost(close_reason(&connection));
+            }
+            Err(err) => break ClientError::Protocol(err.to_string()),
+        }
+        let frame: ReplyFrame = match decode(&buf) {
+            Ok(frame) => frame,
+            Err(err) => break ClientError::Protocol(format!("undecodable reply: {err}")),
+        };
+        let waiter = shared.waiters().pending.remove(&frame.seq);
+        match waiter {
+            Some(tx) => {
+                let _ = tx.try_send(Ok(frame));
+            }
+            None => {
+                break ClientError::Protocol(format!("reply to unknown request {}", frame.seq));
+            }
+        }
+    };
+    if !shared.lost.load(Ordering::Acquire) && !shared.closing.load(Ordering::Acquire) {
+        warn!(reason = %err, "CUDA session ended");
+    }
+    shared.fail_all(err);
+    if let ClientError::Protocol(reason) = &shared.lost_error() {
+        connection.close(quinn::VarInt::from_u32(1), reason.as_bytes());
+    }
+}

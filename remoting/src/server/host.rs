@@ -1,0 +1,431 @@
+//! Hosting sessions: one authenticated QUIC connection ↔ one session process.
+//!
+//! [`serve_connection`] accepts the client's command stream, starts a [`WorkerCommand`] (normally
+//! `gleam session --backend X`) and relays frames between the stream and the process's stdin/stdout without
+//! decoding them: it only checks each frame's length against [`MAX_FRAME`]. The process is killed when the
+//! connection ends (so the driver frees all the session's GPU memory), and the connection is closed with a
+//! reason when the process exits. One client never shares a process with another, and a malformed message
+//! ends only its own session.
+//!
+//! [`pick_backend`] decides what executes sessions: a real GPU when one answers, else the `emu` backend.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use quinn::VarInt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tracing::{debug, info, warn};
+
+use crate::server::worker::ExitReason;
+use crate::wire::MAX_FRAME;
+
+/// Close code: the session ended normally (Goodbye, or the client finished its stream).
+pub const CLOSE_ENDED: VarInt = VarInt::from_u32(0);
+/// Close code: the client broke the framing (a frame over [`MAX_FRAME`]) or sent a malformed request.
+pub const CLOSE_PROTOCOL_VIOLATION: VarInt = VarInt::from_u32(0x4743_0001);
+/// Close code: the session process failed (crashed, was killed, or its backend could not start).
+pub const CLOSE_WORKER_FAILED: VarInt = VarInt::from_u32(0x4743_0002);
+/// Close code: the session process could not be started.
+pub const CLOSE_WORKER_START: VarInt = VarInt::from_u32(0x4743_0003);
+/// Close code: the client opened no command stream in time.
+pub const CLOSE_NO_STREAM: VarInt = VarInt::from_u32(0x4743_0004);
+
+/// How long a client may take to open its command stream after authenticating.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the last replies may take to reach the client after the session process exited.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Relay buffer per direction.
+const RELAY_BUFFER: usize = 1 << 20;
+/// Size asked for the session process's pipes.
+const PIPE_SIZE: libc::c_int = 1 << 20;
+
+/// The program that runs one session (`gleam session --backend X`).
+#[derive(Clone, Debug)]
+pub struct WorkerCommand {
+    /// Executable path.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Variables set in its environment, on top of the server's own.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+/// Which backend executes sessions.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum BackendChoice {
+    /// NVIDIA's driver on a real GPU.
+    Cuda,
+    /// The GPU-less backend: device memory in host memory, kernels run by the PTX interpreter.
+    Emu,
+}
+
+impl BackendChoice {
+    /// The name `gleam session --backend` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cuda => "cuda",
+            Self::Emu => "emu",
+        }
+    }
+}
+
+/// What the user asked for with `--backend`.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub enum BackendRequest {
+    /// A real GPU if one answers, else `emu`.
+    #[default]
+    Auto,
+    /// A real GPU; sessions fail if there is none.
+    Cuda,
+    /// The GPU-less backend even if there is a GPU.
+    Emu,
+}
+
+/// Resolves `auto`: a real GPU when NVIDIA's driver loads and reports at least one device, else `emu`.
+pub fn pick_backend(requested: BackendRequest) -> BackendChoice {
+    match requested {
+        BackendRequest::Cuda => BackendChoice::Cuda,
+        BackendRequest::Emu => BackendChoice::Emu,
+        BackendRequest::Auto => match crate::server::real::probe() {
+            Ok(devices) => {
+                info!(devices, "serving with NVIDIA's driver");
+                BackendChoice::Cuda
+            }
+            Err(why) => {
+                info!(
+                    %why,
+                    "no GPU found: the emu backend serves (device memory in host memory, kernels run on \
+                     the CPU by the PTX interpreter)"
+                );
+                BackendChoice::Emu
+            }
+        },
+    }
+}
+
+/// Counters of one hosted session.
+#[derive(Debug, Default)]
+struct Traffic {
+    from_client: AtomicU64,
+    to_client: AtomicU64,
+}
+
+/// How the session ended, as reported to the client.
+enum End {
+    /// The connection closed (client left, or network failure): the worker is killed.
+    ConnectionLost(quinn::ConnectionError),
+    /// The client broke the framing.
+    Protocol(String),
+    /// The worker exited (status, or the error waiting for it).
+    WorkerExited(std::io::Result<ExitStatus>),
+}
+
+/// Hosts one authenticated connection's CUDA session until it ends. Never panics on network input.
+pub async fn serve_connection(
+    conn: quinn::Connection,
+    peer: impl std::fmt::Display,
+    worker: WorkerCommand,
+) {
+    let started = Instant::now();
+    let remote = conn.remote_address();
+    let (send, recv) = match tokio::time::timeout(STREAM_TIMEOUT, conn.accept_bi()).await {
+        Ok(Ok(streams)) => streams,
+        Ok(Err(err)) => {
+            debug!(%peer, %remote, error = %err, "connection ended before a session started");
+            return;
+        }
+        Err(_) => {
+            warn!(%peer, %remote, "client opened no session stream: closing");
+            conn.close(CLOSE_NO_STREAM, b"no session stream opened");
+            return;
+        }
+    };
+
+    let mut child = match spawn(&worker) {
+        Ok(child) => child,
+        Err(err) => {
+            warn!(%peer, program = %worker.program.display(), error = %err, "cannot start the session process");
+            conn.close(
+                CLOSE_WORKER_START,
+                b"server could not start a session process",
+            );
+            return;
+        }
+    };
+    let pid = child.id().unwrap_or(0);
+    info!(%peer, %remote, pid, "session started");
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        // Unreachable with piped stdio, but never worth a panic.
+        conn.close(
+            CLOSE_WORKER_START,
+            b"server could not start a session process",
+        );
+        return;
+    };
+
+    grow_pipe(&stdin);
+    grow_pipe(&stdout);
+    let traffic = Arc::new(Traffic::default());
+    let mut upload = tokio::spawn(relay_in(recv, stdin, traffic.clone()));
+    let mut download = tokio::spawn(relay_out(stdout, send, traffic.clone()));
+
+    let mut upload_done = false;
+    let end = loop {
+        tokio::select! {
+            err = conn.closed() => break End::ConnectionLost(err),
+            status = child.wait() => break End::WorkerExited(status),
+            result = &mut upload, if !upload_done => {
+                upload_done = true;
+                match result {
+                    // The client finished its stream: stdin is closed, the worker ends by itself.
+                    Ok(Ok(())) => {}
+                    Ok(Err(RelayError::FrameTooLarge(len))) => {
+                        break End::Protocol(format!("request frame of {len} bytes exceeds the limit"));
+                    }
+                    // A reset stream or a broken pipe: the connection or the worker is going away and
+                    // the other branches report why.
+                    Ok(Err(err)) => debug!(%peer, error = %err, "request relay stopped"),
+                    Err(err) => debug!(%peer, error = %err, "request relay task failed"),
+                }
+            }
+        }
+    };
+
+    let (code, reason) = match end {
+        End::ConnectionLost(err) => {
+            kill(&mut child).await;
+            (None, format!("connection closed: {err}"))
+        }
+        End::Protocol(why) => {
+            conn.close(CLOSE_PROTOCOL_VIOLATION, why.as_bytes());
+            kill(&mut child).await;
+            (Some(CLOSE_PROTOCOL_VIOLATION), why)
+        }
+        End::WorkerExited(status) => {
+            // Let the last replies (e.g. Goodbye's) reach the client before closing.
+            if tokio::time::timeout(DRAIN_TIMEOUT, &mut download)
+                .await
+                .is_err()
+            {
+                debug!(%peer, "replies not drained in time");
+            }
+            let (code, why) = match status {
+                Ok(status) => describe_exit(status),
+                Err(err) => (CLOSE_WORKER_FAILED, format!("session process lost: {err}")),
+            };
+            conn.close(code, why.as_bytes());
+            (Some(code), why)
+        }
+    };
+    upload.abort();
+    download.abort();
+    let level_ok = code.is_none_or(|c| c == CLOSE_ENDED);
+    let from_client = traffic.from_client.load(Ordering::Relaxed);
+    let to_client = traffic.to_client.load(Ordering::Relaxed);
+    let duration_ms = started.elapsed().as_millis() as u64;
+    if level_ok {
+        info!(%peer, %remote, pid, duration_ms, from_client, to_client, %reason, "session ended");
+    } else {
+        warn!(%peer, %remote, pid, duration_ms, from_client, to_client, %reason, "session failed");
+    }
+}
+
+fn spawn(worker: &WorkerCommand) -> std::io::Result<Child> {
+    Command::new(&worker.program)
+        .args(&worker.args)
+        .envs(worker.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        // If this task is dropped (server shutdown), the session process goes with it.
+        .kill_on_drop(true)
+        .spawn()
+}
+
+/// Pipes default to 64 KiB; a bulk copy then costs a context switch per 64 KiB. Ask for 1 MiB (the
+/// unprivileged maximum by default); failure only costs speed.
+fn grow_pipe(pipe: &impl std::os::fd::AsRawFd) {
+    // SAFETY: F_SETPIPE_SZ on a descriptor we own; no memory is passed.
+    let r = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
+    if r < 0 {
+        debug!(error = %std::io::Error::last_os_error(), "cannot grow the session pipe");
+    }
+}
+
+async fn kill(child: &mut Child) {
+    if let Err(err) = child.kill().await {
+        debug!(error = %err, "session process already gone");
+    }
+}
+
+/// The close code and reason for a finished session process.
+fn describe_exit(status: ExitStatus) -> (VarInt, String) {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => (CLOSE_ENDED, "session ended".to_owned()),
+        (Some(code), _) => {
+            let why = ExitReason::describe_code(code);
+            let close = match code {
+                c if c == i32::from(crate::server::worker::EXIT_MALFORMED)
+                    || c == i32::from(crate::server::worker::EXIT_FRAME_TOO_LARGE) =>
+                {
+                    CLOSE_PROTOCOL_VIOLATION
+                }
+                _ => CLOSE_WORKER_FAILED,
+            };
+            (close, format!("{why} (session process exit code {code})"))
+        }
+        (None, Some(signal)) => (
+            CLOSE_WORKER_FAILED,
+            format!("session process killed by signal {signal}"),
+        ),
+        (None, None) => (CLOSE_WORKER_FAILED, "session process ended".to_owned()),
+    }
+}
+
+/// A relay direction stopped.
+#[derive(Debug, thiserror::Error)]
+enum RelayError {
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    FrameTooLarge(usize),
+    #[error("reading the client stream: {0}")]
+    Read(#[from] quinn::ReadError),
+    #[error("writing the client stream: {0}")]
+    Write(#[from] quinn::WriteError),
+    #[error("session process pipe: {0}")]
+    Pipe(#[from] std::io::Error),
+}
+
+/// Client stream → worker stdin, chunk by chunk, checking frame lengths on the way.
+async fn relay_in(
+    mut recv: quinn::RecvStream,
+    mut stdin: ChildStdin,
+    traffic: Arc<Traffic>,
+) -> Result<(), RelayError> {
+    let mut frames = FrameCheck::default();
+    while let Some(chunk) = recv.read_chunk(RELAY_BUFFER, true).await? {
+        frames.feed(&chunk.bytes)?;
+        stdin.write_all(&chunk.bytes).await?;
+        traffic
+            .from_client
+            .fetch_add(chunk.bytes.len() as u64, Ordering::Relaxed);
+    }
+    // Dropping stdin tells the worker the client is done.
+    drop(stdin);
+    Ok(())
+}
+
+/// Worker stdout → client stream: whatever the worker wrote since the last read goes out in one write.
+async fn relay_out(
+    mut stdout: ChildStdout,
+    mut send: quinn::SendStream,
+    traffic: Arc<Traffic>,
+) -> Result<(), RelayError> {
+    let mut buf = vec![0; RELAY_BUFFER];
+    loop {
+        let n = stdout.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        send.write_all(&buf[..n]).await?;
+        traffic.to_client.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    // The worker is done: finish the stream and wait until the client has it all (or gave up).
+    let _ = send.finish();
+    let _ = send.stopped().await;
+    Ok(())
+}
+
+/// Tracks frame boundaries in a byte stream, checking each announced length without buffering frames.
+#[derive(Debug, Default)]
+struct FrameCheck {
+    /// Bytes of the current frame's body still to come.
+    remaining: usize,
+    /// The length prefix read so far.
+    header: [u8; 4],
+    header_len: usize,
+}
+
+impl FrameCheck {
+    fn feed(&mut self, mut bytes: &[u8]) -> Result<(), RelayError> {
+        while !bytes.is_empty() {
+            if self.remaining > 0 {
+                let take = self.remaining.min(bytes.len());
+                self.remaining -= take;
+                bytes = &bytes[take..];
+                continue;
+            }
+            let take = (4 - self.header_len).min(bytes.len());
+            self.header[self.header_len..self.header_len + take].copy_from_slice(&bytes[..take]);
+            self.header_len += take;
+            bytes = &bytes[take..];
+            if self.header_len == 4 {
+                self.header_len = 0;
+                let len = u32::from_le_bytes(self.header) as usize;
+                if len > MAX_FRAME {
+                    return Err(RelayError::FrameTooLarge(len));
+                }
+                self.remaining = len;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(len: usize) -> Vec<u8> {
+        let mut f = (len as u32).to_le_bytes().to_vec();
+        f.resize(4 + len, 0xee);
+        f
+    }
+
+    #[test]
+    fn frame_check_follows_boundaries_across_chunks() {
+        let mut stream = frame(3);
+        stream.extend(frame(0));
+        stream.extend(frame(1000));
+        // The header of a frame of exactly the limit, whose body is still to come.
+        stream.extend((MAX_FRAME as u32).to_le_bytes());
+        // Any chunking gives the same verdict.
+        for chunk in [1, 2, 3, 5, 7, 4096] {
+            let mut check = FrameCheck::default();
+            for piece in stream.chunks(chunk) {
+                check.feed(piece).unwrap();
+            }
+            assert_eq!(check.remaining, MAX_FRAME);
+        }
+    }
+
+    #[test]
+    fn frame_check_refuses_oversized_frames() {
+        let mut check = FrameCheck::default();
+        check.feed(&frame(10)).unwrap();
+        let bad = ((MAX_FRAME + 1) as u32).to_le_bytes();
+        check.feed(&bad[..2]).unwrap();
+        assert!(matches!(
+            check.feed(&bad[2..]),
+            Err(RelayError::FrameTooLarge(n)) if n == MAX_FRAME + 1
+        ));
+    }
+
+    #[test]
+    fn exit_codes_become_close_reasons() {
+        use std::os::unix::process::ExitStatusExt;
+        let (code, why) = describe_exit(ExitStatus::from_raw(0));
+        assert_eq!((code, why.as_str()), (CLOSE_ENDED, "session ended"));
+        let (code, why) = describe_exit(ExitStatus::from_raw(3 << 8));
+        assert_eq!(code, CLOSE_PROTOCOL_VIOLATION);
+        assert!(why.contains("malformed"), "{why}");
+        let (code, why) = describe_exit(ExitStatus::from_raw(9));
+        assert_eq!(code, CLOSE_WORKER_FAILED);
+        assert!(why.contains("signal 9"), "{why}");
+    }
+}

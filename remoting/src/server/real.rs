@@ -1,0 +1,954 @@
+//! [`RealBackend`]: sessions executed by NVIDIA's driver on a real GPU.
+//!
+//! The driver library is found and loaded through cudarc's dynamic loading (after
+//! [`is_culib_present`](cudarc::driver::sys::is_culib_present), since cudarc panics when it is absent), but
+//! every function is called through Gleam's own integer-typed C signatures: enums are plain `i32`/`u32`
+//! ([`Arg::C`](crate::api::Arg::C)), so a value from the network that CUDA does not define is passed to
+//! the driver, which rejects it, instead of being undefined behaviour in Rust. Each listed call's symbol is
+//! resolved on first use and cached.
+//!
+//! The server refuses a library that exports `gleam_shim_marker`: that is Gleam's own shim, found because
+//! the server inherited a client's `LD_LIBRARY_PATH`, and serving through it would loop.
+
+use std::cell::OnceCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use tracing::{debug, warn};
+
+use crate::api::{ApiCall, ApiReply, Arg, args, outs};
+use crate::server::backend::{ApiBackend, Backend};
+use crate::types::CUresult;
+use crate::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
+
+/// One past the last `CUdevice_attribute` of CUDA 13.0 (`CU_DEVICE_ATTRIBUTE_MAX`).
+pub const DEVICE_ATTRIBUTE_END: i32 =
+    cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX as i32;
+/// `CUfunction_attribute` ids reported in [`FunctionInfo::attributes`] (0 = MAX_THREADS_PER_BLOCK ..=
+/// 10 = MAX_DYNAMIC_SHARED_SIZE_BYTES).
+const FUNCTION_ATTRIBUTES: i32 = 11;
+/// Upper bound on kernel parameters probed with `cuFuncGetParamInfo` (the 32 KiB limit allows at most
+/// this many 1-byte parameters).
+const MAX_PARAMS: usize = 32_768;
+/// The symbol Gleam's shim exports so that a server never loads it as the real driver.
+const SHIM_MARKER: &[u8] = b"gleam_shim_marker\0";
+
+/// Why the real driver cannot serve.
+#[derive(Debug, thiserror::Error)]
+pub enum RealError {
+    /// No `libcuda.so` could be loaded.
+    #[error("NVIDIA's driver library (libcuda.so) is not installed")]
+    NoLibrary,
+    /// The library found is Gleam's shim.
+    #[error(
+        "the libcuda.so found is Gleam's own shim (LD_LIBRARY_PATH points at a client's shim directory); \
+         start the server without it"
+    )]
+    ShimLibrary,
+    /// The library lacks a function Gleam needs.
+    #[error("libcuda.so lacks {0}: the driver is too old")]
+    MissingSymbol(&'static str),
+    /// A driver call failed.
+    #[error("{call} failed: {result}")]
+    Driver {
+        /// The C name of the call.
+        call: &'static str,
+        /// What it returned.
+        result: CUresult,
+    },
+    /// The driver works but reports no device.
+    #[error("the driver reports no CUDA device")]
+    NoDevice,
+}
+
+/// Checks whether a real GPU can serve: the driver loads, is not Gleam's shim, and reports a device.
+/// Returns the device count.
+pub fn probe() -> Result<usize, RealError> {
+    let driver = Driver::load()?;
+    driver.init()?;
+    let count = driver.device_count()?;
+    if count == 0 {
+        return Err(RealError::NoDevice);
+    }
+    Ok(count)
+}
+
+type Ptr = *mut c_void;
+
+/// The hand-written calls' entry points, resolved once at start (all exist in every driver Gleam supports,
+/// except `cuFuncGetParamInfo`, new in 12.4).
+struct Driver {
+    lib: &'static libloading::Library,
+    init: unsafe extern "C" fn(c_uint) -> CUresult,
+    driver_get_version: unsafe extern "C" fn(*mut c_int) -> CUresult,
+    device_get_count: unsafe extern "C" fn(*mut c_int) -> CUresult,
+    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CUresult,
+    device_get_uuid: unsafe extern "C" fn(*mut [u8; 16], c_int) -> CUresult,
+    device_total_mem: unsafe extern "C" fn(*mut usize, c_int) -> CUresult,
+    device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CUresult,
+    device_get_pci_bus_id: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CUresult,
+    ctx_set_current: unsafe extern "C" fn(Ptr) -> CUresult,
+    ctx_destroy: unsafe extern "C" fn(Ptr) -> CUresult,
+    primary_ctx_release: unsafe extern "C" fn(c_int) -> CUresult,
+    memcpy_htod: unsafe extern "C" fn(u64, *const c_void, usize) -> CUresult,
+    memcpy_htod_async: unsafe extern "C" fn(u64, *const c_void, usize, Ptr) -> CUresult,
+    memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> CUresult,
+    memcpy_dtoh_async: unsafe extern "C" fn(*mut c_void, u64, usize, Ptr) -> CUresult,
+    stream_synchronize: unsafe extern "C" fn(Ptr) -> CUresult,
+    module_load_data: unsafe extern "C" fn(*mut Ptr, *const c_void) -> CUresult,
+    module_unload: unsafe extern "C" fn(Ptr) -> CUresult,
+    module_get_function: unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> CUresult,
+    func_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, Ptr) -> CUresult,
+    func_get_param_info:
+        Option<unsafe extern "C" fn(Ptr, usize, *mut usize, *mut usize) -> CUresult>,
+    library_load_data: unsafe extern "C" fn(
+        *mut Ptr,
+        *const c_void,
+        *mut c_int,
+        *mut Ptr,
+        c_uint,
+        *mut c_int,
+        *mut Ptr,
+        c_uint,
+    ) -> CUresult,
+    library_unload: unsafe extern "C" fn(Ptr) -> CUresult,
+    kernel_get_function: unsafe extern "C" fn(*mut Ptr, Ptr) -> CUresult,
+    #[allow(clippy::type_complexity)]
+    launch_kernel: unsafe extern "C" fn(
+        Ptr,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        Ptr,
+        *mut Ptr,
+        *mut Ptr,
+    ) -> CUresult,
+}
+
+impl Driver {
+    fn load() -> Result<Self, RealError> {
+        // SAFETY: `is_culib_present` only tries to dlopen the candidate names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(RealError::NoLibrary);
+        }
+        // SAFETY: present (checked above), so `culib` returns instead of panicking. Loading runs the
+        // library's initialisers, as any CUDA program does.
+        let lib = unsafe { cudarc::driver::sys::culib() };
+        // SAFETY: only the symbol's presence is checked; it is never dereferenced.
+        if unsafe { lib.get::<*const c_void>(SHIM_MARKER) }.is_ok() {
+            return Err(RealError::ShimLibrary);
+        }
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the type is the documented C signature of the symbol, with integer enums.
+                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|_| RealError::MissingSymbol($name))?
+            };
+        }
+        Ok(Self {
+            lib,
+            init: sym!("cuInit"),
+            driver_get_version: sym!("cuDriverGetVersion"),
+            device_get_count: sym!("cuDeviceGetCount"),
+            device_get_name: sym!("cuDeviceGetName"),
+            device_get_uuid: sym!("cuDeviceGetUuid_v2"),
+            device_total_mem: sym!("cuDeviceTotalMem_v2"),
+            device_get_attribute: sym!("cuDeviceGetAttribute"),
+            device_get_pci_bus_id: sym!("cuDeviceGetPCIBusId"),
+            ctx_set_current: sym!("cuCtxSetCurrent"),
+            ctx_destroy: sym!("cuCtxDestroy_v2"),
+            primary_ctx_release: sym!("cuDevicePrimaryCtxRelease_v2"),
+            memcpy_htod: sym!("cuMemcpyHtoD_v2"),
+            memcpy_htod_async: sym!("cuMemcpyHtoDAsync_v2"),
+            memcpy_dtoh: sym!("cuMemcpyDtoH_v2"),
+            memcpy_dtoh_async: sym!("cuMemcpyDtoHAsync_v2"),
+            stream_synchronize: sym!("cuStreamSynchronize"),
+            module_load_data: sym!("cuModuleLoadData"),
+            module_unload: sym!("cuModuleUnload"),
+            module_get_function: sym!("cuModuleGetFunction"),
+            func_get_attribute: sym!("cuFuncGetAttribute"),
+            // SAFETY: as in `sym!`.
+            func_get_param_info: unsafe { lib.get(b"cuFuncGetParamInfo\0") }.ok().map(|s| *s),
+            library_load_data: sym!("cuLibraryLoadData"),
+            library_unload: sym!("cuLibraryUnload"),
+            kernel_get_function: sym!("cuKernelGetFunction"),
+            launch_kernel: sym!("cuLaunchKernel"),
+        })
+    }
+
+    fn init(&self) -> Result<(), RealError> {
+        // SAFETY: plain call with the documented signature.
+        check("cuInit", unsafe { (self.init)(0) })
+    }
+
+    fn device_count(&self) -> Result<usize, RealError> {
+        let mut count = 0;
+        // SAFETY: valid out-pointer.
+        check("cuDeviceGetCount", unsafe {
+            (self.device_get_count)(&mut count)
+        })?;
+        Ok(usize::try_from(count).unwrap_or(0))
+    }
+}
+
+fn check(call: &'static str, result: CUresult) -> Result<(), RealError> {
+    result
+        .result()
+        .map_err(|result| RealError::Driver { call, result })
+}
+
+/// Generates the cache of listed calls' entry points and their `ApiBackend` methods.
+macro_rules! real_api {
+    ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
+        /// Entry points of the listed calls, resolved on first use (`None` = the driver lacks it).
+        #[allow(non_snake_case)]
+        #[derive(Default)]
+        struct ApiFns {
+            $($name: OnceCell<Option<unsafe extern "C" fn($(<$ty as Arg>::C),*) -> CUresult>>,)*
+        }
+
+        #[allow(non_snake_case)]
+        impl ApiBackend for RealBackend {
+            $(
+                fn $name(&mut self, args: args::$name) -> Result<outs::$name, CUresult> {
+                    let lib = self.driver.lib;
+                    let f = *self.api.$name.get_or_init(|| {
+                        // SAFETY: the type is the call's C signature from the declaration list.
+                        let f = unsafe { lib.get(concat!(stringify!($name), "\0").as_bytes()) }
+                            .ok()
+                            .map(|s| *s);
+                        if f.is_none() {
+                            warn!(call = stringify!($name), "the driver lacks this call");
+                        }
+                        f
+                    });
+                    let f = f.ok_or(CUresult::NOT_SUPPORTED)?;
+                    let _ = &args;
+                    $(let mut $arg = <$ty as Arg>::slot(args.$arg);)*
+                    // SAFETY: in-values are plain integers/handles from the client (the driver validates
+                    // them); out-pointers point into the slots above, which outlive the call.
+                    let result = unsafe { f($(<$ty as Arg>::slot_c(&mut $arg)),*) };
+                    result.result()?;
+                    Ok(outs::$name { $($arg: <$ty as Arg>::slot_reply($arg),)* })
+                }
+            )*
+
+            fn api(&mut self, call: ApiCall) -> Result<ApiReply, CUresult> {
+                let track = Track::of(&call);
+                let reply = match call {
+                    $(ApiCall::$name(a) => self.$name(a).map(ApiReply::$name),)*
+                }?;
+                self.track(track, &reply);
+                Ok(reply)
+            }
+        }
+    };
+}
+
+crate::cuda_api!(real_api);
+
+/// What a listed call changes in the session's bookkeeping (for `shutdown` and the current context).
+enum Track {
+    None,
+    PrimaryRetain(i32),
+    PrimaryRelease(i32),
+    CtxCreate,
+    CtxDestroy(u64),
+    ModuleUnload(u64),
+    LibraryUnload(u64),
+    /// The driver's current context may have changed behind our back.
+    CurrentUnknown,
+}
+
+impl Track {
+    fn of(call: &ApiCall) -> Self {
+        match call {
+            ApiCall::cuDevicePrimaryCtxRetain(a) => Self::PrimaryRetain(a.dev),
+            ApiCall::cuDevicePrimaryCtxRelease_v2(a) => Self::PrimaryRelease(a.dev),
+            ApiCall::cuCtxCreate_v2(_) => Self::CtxCreate,
+            ApiCall::cuCtxDestroy_v2(a) => Self::CtxDestroy(a.ctx),
+            ApiCall::cuModuleUnload(a) => Self::ModuleUnload(a.module),
+            ApiCall::cuLibraryUnload(a) => Self::LibraryUnload(a.library),
+            ApiCall::cuDevicePrimaryCtxReset_v2(_) => Self::CurrentUnknown,
+            _ => Self::None,
+        }
+    }
+}
+
+/// A session on NVIDIA's driver.
+pub struct RealBackend {
+    driver: Driver,
+    api: ApiFns,
+    /// The context current on this (the only executing) thread, as far as we know; `None` = unknown.
+    current: Option<u64>,
+    /// What the session holds, released at shutdown (process exit would free it too, but a clean
+    /// release keeps the driver's state tidy while the process lingers).
+    primary_retains: HashMap<i32, u32>,
+    contexts: Vec<u64>,
+    modules: Vec<u64>,
+    libraries: Vec<u64>,
+}
+
+impl RealBackend {
+    /// Loads the driver and initialises it. Fails if there is no usable driver or device.
+    pub fn new() -> Result<Self, RealError> {
+        let driver = Driver::load()?;
+        driver.init()?;
+        if driver.device_count()? == 0 {
+            return Err(RealError::NoDevice);
+        }
+        Ok(Self {
+            driver,
+            api: ApiFns::default(),
+            current: None,
+            primary_retains: HashMap::new(),
+            contexts: Vec::new(),
+            modules: Vec::new(),
+            libraries: Vec::new(),
+        })
+    }
+
+    fn track(&mut self, track: Track, reply: &ApiReply) {
+        match (track, reply) {
+            (Track::PrimaryRetain(dev), _) => *self.primary_retains.entry(dev).or_default() += 1,
+            (Track::PrimaryRelease(dev), _) => {
+                if let Some(n) = self.primary_retains.get_mut(&dev) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            (Track::CtxCreate, ApiReply::cuCtxCreate_v2(out)) => {
+                self.contexts.push(out.pctx);
+                // cuCtxCreate makes the new context current.
+                self.current = Some(out.pctx);
+            }
+            (Track::CtxDestroy(ctx), _) => {
+                self.contexts.retain(|&c| c != ctx);
+                self.current = None;
+            }
+            (Track::ModuleUnload(m), _) => self.modules.retain(|&x| x != m),
+            (Track::LibraryUnload(l), _) => self.libraries.retain(|&x| x != l),
+            (Track::CurrentUnknown, _) => self.current = None,
+            _ => {}
+        }
+    }
+
+    fn device_info(&self, dev: c_int) -> Result<DeviceInfo, CUresult> {
+        let d = &self.driver;
+        let mut name = [0 as c_char; 256];
+        // SAFETY: buffer and length match; the driver NUL-terminates within them.
+        unsafe { (d.device_get_name)(name.as_mut_ptr(), name.len() as c_int, dev) }.result()?;
+        let mut uuid = [0u8; 16];
+        // SAFETY: CUuuid is 16 bytes.
+        unsafe { (d.device_get_uuid)(&mut uuid, dev) }.result()?;
+        let mut total_mem = 0usize;
+        // SAFETY: valid out-pointer.
+        unsafe { (d.device_total_mem)(&mut total_mem, dev) }.result()?;
+        let mut attributes = vec![0; DEVICE_ATTRIBUTE_END.max(1) as usize];
+        for id in 1..DEVICE_ATTRIBUTE_END {
+            let mut value = 0;
+            // SAFETY: valid out-pointer; an id the driver does not know is an error, kept as 0.
+            if unsafe { (d.device_get_attribute)(&mut value, id, dev) }.is_success() {
+                attributes[id as usize] = value;
+            }
+        }
+        let mut bus = [0 as c_char; 32];
+        // SAFETY: buffer and length match.
+        unsafe { (d.device_get_pci_bus_id)(bus.as_mut_ptr(), bus.len() as c_int, dev) }.result()?;
+        Ok(DeviceInfo {
+            name: c_string(&name),
+            uuid,
+            total_mem: total_mem as u64,
+            attributes,
+            pci_bus_id: c_string(&bus),
+        })
+    }
+
+    fn function_info(&self, func: Ptr) -> FunctionInfo {
+        let d = &self.driver;
+        let mut params = Vec::new();
+        if let Some(param_info) = d.func_get_param_info {
+            for index in 0..MAX_PARAMS {
+                let (mut offset, mut size) = (0usize, 0usize);
+                // SAFETY: valid out-pointers; past the last parameter the driver returns INVALID_VALUE.
+                if !unsafe { param_info(func, index, &mut offset, &mut size) }.is_success() {
+                    break;
+                }
+                let (Ok(offset), Ok(size)) = (u32::try_from(offset), u32::try_from(size)) else {
+                    break;
+                };
+                params.push(ParamSlot { offset, size });
+            }
+        }
+        let attributes = (0..FUNCTION_ATTRIBUTES)
+            .map(|attr| {
+                let mut value = 0;
+                // SAFETY: valid out-pointer.
+                let r = unsafe { (d.func_get_attribute)(&mut value, attr, func) };
+                if r.is_success() { value } else { 0 }
+            })
+            .collect();
+        FunctionInfo { params, attributes }
+    }
+}
+
+/// The text of a NUL-terminated C buffer.
+fn c_string(buf: &[c_char]) -> String {
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+impl Backend for RealBackend {
+    fn describe(&mut self) -> Result<(i32, String, Vec<DeviceInfo>), CUresult> {
+        let mut version = 0;
+        // SAFETY: valid out-pointer.
+        unsafe { (self.driver.driver_get_version)(&mut version) }.result()?;
+        let mut count = 0;
+        // SAFETY: valid out-pointer.
+        unsafe { (self.driver.device_get_count)(&mut count) }.result()?;
+        let devices = (0..count)
+            .map(|dev| self.device_info(dev))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((version, "cuda".to_owned(), devices))
+    }
+
+    fn set_current_context(&mut self, ctx: u64) -> Result<(), CUresult> {
+        if self.current == Some(ctx) {
+            return Ok(());
+        }
+        // SAFETY: the driver validates the handle.
+        unsafe { (self.driver.ctx_set_current)(ctx as Ptr) }.result()?;
+        self.current = Some(ctx);
+        Ok(())
+    }
+
+    fn memcpy_htod(&mut self, dst: u64, data: &[u8], stream: Option<u64>) -> Result<(), CUresult> {
+        let d = &self.driver;
+        // SAFETY: `data` is valid for its length; from pageable memory the async copy returns only once
+        // the bytes are staged, so `data` may be freed after the call.
+        match stream {
+            None => unsafe { (d.memcpy_htod)(dst, data.as_ptr().cast(), data.len()) },
+            Some(s) => unsafe {
+                (d.memcpy_htod_async)(dst, data.as_ptr().cast(), data.len(), s as Ptr)
+            },
+        }
+        .result()
+    }
+
+    fn memcpy_dtoh(
+        &mut self,
+        src: u64,
+        len: usize,
+        stream: Option<u64>,
+    ) -> Result<Vec<u8>, CUresult> {
+        let d = &self.driver;
+        let mut out = vec![0u8; len];
+        match stream {
+            // SAFETY: `out` is valid for `len` bytes.
+            None => unsafe { (d.memcpy_dtoh)(out.as_mut_ptr().cast(), src, len) }.result()?,
+            Some(s) => {
+                // SAFETY: as above; the stream is synchronised before `out` is read or freed.
+                unsafe { (d.memcpy_dtoh_async)(out.as_mut_ptr().cast(), src, len, s as Ptr) }
+                    .result()?;
+                // SAFETY: the driver validates the handle.
+                unsafe { (d.stream_synchronize)(s as Ptr) }.result()?;
+            }
+        }
+        Ok(out)
+    }
+
+    fn module_load(&mut self, image: &[u8]) -> Result<u64, CUresult> {
+        // The driver reads a PTX image up to its NUL; make sure there is one inside our buffer.
+        let owned;
+        let image = if looks_like_text(image) && image.last() != Some(&0) {
+            owned = [image, &[0]].concat();
+            &owned[..]
+        } else {
+            image
+        };
+        if image.is_empty() {
+            return Err(CUresult::INVALID_IMAGE);
+        }
+        let mut module: Ptr = std::ptr::null_mut();
+        // SAFETY: the image buffer is valid; the driver parses it (it validates headers and sizes).
+        unsafe { (self.driver.module_load_data)(&mut module, image.as_ptr().cast()) }.result()?;
+        self.modules.push(module as u64);
+        Ok(module as u64)
+    }
+
+    fn module_get_function(
+        &mut self,
+        module: u64,
+        name: &str,
+    ) -> Result<(u64, FunctionInfo), CUresult> {
+        let name = std::ffi::CString::new(name).map_err(|_| CUresult::NOT_FOUND)?;
+        let mut func: Ptr = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and NUL-terminated name; the driver validates the module handle.
+        unsafe { (self.driver.module_get_function)(&mut func, module as Ptr, name.as_ptr()) }
+            .result()?;
+        Ok((func as u64, self.function_info(func)))
+    }
+
+    fn library_load(&mut self, image: &[u8]) -> Result<u64, CUresult> {
+        if image.is_empty() {
+            return Err(CUresult::INVALID_IMAGE);
+        }
+        let owned;
+        let image = if looks_like_text(image) && image.last() != Some(&0) {
+            owned = [image, &[0]].concat();
+            &owned[..]
+        } else {
+            image
+        };
+        let mut library: Ptr = std::ptr::null_mut();
+        let (no_opts, no_values) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: valid image and out-pointer; no JIT or library options.
+        unsafe {
+            (self.driver.library_load_data)(
+                &mut library,
+                image.as_ptr().cast(),
+                no_opts,
+                no_values,
+                0,
+                no_opts,
+                no_values,
+                0,
+            )
+        }
+        .result()?;
+        self.libraries.push(library as u64);
+        Ok(library as u64)
+    }
+
+    fn kernel_get_function(&mut self, kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
+        let mut func: Ptr = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the driver validates the kernel handle.
+        unsafe { (self.driver.kernel_get_function)(&mut func, kernel as Ptr) }.result()?;
+        Ok((func as u64, self.function_info(func)))
+    }
+
+    fn launch(&mut self, launch: &Launch) -> Result<(), CUresult> {
+        let [gx, gy, gz] = launch.grid;
+        let [bx, by, bz] = launch.block;
+        let mut len = launch.params.len();
+        // `extra` = {BUFFER_POINTER, buf, BUFFER_SIZE, &len, END}: the driver copies the packed buffer.
+        let mut extra: [Ptr; 5] = [
+            1 as Ptr,
+            launch.params.as_ptr() as Ptr,
+            2 as Ptr,
+            (&mut len as *mut usize).cast(),
+            std::ptr::null_mut(),
+        ];
+        let extra_ptr = if launch.params.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            extra.as_mut_ptr()
+        };
+        // SAFETY: `extra` and what it points to live until the call returns (the driver copies the
+        // parameters at launch); the driver validates the function, dimensions and stream.
+        unsafe {
+            (self.driver.launch_kernel)(
+                launch.function as Ptr,
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                launch.shared_mem_bytes,
+                launch.stream as Ptr,
+                std::ptr::null_mut(),
+                extra_ptr,
+            )
+        }
+        .result()
+    }
+
+    fn shutdown(&mut self) {
+        let d = &self.driver;
+        // Best effort: the process exits next, which frees whatever remains.
+        for &m in &self.modules {
+            // SAFETY: a handle this session loaded; an already-unloaded one is an error, ignored.
+            let _ = unsafe { (d.module_unload)(m as Ptr) };
+        }
+        for &l in &self.libraries {
+            // SAFETY: as above.
+            let _ = unsafe { (d.library_unload)(l as Ptr) };
+        }
+        for &c in &self.contexts {
+            // SAFETY: as above.
+            let _ = unsafe { (d.ctx_destroy)(c as Ptr) };
+        }
+        for (&dev, &n) in &self.primary_retains {
+            for _ in 0..n {
+                // SAFETY: releases a retain this session made.
+                let _ = unsafe { (d.primary_ctx_release)(dev) };
+            }
+        }
+        debug!(
+            modules = self.modules.len(),
+            contexts = self.contexts.len(),
+            "real backend released the session's resources"
+        );
+        self.modules.clear();
+        self.libraries.clear();
+        self.contexts.clear();
+        self.primary_retains.clear();
+        self.current = None;
+    }
+}
+
+/// Whether an image is PTX text rather than a binary (ELF cubin or fatbin).
+fn looks_like_text(image: &[u8]) -> bool {
+    !image.starts_with(b"\x7fELF")
+        && !image.starts_with(&0x466243B1u32.to_le_bytes())
+        && !image.starts_with(&0xBA55ED50u32.to_le_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attribute_range_is_cuda_13() {
+        // CUDA 13.0 defines attributes up to well past 130; the sentinel must not be an old version's.
+        assert!(DEVICE_ATTRIBUTE_END > 130, "{DEVICE_ATTRIBUTE_END}");
+    }
+
+    #[test]
+    fn text_images_are_recognised() {
+        assert!(looks_like_text(b".version 8.0"));
+        assert!(!looks_like_text(b"\x7fELF\x02"));
+        assert!(!looks_like_text(&0xBA55ED50u32.to_le_bytes()));
+    }
+
+    #[test]
+    fn c_strings_stop_at_nul() {
+        let buf: Vec<c_char> = b"H200\0junk".iter().map(|&b| b as c_char).collect();
+        assert_eq!(c_string(&buf), "H200");
+    }
+
+    /// Without a GPU (CI), probing reports why instead of panicking.
+    #[test]
+    fn probe_never_panics() {
+        match probe() {
+            Ok(n) => assert!(n > 0),
+            Err(err) => assert!(!err.to_string().is_empty()),
+        }
+    }
+
+    /// `data[i] += 1` for `i < n`.
+    const ADD_ONE: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry add_one(.param .u64 add_one_param_0, .param .u32 add_one_param_1)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [add_one_param_0];
+    ld.param.u32 %r1, [add_one_param_1];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    setp.ge.u32 %p1, %r5, %r1;
+    @%p1 bra $L__BB0_2;
+    cvta.to.global.u64 %rd2, %rd1;
+    mul.wide.u32 %rd3, %r5, 4;
+    add.s64 %rd4, %rd2, %rd3;
+    ld.global.u32 %r6, [%rd4];
+    add.s32 %r7, %r6, 1;
+    st.global.u32 [%rd4], %r7;
+$L__BB0_2:
+    ret;
+}
+"#;
+
+    /// On a GPU machine: a whole session through the engine and NVIDIA's driver. Without a GPU (CI)
+    /// there is nothing to run it on.
+    #[test]
+    fn session_on_a_real_gpu() {
+        use crate::api::{ApiReply, args};
+        use crate::server::session::Session;
+        use crate::wire::{
+            COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Payload, Reply, Request,
+        };
+
+        let backend = match RealBackend::new() {
+            Ok(b) => b,
+            Err(why) => {
+                eprintln!("no GPU here ({why}): this test runs on the GPU machine");
+                return;
+            }
+        };
+        let mut s = Session::new(backend);
+        let mut seq = 0;
+        let mut ctx = 0;
+        let mut call = |s: &mut Session<RealBackend>, ctx: u64, c: Call, reply: bool| {
+            seq += 1;
+            s.handle(Request {
+                seq,
+                ctx,
+                expects_reply: reply,
+                call: c,
+            })
+        };
+        let r = call(
+            &mut s,
+            0,
+            Call::Hello(ClientHello {
+                protocol: PROTOCOL_VERSION,
+                client: "real test".into(),
+            }),
+            true,
+        )
+        .unwrap();
+        let Reply::Hello(hello) = r.reply else {
+            panic!("{:?} {:?}", r.result, r.reply)
+        };
+        eprintln!(
+            "driver {} devices {:?}",
+            hello.driver_version,
+            hello
+                .devices
+                .iter()
+                .map(|d| (&d.name, &d.pci_bus_id, d.total_mem))
+                .collect::<Vec<_>>()
+        );
+        assert!(hello.driver_version >= 12040);
+        let d0 = &hello.devices[0];
+        assert_eq!(d0.attributes.len(), DEVICE_ATTRIBUTE_END as usize);
+        assert!(d0.attributes[1] >= 1024, "MAX_THREADS_PER_BLOCK");
+        assert_eq!(d0.attributes[10], 32, "WARP_SIZE");
+        assert!(d0.attributes[75] >= 7, "COMPUTE_CAPABILITY_MAJOR");
+
+        let r = call(
+            &mut s,
+            0,
+            Call::Api(ApiCall::cuDevicePrimaryCtxRetain(
+                args::cuDevicePrimaryCtxRetain { pctx: (), dev: 0 },
+            )),
+            true,
+        )
+        .unwrap();
+        if let Reply::Api(ApiReply::cuDevicePrimaryCtxRetain(o)) = r.reply {
+            ctx = o.pctx;
+        }
+        assert_ne!(ctx, 0, "{:?}", r.result);
+
+        // Out of memory is an error, not a crash.
+        let r = call(
+            &mut s,
+            ctx,
+            Call::Api(ApiCall::cuMemAlloc_v2(args::cuMemAlloc_v2 {
+                dptr: (),
+                bytesize: 1 << 50,
+            })),
+            true,
+        )
+        .unwrap();
+        assert_eq!(r.result, CUresult::OUT_OF_MEMORY);
+
+        let n = 1_000_000u32;
+        let bytes = n as usize * 4;
+        let r = call(
+            &mut s,
+            ctx,
+            Call::Api(ApiCall::cuMemAlloc_v2(args::cuMemAlloc_v2 {
+                dptr: (),
+                bytesize: bytes,
+            })),
+            true,
+        )
+        .unwrap();
+        let Reply::Api(ApiReply::cuMemAlloc_v2(out)) = r.reply else {
+            panic!("{:?}", r.result)
+        };
+        let ptr = out.dptr;
+        let input: Vec<u8> = (0..n).flat_map(|i| i.to_le_bytes()).collect();
+        for (i, piece) in input.chunks(COPY_CHUNK).enumerate() {
+            let last = (i + 1) * COPY_CHUNK >= input.len();
+            let r = call(
+                &mut s,
+                ctx,
+                Call::MemcpyHtoD {
+                    dst: ptr + (i * COPY_CHUNK) as u64,
+                    data: Payload::Inline(piece.to_vec()),
+                    stream: None,
+                },
+                last,
+            );
+            if let Some(r) = r {
+                assert_eq!(r.result, CUresult::SUCCESS);
+            }
+        }
+        let r = call(
+            &mut s,
+            ctx,
+            Call::ModuleLoad {
+                image: Payload::Inline(ADD_ONE.as_bytes().to_vec()),
+            },
+            true,
+        )
+        .unwrap();
+        let Reply::Module { handle: module } = r.reply else {
+            panic!("{:?}", r.result)
+        };
+        let r = call(
+            &mut s,
+            ctx,
+            Call::ModuleGetFunction {
+                module,
+                name: "add_one".into(),
+            },
+            true,
+        )
+        .unwrap();
+        let Reply::Function {
+            handle: function,
+            info,
+        } = r.reply
+        else {
+            panic!("{:?}", r.result)
+        };
+        assert_eq!(
+            info.params,
+            [
+                ParamSlot { offset: 0, size: 8 },
+                ParamSlot { offset: 8, size: 4 }
+            ]
+        );
+        assert!(info.attributes[0] >= 128, "{:?}", info.attributes);
+        let r = call(
+            &mut s,
+            ctx,
+            Call::ModuleGetFunction {
+                module,
+                name: "missing".into(),
+            },
+            true,
+        )
+        .unwrap();
+        assert_eq!(r.result, CUresult::NOT_FOUND);
+
+        let mut params = ptr.to_le_bytes().to_vec();
+        params.extend(n.to_le_bytes());
+        for _ in 0..3 {
+            let l = Launch {
+                function,
+                grid: [n.div_ceil(256), 1, 1],
+                block: [256, 1, 1],
+                shared_mem_bytes: 0,
+                stream: 0,
+                params: params.clone(),
+            };
+            assert!(call(&mut s, ctx, Call::LaunchKernel(l), false).is_none());
+        }
+        // Too many threads per block: the deferred error is reported by the next sync call.
+        let l = Launch {
+            function,
+            grid: [1, 1, 1],
+            block: [4096, 1, 1],
+            shared_mem_bytes: 0,
+            stream: 0,
+            params: params.clone(),
+        };
+        call(&mut s, ctx, Call::LaunchKernel(l), false);
+        let r = call(
+            &mut s,
+            ctx,
+            Call::Api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {})),
+            true,
+        )
+        .unwrap();
+        assert_eq!(r.result, CUresult::INVALID_VALUE);
+        let r = call(
+            &mut s,
+            ctx,
+            Call::Api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {})),
+            true,
+        )
+        .unwrap();
+        assert_eq!(r.result, CUresult::SUCCESS);
+
+        let mut back = Vec::new();
+        while back.len() < bytes {
+            let len = (bytes - back.len()).min(COPY_CHUNK);
+            let r = call(
+                &mut s,
+                ctx,
+                Call::MemcpyDtoH {
+                    src: ptr + back.len() as u64,
+                    len: len as u64,
+                    stream: None,
+                },
+                true,
+            )
+            .unwrap();
+            let Reply::Data(d) = r.reply else {
+                panic!("{:?}", r.result)
+            };
+            back.extend(d);
+        }
+        for (i, w) in back.chunks_exact(4).enumerate() {
+            assert_eq!(
+                u32::from_le_bytes(w.try_into().unwrap()),
+                i as u32 + 3,
+                "element {i}"
+            );
+        }
+
+        // Streams and async copies through the generated calls.
+        let r = call(
+            &mut s,
+            ctx,
+            Call::Api(ApiCall::cuStreamCreate(args::cuStreamCreate {
+                stream: (),
+                flags: 1,
+            })),
+            true,
+        )
+        .unwrap();
+        let Reply::Api(ApiReply::cuStreamCreate(o)) = r.reply else {
+            panic!("{:?}", r.result)
+        };
+        let stream = o.stream;
+        call(
+            &mut s,
+            ctx,
+            Call::MemcpyHtoD {
+                dst: ptr,
+                data: Payload::Inline(vec![7; 64]),
+                stream: Some(stream),
+            },
+            false,
+        );
+        let r = call(
+            &mut s,
+            ctx,
+            Call::MemcpyDtoH {
+                src: ptr,
+                len: 64,
+                stream: Some(stream),
+            },
+            true,
+        )
+        .unwrap();
+        assert!(
+            matches!(r.reply, Reply::Data(ref d) if d == &[7; 64]),
+            "{:?}",
+            r.result
+        );
+        let r = call(&mut s, ctx, Call::Goodbye, true).unwrap();
+        assert_eq!(r.result, CUresult::SUCCESS);
+    }
+}

@@ -1,0 +1,342 @@
+//! The session process's loop: frames in on stdin, replies out on stdout, one [`Session`] in between.
+//!
+//! `gleam session` runs [`run`] with the chosen backend; its parent relays the client's QUIC stream to it.
+//! IO is blocking: the process serves exactly one client. Replies are buffered and flushed only when no
+//! complete request is already waiting, so a burst of fire-and-forget requests costs no syscall per frame
+//! while a synchronous reply is never held back.
+//!
+//! The process's exit code says how the session ended ([`ExitReason::code`]), which the parent reports to
+//! the client as the connection's close reason.
+
+use std::io::{self, BufReader, BufWriter, Read, Write};
+
+use tracing::{error, info};
+
+use crate::server::backend::Backend;
+use crate::server::session::Session;
+use crate::wire::{self, MAX_FRAME, Request, WireError};
+
+/// Read buffer: large enough to hold many small requests, so bursts are read in one syscall.
+const READ_BUFFER: usize = 1 << 20;
+/// Write buffer for replies.
+const WRITE_BUFFER: usize = 256 << 10;
+
+/// How a session process ended.
+#[derive(Debug, thiserror::Error)]
+pub enum ExitReason {
+    /// The client said goodbye, or its stream ended between frames.
+    #[error("session ended")]
+    Ended,
+    /// A frame did not decode as a request: the client is broken or hostile.
+    #[error("malformed request: {0}")]
+    Malformed(#[source] postcard::Error),
+    /// A frame announced more than [`MAX_FRAME`] bytes.
+    #[error("request frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    FrameTooLarge(usize),
+    /// Reading requests or writing replies failed (the parent went away).
+    #[error("session pipe failed: {0}")]
+    Io(#[source] io::Error),
+}
+
+impl ExitReason {
+    /// Exit code of the session process for this reason (see [`ExitReason::from_code`]).
+    pub fn code(&self) -> u8 {
+        match self {
+            Self::Ended => 0,
+            Self::Malformed(_) => EXIT_MALFORMED,
+            Self::FrameTooLarge(_) => EXIT_FRAME_TOO_LARGE,
+            Self::Io(_) => EXIT_IO,
+        }
+    }
+
+    /// What an exit code of a session process means, for the parent's close reason.
+    pub fn describe_code(code: i32) -> &'static str {
+        match code {
+            0 => "session ended",
+            c if c == i32::from(EXIT_MALFORMED) => "malformed request",
+            c if c == i32::from(EXIT_FRAME_TOO_LARGE) => "request frame too large",
+            c if c == i32::from(EXIT_IO) => "session pipe failed",
+            c if c == i32::from(EXIT_BACKEND) => "the GPU backend could not start",
+            _ => "session process failed",
+        }
+    }
+}
+
+/// Exit code: a request did not decode.
+pub const EXIT_MALFORMED: u8 = 3;
+/// Exit code: a request frame exceeded [`MAX_FRAME`].
+pub const EXIT_FRAME_TOO_LARGE: u8 = 4;
+/// Exit code: stdin/stdout failed.
+pub const EXIT_IO: u8 = 5;
+/// Exit code: the backend could not be created (used by `gleam session`).
+pub const EXIT_BACKEND: u8 = 6;
+
+/// Serves one session over the process's stdin and stdout until it ends.
+pub fn run<B: Backend>(backend: B) -> ExitReason {
+    // Raw descriptors, not `Stdin`/`Stdout`: stdout's line buffering would flush at every 0x0a byte.
+    let (input, output) = match (raw_stdin(), raw_stdout()) {
+        (Ok(i), Ok(o)) => (i, o),
+        (Err(err), _) | (_, Err(err)) => return ExitReason::Io(err),
+    };
+    serve(backend, input, output)
+}
+
+/// Serves one session over `input`/`output` until it ends (a clean end of input, Goodbye or an error).
+pub fn serve<B: Backend, R: Read, W: Write>(backend: B, input: R, output: W) -> ExitReason {
+    let mut session = Session::new(backend);
+    let mut input = BufReader::with_capacity(READ_BUFFER, input);
+    let mut output = BufWriter::with_capacity(WRITE_BUFFER, output);
+    let reason = serve_loop(&mut session, &mut input, &mut output);
+    // Whatever happened, the replies produced so far go out and the session's resources are freed.
+    let flushed = output.flush();
+    session.finish();
+    let reason = match (reason, flushed) {
+        (ExitReason::Ended, Err(err)) => ExitReason::Io(err),
+        (reason, _) => reason,
+    };
+    match &reason {
+        ExitReason::Ended => info!("session process done"),
+        other => error!(reason = %other, "session ended abnormally"),
+    }
+    reason
+}
+
+fn serve_loop<B: Backend, R: Read, W: Write>(
+    session: &mut Session<B>,
+    input: &mut BufReader<R>,
+    output: &mut BufWriter<W>,
+) -> ExitReason {
+    let mut body = Vec::new();
+    let mut encoded = Vec::new();
+    loop {
+        match wire::read_frame_body_blocking(input, &mut body) {
+            Ok(true) => {}
+            Ok(false) => return ExitReason::Ended,
+            Err(WireError::FrameTooLarge(len)) => return ExitReason::FrameTooLarge(len),
+            Err(WireError::Io(err)) => return ExitReason::Io(err),
+            Err(WireError::Malformed(err)) => return ExitReason::Malformed(err),
+        }
+        let request: Request = match postcard::from_bytes(&body) {
+            Ok(request) => request,
+            Err(err) => return ExitReason::Malformed(err),
+        };
+        if let Some(reply) = session.handle(request) {
+            encoded.clear();
+            if let Err(err) = wire::encode_frame(&reply, &mut encoded) {
+                // Only an over-long reply can fail to encode; the session cannot answer: end it.
+                error!(seq = reply.seq, error = %err, "cannot encode reply");
+                return ExitReason::Io(io::Error::other(err.to_string()));
+            }
+            if let Err(err) = output.write_all(&encoded) {
+                return ExitReason::Io(err);
+            }
+        }
+        if session.is_closed() {
+            return ExitReason::Ended;
+        }
+        if !complete_frame_buffered(input.buffer())
+            && let Err(err) = output.flush()
+        {
+            return ExitReason::Io(err);
+        }
+    }
+}
+
+/// Whether `buf` starts with a whole frame (so reading it will not block).
+fn complete_frame_buffered(buf: &[u8]) -> bool {
+    match buf.first_chunk::<4>() {
+        Some(len) => buf.len() - 4 >= u32::from_le_bytes(*len) as usize,
+        None => false,
+    }
+}
+
+fn raw_stdin() -> io::Result<std::fs::File> {
+    use std::os::fd::AsFd;
+    Ok(std::fs::File::from(
+        io::stdin().as_fd().try_clone_to_owned()?,
+    ))
+}
+
+fn raw_stdout() -> io::Result<std::fs::File> {
+    use std::os::fd::AsFd;
+    Ok(std::fs::File::from(
+        io::stdout().as_fd().try_clone_to_owned()?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ApiCall, args, outs};
+    use crate::server::backend::ApiBackend;
+    use crate::types::CUresult;
+    use crate::wire::{
+        Call, ClientHello, DeviceInfo, FunctionInfo, Launch, PROTOCOL_VERSION, Payload, Reply,
+        ReplyFrame,
+    };
+
+    /// A byte-array "device" at address 0x1000; enough to drive the loop.
+    struct Bytes(Vec<u8>);
+
+    impl ApiBackend for Bytes {
+        fn cuCtxSynchronize(
+            &mut self,
+            _: args::cuCtxSynchronize,
+        ) -> Result<outs::cuCtxSynchronize, CUresult> {
+            Ok(outs::cuCtxSynchronize {})
+        }
+    }
+
+    impl Backend for Bytes {
+        fn describe(&mut self) -> Result<(i32, String, Vec<DeviceInfo>), CUresult> {
+            Ok((13000, "bytes".into(), Vec::new()))
+        }
+        fn set_current_context(&mut self, _: u64) -> Result<(), CUresult> {
+            Ok(())
+        }
+        fn memcpy_htod(&mut self, dst: u64, data: &[u8], _: Option<u64>) -> Result<(), CUresult> {
+            let at = dst.checked_sub(0x1000).ok_or(CUresult::INVALID_VALUE)? as usize;
+            let end = at.checked_add(data.len()).filter(|&e| e <= self.0.len());
+            self.0[at..end.ok_or(CUresult::INVALID_VALUE)?].copy_from_slice(data);
+            Ok(())
+        }
+        fn memcpy_dtoh(
+            &mut self,
+            src: u64,
+            len: usize,
+            _: Option<u64>,
+        ) -> Result<Vec<u8>, CUresult> {
+            let at = src.checked_sub(0x1000).ok_or(CUresult::INVALID_VALUE)? as usize;
+            let end = at.checked_add(len).filter(|&e| e <= self.0.len());
+            Ok(self.0[at..end.ok_or(CUresult::INVALID_VALUE)?].to_vec())
+        }
+        fn module_load(&mut self, _: &[u8]) -> Result<u64, CUresult> {
+            Err(CUresult::INVALID_IMAGE)
+        }
+        fn module_get_function(
+            &mut self,
+            _: u64,
+            _: &str,
+        ) -> Result<(u64, FunctionInfo), CUresult> {
+            Err(CUresult::INVALID_HANDLE)
+        }
+        fn launch(&mut self, _: &Launch) -> Result<(), CUresult> {
+            Err(CUresult::INVALID_HANDLE)
+        }
+        fn shutdown(&mut self) {}
+    }
+
+    fn frame(seq: u64, expects_reply: bool, call: Call) -> Vec<u8> {
+        let mut out = Vec::new();
+        let req = Request {
+            seq,
+            ctx: 0,
+            expects_reply,
+            call,
+        };
+        wire::encode_frame(&req, &mut out).unwrap();
+        out
+    }
+
+    fn replies(mut out: &[u8]) -> Vec<ReplyFrame> {
+        let mut body = Vec::new();
+        let mut all = Vec::new();
+        while wire::read_frame_body_blocking(&mut out, &mut body).unwrap() {
+            all.push(wire::decode(&body).unwrap());
+        }
+        all
+    }
+
+    fn hello() -> Call {
+        Call::Hello(ClientHello {
+            protocol: PROTOCOL_VERSION,
+            client: "worker test".into(),
+        })
+    }
+
+    #[test]
+    fn serves_a_session_until_goodbye() {
+        let mut input = frame(1, true, hello());
+        input.extend(frame(
+            2,
+            false,
+            Call::MemcpyHtoD {
+                dst: 0x1000,
+                data: Payload::Inline(b"gleam".to_vec()),
+                stream: None,
+            },
+        ));
+        // A failing fire-and-forget launch: its error comes back with the next reply.
+        input.extend(frame(
+            3,
+            false,
+            Call::LaunchKernel(Launch {
+                function: 9,
+                grid: [1; 3],
+                block: [1; 3],
+                shared_mem_bytes: 0,
+                stream: 0,
+                params: Vec::new(),
+            }),
+        ));
+        input.extend(frame(
+            4,
+            true,
+            Call::Api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {})),
+        ));
+        input.extend(frame(
+            5,
+            true,
+            Call::MemcpyDtoH {
+                src: 0x1000,
+                len: 5,
+                stream: None,
+            },
+        ));
+        input.extend(frame(6, true, Call::Goodbye));
+        // Anything after goodbye is not read.
+        input.extend(frame(7, true, Call::Goodbye));
+        let mut output = Vec::new();
+        let reason = serve(Bytes(vec![0; 64]), &input[..], &mut output);
+        assert!(matches!(reason, ExitReason::Ended), "{reason}");
+        let r = replies(&output);
+        let seqs: Vec<u64> = r.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [1, 4, 5, 6]);
+        assert!(matches!(r[0].reply, Reply::Hello(ref h) if h.backend == "bytes"));
+        assert_eq!(r[1].result, CUresult::INVALID_HANDLE);
+        assert!(matches!(r[2].reply, Reply::Data(ref d) if d == b"gleam"));
+        assert_eq!(r[3].result, CUresult::SUCCESS);
+    }
+
+    #[test]
+    fn malformed_and_oversized_frames_end_the_session_with_distinct_codes() {
+        let mut input = frame(1, true, hello());
+        input.extend(3u32.to_le_bytes());
+        input.extend([0xff, 0xff, 0xff]);
+        let mut output = Vec::new();
+        let reason = serve(Bytes(vec![0; 8]), &input[..], &mut output);
+        assert_eq!(reason.code(), EXIT_MALFORMED, "{reason}");
+        // The reply before the bad frame still went out.
+        assert_eq!(replies(&output).len(), 1);
+
+        let mut input = frame(1, true, hello());
+        input.extend(((MAX_FRAME + 1) as u32).to_le_bytes());
+        let reason = serve(Bytes(vec![0; 8]), &input[..], Vec::new());
+        assert_eq!(reason.code(), EXIT_FRAME_TOO_LARGE, "{reason}");
+
+        // A stream cut inside a frame is an IO error, not a clean end.
+        let mut input = frame(1, true, hello());
+        input.truncate(input.len() - 1);
+        let reason = serve(Bytes(vec![0; 8]), &input[..], Vec::new());
+        assert_eq!(reason.code(), EXIT_IO, "{reason}");
+    }
+
+    #[test]
+    fn complete_frames_are_detected_in_the_buffer() {
+        assert!(!complete_frame_buffered(&[]));
+        assert!(!complete_frame_buffered(&[1, 0, 0]));
+        assert!(!complete_frame_buffered(&[2, 0, 0, 0, 9]));
+        assert!(complete_frame_buffered(&[2, 0, 0, 0, 9, 9]));
+        assert!(complete_frame_buffered(&[0, 0, 0, 0]));
+    }
+}

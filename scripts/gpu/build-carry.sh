@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build, on the development machine (x86-64), what compare-examples.sh runs on the GPU machine,
+# and put it in .carry/ (git-ignored; pass `carry: [".carry"]` to the device run):
+#   .carry/gleam, .carry/libgleamcuda.so, .carry/examples/{vector_add,matmul,streams,reduce}
+#
+#   bash scripts/gpu/build-carry.sh            # release build
+#   PROFILE=dev bash scripts/gpu/build-carry.sh
+set -euo pipefail
+if [ ! -f Cargo.toml ] || [ ! -d remoting/shim ]; then
+    echo "error: run from the Gleam repo root" >&2
+    exit 1
+fi
+PROFILE=${PROFILE:-release}
+case "$PROFILE" in
+    release) flag=--release; dir=target/release ;;
+    dev) flag=; dir=target/debug ;;
+    *) echo "error: PROFILE must be release or dev" >&2; exit 1 ;;
+esac
+EXAMPLES="vector_add matmul streams reduce"
+
+# shellcheck disable=SC2086
+cargo build $flag -p gleam --bin gleam
+# shellcheck disable=SC2086
+cargo build $flag -p gleam-shim
+example_flags=""
+for ex in $EXAMPLES; do
+    example_flags="$example_flags --example $ex"
+done
+# shellcheck disable=SC2086
+cargo build $flag -p gleam $example_flags
+
+rm -rf .carry
+mkdir -p .carry/examples
+cp "$dir/gleam" "$dir/libgleamcuda.so" .carry/
+for ex in $EXAMPLES; do
+    cp "$dir/examples/$ex" .carry/examples/
+done
+# The examples need no debug info; keep the carried tree well under the 64 MiB limit.
+strip .carry/examples/* 2>/dev/null || true
+if [ "$(du -sm .carry | cut -f1)" -gt 48 ]; then
+    strip --strip-debug .carry/gleam .carry/libgleamcuda.so 2>/dev/null || true
+fi
+du -sh .carry
+ls -l .carry .carry/examples

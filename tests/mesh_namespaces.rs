@@ -1,0 +1,403 @@
+//! Multi-peer mesh tests: real `gleam peer` processes in network namespaces joined by a bridge
+//! (see `common/netns.rs`), each with its own GLEAM_CONFIG_DIR, on the emulated backend.
+
+#[path = "common/netns.rs"]
+mod netns;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use netns::{Lab, Proc, output_within, wait_for};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gleam");
+const PORT: u16 = 4747;
+
+/// One peer: its namespace index, config dir, id and (while running) its process.
+struct Peer {
+    node: usize,
+    dir: PathBuf,
+    id: String,
+    proc: Option<Proc>,
+}
+
+fn gleam(dir: &Path) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .env("GLEAM_CONFIG_DIR", dir)
+        .env("GLEAM_LOG", "info,gleam_mesh=debug");
+    command
+}
+
+fn run_gleam(dir: &Path, args: &[&str]) -> std::process::Output {
+    let mut command = gleam(dir);
+    command.args(args);
+    output_within(command, Duration::from_secs(20))
+}
+
+fn json_of(output: &std::process::Output) -> Value {
+    assert!(
+        output.status.success(),
+        "gleam failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON output")
+}
+
+/// Creates `n` peers in `lab`; the first `members` share one mesh, the others each make their own.
+fn make_peers(lab: &mut Lab, n: usize, members: usize) -> Vec<Peer> {
+    let mut code: Option<String> = None;
+    (0..n)
+        .map(|i| {
+            let node = lab.add_node();
+            let dir = lab.config_dir(&format!("peer{i}"));
+            match (&code, i < members) {
+                (Some(code), true) => {
+                    let out = run_gleam(&dir, &["mesh", "join", code]);
+                    assert!(
+                        out.status.success(),
+                        "{}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                _ => {
+                    let out = run_gleam(&dir, &["mesh", "init"]);
+                    assert!(
+                        out.status.success(),
+                        "{}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    if i < members {
+                        let show = json_of(&run_gleam(&dir, &["mesh", "show", "--code", "--json"]));
+                        code = Some(show["join_code"].as_str().expect("join code").to_owned());
+                    }
+                }
+            }
+            let show = json_of(&run_gleam(&dir, &["mesh", "show", "--json"]));
+            let id = show["peer_id"].as_str().expect("peer id").to_owned();
+            Peer {
+                node,
+                dir,
+                id,
+                proc: None,
+            }
+        })
+        .collect()
+}
+
+fn start(lab: &Lab, peer: &mut Peer, name: &str) {
+    let mut command = lab.command_in(peer.node, BIN);
+    command
+        .env("GLEAM_CONFIG_DIR", &peer.dir)
+        .env("GLEAM_LOG", "info,gleam_mesh=debug")
+        .args([
+            "peer",
+            "--listen",
+            &format!("0.0.0.0:{PORT}"),
+            "--name",
+            name,
+            "--probe-interval",
+            "2",
+        ]);
+    peer.proc = Some(Proc::spawn(command, peer.dir.join("peer.log")));
+}
+
+/// The ids in a peer's `gleam peers list --json`, or `None` when the daemon does not answer.
+fn listed(peer: &Peer) -> Option<Vec<Value>> {
+    let out = run_gleam(&peer.dir, &["peers", "list", "--json"]);
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice::<Vec<Value>>(&out.stdout).ok()
+}
+
+fn ids(rows: &[Value]) -> Vec<String> {
+    let mut ids: Vec<String> = rows
+        .iter()
+        .map(|row| row["id"].as_str().unwrap_or("").to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn dump_logs(peers: &[Peer]) {
+    for peer in peers {
+        if let Some(proc) = &peer.proc {
+            eprintln!("===== log of {} =====\n{}", peer.id, proc.log_text());
+        }
+    }
+}
+
+/// Waits until every running peer lists exactly `expected` (sorted ids); returns the time taken.
+fn wait_until_lists(
+    peers: &[Peer],
+    running: &[usize],
+    expected: &[String],
+    timeout: Duration,
+) -> Option<Duration> {
+    let started = Instant::now();
+    wait_for(timeout, || {
+        running
+            .iter()
+            .all(|&i| listed(&peers[i]).is_some_and(|rows| ids(&rows) == expected))
+            .then(|| started.elapsed())
+    })
+}
+
+#[test]
+fn peers_discover_each_other_list_the_right_contents_and_drop_a_killed_peer() {
+    let Some(mut lab) = Lab::new() else { return };
+    let mut peers = make_peers(&mut lab, 3, 3);
+    for (i, peer) in peers.iter_mut().enumerate() {
+        start(&lab, peer, &format!("node{i}"));
+    }
+    // Discovery time counts from the start of the last process, start-up included.
+    let mut all: Vec<String> = peers.iter().map(|p| p.id.clone()).collect();
+    all.sort();
+    let took = wait_until_lists(&peers, &[0, 1, 2], &all, Duration::from_secs(10));
+    let Some(took) = took else {
+        dump_logs(&peers);
+        panic!("peers did not all discover each other within 10 s");
+    };
+    eprintln!("all peers discovered in {took:?}");
+    if took > Duration::from_secs(3) {
+        dump_logs(&peers);
+        panic!("discovery took {took:?}, more than 3 s");
+    }
+
+    // Contents: self first, names, the emulated GPU, addresses on the lab network.
+    let rows = listed(&peers[0]).expect("list");
+    assert_eq!(rows[0]["id"], peers[0].id.as_str());
+    assert_eq!(rows[0]["is_self"], true);
+    for (i, peer) in peers.iter().enumerate() {
+        let row = rows
+            .iter()
+            .find(|row| row["id"] == peer.id.as_str())
+            .expect("row");
+        assert_eq!(row["host"], format!("node{i}"));
+        assert_eq!(row["gpus"][0]["model"], "Gleam emulated GPU");
+        assert_eq!(row["gpus"][0]["emulated"], true);
+        assert!(row["total_memory"].as_u64().unwrap() > 0);
+        assert_eq!(row["active_sessions"], 0);
+        let addr = format!("{}:{PORT}", lab.node(peer.node).ip);
+        let wanted = wait_for(Duration::from_secs(5), || {
+            let rows = listed(&peers[0])?;
+            let row = rows.into_iter().find(|row| row["id"] == peer.id.as_str())?;
+            row["addrs"]
+                .as_array()?
+                .iter()
+                .any(|a| a == addr.as_str())
+                .then_some(())
+        });
+        assert!(
+            wanted.is_some(),
+            "{addr} not among the addresses of peer {i}"
+        );
+        if i != 0 {
+            let rtt = row["rtt_us"].as_u64().expect("rtt to a connected peer");
+            assert!(rtt < 100_000, "rtt {rtt} us");
+        }
+    }
+    // The table form works too.
+    let table = run_gleam(&peers[0].dir, &["peers", "list"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("node1") && table.contains("Gleam emulated GPU"),
+        "{table}"
+    );
+
+    // Kill peer 2 without a goodbye: it leaves the other lists within 5 s.
+    peers[2].proc.as_mut().expect("running").kill();
+    let killed = Instant::now();
+    let mut rest: Vec<String> = peers[..2].iter().map(|p| p.id.clone()).collect();
+    rest.sort();
+    let gone = wait_until_lists(&peers, &[0, 1], &rest, Duration::from_secs(10));
+    let Some(_) = gone else {
+        dump_logs(&peers);
+        panic!("killed peer still listed after 10 s");
+    };
+    let took = killed.elapsed();
+    eprintln!("killed peer dropped in {took:?}");
+    assert!(
+        took <= Duration::from_secs(5),
+        "killed peer dropped only after {took:?}"
+    );
+}
+
+#[test]
+fn a_device_without_the_mesh_secret_can_neither_join_nor_run_work() {
+    let Some(mut lab) = Lab::new() else { return };
+    // Peers 0 and 1 share a mesh; peer 2 made its own.
+    let mut peers = make_peers(&mut lab, 3, 2);
+    for (i, peer) in peers.iter_mut().enumerate() {
+        start(&lab, peer, &format!("node{i}"));
+    }
+    let mut members: Vec<String> = peers[..2].iter().map(|p| p.id.clone()).collect();
+    members.sort();
+    let joined = wait_until_lists(&peers, &[0, 1], &members, Duration::from_secs(10));
+    if joined.is_none() {
+        dump_logs(&peers);
+        panic!("members did not find each other");
+    }
+    // Give the outsider time to try (it sees the others over mDNS and dials them).
+    std::thread::sleep(Duration::from_secs(3));
+    for (i, peer) in peers[..2].iter().enumerate() {
+        assert_eq!(
+            ids(&listed(peer).expect("list")),
+            members,
+            "member {i} lists the outsider"
+        );
+    }
+    assert_eq!(
+        ids(&listed(&peers[2]).expect("list")),
+        vec![peers[2].id.clone()],
+        "the outsider joined"
+    );
+    // The members say why they refused it.
+    let log = peers[0].proc.as_ref().expect("running").log_text()
+        + &peers[1].proc.as_ref().expect("running").log_text();
+    assert!(
+        log.contains("refusing peer")
+            && log.contains(&peers[2].id)
+            && log.contains("not in this mesh"),
+        "no refusal logged:\n{log}"
+    );
+
+    // Running work: a CUDA session from the outsider is refused at authentication.
+    let target = format!("{}@{}:{PORT}", peers[0].id, lab.node(peers[0].node).ip);
+    for alpn in [&["--cuda"][..], &[][..]] {
+        let mut command = lab.command_in(peers[2].node, BIN);
+        command
+            .env("GLEAM_CONFIG_DIR", &peers[2].dir)
+            .args(["peers", "ping", &target])
+            .args(alpn);
+        let out = output_within(command, Duration::from_secs(20));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "the outsider got in ({alpn:?})");
+        assert!(
+            stderr.contains("refused us") && stderr.contains("mesh secret"),
+            "{stderr}"
+        );
+    }
+    // A member authenticates fine on both ALPNs (this build's handler then declines CUDA work).
+    let mut command = lab.command_in(peers[1].node, BIN);
+    command
+        .env("GLEAM_CONFIG_DIR", &peers[1].dir)
+        .args(["peers", "ping", &target]);
+    let out = output_within(command, Duration::from_secs(20));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("authenticated"));
+}
+
+#[test]
+fn best_peer_is_the_one_behind_the_better_link() {
+    let Some(mut lab) = Lab::new() else { return };
+    let mut peers = make_peers(&mut lab, 3, 3);
+    // Peer 1's link is shaped to 20 Mbit/s; peer 2's is the bare veth.
+    lab.shape(1, "20mbit");
+    for (i, peer) in peers.iter_mut().enumerate() {
+        start(&lab, peer, &format!("node{i}"));
+    }
+    let measured = wait_for(Duration::from_secs(20), || {
+        let rows = listed(&peers[0])?;
+        let bw = |peer: &Peer| {
+            rows.iter().find(|row| row["id"] == peer.id.as_str())?["bandwidth_bps"].as_u64()
+        };
+        Some((bw(&peers[1])?, bw(&peers[2])?))
+    });
+    let Some((slow, fast)) = measured else {
+        dump_logs(&peers);
+        panic!("links were not probed within 20 s");
+    };
+    eprintln!(
+        "probed: shaped {} Mbit/s, bare {} Mbit/s",
+        slow / 1_000_000,
+        fast / 1_000_000
+    );
+    assert!(slow < 40_000_000, "shaped link measured at {slow} bit/s");
+    assert!(
+        fast > 2 * slow,
+        "bare link {fast} bit/s not clearly faster than shaped {slow} bit/s"
+    );
+
+    let best = json_of(&run_gleam(
+        &peers[0].dir,
+        &["peers", "best", "--bytes", "100000000", "--json"],
+    ));
+    assert_eq!(best["id"], peers[2].id.as_str(), "{best}");
+    let addr = format!("{}:{PORT}", lab.node(peers[2].node).ip);
+    assert_eq!(best["addrs"][0], addr.as_str(), "{best}");
+}
+
+#[test]
+fn peers_find_each_other_over_ipv6_link_local_only() {
+    let Some(mut lab) = Lab::new() else { return };
+    let secret_dir = lab.config_dir("v6peer0");
+    let out = run_gleam(&secret_dir, &["mesh", "init"]);
+    assert!(out.status.success());
+    let show = json_of(&run_gleam(
+        &secret_dir,
+        &["mesh", "show", "--code", "--json"],
+    ));
+    let code = show["join_code"].as_str().expect("code").to_owned();
+    let mut peers: Vec<Peer> = (0..2)
+        .map(|i| {
+            let node = lab.add_node_v6_only();
+            let dir = lab.config_dir(&format!("v6peer{i}"));
+            if i > 0 {
+                assert!(run_gleam(&dir, &["mesh", "join", &code]).status.success());
+            }
+            let id = json_of(&run_gleam(&dir, &["mesh", "show", "--json"]))["peer_id"]
+                .as_str()
+                .expect("id")
+                .to_owned();
+            Peer {
+                node,
+                dir,
+                id,
+                proc: None,
+            }
+        })
+        .collect();
+    for (i, peer) in peers.iter_mut().enumerate() {
+        // The default listen address: dual-stack [::]:4747.
+        let mut command = lab.command_in(peer.node, BIN);
+        command
+            .env("GLEAM_CONFIG_DIR", &peer.dir)
+            .env("GLEAM_LOG", "info,gleam_mesh=debug")
+            .args(["peer", "--name", &format!("v6node{i}")]);
+        peer.proc = Some(Proc::spawn(command, peer.dir.join("peer.log")));
+    }
+    let mut all: Vec<String> = peers.iter().map(|p| p.id.clone()).collect();
+    all.sort();
+    // Link-local addresses appear only after duplicate address detection (~1-2 s).
+    let took = wait_until_lists(&peers, &[0, 1], &all, Duration::from_secs(15));
+    let Some(took) = took else {
+        dump_logs(&peers);
+        panic!("IPv6-only peers did not find each other");
+    };
+    eprintln!("IPv6-only discovery took {took:?}");
+    let rows = listed(&peers[0]).expect("list");
+    let other = rows
+        .iter()
+        .find(|row| row["id"] == peers[1].id.as_str())
+        .expect("row");
+    assert!(other["rtt_us"].as_u64().is_some(), "not connected: {other}");
+    let v6 = wait_for(Duration::from_secs(5), || {
+        let rows = listed(&peers[0])?;
+        let row = rows
+            .into_iter()
+            .find(|row| row["id"] == peers[1].id.as_str())?;
+        let addrs = row["addrs"].as_array()?.clone();
+        addrs
+            .iter()
+            .any(|a| a.as_str().is_some_and(|a| a.starts_with("[fe80:")))
+            .then_some(addrs)
+    });
+    assert!(v6.is_some(), "no IPv6 link-local address advertised");
+}

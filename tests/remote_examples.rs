@@ -1,0 +1,66 @@
+//! End to end, no GPU: the cargo examples (unmodified cudarc programs) through `gleam run` against the emu
+//! backend. Each checks its own result against a CPU reference and exits non-zero on a mismatch; its
+//! stdout must also be exactly what it printed on NVIDIA's driver (`examples/expected/<name>.stdout`).
+
+#[path = "remote/common.rs"]
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{Server, output_within, text};
+
+fn example(name: &str) -> PathBuf {
+    let dir = common::gleam()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(
+        dir.is_file(),
+        "example {name} is not built at {} (cargo test builds examples)",
+        dir.display()
+    );
+    dir
+}
+
+fn run_example(name: &str) {
+    let server = Server::start();
+    let out = output_within(server.run(&example(name), &[]), Duration::from_secs(300));
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{name} failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    let expected_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/expected")
+        .join(format!("{name}.stdout"));
+    let expected = std::fs::read_to_string(&expected_path)
+        .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
+    assert_eq!(
+        stdout, expected,
+        "{name}: output differs from the real GPU's"
+    );
+}
+
+#[test]
+fn vector_add() {
+    run_example("vector_add");
+}
+
+#[test]
+fn matmul() {
+    run_example("matmul");
+}
+
+#[test]
+fn streams() {
+    run_example("streams");
+}
+
+#[test]
+fn reduce() {
+    run_example("reduce");
+}

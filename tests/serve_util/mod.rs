@@ -1,0 +1,308 @@
+//! Shared by the `serve_*` tests: a real `gleam serve` process on loopback and a minimal protocol client
+//! (a real QUIC connection, mesh authentication and framing; no mocks).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use gleam_mesh::identity::{Identity, MeshSecret, PeerId};
+use gleam_mesh::tls::{ALPN_CUDA, client_config, server_name};
+use gleam_remoting::api::{ApiCall, ApiReply, args};
+use gleam_remoting::types::CUresult;
+use gleam_remoting::wire::{
+    self, COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request,
+    ServerHello,
+};
+
+/// A `gleam serve` process, killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub peer: PeerId,
+    pub config_dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts `gleam serve 127.0.0.1:0 --backend <backend>` with a fresh config dir.
+    pub fn start(backend: &str) -> Self {
+        let config_dir = tempfile::tempdir().expect("temp dir");
+        Self::start_in(backend, config_dir, &[])
+    }
+
+    pub fn start_in(backend: &str, config_dir: tempfile::TempDir, env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gleam"))
+            .args(["serve", "127.0.0.1:0", "--backend", backend, "--config-dir"])
+            .arg(config_dir.path())
+            .envs(env.iter().copied())
+            .env_remove("GLEAM_CONFIG_DIR")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start gleam serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let rest = line
+            .trim()
+            .strip_prefix("gleam serve: listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        let (addr, peer) = rest.split_once(" as ").expect("`<addr> as <peer-id>`");
+        Self {
+            child,
+            addr: addr.parse().expect("socket address"),
+            peer: peer.parse().expect("peer id"),
+            config_dir,
+        }
+    }
+
+    /// The mesh secret the server created in its config dir.
+    pub fn secret(&self) -> MeshSecret {
+        MeshSecret::load(self.config_dir.path()).expect("server created a mesh secret")
+    }
+
+    /// Pids of the session processes this server runs now.
+    pub fn session_pids(&self) -> Vec<u32> {
+        children(self.child.id())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Direct children of `pid` (from /proc).
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// A minimal client of the session protocol.
+pub struct Client {
+    pub endpoint: quinn::Endpoint,
+    pub conn: quinn::Connection,
+    pub send: quinn::SendStream,
+    pub recv: quinn::RecvStream,
+    seq: u64,
+    pub ctx: u64,
+    buf: Vec<u8>,
+}
+
+/// Connects and authenticates with `secret`; no session stream yet.
+pub async fn connect_raw(
+    server: &Server,
+    secret: &MeshSecret,
+) -> Result<(quinn::Endpoint, quinn::Connection), String> {
+    let identity = Identity::ephemeral().map_err(|e| e.to_string())?;
+    let mut endpoint =
+        quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).map_err(|e| e.to_string())?;
+    endpoint.set_default_client_config(
+        client_config(&identity, server.peer, ALPN_CUDA).map_err(|e| e.to_string())?,
+    );
+    let conn = endpoint
+        .connect(server.addr, &server_name(server.peer))
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())?;
+    gleam_mesh::auth::authenticate_as_client(&conn, secret)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((endpoint, conn))
+}
+
+impl Client {
+    /// Connects, authenticates and opens the session stream (Hello not yet sent).
+    pub async fn connect(server: &Server) -> Self {
+        let (endpoint, conn) = connect_raw(server, &server.secret())
+            .await
+            .expect("connect and authenticate");
+        let (send, recv) = conn.open_bi().await.expect("open the session stream");
+        Self {
+            endpoint,
+            conn,
+            send,
+            recv,
+            seq: 0,
+            ctx: 0,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Connects, says hello and makes device 0's primary context current.
+    pub async fn open(server: &Server) -> (Self, ServerHello) {
+        let mut c = Self::connect(server).await;
+        let hello = c.hello().await;
+        let ctx = c.api_ok(ApiCall::cuDevicePrimaryCtxRetain(args::cuDevicePrimaryCtxRetain {
+            pctx: (),
+            dev: 0,
+        }))
+        .await;
+        let ApiReply::cuDevicePrimaryCtxRetain(out) = ctx else {
+            panic!("wrong reply {ctx:?}")
+        };
+        c.ctx = out.pctx;
+        (c, hello)
+    }
+
+    pub async fn hello(&mut self) -> ServerHello {
+        let r = self
+            .call(Call::Hello(ClientHello {
+                protocol: PROTOCOL_VERSION,
+                client: "serve test".into(),
+            }))
+            .await;
+        assert_eq!(r.result, CUresult::SUCCESS);
+        match r.reply {
+            Reply::Hello(h) => h,
+            other => panic!("not a hello reply: {other:?}"),
+        }
+    }
+
+    /// Sends a request without waiting.
+    pub async fn send(&mut self, call: Call, expects_reply: bool) -> u64 {
+        self.try_send(call, expects_reply).await.expect("write request")
+    }
+
+    /// Sends a request; `Err` if the session is gone.
+    pub async fn try_send(&mut self, call: Call, expects_reply: bool) -> Result<u64, String> {
+        self.seq += 1;
+        let req = Request {
+            seq: self.seq,
+            ctx: self.ctx,
+            expects_reply,
+            call,
+        };
+        let mut out = Vec::new();
+        wire::encode_frame(&req, &mut out).expect("encode");
+        self.send.write_all(&out).await.map_err(|e| e.to_string())?;
+        Ok(self.seq)
+    }
+
+    /// Writes raw bytes on the session stream.
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        self.send.write_all(bytes).await.expect("write raw bytes");
+    }
+
+    /// Reads the next reply; `Err` when the session ends first.
+    pub async fn reply(&mut self) -> Result<ReplyFrame, String> {
+        match wire::read_frame::<_, ReplyFrame>(&mut self.recv, &mut self.buf).await {
+            Ok(Some(r)) => Ok(r),
+            Ok(None) => Err("session stream ended".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// A sync call: sends and waits for its reply.
+    pub async fn call(&mut self, call: Call) -> ReplyFrame {
+        self.try_call(call).await.expect("reply")
+    }
+
+    pub async fn try_call(&mut self, call: Call) -> Result<ReplyFrame, String> {
+        let seq = self.try_send(call, true).await?;
+        let r = self.reply().await?;
+        assert_eq!(r.seq, seq, "replies come in order with their request's seq");
+        Ok(r)
+    }
+
+    pub async fn api(&mut self, call: ApiCall) -> ReplyFrame {
+        self.call(Call::Api(call)).await
+    }
+
+    pub async fn api_ok(&mut self, call: ApiCall) -> ApiReply {
+        let name = call.name();
+        let r = self.api(call).await;
+        assert_eq!(r.result, CUresult::SUCCESS, "{name}");
+        match r.reply {
+            Reply::Api(a) => a,
+            other => panic!("{name}: not an api reply: {other:?}"),
+        }
+    }
+
+    pub async fn alloc(&mut self, bytes: usize) -> Result<u64, CUresult> {
+        let r = self
+            .api(ApiCall::cuMemAlloc_v2(args::cuMemAlloc_v2 {
+                dptr: (),
+                bytesize: bytes,
+            }))
+            .await;
+        match r.reply {
+            Reply::Api(ApiReply::cuMemAlloc_v2(out)) if r.result.is_success() => Ok(out.dptr),
+            _ => Err(r.result),
+        }
+    }
+
+    /// A synchronous host-to-device copy in `COPY_CHUNK` pieces, the last one expecting the reply.
+    pub async fn htod(&mut self, dst: u64, data: &[u8]) -> CUresult {
+        let pieces: Vec<&[u8]> = data.chunks(COPY_CHUNK).collect();
+        for (i, piece) in pieces.iter().enumerate() {
+            let last = i + 1 == pieces.len();
+            let call = Call::MemcpyHtoD {
+                dst: dst + (i * COPY_CHUNK) as u64,
+                data: Payload::Inline(piece.to_vec()),
+                stream: None,
+            };
+            if last {
+                return self.call(call).await.result;
+            }
+            self.send(call, false).await;
+        }
+        CUresult::SUCCESS
+    }
+
+    /// A synchronous device-to-host copy, chunk by chunk.
+    pub async fn dtoh(&mut self, src: u64, len: usize) -> Result<Vec<u8>, CUresult> {
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let n = (len - out.len()).min(COPY_CHUNK);
+            let r = self
+                .call(Call::MemcpyDtoH {
+                    src: src + out.len() as u64,
+                    len: n as u64,
+                    stream: None,
+                })
+                .await;
+            match r.reply {
+                Reply::Data(d) if r.result.is_success() => out.extend(d),
+                _ => return Err(r.result),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Waits for the connection to close; the close code and reason, or why it closed otherwise.
+    pub async fn closed(&self, within: Duration) -> quinn::ConnectionError {
+        tokio::time::timeout(within, self.conn.closed())
+            .await
+            .expect("the connection closes in time")
+    }
+}
+
+/// A recognisable byte pattern.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Whether `path` is a directory holding a mesh secret.
+pub fn has_secret(path: &Path) -> bool {
+    MeshSecret::load(path).is_ok()
+}
