@@ -78,7 +78,7 @@ fn main() {
         check("cuModuleGetFunction", sys::cuModuleGetFunction(&mut func, module, name.as_ptr()));
         let mut arg: u64 = 0;
         let mut params = [&mut arg as *mut u64 as *mut c_void];
-        let launch = |n: usize| {
+        let mut launch = |n: usize| {
             for _ in 0..n {
                 check(
                     "cuLaunchKernel",

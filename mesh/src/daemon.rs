@@ -297,6 +297,7 @@ enum Event {
     Control(Request, oneshot::Sender<Response>),
     DialDone {
         peer: PeerId,
+        refused: bool,
     },
     Discovery(DiscoveryEvent),
     MeshLink {
@@ -593,6 +594,7 @@ impl Actor {
         let events = self.events.clone();
         let me = self.me;
         tokio::spawn(async move {
+            let mut refused = false;
             for addr in addrs {
                 match connect(&endpoint, config.clone(), addr, peer, &secret).await {
                     Ok(conn) => {
@@ -603,10 +605,15 @@ impl Actor {
                         });
                         break;
                     }
-                    Err(err) => debug!(%peer, %addr, %err, "dial failed"),
+                    Err(DialError::Refused(err)) => {
+                        warn!(%peer, %addr, %err, "cannot join this peer");
+                        refused = true;
+                        break;
+                    }
+                    Err(DialError::Other(err)) => debug!(%peer, %addr, %err, "dial failed"),
                 }
             }
-            let _ = events.send(Event::DialDone { peer });
+            let _ = events.send(Event::DialDone { peer, refused });
         });
     }
 

@@ -163,7 +163,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     .spawn()
     .context("starting the link emulator")?;
     eprintln!(
-        "gleam linkemu: {} -> {}\n  up:   {up}\n  down: {down}\n(Ctrl-C to stop)",
+        "gleam linkemu: {} -> {}\n  up:   {up}\n  down: {down}\n(Ctrl-C or SIGTERM to stop)",
         relay.local_addr(),
         args.to
     );
@@ -172,13 +172,28 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the signal handler")?;
-    runtime
-        .block_on(tokio::signal::ctrl_c())
-        .context("waiting for Ctrl-C")?;
+    runtime.block_on(stop_signal())?;
 
     let stats = relay.stop();
     tracing::info!(%stats, "link emulator stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Ctrl-C, or (on Unix) SIGTERM, so that scripts which `kill` the relay still get its stats.
+async fn stop_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+        tokio::select! {
+            ctrl_c = tokio::signal::ctrl_c() => ctrl_c.context("listening for Ctrl-C"),
+            _ = term.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c()
+        .await
+        .context("listening for Ctrl-C")
 }
 
 #[cfg(test)]

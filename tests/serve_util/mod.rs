@@ -34,7 +34,10 @@ impl Server {
     }
 
     pub fn start_in(backend: &str, config_dir: tempfile::TempDir, env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gleam"))
+        // `GLEAM_BIN` runs these tests against a copied binary (e.g. on the GPU machine).
+        let program = std::env::var_os("GLEAM_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_gleam").into());
+        let mut child = Command::new(program)
             .args(["serve", "127.0.0.1:0", "--backend", backend, "--config-dir"])
             .arg(config_dir.path())
             .envs(env.iter().copied())

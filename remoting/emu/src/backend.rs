@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use gleam_ptx::{ExecError, LaunchConfig};
 use gleam_remoting::api::{args, outs};
@@ -22,9 +22,16 @@ struct Shared {
     mem: DeviceMemory,
     /// The sticky error (0 = none): the first fault of asynchronous work.
     sticky: AtomicU32,
+    /// Set while shutting down: queued work is skipped rather than run for a client that has left.
+    cancelled: AtomicBool,
 }
 
 impl Shared {
+    /// Whether queued work should be skipped (after a fault, or when the session ends).
+    fn skip_work(&self) -> bool {
+        self.sticky().is_some() || self.cancelled.load(Ordering::Acquire)
+    }
+
     fn sticky(&self) -> Option<CUresult> {
         match self.sticky.load(Ordering::Acquire) {
             0 => None,
@@ -131,6 +138,7 @@ impl EmuBackend {
             shared: Arc::new(Shared {
                 mem: DeviceMemory::new(config.memory_bytes),
                 sticky: AtomicU32::new(0),
+                cancelled: AtomicBool::new(false),
             }),
             streams: Streams::default(),
             events: HashMap::new(),
@@ -197,7 +205,7 @@ impl EmuBackend {
         let key = self.streams.resolve(stream)?;
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
-            if shared.sticky().is_some() {
+            if shared.skip_work() {
                 return;
             }
             if let Err(e) = f(&shared.mem) {
@@ -1467,7 +1475,7 @@ impl Backend for EmuBackend {
         let key = self.streams.resolve(launch.stream)?;
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
-            if shared.sticky().is_some() {
+            if shared.skip_work() {
                 return;
             }
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1496,7 +1504,10 @@ impl Backend for EmuBackend {
     }
 
     fn shutdown(&mut self) {
+        // Queued work is skipped; a kernel already running finishes (the interpreter cannot be stopped).
+        self.shared.cancelled.store(true, Ordering::Release);
         self.streams.shutdown();
+        self.shared.cancelled.store(false, Ordering::Release);
         self.events.clear();
         self.functions.clear();
         self.libraries.clear();
@@ -1511,7 +1522,8 @@ impl Backend for EmuBackend {
 
 impl Drop for EmuBackend {
     fn drop(&mut self) {
-        // Joins the stream workers (their queues drain first).
+        // Joins the stream workers, skipping what is still queued.
+        self.shared.cancelled.store(true, Ordering::Release);
         self.streams.shutdown();
     }
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use common::{Emu, PTX, Params};
 use gleam_remoting::api::args;
-use gleam_remoting::server::backend::ApiBackend;
+use gleam_remoting::server::backend::{ApiBackend, Backend};
 use gleam_remoting::types::CUresult;
 
 /// Loop trips of `slowFill`: enough that the kernel is still running when the host looks (~100 ms+).
@@ -328,4 +328,24 @@ fn the_per_thread_stream_is_a_blocking_stream() {
     assert!(out.iter().all(|&v| v == ITERS + 6));
     emu.sync(per_thread).unwrap();
     emu.query(per_thread).unwrap();
+}
+
+#[test]
+fn shutdown_skips_queued_work() {
+    let (mut emu, k) = setup();
+    let buf = emu.alloc(N * 4).unwrap();
+    let p = Params::default().u64(buf).u32(0).u32(ITERS * 2);
+    let t = Instant::now();
+    emu.launch(k.slow_fill, (N / 64) as u32, 64, 0, &p).unwrap();
+    emu.sync(0).unwrap();
+    let one = t.elapsed();
+    for _ in 0..20 {
+        emu.launch(k.slow_fill, (N / 64) as u32, 64, 0, &p).unwrap();
+    }
+    let t = Instant::now();
+    emu.b.shutdown();
+    let took = t.elapsed();
+    // At most the kernel already running finishes; the other queued ones are skipped.
+    assert!(took < one * 8, "shutdown took {took:?}, one launch {one:?}");
+    assert_eq!(emu.b.memory().live_allocations(), 0);
 }

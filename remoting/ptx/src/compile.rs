@@ -230,6 +230,8 @@ pub enum Op {
     },
     Trap,
     Nop,
+    /// `bar.warp.sync`: nothing to do in lockstep, but a point a starvation-relief group must not pass.
+    WarpSync,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -1044,7 +1046,7 @@ impl<'a> Cx<'a> {
             "call" => self.call(ins),
             "bar" | "barrier" => {
                 if has("warp") {
-                    return self.emit(ins, Op::Nop);
+                    return self.emit(ins, Op::WarpSync);
                 }
                 if has("red") || has("arrive") || ops.len() > 1 {
                     return Err(unsupported(ins, "only full-block barriers"));

@@ -16,6 +16,10 @@ use crate::{
 /// Warp steps a warp runs before the block scheduler moves on to the next warp.
 const SLICE_STEPS: u64 = 4096;
 
+/// Backward branches the min-PC group may take while other lanes of its warp wait before those lanes get
+/// a turn (forward progress for intra-warp spin locks).
+const STARVE_LIMIT: u32 = 20_000;
+
 /// Shared memory a block may use (static plus dynamic), as on sm_90.
 const MAX_SHARED: usize = 227 * 1024;
 
@@ -164,6 +168,8 @@ struct Ctx<'a> {
 struct Block {
     regs: Vec<u64>,
     pcs: Vec<[u32; 32]>,
+    /// Per warp: backward branches taken by the min-PC group while other lanes waited (see STARVE_LIMIT).
+    starve: Vec<u32>,
     alive: Vec<u32>,
     waiting: Vec<u32>,
     shared: Vec<u8>,
@@ -333,6 +339,7 @@ impl Block {
         Block {
             regs: vec![0; nwarps * stride],
             pcs: vec![[0; 32]; nwarps],
+            starve: vec![0; nwarps],
             alive: vec![0; nwarps],
             waiting: vec![0; nwarps],
             shared: vec![0; ctx.shared_total],
@@ -357,6 +364,7 @@ impl Block {
             self.alive[w] = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
             self.waiting[w] = 0;
             self.pcs[w] = [0; 32];
+            self.starve[w] = 0;
             let regs = &mut self.regs[w * stride..(w + 1) * stride];
             regs.fill(0);
             for &(r, v) in &ctx.consts {
@@ -435,6 +443,9 @@ impl Block {
         let mut mask: u32 = 0;
         let mut min_other = u32::MAX;
         let mut recompute = true;
+        let mut starve = self.starve[w];
+        // The current group is not the min-PC one: it runs to its next branch but stops at warp-sync points.
+        let mut relief = false;
         let mut tinst = 0u64;
         let mut steps = 0u64;
         let [bx, by, _] = ctx.cfg.block;
@@ -449,6 +460,22 @@ impl Block {
                 }
                 cur = u32::MAX;
                 lanes(run, |l| cur = cur.min(pcs[l]));
+                relief = false;
+                if starve >= STARVE_LIMIT {
+                    // The min-PC group keeps looping while others wait (a spin lock held by a lagging
+                    // lane): give the next group a turn, as Volta's independent scheduling would.
+                    starve = 0;
+                    let mut next = u32::MAX;
+                    lanes(run, |l| {
+                        if pcs[l] > cur {
+                            next = next.min(pcs[l]);
+                        }
+                    });
+                    if next != u32::MAX {
+                        cur = next;
+                        relief = true;
+                    }
+                }
                 mask = 0;
                 min_other = u32::MAX;
                 lanes(run, |l| {
@@ -458,6 +485,9 @@ impl Block {
                         min_other = min_other.min(pcs[l]);
                     }
                 });
+                if relief {
+                    min_other = u32::MAX;
+                }
                 recompute = false;
             }
             let Some(inst) = code.get(cur as usize) else {
@@ -476,6 +506,23 @@ impl Block {
                     }
                 });
                 em = keep;
+            }
+            if relief
+                && matches!(
+                    inst.op,
+                    Op::Shfl { .. }
+                        | Op::Vote { .. }
+                        | Op::Redux { .. }
+                        | Op::Activemask { .. }
+                        | Op::WarpSync
+                )
+                && alive & !waiting & !mask != 0
+            {
+                // Not past a warp-synchronous instruction ahead of the rest of the warp.
+                let c = cur;
+                lanes(mask, |l| pcs[l] = c);
+                recompute = true;
+                continue;
             }
             steps += 1;
             tinst += mask.count_ones() as u64;
@@ -720,6 +767,11 @@ impl Block {
                     rd!(d, l) = (Mem::resolve(Space::Generic, rd!(a, l)).0 == space) as u64;
                 }),
                 Op::Bra { target } => {
+                    if target <= cur && em != 0 && alive & !waiting & !mask != 0 {
+                        starve = starve.saturating_add(1);
+                    } else if alive & !waiting & !mask == 0 {
+                        starve = 0;
+                    }
                     let next = cur + 1;
                     lanes(mask, |l| {
                         pcs[l] = if em & (1 << l) != 0 { target } else { next }
@@ -751,7 +803,7 @@ impl Block {
                         });
                     }
                 }
-                Op::Nop => {}
+                Op::Nop | Op::WarpSync => {}
                 Op::Shfl {
                     mode,
                     d,
@@ -906,6 +958,7 @@ impl Block {
         }
         self.alive[w] = alive;
         self.waiting[w] = waiting;
+        self.starve[w] = starve;
         self.clock += steps;
         stats.thread_instructions += tinst;
         stats.warp_steps += steps;

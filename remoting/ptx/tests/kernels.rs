@@ -573,3 +573,18 @@ fn min_max_order_signed_zeros_and_generic_param_loads_work() {
     assert_eq!(o[2], 2f32.to_bits(), "min(NaN, 2) = 2");
     assert_eq!(o[4], 77, "ld through cvta.param");
 }
+
+#[test]
+fn intra_warp_spin_lock_makes_progress() {
+    let m = Module::parse(&fixture("spinlock.ptx")).unwrap();
+    let mut g = Gpu::new(&m);
+    let lock = g.upload(&[0u8; 8]);
+    g.launch(&m, "spinlock", [2, 1, 1], [64, 1, 1], 0, &[Arg::U64(lock)])
+        .unwrap();
+    let o = to_u32(&g.download(lock, 8));
+    assert_eq!(
+        o,
+        vec![0, 128],
+        "every thread took the lock once and released it"
+    );
+}

@@ -360,16 +360,14 @@ impl Client {
             expects_reply,
             call,
         };
-        let mut scratch = std::mem::take(&mut queue.scratch);
-        scratch.clear();
-        if let Err(err) = encode_frame(&request, &mut scratch) {
-            queue.scratch = scratch;
+        // Encoded straight into the buffer the writer will send (no copy for bulk payloads).
+        let mut encoded = Vec::with_capacity(queue.frame_hint + bulk);
+        if let Err(err) = encode_frame(&request, &mut encoded) {
             return Err(ClientError::Protocol(format!(
                 "cannot encode request: {err}"
             )));
         }
-        let frame = Bytes::copy_from_slice(&scratch);
-        queue.scratch = scratch;
+        let frame = Bytes::from(encoded);
         let pending = if expects_reply {
             let (tx, rx) = mpsc::sync_channel(1);
             let mut waiters = self.shared.waiters();

@@ -308,12 +308,14 @@ async fn relay_in(
     traffic: Arc<Traffic>,
 ) -> Result<(), RelayError> {
     let mut frames = FrameCheck::default();
-    while let Some(chunk) = recv.read_chunk(RELAY_BUFFER, true).await? {
-        frames.feed(&chunk.bytes)?;
-        stdin.write_all(&chunk.bytes).await?;
-        traffic
-            .from_client
-            .fetch_add(chunk.bytes.len() as u64, Ordering::Relaxed);
+    // `read` gathers many received packets per call (`read_chunk` would yield about one each), so a
+    // bulk copy costs one pipe write per buffer rather than per packet.
+    let mut buf = vec![0; RELAY_BUFFER];
+    while let Some(n) = recv.read(&mut buf).await? {
+        let bytes = &buf[..n];
+        frames.feed(bytes)?;
+        stdin.write_all(bytes).await?;
+        traffic.from_client.fetch_add(n as u64, Ordering::Relaxed);
     }
     // Dropping stdin tells the worker the client is done.
     drop(stdin);
