@@ -37,7 +37,10 @@ fn check(what: &str, r: sys::CUresult) {
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn main() {
@@ -50,7 +53,10 @@ fn main() {
         let mut dev = 0;
         check("cuDeviceGet", sys::cuDeviceGet(&mut dev, 0));
         let mut ctx = std::ptr::null_mut();
-        check("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev));
+        check(
+            "cuDevicePrimaryCtxRetain",
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+        );
         check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx));
 
         // Warm up: first calls may connect, JIT or allocate lazily.
@@ -72,10 +78,16 @@ fn main() {
         // 2. Launch rate.
         let mut module = std::ptr::null_mut();
         let ptx = CString::new(EMPTY_PTX).expect("no NUL in PTX");
-        check("cuModuleLoadData", sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void));
+        check(
+            "cuModuleLoadData",
+            sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void),
+        );
         let mut func = std::ptr::null_mut();
         let name = CString::new("empty").expect("no NUL");
-        check("cuModuleGetFunction", sys::cuModuleGetFunction(&mut func, module, name.as_ptr()));
+        check(
+            "cuModuleGetFunction",
+            sys::cuModuleGetFunction(&mut func, module, name.as_ptr()),
+        );
         let mut arg: u64 = 0;
         let mut params = [&mut arg as *mut u64 as *mut c_void];
         let mut launch = |n: usize| {
@@ -110,12 +122,21 @@ fn main() {
         let mut back = vec![0u8; bytes];
         let mut dptr = 0;
         check("cuMemAlloc", sys::cuMemAlloc_v2(&mut dptr, bytes));
-        check("cuMemcpyHtoD", sys::cuMemcpyHtoD_v2(dptr, host.as_ptr() as *const c_void, bytes));
+        check(
+            "cuMemcpyHtoD",
+            sys::cuMemcpyHtoD_v2(dptr, host.as_ptr() as *const c_void, bytes),
+        );
         let t = Instant::now();
-        check("cuMemcpyHtoD", sys::cuMemcpyHtoD_v2(dptr, host.as_ptr() as *const c_void, bytes));
+        check(
+            "cuMemcpyHtoD",
+            sys::cuMemcpyHtoD_v2(dptr, host.as_ptr() as *const c_void, bytes),
+        );
         let htod_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        check("cuMemcpyDtoH", sys::cuMemcpyDtoH_v2(back.as_mut_ptr() as *mut c_void, dptr, bytes));
+        check(
+            "cuMemcpyDtoH",
+            sys::cuMemcpyDtoH_v2(back.as_mut_ptr() as *mut c_void, dptr, bytes),
+        );
         let dtoh_s = t.elapsed().as_secs_f64();
         if back != host {
             eprintln!("bench_driver: the copied data came back different");
@@ -123,7 +144,10 @@ fn main() {
         }
         check("cuMemFree", sys::cuMemFree_v2(dptr));
         check("cuModuleUnload", sys::cuModuleUnload(module));
-        check("cuDevicePrimaryCtxRelease", sys::cuDevicePrimaryCtxRelease_v2(dev));
+        check(
+            "cuDevicePrimaryCtxRelease",
+            sys::cuDevicePrimaryCtxRelease_v2(dev),
+        );
 
         let mib = copy_mib as f64;
         println!(

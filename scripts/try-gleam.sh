@@ -4,7 +4,7 @@
 # programs through Gleam's libcuda.so.1, unmodified.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --workspace --examples
+cargo build --release --workspace --lib --bins --examples
 bin=target/release
 cfg=$(mktemp -d)
 trap 'kill $server 2>/dev/null; rm -rf "$cfg"' EXIT

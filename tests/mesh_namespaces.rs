@@ -280,18 +280,26 @@ fn a_device_without_the_mesh_secret_can_neither_join_nor_run_work() {
             "{stderr}"
         );
     }
-    // A member authenticates fine on both ALPNs (this build's handler then declines CUDA work).
-    let mut command = lab.command_in(peers[1].node, BIN);
-    command
-        .env("GLEAM_CONFIG_DIR", &peers[1].dir)
-        .args(["peers", "ping", &target]);
-    let out = output_within(command, Duration::from_secs(20));
+    // A member gets in on both ALPNs; on gleam-cuda/1 the peer starts a session for it.
+    for alpn in [&["--cuda"][..], &[][..]] {
+        let mut command = lab.command_in(peers[1].node, BIN);
+        command
+            .env("GLEAM_CONFIG_DIR", &peers[1].dir)
+            .args(["peers", "ping", &target])
+            .args(alpn);
+        let out = output_within(command, Duration::from_secs(20));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "member refused ({alpn:?}): {stderr}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("authenticated"));
+    }
+    let served = wait_for(Duration::from_secs(5), || {
+        let log = peers[0].proc.as_ref()?.log_text();
+        (log.contains("CUDA session starts") && log.contains(&peers[1].id)).then_some(())
+    });
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        served.is_some(),
+        "the member's CUDA session did not reach the session host"
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("authenticated"));
 }
 
 #[test]
@@ -400,4 +408,56 @@ fn peers_find_each_other_over_ipv6_link_local_only() {
             .then_some(addrs)
     });
     assert!(v6.is_some(), "no IPv6 link-local address advertised");
+}
+
+#[test]
+fn gleam_run_without_peer_runs_on_the_better_linked_peer() {
+    let Some(mut lab) = Lab::new() else { return };
+    let exe_dir = Path::new(BIN).parent().expect("bin dir").to_owned();
+    let example = exe_dir.join("examples").join("vector_add");
+    if !example.is_file() || !exe_dir.join("libgleamcuda.so").is_file() {
+        eprintln!(
+            "SKIPPED: needs the shim and the vector_add example built \
+             (`cargo build --workspace --all-targets`)"
+        );
+        return;
+    }
+    let mut peers = make_peers(&mut lab, 3, 3);
+    lab.shape(1, "20mbit");
+    for (i, peer) in peers.iter_mut().enumerate() {
+        start(&lab, peer, &format!("node{i}"));
+    }
+    // Wait until peer 0 has measured both links, so its choice is informed.
+    let measured = wait_for(Duration::from_secs(20), || {
+        let rows = listed(&peers[0])?;
+        let probed = |peer: &Peer| {
+            rows.iter().find(|row| row["id"] == peer.id.as_str())?["bandwidth_bps"].as_u64()
+        };
+        Some((probed(&peers[1])?, probed(&peers[2])?))
+    });
+    if measured.is_none() {
+        dump_logs(&peers);
+        panic!("links were not probed within 20 s");
+    }
+    // An unmodified CUDA program, no --peer: the daemon picks the peer.
+    let mut command = lab.command_in(peers[0].node, BIN);
+    command
+        .env("GLEAM_CONFIG_DIR", &peers[0].dir)
+        .env("GLEAM_LOG", "info")
+        .arg("run")
+        .arg("--")
+        .arg(&example);
+    let out = output_within(command, Duration::from_secs(300));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "gleam run failed: {stderr}");
+    let session_on = |peer: &Peer| {
+        let log = peer.proc.as_ref().expect("running").log_text();
+        log.lines()
+            .any(|line| line.contains("CUDA session starts") && line.contains(&peers[0].id))
+    };
+    assert!(
+        session_on(&peers[2]),
+        "the session did not run on the better-linked peer"
+    );
+    assert!(!session_on(&peers[1]), "the session ran on the shaped peer");
 }

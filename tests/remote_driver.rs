@@ -81,7 +81,11 @@ fn a_forked_child_is_refused_and_the_parent_keeps_its_session() {
     let exe = compile_c("driver_basic", dir.path());
     let out = output_within(server.run(&exe, &["fork"]), LIMIT);
     let stdout = text(&out.stdout);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        text(&out.stderr)
+    );
     assert!(
         stdout.contains("child: CUDA_ERROR_NOT_INITIALIZED CUDA_ERROR_NOT_INITIALIZED"),
         "{stdout}"

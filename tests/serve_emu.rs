@@ -92,7 +92,10 @@ async fn allocation_beyond_the_emulated_memory_is_out_of_memory() {
     let server = Server::start("emu");
     let (mut c, hello) = Client::open(&server).await;
     let total = hello.devices[0].total_mem as usize;
-    assert_eq!(c.alloc(total + (1 << 20)).await, Err(CUresult::OUT_OF_MEMORY));
+    assert_eq!(
+        c.alloc(total + (1 << 20)).await,
+        Err(CUresult::OUT_OF_MEMORY)
+    );
     // Not sticky: smaller allocations still work.
     assert!(c.alloc(1 << 20).await.is_ok());
 }
@@ -161,7 +164,11 @@ async fn clients_cannot_read_each_others_memory() {
         assert_ne!(bytes, secret, "B saw A's bytes");
     }
     // Separate processes serve them.
-    assert!(server.session_pids().len() >= 2, "{:?}", server.session_pids());
+    assert!(
+        server.session_pids().len() >= 2,
+        "{:?}",
+        server.session_pids()
+    );
     assert_eq!(a.dtoh(ptr, 4096).await.unwrap(), secret);
 }
 
@@ -177,7 +184,10 @@ async fn a_client_without_the_mesh_secret_is_refused() {
         err.contains("refused") || err.contains("mesh"),
         "unexpected error: {err}"
     );
-    assert!(server.session_pids().is_empty(), "no session process was started");
+    assert!(
+        server.session_pids().is_empty(),
+        "no session process was started"
+    );
     // Members are still served.
     let (mut c, _) = Client::open(&server).await;
     assert!(c.alloc(64).await.is_ok());
@@ -195,7 +205,11 @@ async fn killing_the_session_process_ends_the_session_quickly() {
         .unwrap();
     assert!(status.success());
     let started = Instant::now();
-    let err = c.try_call(Call::Api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}))).await;
+    let err = c
+        .try_call(Call::Api(ApiCall::cuCtxSynchronize(
+            args::cuCtxSynchronize {},
+        )))
+        .await;
     assert!(err.is_err(), "a call after the kill fails: {err:?}");
     let (code, reason) = close_of(&c.closed(Duration::from_secs(5)).await);
     assert_eq!(code, CLOSE_WORKER_FAILED, "{reason}");
@@ -214,4 +228,46 @@ async fn a_closed_connection_ends_its_session_process() {
         assert!(Instant::now() < deadline, "session process still running");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test]
+async fn killing_the_server_ends_its_session_processes() {
+    let mut server = Server::start("emu");
+    let (_c, _) = Client::open(&server).await;
+    let pids = server.session_pids();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::path::Path::new(&format!("/proc/{}", pids[0])).exists()
+        && !std::fs::read_to_string(format!("/proc/{}/stat", pids[0]))
+            .is_ok_and(|s| s.contains(") Z "))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "session process outlived its server"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn mesh_protocol_connections_are_not_served() {
+    use gleam_mesh::identity::Identity;
+    use gleam_mesh::tls::{ALPN_MESH, client_config, server_name};
+    let server = Server::start("emu");
+    let identity = Identity::ephemeral().unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(client_config(&identity, server.peer, ALPN_MESH).unwrap());
+    let conn = endpoint
+        .connect(server.addr, &server_name(server.peer))
+        .unwrap()
+        .await
+        .unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+        .await
+        .unwrap();
+    let (_, reason) = close_of(&err);
+    assert!(reason.contains("only serves CUDA sessions"), "{reason}");
+    assert!(server.session_pids().is_empty());
 }

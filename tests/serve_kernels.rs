@@ -62,15 +62,26 @@ async fn add_one_on(backend: &str) {
         })
         .await;
     assert_eq!(r.result, CUresult::SUCCESS, "{backend}: get function");
-    let Reply::Function { handle: function, info } = r.reply else {
+    let Reply::Function {
+        handle: function,
+        info,
+    } = r.reply
+    else {
         panic!("{backend}: {:?}", r.reply)
     };
     assert_eq!(
         info.params,
-        [ParamSlot { offset: 0, size: 8 }, ParamSlot { offset: 8, size: 4 }],
+        [
+            ParamSlot { offset: 0, size: 8 },
+            ParamSlot { offset: 8, size: 4 }
+        ],
         "{backend}: parameter layout"
     );
-    assert!(info.attributes.first().is_some_and(|&t| t >= 128), "{backend}: {:?}", info.attributes);
+    assert!(
+        info.attributes.first().is_some_and(|&t| t >= 128),
+        "{backend}: {:?}",
+        info.attributes
+    );
 
     let n = 1000u32;
     let input: Vec<u8> = (0..n).flat_map(|i| (i * 3).to_le_bytes()).collect();
@@ -113,7 +124,11 @@ async fn add_one_on(backend: &str) {
     let r = c
         .api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}))
         .await;
-    assert_ne!(r.result, CUresult::SUCCESS, "{backend}: bad launch reported");
+    assert_ne!(
+        r.result,
+        CUresult::SUCCESS,
+        "{backend}: bad launch reported"
+    );
 }
 
 #[tokio::test]
@@ -126,6 +141,8 @@ async fn add_one_on_emu() {
 async fn add_one_on_cuda_when_a_gpu_is_present() {
     match gleam_remoting::server::real::probe() {
         Ok(_) => add_one_on("cuda").await,
-        Err(why) => eprintln!("no GPU here ({why}): the cuda backend is exercised on the GPU machine"),
+        Err(why) => {
+            eprintln!("no GPU here ({why}): the cuda backend is exercised on the GPU machine")
+        }
     }
 }

@@ -1,28 +1,59 @@
 mod serve_util;
-use std::time::Instant;
 use gleam_remoting::api::{ApiCall, args};
 use gleam_remoting::wire::{Call, Payload};
 use serve_util::{Client, Server};
+use std::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn perf() {
-    let server = Server::start_in("emu", tempfile::tempdir().unwrap(), &[("GLEAM_LOG", "warn")]);
+    let server = Server::start_in(
+        &std::env::var("PERF_BACKEND").unwrap_or("emu".into()),
+        tempfile::tempdir().unwrap(),
+        &[("GLEAM_LOG", "warn")],
+    );
     let (mut c, _) = Client::open(&server).await;
-    for _ in 0..200 { c.api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {})).await; }
+    for _ in 0..200 {
+        c.api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}))
+            .await;
+    }
     let n = 5000;
     let t = Instant::now();
-    for _ in 0..n { c.api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {})).await; }
+    for _ in 0..n {
+        c.api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}))
+            .await;
+    }
     eprintln!("sync rt: {:?}", t.elapsed() / n);
     let ptr = c.alloc(64).await.unwrap();
     let n = 100000;
     let t = Instant::now();
-    for _ in 0..n { c.send(Call::Api(ApiCall::cuMemsetD8_v2(args::cuMemsetD8_v2 { dst: ptr, value: 1, n: 64 })), false).await; }
-    c.api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {})).await;
+    for _ in 0..n {
+        c.send(
+            Call::Api(ApiCall::cuMemsetD8_v2(args::cuMemsetD8_v2 {
+                dst: ptr,
+                value: 1,
+                n: 64,
+            })),
+            false,
+        )
+        .await;
+    }
+    c.api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}))
+        .await;
     eprintln!("deferred: {:.0}/s", n as f64 / t.elapsed().as_secs_f64());
     let big = vec![5u8; 4 << 20];
     let ptr = c.alloc(256 << 20).await.unwrap();
     let t = Instant::now();
-    for i in 0..64u64 { c.send(Call::MemcpyHtoD { dst: ptr + i * (4 << 20), data: Payload::Inline(big.clone()), stream: None }, i == 63).await; }
+    for i in 0..64u64 {
+        c.send(
+            Call::MemcpyHtoD {
+                dst: ptr + i * (4 << 20),
+                data: Payload::Inline(big.clone()),
+                stream: None,
+            },
+            i == 63,
+        )
+        .await;
+    }
     c.reply().await.unwrap();
     eprintln!("htod: {:.0} MB/s", 256.0 / t.elapsed().as_secs_f64());
 }
@@ -32,14 +63,50 @@ fn worker_alone() {
     use gleam_remoting::wire::*;
     let mut input = Vec::new();
     let mut seq = 0;
-    let mut push = |call: Call, r: bool, input: &mut Vec<u8>| { seq += 1; encode_frame(&Request { seq, ctx: 0, expects_reply: r, call }, input).unwrap(); };
-    push(Call::Hello(ClientHello { protocol: PROTOCOL_VERSION, client: "x".into() }), true, &mut input);
+    let mut push = |call: Call, r: bool, input: &mut Vec<u8>| {
+        seq += 1;
+        encode_frame(
+            &Request {
+                seq,
+                ctx: 0,
+                expects_reply: r,
+                call,
+            },
+            input,
+        )
+        .unwrap();
+    };
+    push(
+        Call::Hello(ClientHello {
+            protocol: PROTOCOL_VERSION,
+            client: "x".into(),
+        }),
+        true,
+        &mut input,
+    );
     let t = Instant::now();
     let big = vec![5u8; 4 << 20];
-    for i in 0..64u64 { push(Call::MemcpyHtoD { dst: 0x1000 + i, data: Payload::Inline(big.clone()), stream: None }, false, &mut input); }
+    for i in 0..64u64 {
+        push(
+            Call::MemcpyHtoD {
+                dst: 0x1000 + i,
+                data: Payload::Inline(big.clone()),
+                stream: None,
+            },
+            false,
+            &mut input,
+        );
+    }
     eprintln!("encode: {:?}", t.elapsed());
     let t = Instant::now();
     let mut out = Vec::new();
-    gleam_remoting::server::worker::serve(gleam_emu::EmuBackend::new(gleam_emu::EmuConfig::default()), &input[..], &mut out);
-    eprintln!("worker (bad addresses): {:.0} MB/s", 256.0 / t.elapsed().as_secs_f64());
+    gleam_remoting::server::worker::serve(
+        gleam_emu::EmuBackend::new(gleam_emu::EmuConfig::default()),
+        &input[..],
+        &mut out,
+    );
+    eprintln!(
+        "worker (bad addresses): {:.0} MB/s",
+        256.0 / t.elapsed().as_secs_f64()
+    );
 }

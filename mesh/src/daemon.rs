@@ -305,7 +305,10 @@ enum Event {
         conn: quinn::Connection,
         dialer: PeerId,
     },
-    Packet(Bytes),
+    Packet {
+        peer: PeerId,
+        data: Bytes,
+    },
     Probed {
         peer: PeerId,
         stable_id: usize,
@@ -454,8 +457,8 @@ impl Actor {
                 self.known.remove(&id);
             }
             Event::MeshLink { peer, conn, dialer } => self.add_link(peer, conn, dialer),
-            Event::Packet(data) => {
-                if let Err(err) = self.gossip.handle_data(&data) {
+            Event::Packet { peer, data } => {
+                if let Err(err) = self.gossip.handle_data_from(peer, &data) {
                     debug!(%err, "dropping a gossip packet");
                 }
             }
@@ -941,7 +944,12 @@ fn spawn_link_readers(conn: quinn::Connection, peer: PeerId, events: mpsc::Unbou
     tokio::spawn(async move {
         while let Ok(datagram) = datagrams.read_datagram().await {
             if datagram.first() == Some(&TAG_GOSSIP)
-                && tx.send(Event::Packet(datagram.slice(1..))).is_err()
+                && tx
+                    .send(Event::Packet {
+                        peer,
+                        data: datagram.slice(1..),
+                    })
+                    .is_err()
             {
                 return;
             }
@@ -960,7 +968,10 @@ fn spawn_link_readers(conn: quinn::Connection, peer: PeerId, events: mpsc::Unbou
                 if let Ok(data) = recv.read_to_end(MAX_GOSSIP_STREAM).await
                     && data.first() == Some(&TAG_GOSSIP)
                 {
-                    let _ = tx.send(Event::Packet(Bytes::from(data).slice(1..)));
+                    let _ = tx.send(Event::Packet {
+                        peer,
+                        data: Bytes::from(data).slice(1..),
+                    });
                 }
             });
         }

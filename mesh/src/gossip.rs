@@ -101,13 +101,15 @@ impl Gossip {
         }
     }
 
-    /// SWIM tuned for a small LAN mesh: a dead member is suspected after ~1 s of silence and
-    /// declared down ~1.5 s later, so it leaves everyone's list well within 5 s.
+    /// SWIM tuned for a small LAN mesh: every member is probed about once a second, a silent one
+    /// is suspected within a probe period and declared down 1.2 s later, so a dead member leaves
+    /// everyone's list in about 2-3 s (the target is 5 s). A falsely suspected member refutes
+    /// the suspicion in that window.
     pub fn config() -> foca::Config {
         let mut config = foca::Config::new_lan(std::num::NonZeroU32::MIN.saturating_add(7));
-        config.probe_period = Duration::from_millis(600);
-        config.probe_rtt = Duration::from_millis(250);
-        config.suspect_to_down_after = Duration::from_millis(1500);
+        config.probe_period = Duration::from_millis(500);
+        config.probe_rtt = Duration::from_millis(200);
+        config.suspect_to_down_after = Duration::from_millis(1200);
         config.remove_down_after = Some(Duration::from_secs(30));
         config.max_transmissions = NonZeroU8::new(6).unwrap_or(NonZeroU8::MIN);
         config.max_packet_size = NonZeroUsize::new(MAX_PACKET).unwrap_or(NonZeroUsize::MIN);
@@ -124,6 +126,20 @@ impl Gossip {
         self.foca
             .announce(Member { id: peer, boot: 0 }, &mut self.runtime)?;
         Ok(())
+    }
+
+    /// Feeds a packet that arrived over the authenticated link to `from`; refuses packets whose
+    /// sender field names anyone else (a member must not speak for another).
+    pub fn handle_data_from(&mut self, from: PeerId, data: &[u8]) -> Result<(), GossipError> {
+        let header = foca::Codec::<Member>::decode_header(&mut PostcardCodec, data)
+            .map_err(GossipError::Decode)?;
+        if header.src.id != from {
+            return Err(GossipError::Spoofed {
+                claimed: header.src.id,
+                link: from,
+            });
+        }
+        self.handle_data(data)
     }
 
     /// Feeds a packet received from a member.
@@ -193,6 +209,12 @@ impl std::fmt::Debug for Gossip {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GossipError {
+    /// A packet did not decode.
+    #[error("malformed gossip packet: {0}")]
+    Decode(#[source] postcard::Error),
+    /// A packet on the link to one peer claimed to come from another.
+    #[error("gossip packet on the link to {link} claims to come from {claimed}")]
+    Spoofed { claimed: PeerId, link: PeerId },
     /// Our own state could not be encoded.
     #[error("cannot encode peer state: {0}")]
     Encode(#[source] postcard::Error),
@@ -524,5 +546,41 @@ mod tests {
         assert!(gossip.handle_data(&[0xff; 64]).is_err());
         assert!(gossip.handle_data(&[]).is_err());
         assert!(gossip.handle_data(&vec![0; 5000]).is_err());
+        assert!(matches!(
+            gossip.handle_data_from(Sim::id(2), &[0xff; 3]),
+            Err(GossipError::Decode(_))
+        ));
+    }
+
+    #[test]
+    fn a_member_cannot_speak_for_another() {
+        let mut a = Gossip::new(
+            Member {
+                id: Sim::id(1),
+                boot: 1,
+            },
+            1,
+        );
+        let mut b = Gossip::new(
+            Member {
+                id: Sim::id(2),
+                boot: 1,
+            },
+            2,
+        );
+        b.announce(Sim::id(1)).unwrap();
+        let Some(Output::Send(to, packet)) = b.poll() else {
+            panic!("no announce")
+        };
+        assert_eq!(to, Sim::id(1));
+        // Arriving over the link to peer 3, B's packet is refused; over B's own link it is fine.
+        let err = a.handle_data_from(Sim::id(3), &packet).unwrap_err();
+        assert!(matches!(err, GossipError::Spoofed { .. }), "{err}");
+        a.handle_data_from(Sim::id(2), &packet).unwrap();
+        assert!(std::iter::from_fn(|| a.poll()).any(|out| out
+            == Output::Up(Member {
+                id: Sim::id(2),
+                boot: 1
+            })));
     }
 }

@@ -10,6 +10,9 @@ use gleam_mesh::daemon::{Daemon, DaemonConfig, DeviceInfo, SessionHandler};
 use gleam_mesh::identity::{self, Identity, MeshSecret};
 use gleam_mesh::state::GpuSummary;
 use gleam_mesh::{PeerId, control};
+use gleam_remoting::server::host::{self, BackendChoice, BackendRequest, WorkerCommand};
+
+use super::serve::Backend;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -31,6 +34,9 @@ pub struct Args {
     /// Seconds between bandwidth probes of each link.
     #[arg(long, default_value_t = 10.0)]
     pub probe_interval: f64,
+    /// What executes sessions: `auto` (a GPU if one answers, else `emu`), `cuda` or `emu`.
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    pub backend: Backend,
     /// Control socket (default: $GLEAM_CONFIG_DIR/daemon.sock or $XDG_RUNTIME_DIR/gleam/daemon.sock).
     #[arg(long)]
     pub socket: Option<std::path::PathBuf>,
@@ -51,14 +57,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     config.probe_interval = Duration::try_from_secs_f64(args.probe_interval)
         .context("--probe-interval must be a positive number of seconds")?;
 
-    // TODO(remoting): the device report should come from the backend that serves sessions:
-    // the emu backend reports its emulated device, the CUDA backend queries the real GPU.
-    let device: Arc<dyn DeviceInfo> = Arc::new(EmulatedDevice::new());
-    // TODO(remoting): hand the session to `gleam_remoting::server::serve_session(conn, peer)`
-    // once it exists; until then every CUDA session is refused with a clear reason.
-    let handler: SessionHandler = Arc::new(|conn: quinn::Connection, peer: PeerId| {
-        tracing::warn!(%peer, "refusing a CUDA session: this build does not serve sessions yet");
-        conn.close(quinn::VarInt::from_u32(0x4741_0010), b"not serving yet");
+    let choice = match args.backend {
+        Backend::Auto => host::pick_backend(BackendRequest::Auto),
+        Backend::Emu => host::pick_backend(BackendRequest::Emu),
+        Backend::Cuda => {
+            gleam_remoting::server::real::probe().context("`--backend cuda`: no usable GPU")?;
+            BackendChoice::Cuda
+        }
+    };
+    let device: Arc<dyn DeviceInfo> = match choice {
+        BackendChoice::Emu => Arc::new(EmulatedDevice::new()),
+        // TODO(remoting): report the real GPUs' names, memory and compute capability once
+        // gleam_remoting exposes them (today only the device count is public).
+        BackendChoice::Cuda => Arc::new(RealDevice::new()),
+    };
+    // Each authenticated CUDA session gets its own `gleam session --backend X` process.
+    let worker = WorkerCommand::gleam_session(choice).context("finding the gleam executable")?;
+    let handler: SessionHandler = Arc::new(move |conn: quinn::Connection, peer: PeerId| {
+        let worker = worker.clone();
+        tokio::spawn(async move { host::serve_connection(conn, peer, worker).await });
     });
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -78,7 +95,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Stands for the emu backend's device until the backends report their own.
+/// The emu backend's device: "device memory" lives in host memory.
 struct EmulatedDevice {
     gpus: Vec<GpuSummary>,
 }
@@ -99,6 +116,32 @@ impl EmulatedDevice {
 }
 
 impl DeviceInfo for EmulatedDevice {
+    fn gpus(&self) -> Vec<GpuSummary> {
+        self.gpus.clone()
+    }
+}
+
+/// Real GPUs, as far as the remoting crate reports them (the count).
+struct RealDevice {
+    gpus: Vec<GpuSummary>,
+}
+
+impl RealDevice {
+    fn new() -> Self {
+        let count = gleam_remoting::server::real::probe().unwrap_or(0);
+        let gpu = GpuSummary {
+            model: "NVIDIA GPU".into(),
+            total_memory: 0,
+            compute_capability: (0, 0),
+            emulated: false,
+        };
+        Self {
+            gpus: vec![gpu; count],
+        }
+    }
+}
+
+impl DeviceInfo for RealDevice {
     fn gpus(&self) -> Vec<GpuSummary> {
         self.gpus.clone()
     }

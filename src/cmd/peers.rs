@@ -40,13 +40,11 @@ pub enum Command {
         #[arg(long)]
         socket: Option<std::path::PathBuf>,
     },
-    /// Connect to one peer directly and prove membership (diagnostics; no daemon needed).
+    /// Check that this device could run work on one peer: connect (gleam-cuda/1), prove
+    /// membership, then hang up (diagnostics; no daemon needed).
     Ping {
         /// The peer, as ID@ADDR:PORT.
         target: String,
-        /// Open a CUDA session connection (gleam-cuda/1) instead of a mesh one.
-        #[arg(long)]
-        cuda: bool,
     },
 }
 
@@ -99,12 +97,12 @@ pub fn run(cmd: Command) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Ping { target, cuda } => return ping(&target, cuda),
+        Command::Ping { target } => return ping(&target),
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn ping(target: &str, cuda: bool) -> anyhow::Result<ExitCode> {
+fn ping(target: &str) -> anyhow::Result<ExitCode> {
     let (id, addr) = target.split_once('@').context("expected ID@ADDR:PORT")?;
     let id: PeerId = id.parse()?;
     let addr: SocketAddr = addr
@@ -113,7 +111,9 @@ fn ping(target: &str, cuda: bool) -> anyhow::Result<ExitCode> {
     let dir = identity::default_config_dir();
     let identity = Identity::load_or_create(&dir)?;
     let secret = MeshSecret::load(&dir)?;
-    let alpn = if cuda { tls::ALPN_CUDA } else { tls::ALPN_MESH };
+    // A session connection, not a mesh one: the daemon would take a mesh connection from this
+    // identity for its own daemon's link.
+    let alpn = tls::ALPN_CUDA;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -134,17 +134,14 @@ fn ping(target: &str, cuda: bool) -> anyhow::Result<ExitCode> {
         let handshake = started.elapsed();
         auth::authenticate_as_client(&conn, &secret).await?;
         println!(
-            "{id} at {addr}: authenticated ({}), handshake {:.1} ms, rtt {:.2} ms",
-            if cuda { "cuda" } else { "mesh" },
+            "{id} at {addr}: authenticated, handshake {:.1} ms, rtt {:.2} ms",
             handshake.as_secs_f64() * 1e3,
             conn.rtt().as_secs_f64() * 1e3
         );
-        if cuda {
-            // The server decides what happens next; report it.
-            let reason = tokio::time::timeout(Duration::from_millis(500), conn.closed()).await;
-            if let Ok(reason) = reason {
-                bail!("the peer closed the session: {reason}");
-            }
+        // A peer that accepts us but cannot serve closes at once; report it.
+        let reason = tokio::time::timeout(Duration::from_millis(500), conn.closed()).await;
+        if let Ok(reason) = reason {
+            bail!("the peer closed the session: {reason}");
         }
         conn.close(0u32.into(), b"bye");
         endpoint.wait_idle().await;

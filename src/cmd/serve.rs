@@ -45,8 +45,12 @@ pub enum Backend {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config_dir = args.config_dir.unwrap_or_else(default_config_dir);
-    let identity = Identity::load_or_create(&config_dir)
-        .with_context(|| format!("loading this device's identity from {}", config_dir.display()))?;
+    let identity = Identity::load_or_create(&config_dir).with_context(|| {
+        format!(
+            "loading this device's identity from {}",
+            config_dir.display()
+        )
+    })?;
     let secret = load_or_create_secret(&config_dir)?;
     let addr = resolve(&args.addr)?;
 
@@ -54,17 +58,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Backend::Auto => host::pick_backend(BackendRequest::Auto),
         Backend::Emu => host::pick_backend(BackendRequest::Emu),
         Backend::Cuda => {
-            let devices = gleam_remoting::server::real::probe()
-                .context("`--backend cuda`: no usable GPU")?;
+            let devices =
+                gleam_remoting::server::real::probe().context("`--backend cuda`: no usable GPU")?;
             info!(devices, "serving with NVIDIA's driver");
             BackendChoice::Cuda
         }
     };
-    let worker = WorkerCommand {
-        program: std::env::current_exe().context("finding the gleam executable")?,
-        args: vec!["session".into(), "--backend".into(), choice.as_str().into()],
-        env: Vec::new(),
-    };
+    let worker = WorkerCommand::gleam_session(choice).context("finding the gleam executable")?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -97,6 +97,8 @@ async fn serve(
     info!(%local, peer_id = %me, backend = choice.as_str(), "serving CUDA sessions");
 
     let secret = Arc::new(secret);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
     loop {
         tokio::select! {
             incoming = endpoint.accept() => {
@@ -105,6 +107,11 @@ async fn serve(
             }
             _ = tokio::signal::ctrl_c() => {
                 info!("interrupted: closing every session");
+                endpoint.close(VarInt::from_u32(0), b"server shutting down");
+                break;
+            }
+            _ = terminate.recv() => {
+                info!("terminated: closing every session");
                 endpoint.close(VarInt::from_u32(0), b"server shutting down");
                 break;
             }

@@ -35,8 +35,8 @@ impl Server {
 
     pub fn start_in(backend: &str, config_dir: tempfile::TempDir, env: &[(&str, &str)]) -> Self {
         // `GLEAM_BIN` runs these tests against a copied binary (e.g. on the GPU machine).
-        let program = std::env::var_os("GLEAM_BIN")
-            .unwrap_or_else(|| env!("CARGO_BIN_EXE_gleam").into());
+        let program =
+            std::env::var_os("GLEAM_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_gleam").into());
         let mut child = Command::new(program)
             .args(["serve", "127.0.0.1:0", "--backend", backend, "--config-dir"])
             .arg(config_dir.path())
@@ -90,7 +90,10 @@ pub fn children(pid: u32) -> Vec<u32> {
     };
     for task in tasks.flatten() {
         if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
-            out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+            out.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
         }
     }
     out.sort_unstable();
@@ -153,11 +156,11 @@ impl Client {
     pub async fn open(server: &Server) -> (Self, ServerHello) {
         let mut c = Self::connect(server).await;
         let hello = c.hello().await;
-        let ctx = c.api_ok(ApiCall::cuDevicePrimaryCtxRetain(args::cuDevicePrimaryCtxRetain {
-            pctx: (),
-            dev: 0,
-        }))
-        .await;
+        let ctx = c
+            .api_ok(ApiCall::cuDevicePrimaryCtxRetain(
+                args::cuDevicePrimaryCtxRetain { pctx: (), dev: 0 },
+            ))
+            .await;
         let ApiReply::cuDevicePrimaryCtxRetain(out) = ctx else {
             panic!("wrong reply {ctx:?}")
         };
@@ -181,7 +184,9 @@ impl Client {
 
     /// Sends a request without waiting.
     pub async fn send(&mut self, call: Call, expects_reply: bool) -> u64 {
-        self.try_send(call, expects_reply).await.expect("write request")
+        self.try_send(call, expects_reply)
+            .await
+            .expect("write request")
     }
 
     /// Sends a request; `Err` if the session is gone.

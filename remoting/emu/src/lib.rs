@@ -20,7 +20,7 @@
 //! From then on every call of the backend returns that error first (as a real context does after a
 //! fault), queued work is skipped, and synchronising calls (`cuStreamSynchronize`, `cuCtxSynchronize`,
 //! `cuEventSynchronize`, copies to the host) return it once they have waited. The session engine therefore
-//! needs nothing special: whatever call comes next reports the fault. Only [`EmuBackend::shutdown`],
+//! needs nothing special: whatever call comes next reports the fault. Only `shutdown`,
 //! `describe` and `set_current_context` ignore it.
 
 mod backend;

@@ -87,16 +87,21 @@ impl Block {
     }
 
     fn fill(&self, offset: usize, pattern: &[u8], count: usize) {
-        let mut chunk = Vec::with_capacity(STAGE.min(count * pattern.len()));
-        let per_chunk = (STAGE / pattern.len()).max(1);
+        // One staging buffer of whole patterns, written again and again.
+        let per_chunk = (STAGE / pattern.len()).clamp(1, count.max(1));
+        let chunk: Vec<u8> = pattern
+            .iter()
+            .copied()
+            .cycle()
+            .take(per_chunk * pattern.len())
+            .collect();
         let mut written = 0;
         while written < count {
             let n = per_chunk.min(count - written);
-            chunk.clear();
-            for _ in 0..n {
-                chunk.extend_from_slice(pattern);
-            }
-            self.write(offset + written * pattern.len(), &chunk);
+            self.write(
+                offset + written * pattern.len(),
+                &chunk[..n * pattern.len()],
+            );
             written += n;
         }
     }

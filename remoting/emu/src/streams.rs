@@ -1,6 +1,6 @@
 //! Streams and events: real asynchrony on host threads.
 //!
-//! Every stream is an ordered queue drained by its own worker thread. A queued [`Work`] item first waits
+//! Every stream is an ordered queue drained by its own worker thread. A queued work item first waits
 //! for its dependencies (each a [`Signal`] reaching a value), then runs its job, then advances the
 //! stream's own signal to the item's ticket. That one mechanism gives:
 //!

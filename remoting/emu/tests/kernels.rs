@@ -328,3 +328,46 @@ fn modules_beyond_the_device_limits_are_refused() {
     assert_eq!(emu.b.memory().live_allocations(), 0);
     assert!(emu.alloc(1024).is_ok());
 }
+
+const ODD_PTX: &str = r#"
+.version 8.0
+.target sm_75
+.address_size 64
+
+.visible .entry trapper()
+{
+	trap;
+	ret;
+
+}
+.visible .entry exotic()
+{
+	.reg .b32 	%r<3>;
+
+	mov.u32 	%r1, 1;
+	frobnicate.u32 	%r2, %r1;
+	ret;
+
+}
+"#;
+
+#[test]
+fn a_trap_is_a_sticky_launch_failure() {
+    let mut emu = Emu::new(1 << 20);
+    let module = emu.load(ODD_PTX).unwrap();
+    let (f, _) = emu.function(module, "trapper").unwrap();
+    emu.launch(f, 1, 32, 0, &Params::default()).unwrap();
+    assert_eq!(emu.sync(0), Err(CUresult::LAUNCH_FAILED));
+    assert_eq!(emu.alloc(16), Err(CUresult::LAUNCH_FAILED));
+}
+
+#[test]
+fn an_unsupported_instruction_fails_the_launch_instead_of_computing_garbage() {
+    let mut emu = Emu::new(1 << 20);
+    // The module loads (the instruction is only reported when the kernel runs, as a JIT failure would be).
+    let module = emu.load(ODD_PTX).unwrap();
+    let (f, _) = emu.function(module, "exotic").unwrap();
+    emu.launch(f, 1, 1, 0, &Params::default()).unwrap();
+    assert_eq!(emu.sync(0), Err(CUresult::LAUNCH_FAILED));
+    assert_eq!(emu.b.sticky_error(), Some(CUresult::LAUNCH_FAILED));
+}

@@ -109,6 +109,17 @@ fn copies_and_memsets_round_trip() {
         Err(CUresult::INVALID_VALUE)
     );
 
+    // A memset spanning several staging pieces, ending exactly at the allocation's end.
+    emu.b
+        .cuMemsetD16_v2(args::cuMemsetD16_v2 {
+            dst: b,
+            value: 0xbeef,
+            n: n / 2,
+        })
+        .unwrap();
+    let all = emu.b.memcpy_dtoh(b, n, None).unwrap();
+    assert!(all.chunks_exact(2).all(|c| c == [0xef, 0xbe]));
+
     // Async variants on a stream, then a stream-ordered read back.
     let s = emu.stream(0);
     emu.b

@@ -230,6 +230,14 @@ pub enum Op {
     },
     Trap,
     Nop,
+    /// `bar.sync id, count`: a block barrier whose count must equal the block's thread count.
+    BarCount { count: R },
+    /// `bar.red`: contributes a predicate to the block reduction (op 0 popc, 1 and, 2 or) and waits.
+    BarRed { op: u8, c: R, cneg: bool },
+    /// Reads the reduction of the barrier just released.
+    BarRedResult { op: u8, d: R },
+    /// `match.{any,all}.sync`: lanes holding equal values (`all`: whether every lane does).
+    Match { all: bool, wide: bool, d: R, dp: R, a: R },
     /// `bar.warp.sync`: nothing to do in lockstep, but a point a starvation-relief group must not pass.
     WarpSync,
 }
@@ -1048,10 +1056,36 @@ impl<'a> Cx<'a> {
                 if has("warp") {
                     return self.emit(ins, Op::WarpSync);
                 }
-                if has("red") || has("arrive") || ops.len() > 1 {
-                    return Err(unsupported(ins, "only full-block barriers"));
+                if has("red") {
+                    // bar.red.{popc.u32,and.pred,or.pred} d, id, [count,] {!}p
+                    let op = if has("popc") {
+                        0
+                    } else if has("and") {
+                        1
+                    } else if has("or") {
+                        2
+                    } else {
+                        return Err(unsupported(ins, "barrier reduction"));
+                    };
+                    if ops.len() != 3 {
+                        return Err(unsupported(ins, "barrier reduction with a thread count"));
+                    }
+                    let d = self.dst(ins, &ops[0])?;
+                    let (c, cneg) = self.pred_src(ins, &ops[2])?;
+                    self.emit(ins, Op::BarRed { op, c, cneg })?;
+                    return self.emit(ins, Op::BarRedResult { op, d });
                 }
-                self.emit(ins, Op::Bar)
+                if has("arrive") {
+                    return Err(unsupported(ins, "split arrive/wait barriers"));
+                }
+                match ops.get(1) {
+                    None => self.emit(ins, Op::Bar),
+                    // A thread count is fine when it covers the whole block (checked at run time).
+                    Some(n) => {
+                        let count = self.src(ins, n, Ty::U32)?;
+                        self.emit(ins, Op::BarCount { count })
+                    }
+                }
             }
             "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" | "discard" => {
                 self.emit(ins, Op::Nop)
@@ -1111,6 +1145,27 @@ impl<'a> Cx<'a> {
                 let d = self.dst(ins, &ops[0])?;
                 let (a, aneg) = self.pred_src(ins, &ops[1])?;
                 self.emit(ins, Op::Vote { mode, d, a, aneg })
+            }
+            "match" => {
+                need(3)?;
+                let all = has("all");
+                if !all && !has("any") {
+                    return Err(unsupported(ins, "match mode"));
+                }
+                let wide = match ty {
+                    Some(Ty::B32) => false,
+                    Some(Ty::B64) => true,
+                    _ => return Err(unsupported(ins, "match type")),
+                };
+                let (d, dp) = match &ops[0] {
+                    Operand::Pair(a, b) => {
+                        let d = self.dst(ins, &Operand::Reg(a.clone()))?;
+                        (d, self.dst(ins, &Operand::Reg(b.clone()))?)
+                    }
+                    o => (self.dst(ins, o)?, NONE),
+                };
+                let a = self.src(ins, &ops[1], Ty::B64)?;
+                self.emit(ins, Op::Match { all, wide, d, dp, a })
             }
             "activemask" => {
                 need(1)?;

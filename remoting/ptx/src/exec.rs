@@ -18,7 +18,7 @@ const SLICE_STEPS: u64 = 4096;
 
 /// Backward branches the min-PC group may take while other lanes of its warp wait before those lanes get
 /// a turn (forward progress for intra-warp spin locks).
-const STARVE_LIMIT: u32 = 20_000;
+const STARVE_LIMIT: u32 = 1_000;
 
 /// Shared memory a block may use (static plus dynamic), as on sm_90.
 const MAX_SHARED: usize = 227 * 1024;
@@ -175,6 +175,9 @@ struct Block {
     shared: Vec<u8>,
     local: Vec<u8>,
     clock: u64,
+    /// `bar.red` accumulators of the barrier being gathered (popc, and, or) and of the last one released.
+    red_acc: [u64; 3],
+    red_last: [u64; 3],
 }
 
 /// What a warp touches besides its registers.
@@ -345,6 +348,8 @@ impl Block {
             shared: vec![0; ctx.shared_total],
             local: vec![0; ctx.nthreads * ctx.prog.local_bytes],
             clock: 0,
+            red_acc: [0, 1, 0],
+            red_last: [0; 3],
         }
     }
 
@@ -359,6 +364,7 @@ impl Block {
         let [bx, by, _] = ctx.cfg.block;
         self.shared.fill(0);
         self.local.fill(0);
+        self.red_acc = [0, 1, 0];
         for w in 0..nwarps {
             let n = (ctx.nthreads - w * 32).min(32);
             self.alive[w] = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
@@ -416,6 +422,8 @@ impl Block {
             for w in 0..nwarps {
                 self.waiting[w] = 0;
             }
+            self.red_last = self.red_acc;
+            self.red_acc = [0, 1, 0];
         }
     }
 
@@ -785,6 +793,69 @@ impl Block {
                     lanes(mask & !em, |l| pcs[l] = next);
                     recompute = true;
                     continue;
+                }
+                Op::BarCount { count } => {
+                    if em != 0 {
+                        let n = rd!(count, em.trailing_zeros() as usize) as u32 as usize;
+                        if n != ctx.nthreads {
+                            break Err(ExecError::Unsupported {
+                                instruction: format!("bar.sync for {n} of the block's {} threads", ctx.nthreads),
+                                line,
+                            });
+                        }
+                    }
+                    waiting |= em;
+                    let next = cur + 1;
+                    lanes(mask, |l| pcs[l] = next);
+                    recompute = true;
+                    continue;
+                }
+                Op::BarRed { op: _, c, cneg } => {
+                    let acc = &mut self.red_acc;
+                    lanes(em, |l| {
+                        let p = ((rd!(c, l) != 0) != cneg) as u64;
+                        acc[0] += p;
+                        acc[1] &= p;
+                        acc[2] |= p;
+                    });
+                    waiting |= em;
+                    let next = cur + 1;
+                    lanes(mask, |l| pcs[l] = next);
+                    recompute = true;
+                    continue;
+                }
+                Op::BarRedResult { op, d } => {
+                    let v = self.red_last[op as usize % 3];
+                    lanes(em, |l| rd!(d, l) = v);
+                }
+                Op::Match { all, wide, d, dp, a } => {
+                    let val = |x: u64| if wide { x } else { x & 0xffff_ffff };
+                    let mut res = [0u64; 32];
+                    let mut same = true;
+                    let first = if em != 0 { val(rd!(a, em.trailing_zeros() as usize)) } else { 0 };
+                    lanes(em, |l| {
+                        let v = val(rd!(a, l));
+                        same &= v == first;
+                        let mut m = 0u32;
+                        lanes(em, |k| {
+                            if val(rd!(a, k)) == v {
+                                m |= 1 << k;
+                            }
+                        });
+                        res[l] = m as u64;
+                    });
+                    lanes(em, |l| {
+                        rd!(d, l) = if !all {
+                            res[l]
+                        } else if same {
+                            em as u64
+                        } else {
+                            0
+                        };
+                        if dp != NONE {
+                            rd!(dp, l) = same as u64;
+                        }
+                    });
                 }
                 Op::Bar => {
                     waiting |= em;

@@ -9,7 +9,10 @@
 //!   pointers;
 //! * CONTEXT_CHECKS: constants.
 //!
-//! Every other UUID is logged (once each) and refused with `CUDA_ERROR_NOT_SUPPORTED`.
+//! Every other UUID is logged (once each) and refused with `CUDA_ERROR_NOT_SUPPORTED`. Not implemented yet:
+//! INTEGRITY_CHECK (`D4082055-...`), whose hash static cudart verifies before its first call, so programs
+//! built with nvcc's runtime API fail there (`cudaErrorNotSupported`) for now; driver-API programs
+//! (cudarc, `-lcuda`) do not use it.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
@@ -215,12 +218,8 @@ fn table_for(id: [u8; 16]) -> Option<*const c_void> {
         std::ptr::null(),
         load_compilers as *const (),
     ]);
-    static TLS: Table<4> = Table([
-        (4 * W) as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-    ]);
+    // Sizes as measured on driver 580 (pytorch-driver-surface.md): 24 bytes, 3 slots.
+    static TLS: Table<3> = Table([(3 * W) as *const (), zero as *const (), zero as *const ()]);
     static HOOKS: Table<7> = Table([
         (7 * W) as *const (),
         zero as *const (),
@@ -237,10 +236,22 @@ fn table_for(id: [u8; 16]) -> Option<*const c_void> {
         cls_get as *const (),
         zero as *const (),
     ]);
-    static CHECKS: Table<4> = Table([
-        (4 * W) as *const (),
+    // 120 bytes (15 slots) on driver 580; only slots 2 and 3 are known to be called.
+    static CHECKS: Table<15> = Table([
+        (15 * W) as *const (),
         zero as *const (),
         context_check as *const (),
+        zero as *const (),
+        zero as *const (),
+        zero as *const (),
+        zero as *const (),
+        zero as *const (),
+        zero as *const (),
+        zero as *const (),
+        zero as *const (),
+        zero as *const (),
+        zero as *const (),
+        zero as *const (),
         zero as *const (),
     ]);
     let table: *const c_void = match id {

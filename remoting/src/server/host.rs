@@ -55,6 +55,21 @@ pub struct WorkerCommand {
     pub env: Vec<(OsString, OsString)>,
 }
 
+impl WorkerCommand {
+    /// `<this executable> session --backend <choice>`: how `gleam serve` and `gleam peer` run sessions.
+    pub fn gleam_session(choice: BackendChoice) -> std::io::Result<Self> {
+        Ok(Self {
+            program: std::env::current_exe()?,
+            args: vec![
+                "session".to_owned(),
+                "--backend".to_owned(),
+                choice.as_str().to_owned(),
+            ],
+            env: Vec::new(),
+        })
+    }
+}
+
 /// Which backend executes sessions.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 pub enum BackendChoice {
@@ -236,7 +251,19 @@ pub async fn serve_connection(
 }
 
 fn spawn(worker: &WorkerCommand) -> std::io::Result<Child> {
-    Command::new(&worker.program)
+    let mut command = Command::new(&worker.program);
+    // SAFETY: the closure runs between fork and exec and only makes an async-signal-safe syscall.
+    // If the server dies without killing its sessions (SIGKILL), the kernel kills them. (The signal is
+    // tied to the forking thread: a tokio worker thread, which lives as long as the runtime.)
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command
         .args(&worker.args)
         .envs(worker.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
