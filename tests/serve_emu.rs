@@ -178,8 +178,7 @@ async fn a_client_without_the_mesh_secret_is_refused() {
     let outsider = MeshSecret::generate();
     let err = connect_raw(&server, &outsider)
         .await
-        .err()
-        .expect("a client outside the mesh is refused");
+        .expect_err("a client outside the mesh is refused");
     assert!(
         err.contains("refused") || err.contains("mesh"),
         "unexpected error: {err}"

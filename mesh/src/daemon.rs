@@ -441,7 +441,12 @@ impl Actor {
                 protocol,
             }) => {
                 if id == self.me {
-                    // Our own advertisement tells us our addresses as others see them.
+                    // Our own advertisement tells us our addresses as others see them (loopback
+                    // is of no use to them).
+                    let addrs: Vec<SocketAddr> = addrs
+                        .into_iter()
+                        .filter(|addr| !addr.ip().is_loopback())
+                        .collect();
                     if self.own.addrs != addrs {
                         self.own.addrs = addrs;
                         self.own.version += 1;
@@ -787,7 +792,7 @@ impl Actor {
                     let mut addrs: Vec<SocketAddr> = self
                         .links
                         .get(&choice.id)
-                        .map(|link| link.conn.remote_address())
+                        .map(|link| canonical(link.conn.remote_address()))
                         .into_iter()
                         .collect();
                     if let Some(state) = self.view.state(&choice.id) {
@@ -825,7 +830,8 @@ impl Actor {
                 utilization: state.load.utilization,
                 active_sessions: state.load.active_sessions,
                 queue_len: state.load.queue_len,
-                rtt_us: link.map(|link| link.quality.rtt_us),
+                rtt_us: link
+                    .map(|link| u32::try_from(link.conn.rtt().as_micros()).unwrap_or(u32::MAX)),
                 bandwidth_bps: link
                     .map(|link| link.quality.bandwidth_bps)
                     .filter(|bps| *bps > 0),
@@ -1054,6 +1060,11 @@ async fn serve_control(
     out.push(b'\n');
     write.write_all(&out).await?;
     write.shutdown().await
+}
+
+/// IPv4 peers reach a dual-stack socket as IPv4-mapped IPv6 addresses; show them as IPv4.
+fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }
 
 fn host_name() -> String {

@@ -5,7 +5,9 @@
 //! sub-millisecond delays are the whole point and async runtimes' timers tick in milliseconds.
 //! Spinning is rationed (a quarter of the time at most) so that a steady packet stream does not
 //! turn the relay into a busy loop; past the ration deliveries are slept to, typically 20-50 µs
-//! late. [`DirectionStats`] reports how late datagrams actually left.
+//! late. [`DirectionStats`] reports how late datagrams actually left. Arrival times come from the
+//! kernel's receive stamps, so a relay thread that was descheduled for a while still models the
+//! queue as the datagrams really arrived instead of as one burst.
 
 use std::collections::HashMap;
 use std::io;
@@ -14,7 +16,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tracing::{debug, trace, warn};
 
@@ -40,6 +42,8 @@ const STATS_LOG_EVERY: Duration = Duration::from_secs(5);
 /// Spinning may take at most `1 / SPIN_SHARE` of each `SPIN_WINDOW`.
 const SPIN_WINDOW: Duration = Duration::from_millis(10);
 const SPIN_SHARE: u32 = 4;
+/// Kernel arrival stamps older than this are clamped to it.
+const MAX_STAMP_AGE: Duration = Duration::from_millis(200);
 
 /// A UDP relay from `listen` to `upstream` through an emulated link.
 ///
@@ -79,6 +83,7 @@ impl Relay {
         })?;
         socket.set_nonblocking(true).map_err(RelayError::Socket)?;
         sys::enlarge_buffers(&socket, SOCKET_BUFFER);
+        sys::stamp_arrivals(&socket);
         let local_addr = socket.local_addr().map_err(RelayError::Socket)?;
         debug!(listen = %local_addr, upstream = %self.upstream, up = %self.up, down = %self.down, "link emulator relaying");
 
@@ -95,6 +100,7 @@ impl Relay {
             client_ids: HashMap::new(),
             next_client: 0,
             io: [IoStats::default(); 2],
+            last_arrival: [Instant::now(); 2],
             spin: SpinBudget::new(Instant::now()),
             shared: Arc::clone(&shared),
             buf: vec![0; MAX_DATAGRAM].into_boxed_slice(),
@@ -315,6 +321,21 @@ impl IoStats {
     }
 }
 
+/// When a datagram reached the kernel, from its `SO_TIMESTAMPNS` stamp, as an `Instant`; `now`
+/// without a stamp. Arrivals are kept in order (per link), and a stamp older than
+/// [`MAX_STAMP_AGE`] (the wall clock stepped, say) is not trusted further.
+fn arrival(now: Instant, stamp: Option<Duration>, last: &mut Instant) -> Instant {
+    let age = stamp
+        .and_then(|stamp| {
+            let wall = SystemTime::now().duration_since(UNIX_EPOCH).ok()?;
+            Some(wall.saturating_sub(stamp).min(MAX_STAMP_AGE))
+        })
+        .unwrap_or(Duration::ZERO);
+    let arrived = now.checked_sub(age).unwrap_or(now).max(*last);
+    *last = arrived;
+    arrived
+}
+
 /// What travels through either link: the datagram and whose it is.
 type Payload = (ClientId, Box<[u8]>);
 
@@ -336,6 +357,8 @@ struct Engine {
     next_client: ClientId,
     /// Up, down.
     io: [IoStats; 2],
+    /// Latest arrival handed to each link, up and down, so arrivals never go back in time.
+    last_arrival: [Instant; 2],
     spin: SpinBudget,
     shared: Arc<Shared>,
     buf: Box<[u8]>,
@@ -415,7 +438,7 @@ impl Engine {
     fn receive_from_clients(&mut self) -> bool {
         let mut any = false;
         for _ in 0..RECV_BATCH {
-            let (len, from) = match self.listen.recv_from(&mut self.buf) {
+            let received = match sys::recv_stamped(&self.listen, &mut self.buf) {
                 Ok(received) => received,
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
                 Err(err) => {
@@ -426,11 +449,16 @@ impl Engine {
             };
             any = true;
             let now = Instant::now();
+            let Some(from) = received.from else {
+                continue;
+            };
             let Some(id) = self.client(from, now) else {
                 continue;
             };
+            let len = received.len;
             let payload = (id, Box::from(&self.buf[..len]));
-            if let Verdict::Dropped(reason) = self.up.handle_datagram(now, len, payload) {
+            let arrived = arrival(now, received.stamp, &mut self.last_arrival[0]);
+            if let Verdict::Dropped(reason) = self.up.handle_datagram(arrived, len, payload) {
                 trace!(?reason, len, "up: dropped");
             }
         }
@@ -442,8 +470,8 @@ impl Engine {
         let mut any = false;
         for (&id, client) in &mut self.clients {
             for _ in 0..RECV_BATCH {
-                let len = match client.socket.recv(&mut self.buf) {
-                    Ok(len) => len,
+                let received = match sys::recv_stamped(&client.socket, &mut self.buf) {
+                    Ok(received) => received,
                     Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
                     Err(err) => {
                         // Typically ECONNREFUSED: nothing listens upstream (yet).
@@ -454,8 +482,10 @@ impl Engine {
                 any = true;
                 let now = Instant::now();
                 client.last_active = now;
+                let len = received.len;
                 let payload = (id, Box::from(&self.buf[..len]));
-                if let Verdict::Dropped(reason) = self.down.handle_datagram(now, len, payload) {
+                let arrived = arrival(now, received.stamp, &mut self.last_arrival[1]);
+                if let Verdict::Dropped(reason) = self.down.handle_datagram(arrived, len, payload) {
                     trace!(?reason, len, "down: dropped");
                 }
             }
@@ -532,6 +562,7 @@ impl Engine {
         socket.connect(self.upstream)?;
         socket.set_nonblocking(true)?;
         sys::enlarge_buffers(&socket, SOCKET_BUFFER);
+        sys::stamp_arrivals(&socket);
         Ok(socket)
     }
 

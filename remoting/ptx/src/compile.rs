@@ -15,7 +15,7 @@ pub type R = u32;
 pub const NONE: R = u32::MAX;
 
 /// Register slots a program may use (the interpreter keeps 32 lanes x 8 bytes per slot per warp).
-const MAX_REGS: usize = 1 << 17;
+const MAX_REGS: usize = 1 << 15;
 /// Local memory per thread, as CUDA allows.
 const MAX_LOCAL: usize = 512 * 1024;
 
@@ -231,13 +231,27 @@ pub enum Op {
     Trap,
     Nop,
     /// `bar.sync id, count`: a block barrier whose count must equal the block's thread count.
-    BarCount { count: R },
-    /// `bar.red`: contributes a predicate to the block reduction (op 0 popc, 1 and, 2 or) and waits.
-    BarRed { op: u8, c: R, cneg: bool },
+    BarCount {
+        count: R,
+    },
+    /// `bar.red`: contributes a predicate to the block reductions (popc, and, or) and waits.
+    BarRed {
+        c: R,
+        cneg: bool,
+    },
     /// Reads the reduction of the barrier just released.
-    BarRedResult { op: u8, d: R },
+    BarRedResult {
+        op: u8,
+        d: R,
+    },
     /// `match.{any,all}.sync`: lanes holding equal values (`all`: whether every lane does).
-    Match { all: bool, wide: bool, d: R, dp: R, a: R },
+    Match {
+        all: bool,
+        wide: bool,
+        d: R,
+        dp: R,
+        a: R,
+    },
     /// `bar.warp.sync`: nothing to do in lockstep, but a point a starvation-relief group must not pass.
     WarpSync,
 }
@@ -1072,7 +1086,7 @@ impl<'a> Cx<'a> {
                     }
                     let d = self.dst(ins, &ops[0])?;
                     let (c, cneg) = self.pred_src(ins, &ops[2])?;
-                    self.emit(ins, Op::BarRed { op, c, cneg })?;
+                    self.emit(ins, Op::BarRed { c, cneg })?;
                     return self.emit(ins, Op::BarRedResult { op, d });
                 }
                 if has("arrive") {
@@ -1165,7 +1179,16 @@ impl<'a> Cx<'a> {
                     o => (self.dst(ins, o)?, NONE),
                 };
                 let a = self.src(ins, &ops[1], Ty::B64)?;
-                self.emit(ins, Op::Match { all, wide, d, dp, a })
+                self.emit(
+                    ins,
+                    Op::Match {
+                        all,
+                        wide,
+                        d,
+                        dp,
+                        a,
+                    },
+                )
             }
             "activemask" => {
                 need(1)?;

@@ -522,6 +522,7 @@ impl Block {
                         | Op::Vote { .. }
                         | Op::Redux { .. }
                         | Op::Activemask { .. }
+                        | Op::Match { .. }
                         | Op::WarpSync
                 )
                 && alive & !waiting & !mask != 0
@@ -799,7 +800,10 @@ impl Block {
                         let n = rd!(count, em.trailing_zeros() as usize) as u32 as usize;
                         if n != ctx.nthreads {
                             break Err(ExecError::Unsupported {
-                                instruction: format!("bar.sync for {n} of the block's {} threads", ctx.nthreads),
+                                instruction: format!(
+                                    "bar.sync for {n} of the block's {} threads",
+                                    ctx.nthreads
+                                ),
                                 line,
                             });
                         }
@@ -810,7 +814,7 @@ impl Block {
                     recompute = true;
                     continue;
                 }
-                Op::BarRed { op: _, c, cneg } => {
+                Op::BarRed { c, cneg } => {
                     let acc = &mut self.red_acc;
                     lanes(em, |l| {
                         let p = ((rd!(c, l) != 0) != cneg) as u64;
@@ -828,11 +832,21 @@ impl Block {
                     let v = self.red_last[op as usize % 3];
                     lanes(em, |l| rd!(d, l) = v);
                 }
-                Op::Match { all, wide, d, dp, a } => {
+                Op::Match {
+                    all,
+                    wide,
+                    d,
+                    dp,
+                    a,
+                } => {
                     let val = |x: u64| if wide { x } else { x & 0xffff_ffff };
                     let mut res = [0u64; 32];
                     let mut same = true;
-                    let first = if em != 0 { val(rd!(a, em.trailing_zeros() as usize)) } else { 0 };
+                    let first = if em != 0 {
+                        val(rd!(a, em.trailing_zeros() as usize))
+                    } else {
+                        0
+                    };
                     lanes(em, |l| {
                         let v = val(rd!(a, l));
                         same &= v == first;

@@ -588,3 +588,62 @@ fn intra_warp_spin_lock_makes_progress() {
         "every thread took the lock once and released it"
     );
 }
+
+#[test]
+fn barrier_reductions_counted_barriers_and_match() {
+    let src = r#"
+.version 9.0
+.target sm_90
+.address_size 64
+.visible .entry k(
+	.param .u64 .ptr .global .align 4 k_param_0
+)
+{
+	.reg .pred 	%p<4>;
+	.reg .b32 	%r<12>;
+	.reg .b64 	%rd<6>;
+
+	ld.param.u64 	%rd1, [k_param_0];
+	cvta.to.global.u64 	%rd2, %rd1;
+	mov.u32 	%r1, %tid.x;
+	mul.wide.u32 	%rd3, %r1, 16;
+	add.s64 	%rd4, %rd2, %rd3;
+	and.b32 	%r2, %r1, 3;
+	setp.eq.s32 	%p1, %r2, 0;
+	bar.red.popc.u32 	%r3, 0, %p1;
+	setp.lt.u32 	%p2, %r1, 1000;
+	bar.red.and.pred 	%p3, 0, %p2;
+	selp.u32 	%r4, 1, 0, %p3;
+	bar.red.or.pred 	%p3, 0, !%p2;
+	selp.u32 	%r5, 1, 0, %p3;
+	mov.u32 	%r6, 96;
+	barrier.sync 	0, %r6;
+	shr.u32 	%r7, %r1, 3;
+	match.any.sync.b32 	%r8, %r7, -1;
+	st.global.v4.u32 	[%rd4], {%r3, %r4, %r5, %r8};
+	ret;
+}
+"#;
+    let m = Module::parse(src).unwrap();
+    let mut g = Gpu::new(&m);
+    let out = g.upload(&[0u8; 96 * 16]);
+    g.launch(&m, "k", [1, 1, 1], [96, 1, 1], 0, &[Arg::U64(out)])
+        .unwrap();
+    let o = to_u32(&g.download(out, 96 * 16));
+    for t in 0..96usize {
+        assert_eq!(o[t * 4], 24, "__syncthreads_count, thread {t}");
+        assert_eq!(o[t * 4 + 1], 1, "__syncthreads_and, thread {t}");
+        assert_eq!(o[t * 4 + 2], 0, "__syncthreads_or, thread {t}");
+        let lane = t % 32;
+        assert_eq!(
+            o[t * 4 + 3],
+            0xFFu32 << (lane / 8 * 8),
+            "match.any, thread {t}"
+        );
+    }
+    // A counted barrier that does not cover the block is refused, not mis-synchronized.
+    let e = g
+        .launch(&m, "k", [1, 1, 1], [128, 1, 1], 0, &[Arg::U64(out)])
+        .unwrap_err();
+    assert!(matches!(e, ExecError::Unsupported { .. }), "{e}");
+}

@@ -8,7 +8,7 @@
 //!   for the reply, `deferred` ones fire-and-forget;
 //! * **hand-written**: answered locally from what the server said at connect ([`device`], [`context`],
 //!   [`proc`], [`export_table`]), or forwarded with judgement ([`memory`]: copies and the allocation table;
-//!   [`module`]: images, functions and launches);
+//!   [`module`]: images, functions and launches; [`handles`]: streams and events checked locally);
 //! * a **stub** ([`stubs`], generated data) returning `CUDA_ERROR_NOT_SUPPORTED` and logging its name once.
 //!
 //! The session itself ([`state::Session`], a [`gleam_remoting::client::Client`]) is opened by `cuInit` from
@@ -29,6 +29,7 @@ pub mod context;
 pub mod device;
 pub mod export_table;
 pub mod generated;
+pub mod handles;
 pub mod memory;
 pub mod module;
 pub mod proc;
@@ -94,6 +95,7 @@ pub fn hand_written() -> Vec<&'static str> {
         context::EXPORTED,
         device::EXPORTED,
         export_table::EXPORTED,
+        handles::EXPORTED,
         memory::EXPORTED,
         module::EXPORTED,
         proc::EXPORTED,

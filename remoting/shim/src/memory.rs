@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 use gleam_remoting::types::{CU_STREAM_PER_THREAD, CUresult, CUstream};
 
 use crate::generated::fwd;
-use crate::{context, export, put, state};
+use crate::{context, export, handles, put, state};
 
 /// What an address range of the table is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +118,9 @@ pub unsafe fn htod(
     stream: Option<u64>,
 ) -> Result<(), CUresult> {
     let session = state::session()?;
+    if let Some(s) = stream {
+        handles::check_stream(s as CUstream)?;
+    }
     // SAFETY: forwarded.
     let bytes = unsafe { host_slice(src, n)? };
     if dst == 0 && n > 0 {
@@ -139,6 +142,9 @@ pub unsafe fn dtoh(
     stream: Option<u64>,
 ) -> Result<(), CUresult> {
     let session = state::session()?;
+    if let Some(s) = stream {
+        handles::check_stream(s as CUstream)?;
+    }
     // SAFETY: forwarded.
     let bytes = unsafe { host_slice_mut(dst, n)? };
     if src == 0 && n > 0 {

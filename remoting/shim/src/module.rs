@@ -20,7 +20,7 @@ use gleam_remoting::wire::{Call, FunctionInfo, Launch, Payload, Reply};
 
 use crate::generated::fwd;
 use crate::memory::per_thread;
-use crate::{context, device, export, put, state};
+use crate::{context, device, export, handles, put, state};
 
 #[derive(Default)]
 struct Caches {
@@ -216,6 +216,7 @@ unsafe fn launch(
 ) -> Result<(), CUresult> {
     let session = state::session()?;
     let info = function_info(f as u64)?;
+    handles::check_stream(stream)?;
     if grid.contains(&0) || block.contains(&0) {
         return Err(CUresult::INVALID_VALUE);
     }
@@ -502,10 +503,6 @@ export! {
         fwd::cuStreamQuery(per_thread(stream))
     }
 
-    fn cuStreamWaitEvent_ptsz(stream: CUstream, event: *mut c_void, flags: u32) {
-        fwd::cuStreamWaitEvent(per_thread(stream), event, flags)
-    }
-
     fn cuStreamGetPriority_ptsz(stream: CUstream, priority: *mut i32) {
         fwd::cuStreamGetPriority(per_thread(stream), priority)
     }
@@ -514,11 +511,4 @@ export! {
         fwd::cuStreamGetFlags(per_thread(stream), flags)
     }
 
-    fn cuEventRecord_ptsz(event: *mut c_void, stream: CUstream) {
-        fwd::cuEventRecord(event, per_thread(stream))
-    }
-
-    fn cuEventRecordWithFlags_ptsz(event: *mut c_void, stream: CUstream, flags: u32) {
-        fwd::cuEventRecordWithFlags(event, per_thread(stream), flags)
-    }
 }

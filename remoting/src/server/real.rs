@@ -10,6 +10,7 @@
 //! The server refuses a library that exports `gleam_shim_marker`: that is Gleam's own shim, found because
 //! the server inherited a client's `LD_LIBRARY_PATH`, and serving through it would loop.
 
+use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -17,6 +18,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use tracing::{debug, warn};
 
 use crate::api::{ApiCall, ApiReply, Arg, args, outs};
+use crate::image::ImageKind;
 use crate::server::backend::{ApiBackend, Backend};
 use crate::types::CUresult;
 use crate::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
@@ -465,19 +467,10 @@ impl Backend for RealBackend {
     }
 
     fn module_load(&mut self, image: &[u8]) -> Result<u64, CUresult> {
-        // The driver reads a PTX image up to its NUL; make sure there is one inside our buffer.
-        let owned;
-        let image = if looks_like_text(image) && image.last() != Some(&0) {
-            owned = [image, &[0]].concat();
-            &owned[..]
-        } else {
-            image
-        };
-        if image.is_empty() {
-            return Err(CUresult::INVALID_IMAGE);
-        }
+        let image = checked_image(image)?;
         let mut module: Ptr = std::ptr::null_mut();
-        // SAFETY: the image buffer is valid; the driver parses it (it validates headers and sizes).
+        // SAFETY: `checked_image` made sure the driver's reading (headers' extent, or up to the NUL)
+        // stays inside the buffer.
         unsafe { (self.driver.module_load_data)(&mut module, image.as_ptr().cast()) }.result()?;
         self.modules.push(module as u64);
         Ok(module as u64)
@@ -497,19 +490,10 @@ impl Backend for RealBackend {
     }
 
     fn library_load(&mut self, image: &[u8]) -> Result<u64, CUresult> {
-        if image.is_empty() {
-            return Err(CUresult::INVALID_IMAGE);
-        }
-        let owned;
-        let image = if looks_like_text(image) && image.last() != Some(&0) {
-            owned = [image, &[0]].concat();
-            &owned[..]
-        } else {
-            image
-        };
+        let image = checked_image(image)?;
         let mut library: Ptr = std::ptr::null_mut();
         let (no_opts, no_values) = (std::ptr::null_mut(), std::ptr::null_mut());
-        // SAFETY: valid image and out-pointer; no JIT or library options.
+        // SAFETY: as in `module_load`; no JIT or library options.
         unsafe {
             (self.driver.library_load_data)(
                 &mut library,
@@ -605,28 +589,56 @@ impl Backend for RealBackend {
     }
 }
 
-/// Whether an image is PTX text rather than a binary (ELF cubin or fatbin).
-fn looks_like_text(image: &[u8]) -> bool {
-    !image.starts_with(b"\x7fELF")
-        && !image.starts_with(&0x466243B1u32.to_le_bytes())
-        && !image.starts_with(&0xBA55ED50u32.to_le_bytes())
+/// An image from the network, made safe to hand to the driver, which takes only a pointer: a binary
+/// (ELF cubin, fatbin) must hold everything its headers announce, and PTX text must end with a NUL
+/// inside the buffer (added if missing). A fatbin *wrapper* holds a pointer, which cannot travel.
+fn checked_image(image: &[u8]) -> Result<Cow<'_, [u8]>, CUresult> {
+    if image.is_empty() {
+        return Err(CUresult::INVALID_IMAGE);
+    }
+    match crate::image::classify(image) {
+        ImageKind::Ptx if image.contains(&0) => Ok(Cow::Borrowed(image)),
+        ImageKind::Ptx => Ok(Cow::Owned([image, &[0]].concat())),
+        ImageKind::Elf | ImageKind::Fatbin => match crate::image::image_size_in(image) {
+            Ok(_) => Ok(Cow::Borrowed(image)),
+            Err(err) => {
+                warn!(error = %err, "refusing a malformed module image");
+                Err(CUresult::INVALID_IMAGE)
+            }
+        },
+        ImageKind::FatbinWrapper => Err(CUresult::INVALID_IMAGE),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn attribute_range_is_cuda_13() {
-        // CUDA 13.0 defines attributes up to well past 130; the sentinel must not be an old version's.
-        assert!(DEVICE_ATTRIBUTE_END > 130, "{DEVICE_ATTRIBUTE_END}");
-    }
+    // CUDA 13.0 defines attributes up to well past 130; the sentinel must not be an old version's.
+    const _: () = assert!(DEVICE_ATTRIBUTE_END > 130);
 
     #[test]
-    fn text_images_are_recognised() {
-        assert!(looks_like_text(b".version 8.0"));
-        assert!(!looks_like_text(b"\x7fELF\x02"));
-        assert!(!looks_like_text(&0xBA55ED50u32.to_le_bytes()));
+    fn images_are_checked_before_the_driver_sees_them() {
+        assert_eq!(&*checked_image(b".version 8.0").unwrap(), b".version 8.0\0");
+        assert_eq!(
+            &*checked_image(b".version 8.0\0").unwrap(),
+            b".version 8.0\0"
+        );
+        assert_eq!(checked_image(b"").unwrap_err(), CUresult::INVALID_IMAGE);
+        // Headers that announce more than the buffer holds.
+        assert_eq!(
+            checked_image(b"\x7fELF\x02").unwrap_err(),
+            CUresult::INVALID_IMAGE
+        );
+        let mut fatbin = 0xBA55ED50u32.to_le_bytes().to_vec();
+        fatbin.extend([1, 0, 16, 0]);
+        fatbin.extend(1000u64.to_le_bytes());
+        assert_eq!(checked_image(&fatbin).unwrap_err(), CUresult::INVALID_IMAGE);
+        let wrapper = 0x466243B1u32.to_le_bytes();
+        assert_eq!(
+            checked_image(&wrapper).unwrap_err(),
+            CUresult::INVALID_IMAGE
+        );
     }
 
     #[test]
