@@ -1,10 +1,13 @@
 //! Link measurements: RTT and loss from QUIC's own statistics, bandwidth from short probes.
 //!
 //! A probe is one bidirectional stream on a mesh connection: the prober sends
-//! [`STREAM_PROBE`], a 4-byte length and that many bytes at low priority; the other side reads
-//! them all and answers with the 8-byte count. Bandwidth = bytes / (elapsed - RTT). Probes are
-//! small ([`PROBE_BYTES`]) and the daemon skips them while it serves CUDA sessions, so they do not
-//! disturb running work.
+//! [`STREAM_PROBE`], a 4-byte length and that many bytes at low priority; the receiver reads them
+//! all, timing the last three quarters (after congestion control's slow start has opened the
+//! window), and answers with the byte count, the timed byte count and the time it took.
+//! Bandwidth = timed bytes / time, measured where the bytes arrive; when that time is too short
+//! to trust (a very fast link), the prober's own bytes / (elapsed - RTT) bounds it instead.
+//! Probes are small ([`PROBE_BYTES`]) and the daemon skips them while it serves CUDA sessions, so
+//! they do not disturb running work.
 
 use std::time::{Duration, Instant};
 
@@ -39,17 +42,27 @@ pub async fn measure_bandwidth(conn: &quinn::Connection, bytes: u32) -> Result<u
     }
     send.finish()
         .map_err(|_| ProbeError::Protocol("stream closed early"))?;
-    let mut reply = [0u8; 8];
+    let mut reply = [0u8; 24];
     recv.read_exact(&mut reply).await.map_err(|err| match err {
         quinn::ReadExactError::ReadError(err) => ProbeError::Read(err),
         quinn::ReadExactError::FinishedEarly(_) => ProbeError::Protocol("no probe reply"),
     })?;
-    if u64::from_be_bytes(reply) != u64::from(bytes) {
+    let field = |i: usize| {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&reply[i * 8..i * 8 + 8]);
+        u64::from_be_bytes(word)
+    };
+    let (total, timed_bytes, timed_us) = (field(0), field(1), field(2));
+    if total != u64::from(bytes) || timed_bytes > total {
         return Err(ProbeError::Protocol("probe reply does not match"));
     }
     let elapsed = started.elapsed();
     let transfer = elapsed.saturating_sub(rtt).max(MIN_TRANSFER);
-    let bps = (f64::from(bytes) * 8.0 / transfer.as_secs_f64()) as u64;
+    let whole = f64::from(bytes) * 8.0 / transfer.as_secs_f64();
+    let bps = match Duration::from_micros(timed_us) {
+        timed if timed >= MIN_TIMED => (timed_bytes as f64 * 8.0 / timed.as_secs_f64()) as u64,
+        _ => whole as u64,
+    };
     debug!(peer = %conn.remote_address(), ?elapsed, ?rtt, mbps = bps / 1_000_000, "bandwidth probe");
     Ok(bps)
 }
@@ -67,14 +80,28 @@ pub async fn serve_probe(
     if len > MAX_PROBE_BYTES {
         return Err(ProbeError::Protocol("probe too large"));
     }
+    // Time from the first quarter on: by then slow start is over on any link worth measuring.
+    let mark = u64::from(len) / 4;
     let mut total = 0u64;
+    let mut timer: Option<(Instant, u64)> = None;
     while let Some(chunk) = recv.read_chunk(usize::MAX, true).await? {
         total += chunk.bytes.len() as u64;
         if total > u64::from(len) {
             return Err(ProbeError::Protocol("probe longer than announced"));
         }
+        if timer.is_none() && total >= mark {
+            timer = Some((Instant::now(), total));
+        }
     }
-    send.write_all(&total.to_be_bytes()).await?;
+    let (timed_bytes, timed_us) = match timer {
+        Some((since, at)) => (total - at, since.elapsed().as_micros() as u64),
+        None => (0, 0),
+    };
+    let mut reply = [0u8; 24];
+    reply[..8].copy_from_slice(&total.to_be_bytes());
+    reply[8..16].copy_from_slice(&timed_bytes.to_be_bytes());
+    reply[16..].copy_from_slice(&timed_us.to_be_bytes());
+    send.write_all(&reply).await?;
     let _ = send.finish();
     Ok(())
 }
@@ -133,3 +160,73 @@ pub enum ProbeError {
 
 /// Below this, timing noise dominates; cap the estimate instead of dividing by ~0.
 const MIN_TRANSFER: Duration = Duration::from_micros(100);
+/// The receiver's timing is used only when it spans at least this long.
+const MIN_TIMED: Duration = Duration::from_millis(2);
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+    use crate::identity::Identity;
+    use crate::tls::{ALPN_MESH, client_config, server_config, server_name};
+
+    #[tokio::test]
+    async fn probe_measures_a_loopback_link_and_rejects_oversized_probes() {
+        let (server_id, client_id) = (
+            Identity::ephemeral().unwrap(),
+            Identity::ephemeral().unwrap(),
+        );
+        let server = quinn::Endpoint::server(
+            server_config(&server_id).unwrap(),
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+        )
+        .unwrap();
+        let client = quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let config = client_config(&client_id, server_id.peer_id(), ALPN_MESH).unwrap();
+        let addr = server.local_addr().unwrap();
+        let name = server_name(server_id.peer_id());
+        let (conn, accepted) = tokio::join!(
+            async {
+                client
+                    .connect_with(config, addr, &name)
+                    .unwrap()
+                    .await
+                    .unwrap()
+            },
+            async { server.accept().await.unwrap().await.unwrap() },
+        );
+        let serving = tokio::spawn(async move {
+            let mut served = 0;
+            while let Ok((send, mut recv)) = accepted.accept_bi().await {
+                let mut kind = [0u8; 1];
+                recv.read_exact(&mut kind).await.unwrap();
+                assert_eq!(kind[0], STREAM_PROBE);
+                if serve_probe(send, recv).await.is_ok() {
+                    served += 1;
+                }
+            }
+            served
+        });
+        let bps = measure_bandwidth(&conn, PROBE_BYTES).await.unwrap();
+        // Loopback in a debug build: well above 10 Mbit/s, and not absurd.
+        assert!(bps > 10_000_000 && bps < 1_000_000_000_000, "{bps}");
+        let err = measure_bandwidth(&conn, MAX_PROBE_BYTES + 1)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ProbeError::Protocol(_) | ProbeError::Read(_) | ProbeError::Write(_)
+            ),
+            "{err}"
+        );
+        conn.close(0u32.into(), b"");
+        assert_eq!(serving.await.unwrap(), 1);
+
+        let mut meter = LossMeter::default();
+        let quality = link_quality(&conn, &mut meter, bps);
+        assert_eq!(quality.bandwidth_bps, bps);
+        assert!(quality.loss <= 1.0);
+    }
+}

@@ -66,8 +66,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let worker = WorkerCommand::gleam_session(choice).context("finding the gleam executable")?;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    let mut builder = if std::env::var_os("GLEAM_TMP_CURRENT").is_some() {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    };
+    let runtime = builder
         .enable_all()
         .build()
         .context("starting the async runtime")?;
