@@ -4,6 +4,7 @@
 //! (`gleam-remoting`, `gleam-mesh`, `gleam-emu`, `gleam-linkemu`, `gleam-cache`).
 
 mod cmd;
+mod device_facts;
 
 use std::process::ExitCode;
 

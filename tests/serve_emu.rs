@@ -270,3 +270,31 @@ async fn mesh_protocol_connections_are_not_served() {
     assert!(reason.contains("only serves CUDA sessions"), "{reason}");
     assert!(server.session_pids().is_empty());
 }
+
+#[tokio::test]
+async fn auto_backend_serves_with_emu_when_there_is_no_gpu() {
+    let server = Server::start("auto");
+    let (_c, hello) = Client::open(&server).await;
+    let expected = match gleam_remoting::server::real::probe() {
+        Ok(_) => "cuda",
+        Err(_) => "emu",
+    };
+    assert_eq!(hello.backend, expected);
+}
+
+#[test]
+fn cuda_backend_without_a_gpu_is_refused_at_start() {
+    if gleam_remoting::server::real::probe().is_ok() {
+        return; // A GPU is present: `--backend cuda` serves (see serve_kernels).
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gleam"))
+        .args(["serve", "127.0.0.1:0", "--backend", "cuda", "--config-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "no listening line");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no usable GPU"), "{stderr}");
+}

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use gleam_mesh::daemon::{Daemon, DaemonConfig, DeviceInfo, SessionHandler};
+use gleam_mesh::daemon::{Daemon, DaemonConfig, DeviceInfo, DeviceLoad, SessionHandler};
 use gleam_mesh::identity::{self, Identity, MeshSecret};
 use gleam_mesh::state::GpuSummary;
 use gleam_mesh::{PeerId, control};
 use gleam_remoting::server::host::{self, BackendChoice, BackendRequest, WorkerCommand};
+use tracing::{debug, info, warn};
 
 use super::serve::Backend;
+use crate::device_facts::{self, HostCpu, LoadSampler, NvmlGpus, SAMPLE_PERIOD, VisibleDevices};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -67,8 +69,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let device: Arc<dyn DeviceInfo> = match choice {
         BackendChoice::Emu => Arc::new(EmulatedDevice::new()),
-        // TODO(remoting): report the real GPUs' names, memory and compute capability once
-        // gleam_remoting exposes them (today only the device count is public).
         BackendChoice::Cuda => Arc::new(RealDevice::new()),
     };
     // Each authenticated CUDA session gets its own `gleam session --backend X` process.
@@ -95,22 +95,29 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The emu backend's device: "device memory" lives in host memory.
+/// The emu backend's device: "device memory" lives in host memory and kernels run on the CPU.
 struct EmulatedDevice {
     gpus: Vec<GpuSummary>,
+    cpu: HostCpu,
 }
 
 impl EmulatedDevice {
     fn new() -> Self {
-        // The emulated device keeps "device memory" in host memory: offer half of it.
-        let total_memory = host_memory().map_or(8 << 30, |bytes| bytes / 2);
+        // Exactly what each `gleam session --backend emu` worker offers: they inherit this
+        // environment and read the same configuration.
+        let total_memory = gleam_emu::EmuConfig::default().memory_bytes;
+        let (major, minor) = gleam_emu::device::CC;
         Self {
             gpus: vec![GpuSummary {
-                model: "Gleam emulated GPU".into(),
+                model: "Gleam emulated GPU (PTX interpreter)".into(),
                 total_memory,
-                compute_capability: (8, 0),
+                compute_capability: (
+                    u32::try_from(major).unwrap_or(0),
+                    u32::try_from(minor).unwrap_or(0),
+                ),
                 emulated: true,
             }],
+            cpu: HostCpu::new(),
         }
     }
 }
@@ -119,24 +126,82 @@ impl DeviceInfo for EmulatedDevice {
     fn gpus(&self) -> Vec<GpuSummary> {
         self.gpus.clone()
     }
+
+    /// Host CPU load as utilization (the interpreter runs on these cores); free memory is the
+    /// total, since each session is its own process with its own budget.
+    fn load(&self) -> DeviceLoad {
+        // Reading /proc/loadavg is cheap enough for the daemon's loop; a 1-minute average changes
+        // slowly, so a failure (not Linux) just reports an idle device.
+        let utilization = self.cpu.utilization().unwrap_or_else(|err| {
+            debug!(%err, "host CPU load");
+            0.0
+        });
+        DeviceLoad {
+            utilization,
+            free_memory: None,
+            queue_len: 0,
+        }
+    }
 }
 
-/// Real GPUs, as far as the remoting crate reports them (the count).
+/// Real GPUs: facts and load from NVML, which needs no CUDA context (the daemon runs forever and
+/// a context would cost memory on every GPU).
 struct RealDevice {
     gpus: Vec<GpuSummary>,
+    /// `None` when NVML is unavailable: the load is then unknown (idle, all memory free).
+    load: Option<LoadSampler>,
 }
 
 impl RealDevice {
     fn new() -> Self {
-        let count = gleam_remoting::server::real::probe().unwrap_or(0);
-        let gpu = GpuSummary {
-            model: "NVIDIA GPU".into(),
-            total_memory: 0,
-            compute_capability: (0, 0),
-            emulated: false,
-        };
-        Self {
-            gpus: vec![gpu; count],
+        match NvmlGpus::open(&VisibleDevices::from_env()) {
+            Ok(nvml) => {
+                let mut gpus = nvml.summaries();
+                // Sessions see the driver's devices; NVML's selection can differ (MIG instances,
+                // CUDA_VISIBLE_DEVICES entries NVML cannot map). Then advertise the driver's list.
+                let cuda = gleam_remoting::server::real::probe().ok();
+                if let Some(cuda) = cuda
+                    && cuda != gpus.len()
+                    && let Ok(driver) = device_facts::driver_gpus()
+                {
+                    warn!(
+                        nvml = gpus.len(),
+                        cuda,
+                        "NVML and the CUDA driver count different GPUs: advertising the driver's \
+                         (load still from NVML)"
+                    );
+                    gpus = driver;
+                } else {
+                    info!(count = gpus.len(), "GPU facts from NVML");
+                }
+                let load = LoadSampler::spawn(SAMPLE_PERIOD, move || nvml.sample())
+                    .inspect_err(|err| warn!(%err, "GPU load will not be reported"))
+                    .ok();
+                Self { gpus, load }
+            }
+            // Logged once (the daemon builds its device once), naming what is missing.
+            Err(nvml_err) => match device_facts::driver_gpus() {
+                Ok(gpus) => {
+                    warn!(
+                        %nvml_err,
+                        count = gpus.len(),
+                        "GPU facts from the CUDA driver instead; GPU utilization and free memory \
+                         will not be reported"
+                    );
+                    Self { gpus, load: None }
+                }
+                Err(driver_err) => {
+                    warn!(
+                        %nvml_err,
+                        %driver_err,
+                        "no GPU facts: advertising no GPUs, and no GPU load"
+                    );
+                    Self {
+                        gpus: Vec::new(),
+                        load: None,
+                    }
+                }
+            },
         }
     }
 }
@@ -145,13 +210,12 @@ impl DeviceInfo for RealDevice {
     fn gpus(&self) -> Vec<GpuSummary> {
         self.gpus.clone()
     }
-}
 
-fn host_memory() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|line| line.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    fn load(&self) -> DeviceLoad {
+        self.load
+            .as_ref()
+            .map_or_else(DeviceLoad::default, LoadSampler::latest)
+    }
 }
 
 fn parse_seed(text: &str) -> Result<(PeerId, SocketAddr), String> {
@@ -174,5 +238,51 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emulated_device_advertises_the_emu_backends_device() {
+        let device = EmulatedDevice::new();
+        let gpus = device.gpus();
+        assert_eq!(gpus.len(), 1);
+        assert_eq!(gpus[0].model, "Gleam emulated GPU (PTX interpreter)");
+        assert_eq!(
+            gpus[0].total_memory,
+            gleam_emu::EmuConfig::default().memory_bytes
+        );
+        assert_eq!(gpus[0].compute_capability, (7, 5));
+        assert!(gpus[0].emulated);
+        let load = device.load();
+        assert!((0.0..=1.0).contains(&load.utilization));
+        assert_eq!(load.free_memory, None, "each session has the whole budget");
+    }
+
+    #[test]
+    fn real_device_degrades_without_nvidia_software() {
+        // No NVML and no driver on CI: constructing must not panic, and reports nothing it
+        // cannot know. On a GPU host: real facts and a live load.
+        let device = RealDevice::new();
+        let gpus = device.gpus();
+        let load = device.load();
+        assert!((0.0..=1.0).contains(&load.utilization));
+        if gpus.is_empty() {
+            assert!(device.load.is_none());
+            assert_eq!(load.free_memory, None);
+        } else {
+            for gpu in &gpus {
+                assert!(!gpu.emulated);
+                assert!(gpu.total_memory > 0, "{gpu:?}");
+                assert!(gpu.compute_capability.0 > 0, "{gpu:?}");
+            }
+            if device.load.is_some() {
+                let total: u64 = gpus.iter().map(|gpu| gpu.total_memory).sum();
+                assert!(load.free_memory.is_some_and(|free| free <= total));
+            }
+        }
     }
 }

@@ -5,7 +5,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -37,7 +36,12 @@ impl Server {
         // `GLEAM_BIN` runs these tests against a copied binary (e.g. on the GPU machine).
         let program =
             std::env::var_os("GLEAM_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_gleam").into());
-        let mut child = Command::new(program)
+        let mut command = Command::new(program);
+        // Quiet servers unless the developer asks for logs (`GLEAM_LOG=info cargo test`).
+        if std::env::var_os("GLEAM_LOG").is_none() {
+            command.env("GLEAM_LOG", "warn");
+        }
+        let mut child = command
             .args(["serve", "127.0.0.1:0", "--backend", backend, "--config-dir"])
             .arg(config_dir.path())
             .envs(env.iter().copied())
@@ -308,9 +312,4 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
-}
-
-/// Whether `path` is a directory holding a mesh secret.
-pub fn has_secret(path: &Path) -> bool {
-    MeshSecret::load(path).is_ok()
 }

@@ -3,7 +3,7 @@
 //! The driver library is found and loaded through cudarc's dynamic loading (after
 //! [`is_culib_present`](cudarc::driver::sys::is_culib_present), since cudarc panics when it is absent), but
 //! every function is called through Gleam's own integer-typed C signatures: enums are plain `i32`/`u32`
-//! ([`Arg::C`](crate::api::Arg::C)), so a value from the network that CUDA does not define is passed to
+//! ([`Arg::C`]), so a value from the network that CUDA does not define is passed to
 //! the driver, which rejects it, instead of being undefined behaviour in Rust. Each listed call's symbol is
 //! resolved on first use and cached.
 //!

@@ -39,7 +39,7 @@ pub enum ExitReason {
 }
 
 impl ExitReason {
-    /// Exit code of the session process for this reason (see [`ExitReason::from_code`]).
+    /// Exit code of the session process for this reason (see [`ExitReason::describe_code`]).
     pub fn code(&self) -> u8 {
         match self {
             Self::Ended => 0,
