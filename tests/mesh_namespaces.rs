@@ -176,7 +176,7 @@ fn peers_discover_each_other_list_the_right_contents_and_drop_a_killed_peer() {
             .find(|row| row["id"] == peer.id.as_str())
             .expect("row");
         assert_eq!(row["host"], format!("node{i}"));
-        assert_eq!(row["gpus"][0]["model"], "Gleam emulated GPU");
+        assert_eq!(row["gpus"][0]["model"], "Gleam emulated GPU (PTX interpreter)");
         assert_eq!(row["gpus"][0]["emulated"], true);
         assert!(row["total_memory"].as_u64().unwrap() > 0);
         assert_eq!(row["active_sessions"], 0);

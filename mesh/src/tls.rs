@@ -108,7 +108,28 @@ pub fn transport_config() -> quinn::TransportConfig {
     // One bidi stream per CUDA stream, plus request streams: allow many at once.
     transport.max_concurrent_bidi_streams(quinn::VarInt::from_u32(MAX_STREAMS));
     transport.max_concurrent_uni_streams(quinn::VarInt::from_u32(MAX_STREAMS));
+    // EXPERIMENT knobs (temporary)
+    if let Some(mtu) = std::env::var("GLEAM_EXP_MTU").ok().and_then(|v| v.parse::<u16>().ok()) {
+        let mut mtud = quinn::MtuDiscoveryConfig::default();
+        mtud.upper_bound(mtu);
+        transport.mtu_discovery_config(Some(mtud));
+    }
+    if let Some(n) = std::env::var("GLEAM_EXP_ACK").ok().and_then(|v| v.parse::<u32>().ok()) {
+        let mut ack = quinn::AckFrequencyConfig::default();
+        ack.ack_eliciting_threshold(quinn::VarInt::from_u32(n));
+        ack.max_ack_delay(Some(Duration::from_micros(200)));
+        transport.ack_frequency_config(Some(ack));
+    }
     transport
+}
+
+/// EXPERIMENT endpoint config
+pub fn endpoint_config() -> quinn::EndpointConfig {
+    let mut config = quinn::EndpointConfig::default();
+    if let Some(mtu) = std::env::var("GLEAM_EXP_MTU").ok().and_then(|v| v.parse::<u16>().ok()) {
+        let _ = config.max_udp_payload_size(mtu);
+    }
+    config
 }
 
 /// Configuring TLS or reading the peer's identity failed.

@@ -40,5 +40,18 @@ strip .carry/examples/* 2>/dev/null || true
 if [ "$(du -sm .carry | cut -f1)" -gt 48 ]; then
     strip --strip-debug .carry/gleam .carry/libgleamcuda.so 2>/dev/null || true
 fi
+# WITH_TESTS=1: also the unit-test binaries whose tests need a real GPU (they return early without one).
+if [ "${WITH_TESTS:-0}" = 1 ]; then
+    mkdir -p .carry/tests
+    # shellcheck disable=SC2086
+    cargo test $flag --no-run --message-format=json -p gleam-remoting --lib -p gleam --bin gleam 2>/dev/null |
+        python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])' |
+        while read -r exe; do cp "$exe" .carry/tests/; done
+    strip .carry/tests/* 2>/dev/null || true
+fi
 du -sh .carry
 ls -l .carry .carry/examples

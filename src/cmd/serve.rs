@@ -84,8 +84,14 @@ async fn serve(
     choice: BackendChoice,
 ) -> anyhow::Result<()> {
     let config = gleam_mesh::tls::server_config(&identity).context("configuring TLS")?;
-    let endpoint =
-        quinn::Endpoint::server(config, addr).with_context(|| format!("listening on {addr}"))?;
+    let socket = std::net::UdpSocket::bind(addr).with_context(|| format!("listening on {addr}"))?;
+    let endpoint = quinn::Endpoint::new(
+        gleam_mesh::tls::endpoint_config(),
+        Some(config),
+        socket,
+        std::sync::Arc::new(quinn::TokioRuntime),
+    )
+    .with_context(|| format!("listening on {addr}"))?;
     let local = endpoint.local_addr().context("reading the bound address")?;
     let me = identity.peer_id();
     // The one stdout line: tests and scripts parse it.

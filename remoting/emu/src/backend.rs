@@ -525,8 +525,7 @@ impl EmuBackend {
         e.records += 1;
         let (signal, target) = (e.signal.clone(), e.records);
         // Not skipped after a fault: waiters on the event must still wake up.
-        let job: Job = Box::new(move || signal.advance_to(target));
-        self.streams.enqueue(key, Vec::new(), Some(job))
+        self.streams.enqueue_signal(key, signal, target)
     }
 
     fn elapsed(&self, start: u64, end: u64) -> Result<f32, CUresult> {

@@ -72,6 +72,9 @@ struct Work {
     deps: Vec<(Arc<Signal>, u64)>,
     job: Option<Job>,
     ticket: u64,
+    /// Signals to raise once the stream itself has reached `ticket` (event records): whoever sees one of
+    /// them complete also sees the stream's work up to here complete, as `cuStreamQuery` must.
+    completes: Vec<(Arc<Signal>, u64)>,
 }
 
 /// `CU_STREAM_NON_BLOCKING`.
@@ -112,6 +115,9 @@ impl Stream {
                     }
                     crate::memory::clear_thread_cache();
                     signal.advance_to(work.ticket);
+                    for (completed, target) in &work.completes {
+                        completed.advance_to(*target);
+                    }
                 }
             })
             .map_err(|e| {
@@ -216,6 +222,27 @@ impl Streams {
         extra: Vec<(Arc<Signal>, u64)>,
         job: Option<Job>,
     ) -> Result<(), CUresult> {
+        self.enqueue_work(key, extra, job, Vec::new())
+    }
+
+    /// Queues a marker that raises `signal` to `target` once everything queued on `key` before it is done
+    /// (an event record).
+    pub fn enqueue_signal(
+        &mut self,
+        key: StreamKey,
+        signal: Arc<Signal>,
+        target: u64,
+    ) -> Result<(), CUresult> {
+        self.enqueue_work(key, Vec::new(), None, vec![(signal, target)])
+    }
+
+    fn enqueue_work(
+        &mut self,
+        key: StreamKey,
+        extra: Vec<(Arc<Signal>, u64)>,
+        job: Option<Job>,
+        completes: Vec<(Arc<Signal>, u64)>,
+    ) -> Result<(), CUresult> {
         self.ensure(key)?;
         let mut deps = self.implicit_deps(key);
         deps.extend(extra);
@@ -225,11 +252,15 @@ impl Streams {
             deps,
             job,
             ticket: stream.submitted,
+            completes,
         };
-        if stream.queue.send(work).is_err() {
+        if let Err(mpsc::SendError(work)) = stream.queue.send(work) {
             // Only possible if the worker died; it never does (jobs catch panics), but never hang on it.
             tracing::error!("stream worker {key:?} is gone");
             stream.done.advance_to(stream.submitted);
+            for (completed, target) in work.completes {
+                completed.advance_to(target);
+            }
             return Err(CUresult::LAUNCH_FAILED);
         }
         Ok(())

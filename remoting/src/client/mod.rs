@@ -18,9 +18,10 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, mpsc};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use gleam_mesh::auth::{AuthError, authenticate_as_client};
@@ -31,14 +32,18 @@ use tracing::{debug, warn};
 
 use crate::types::CUresult;
 use crate::wire::{
-    COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request,
-    ServerHello, WireError, decode, encode_frame, read_frame_body, write_frame,
+    COPY_CHUNK, Call, ClientHello, MAX_FRAME, PROTOCOL_VERSION, Payload, Reply, ReplyFrame,
+    Request, ServerHello, WireError, decode, encode_frame, read_frame_body, write_frame,
 };
 
 /// How long [`Client::connect`] may take in all (handshake, authentication, hello).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The writer stops coalescing queued frames into one write once it holds this many bytes.
 const COALESCE_BYTES: usize = 1 << 20;
+/// Default of [`spin_budget`]: about one LAN round trip with some margin.
+const DEFAULT_SPIN: Duration = Duration::from_millis(1);
+/// Hosts with fewer cores do not spin by default.
+const SPIN_MIN_CORES: usize = 4;
 /// QUIC application close code of an orderly client exit.
 const CLOSE_CLIENT_EXIT: u32 = 0;
 
@@ -127,8 +132,129 @@ struct Queue {
 
 #[derive(Default)]
 struct Waiters {
-    pending: HashMap<u64, mpsc::SyncSender<Outcome>>,
+    pending: HashMap<u64, Arc<Slot>>,
     lost: Option<ClientError>,
+}
+
+/// Where one reply is handed from the reader task to the waiting thread.
+///
+/// The waiter spins briefly before parking: a reply usually comes back within one LAN round trip,
+/// and waking a parked thread costs several microseconds more than noticing a flag (like the CUDA
+/// driver, which spins in `cuCtxSynchronize` by default). Delivering to a thread that is not parked
+/// costs the reader an atomic swap, no syscall.
+struct Slot {
+    state: AtomicU8,
+    outcome: Mutex<Option<Outcome>>,
+    /// The thread that parked waiting for this slot.
+    thread: OnceLock<Thread>,
+}
+
+/// No outcome yet, nobody parked.
+const SLOT_EMPTY: u8 = 0;
+/// The waiter is (about to be) parked and must be unparked.
+const SLOT_PARKED: u8 = 1;
+/// The outcome is in place.
+const SLOT_READY: u8 = 2;
+
+impl Slot {
+    fn new() -> Self {
+        Self {
+            state: AtomicU8::new(SLOT_EMPTY),
+            outcome: Mutex::new(None),
+            thread: OnceLock::new(),
+        }
+    }
+
+    /// Hands over the outcome. Each slot is delivered at most once (whoever removes it from
+    /// [`Waiters::pending`] delivers it); a second delivery is ignored.
+    fn deliver(&self, outcome: Outcome) {
+        {
+            let mut slot = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.is_some() {
+                return;
+            }
+            *slot = Some(outcome);
+        }
+        if self.state.swap(SLOT_READY, Ordering::AcqRel) == SLOT_PARKED
+            && let Some(thread) = self.thread.get()
+        {
+            thread.unpark();
+        }
+    }
+
+    fn take(&self) -> Option<Outcome> {
+        self.outcome
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// Waits until the outcome is delivered, or until `deadline`.
+    fn wait(&self, spin: Duration, deadline: Option<Instant>) -> Option<Outcome> {
+        if !spin.is_zero() {
+            let start = Instant::now();
+            let mut polls = 0u32;
+            while self.state.load(Ordering::Acquire) != SLOT_READY {
+                std::hint::spin_loop();
+                polls = polls.wrapping_add(1);
+                // Reading the clock costs more than a poll of the flag; look at it now and then.
+                if polls % 64 == 0 && start.elapsed() >= spin {
+                    break;
+                }
+            }
+        }
+        if self.state.load(Ordering::Acquire) != SLOT_READY {
+            let _ = self.thread.set(std::thread::current());
+            // Only park if no outcome arrived meanwhile; an unpark that comes before `park` makes
+            // `park` return at once, so no wake-up is lost.
+            if self
+                .state
+                .compare_exchange(SLOT_EMPTY, SLOT_PARKED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                while self.state.load(Ordering::Acquire) != SLOT_READY {
+                    match deadline {
+                        None => std::thread::park(),
+                        Some(deadline) => {
+                            let now = Instant::now();
+                            if now >= deadline {
+                                return None;
+                            }
+                            std::thread::park_timeout(deadline - now);
+                        }
+                    }
+                }
+            }
+        }
+        self.take()
+    }
+}
+
+/// How long a thread waiting for a reply (here, and the session process waiting for the next request)
+/// spins before parking: `GLEAM_SPIN_US` microseconds if set, else [`DEFAULT_SPIN`] on hosts with at
+/// least [`SPIN_MIN_CORES`] cores and none on smaller ones, where a spinning thread would take the core
+/// that the awaited reply needs (CUDA's own "auto" scheduling makes the same choice).
+///
+/// Waking a parked thread costs microseconds, far more from a deep idle state: with one millisecond
+/// between requests, every hop of a round trip would pay it.
+pub fn spin_budget() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let configured = std::env::var("GLEAM_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        match configured {
+            Some(us) => Duration::from_micros(us.min(1_000_000)),
+            None => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                if cores >= SPIN_MIN_CORES {
+                    DEFAULT_SPIN
+                } else {
+                    Duration::ZERO
+                }
+            }
+        }
+    })
 }
 
 impl Shared {
@@ -146,8 +272,8 @@ impl Shared {
         let mut waiters = self.waiters();
         let err = waiters.lost.get_or_insert(err).clone();
         self.lost.store(true, Ordering::Release);
-        for (_, tx) in waiters.pending.drain() {
-            let _ = tx.try_send(Err(err.clone()));
+        for (_, slot) in waiters.pending.drain() {
+            slot.deliver(Err(err.clone()));
         }
     }
 
@@ -162,25 +288,26 @@ impl Shared {
 /// A request whose reply has not been collected yet.
 #[must_use = "a pending request must be waited for"]
 pub struct Pending {
-    rx: mpsc::Receiver<Outcome>,
+    slot: Arc<Slot>,
 }
 
 impl Pending {
     /// Blocks until the reply arrives (or the session ends).
     pub fn wait(self) -> Result<(CUresult, Reply), ClientError> {
-        match self.rx.recv() {
-            Ok(Ok(frame)) => Ok((frame.result, frame.reply)),
-            Ok(Err(err)) => Err(err),
-            Err(_) => Err(ClientError::Lost("the session ended".into())),
+        match self.slot.wait(spin_budget(), None) {
+            Some(Ok(frame)) => Ok((frame.result, frame.reply)),
+            Some(Err(err)) => Err(err),
+            None => Err(ClientError::Lost("the session ended".into())),
         }
     }
 
     /// As [`Pending::wait`], giving up after `timeout`.
     pub fn wait_timeout(self, timeout: Duration) -> Result<(CUresult, Reply), ClientError> {
-        match self.rx.recv_timeout(timeout) {
-            Ok(Ok(frame)) => Ok((frame.result, frame.reply)),
-            Ok(Err(err)) => Err(err),
-            Err(_) => Err(ClientError::Lost(format!("no reply within {timeout:?}"))),
+        let deadline = Instant::now().checked_add(timeout);
+        match self.slot.wait(spin_budget().min(timeout), deadline) {
+            Some(Ok(frame)) => Ok((frame.result, frame.reply)),
+            Some(Err(err)) => Err(err),
+            None => Err(ClientError::Lost(format!("no reply within {timeout:?}"))),
         }
     }
 }
@@ -231,7 +358,15 @@ impl Client {
             "0.0.0.0:0".parse().expect("valid literal")
         };
         let endpoint = runtime
-            .block_on(async { quinn::Endpoint::client(bind) })
+            .block_on(async {
+                let socket = std::net::UdpSocket::bind(bind)?;
+                quinn::Endpoint::new(
+                    gleam_mesh::tls::endpoint_config(),
+                    None,
+                    socket,
+                    Arc::new(quinn::TokioRuntime),
+                )
+            })
             .map_err(|e| ClientError::Endpoint(e.to_string()))?;
 
         let secret = secret.clone();
@@ -344,38 +479,52 @@ impl Client {
         call: Call,
         expects_reply: bool,
     ) -> Result<Option<Pending>, ClientError> {
-        if self.is_lost() {
-            return Err(self.shared.lost_error());
-        }
-        let mut queue = self.shared.queue();
-        let seq = queue.next_seq;
         let bulk = match &call {
             Call::MemcpyHtoD { data, .. } => data.len(),
             Call::ModuleLoad { image } | Call::LibraryLoad { image } => image.len(),
             _ => 0,
         };
-        let request = Request {
-            seq,
+        let mut request = Request {
+            seq: 0,
             ctx,
             expects_reply,
             call,
         };
-        // Encoded straight into the buffer the writer will send (no copy for bulk payloads).
+        self.submit_with(expects_reply, bulk, |seq, out| {
+            request.seq = seq;
+            encode_frame(&request, out)
+        })
+    }
+
+    /// Queues one request whose frame `encode` writes for the sequence number it is given (under the
+    /// queue lock, so frames are queued in sequence order); returns the waiter when `expects_reply`.
+    fn submit_with(
+        &self,
+        expects_reply: bool,
+        bulk: usize,
+        encode: impl FnOnce(u64, &mut Vec<u8>) -> Result<(), WireError>,
+    ) -> Result<Option<Pending>, ClientError> {
+        if self.is_lost() {
+            return Err(self.shared.lost_error());
+        }
+        let mut queue = self.shared.queue();
+        let seq = queue.next_seq;
+        // Encoded straight into the buffer the writer will send.
         let mut encoded = Vec::with_capacity(queue.frame_hint + bulk);
-        if let Err(err) = encode_frame(&request, &mut encoded) {
+        if let Err(err) = encode(seq, &mut encoded) {
             return Err(ClientError::Protocol(format!(
                 "cannot encode request: {err}"
             )));
         }
         let frame = Bytes::from(encoded);
         let pending = if expects_reply {
-            let (tx, rx) = mpsc::sync_channel(1);
+            let slot = Arc::new(Slot::new());
             let mut waiters = self.shared.waiters();
             if let Some(err) = &waiters.lost {
                 return Err(err.clone());
             }
-            waiters.pending.insert(seq, tx);
-            Some(Pending { rx })
+            waiters.pending.insert(seq, slot.clone());
+            Some(Pending { slot })
         } else {
             None
         };
@@ -424,17 +573,25 @@ impl Client {
         };
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
-            let call = Call::MemcpyHtoD {
-                dst: dst + (i * COPY_CHUNK) as u64,
-                data: Payload::Inline(chunk.to_vec()),
-                stream,
-            };
-            if i == last && (stream.is_none() || self.blocking) {
-                return self.call(ctx, call).map(|(result, _)| result);
-            }
-            if let Some(pending) = self.submit(ctx, call, self.blocking)? {
+            let piece_dst = dst + (i * COPY_CHUNK) as u64;
+            let wait = self.blocking || (i == last && stream.is_none());
+            // The bytes go from `src` straight into the frame (no intermediate `Payload` vector).
+            let pending = self.submit_with(wait, chunk.len(), |seq, out| {
+                encode_htod_frame(
+                    HtoDHeader {
+                        seq,
+                        ctx,
+                        expects_reply: wait,
+                        dst: piece_dst,
+                        stream,
+                    },
+                    chunk,
+                    out,
+                )
+            })?;
+            if let Some(pending) = pending {
                 let (result, _) = pending.wait()?;
-                if !result.is_success() {
+                if i == last || !result.is_success() {
                     return Ok(result);
                 }
             }
@@ -525,6 +682,69 @@ impl Drop for Client {
             .fail_all(ClientError::Lost("the client was dropped".into()));
         self.connection
             .close(quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT), b"client exit");
+    }
+}
+
+/// The fields of a [`Call::MemcpyHtoD`] request besides its bytes.
+#[derive(Clone, Copy, Debug)]
+struct HtoDHeader {
+    seq: u64,
+    ctx: u64,
+    expects_reply: bool,
+    dst: u64,
+    stream: Option<u64>,
+}
+
+/// Appends the frame of a [`Call::MemcpyHtoD`] request carrying `data`, byte for byte what
+/// [`encode_frame`] makes of the same request, without first copying `data` into a [`Payload`].
+///
+/// The request is encoded with an empty payload, whose bytes are the varint `0` followed by the
+/// encoding of `stream` (the last field); the payload's length and bytes are spliced in there.
+fn encode_htod_frame(head: HtoDHeader, data: &[u8], out: &mut Vec<u8>) -> Result<(), WireError> {
+    let empty = Request {
+        seq: head.seq,
+        ctx: head.ctx,
+        expects_reply: head.expects_reply,
+        call: Call::MemcpyHtoD {
+            dst: head.dst,
+            data: Payload::Inline(Vec::new()),
+            stream: head.stream,
+        },
+    };
+    let mut skeleton = Vec::with_capacity(64);
+    encode_frame(&empty, &mut skeleton)?;
+    let tail_len = postcard::to_extend(&head.stream, Vec::with_capacity(16))?.len();
+    // Index of the empty payload's length byte in `skeleton` (past the 4-byte prefix).
+    let at = skeleton
+        .len()
+        .checked_sub(tail_len + 1)
+        .filter(|&at| at >= 4 && skeleton[at] == 0)
+        .ok_or_else(|| WireError::Io(std::io::Error::other("unexpected request layout")))?;
+    let start = out.len();
+    out.reserve(skeleton.len() + 10 + data.len());
+    out.extend_from_slice(&skeleton[..at]);
+    push_varint(out, data.len() as u64);
+    out.extend_from_slice(data);
+    out.extend_from_slice(&skeleton[at + 1..]);
+    let body = out.len() - start - 4;
+    if body > MAX_FRAME {
+        out.truncate(start);
+        return Err(WireError::FrameTooLarge(body));
+    }
+    out[start..start + 4].copy_from_slice(&(body as u32).to_le_bytes());
+    Ok(())
+}
+
+/// Appends `value` as postcard writes a length: LEB128, seven bits a byte, low bits first.
+pub(crate) fn push_varint(out: &mut Vec<u8>, mut value: u64) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
     }
 }
 
@@ -619,9 +839,7 @@ async fn reader(mut recv: quinn::RecvStream, shared: Arc<Shared>, connection: qu
         };
         let waiter = shared.waiters().pending.remove(&frame.seq);
         match waiter {
-            Some(tx) => {
-                let _ = tx.try_send(Ok(frame));
-            }
+            Some(slot) => slot.deliver(Ok(frame)),
             None => {
                 break ClientError::Protocol(format!("reply to unknown request {}", frame.seq));
             }
@@ -633,5 +851,76 @@ async fn reader(mut recv: quinn::RecvStream, shared: Arc<Shared>, connection: qu
     shared.fail_all(err);
     if let ClientError::Protocol(reason) = &shared.lost_error() {
         connection.close(quinn::VarInt::from_u32(1), reason.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn htod_frames_match_the_generic_encoding() {
+        for len in [0usize, 1, 127, 128, 300, 16_383, 16_384, 70_000] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
+            for stream in [None, Some(0), Some(1), Some(u64::MAX)] {
+                for expects_reply in [false, true] {
+                    let head = HtoDHeader {
+                        seq: 1 << 40,
+                        ctx: 0x5555_5555,
+                        expects_reply,
+                        dst: 0x7f00_0000_1000,
+                        stream,
+                    };
+                    let mut fast = vec![0xaa];
+                    encode_htod_frame(head, &data, &mut fast).unwrap();
+                    let mut generic = vec![0xaa];
+                    let request = Request {
+                        seq: head.seq,
+                        ctx: head.ctx,
+                        expects_reply,
+                        call: Call::MemcpyHtoD {
+                            dst: head.dst,
+                            data: Payload::Inline(data.clone()),
+                            stream,
+                        },
+                    };
+                    encode_frame(&request, &mut generic).unwrap();
+                    assert_eq!(fast, generic, "len {len}, stream {stream:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_parked_waiter_is_woken_and_an_early_outcome_is_kept() {
+        // Delivered before anyone waits: no park at all.
+        let slot = Slot::new();
+        slot.deliver(Err(ClientError::Lost("early".into())));
+        assert!(matches!(slot.wait(Duration::ZERO, None), Some(Err(ClientError::Lost(r))) if r == "early"));
+
+        // Delivered while the waiter is parked (no spin), from another thread.
+        let slot = Arc::new(Slot::new());
+        let late = slot.clone();
+        let deliverer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            late.deliver(Err(ClientError::Lost("late".into())));
+            // A second delivery is ignored.
+            late.deliver(Err(ClientError::Lost("again".into())));
+        });
+        assert!(matches!(slot.wait(Duration::ZERO, None), Some(Err(ClientError::Lost(r))) if r == "late"));
+        deliverer.join().unwrap();
+
+        // Delivered during the spin.
+        let slot = Arc::new(Slot::new());
+        let soon = slot.clone();
+        let deliverer = std::thread::spawn(move || soon.deliver(Err(ClientError::Lost("soon".into()))));
+        assert!(matches!(slot.wait(Duration::from_millis(500), None), Some(Err(_))));
+        deliverer.join().unwrap();
+
+        // Nothing comes: the deadline ends the wait.
+        let slot = Slot::new();
+        let t = Instant::now();
+        assert!(slot.wait(Duration::from_millis(1), Some(Instant::now() + Duration::from_millis(30))).is_none());
+        assert!(t.elapsed() >= Duration::from_millis(30));
     }
 }

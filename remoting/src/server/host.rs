@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::{Buf, Bytes, BytesMut};
 use quinn::VarInt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -39,8 +40,10 @@ pub const CLOSE_NO_STREAM: VarInt = VarInt::from_u32(0x4743_0004);
 const STREAM_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the last replies may take to reach the client after the session process exited.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
-/// Relay buffer per direction.
+/// Relay buffer for replies.
 const RELAY_BUFFER: usize = 1 << 20;
+/// Received chunks (about a packet each) handed to the request pipe per `writev`.
+const RELAY_CHUNKS: usize = 256;
 /// Size asked for the session process's pipes.
 const PIPE_SIZE: libc::c_int = 1 << 20;
 
@@ -328,20 +331,23 @@ enum RelayError {
     Pipe(#[from] std::io::Error),
 }
 
-/// Client stream → worker stdin, chunk by chunk, checking frame lengths on the way.
+/// Client stream → worker stdin, checking frame lengths on the way. The received chunks go to the pipe
+/// as they are, many per `writev`, without first being copied into a buffer of ours.
 async fn relay_in(
     mut recv: quinn::RecvStream,
     mut stdin: ChildStdin,
     traffic: Arc<Traffic>,
 ) -> Result<(), RelayError> {
     let mut frames = FrameCheck::default();
-    // `read` gathers many received packets per call (`read_chunk` would yield about one each), so a
-    // bulk copy costs one pipe write per buffer rather than per packet.
-    let mut buf = vec![0; RELAY_BUFFER];
-    while let Some(n) = recv.read(&mut buf).await? {
-        let bytes = &buf[..n];
-        frames.feed(bytes)?;
-        stdin.write_all(bytes).await?;
+    let mut chunks: Vec<Bytes> = vec![Bytes::new(); RELAY_CHUNKS];
+    while let Some(count) = recv.read_chunks(&mut chunks).await? {
+        let received = &mut chunks[..count];
+        let mut n = 0;
+        for chunk in received.iter() {
+            frames.feed(chunk)?;
+            n += chunk.len();
+        }
+        write_all_chunks(&mut stdin, received).await?;
         traffic.from_client.fetch_add(n as u64, Ordering::Relaxed);
     }
     // Dropping stdin tells the worker the client is done.
@@ -349,19 +355,52 @@ async fn relay_in(
     Ok(())
 }
 
-/// Worker stdout → client stream: whatever the worker wrote since the last read goes out in one write.
+/// Writes every byte of `chunks` (consuming them) with vectored writes.
+async fn write_all_chunks(stdin: &mut ChildStdin, chunks: &mut [Bytes]) -> std::io::Result<()> {
+    let mut first = 0;
+    while first < chunks.len() {
+        let slices: Vec<std::io::IoSlice<'_>> = chunks[first..]
+            .iter()
+            .map(|c| std::io::IoSlice::new(c))
+            .collect();
+        let mut written = stdin.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 {
+            let chunk = &mut chunks[first];
+            let take = written.min(chunk.len());
+            chunk.advance(take);
+            written -= take;
+            if chunk.is_empty() {
+                first += 1;
+            }
+        }
+        while first < chunks.len() && chunks[first].is_empty() {
+            first += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Worker stdout → client stream: whatever the worker wrote since the last read goes out in one write,
+/// handed to quinn as it is (no copy into quinn's own buffer).
 async fn relay_out(
     mut stdout: ChildStdout,
     mut send: quinn::SendStream,
     traffic: Arc<Traffic>,
 ) -> Result<(), RelayError> {
-    let mut buf = vec![0; RELAY_BUFFER];
+    let mut buf = BytesMut::new();
     loop {
-        let n = stdout.read(&mut buf).await?;
+        // Reuses the block while quinn has released what was sent from it, else starts a new one.
+        if buf.capacity() < RELAY_BUFFER / 4 {
+            buf.reserve(RELAY_BUFFER);
+        }
+        let n = stdout.read_buf(&mut buf).await?;
         if n == 0 {
             break;
         }
-        send.write_all(&buf[..n]).await?;
+        send.write_chunk(buf.split().freeze()).await?;
         traffic.to_client.fetch_add(n as u64, Ordering::Relaxed);
     }
     // The worker is done: finish the stream and wait until the client has it all (or gave up).

@@ -5,9 +5,11 @@
 //! * [`worker`]: the session process's stdin/stdout loop around a [`Session`](session::Session).
 //! * [`host`]: [`serve_connection`](host::serve_connection), one QUIC connection ↔ one session process,
 //!   and [`pick_backend`](host::pick_backend).
-//! * [`real`]: [`RealBackend`](real::RealBackend), NVIDIA's driver on a real GPU.
+//! * [`real`]: [`RealBackend`](real::RealBackend), NVIDIA's driver on a real GPU, which passes the driver
+//!   only handles its registry (`handles`) has seen the driver return.
 
 pub mod backend;
+mod handles;
 pub mod host;
 pub mod real;
 pub mod session;

@@ -7,12 +7,16 @@
 //! the driver, which rejects it, instead of being undefined behaviour in Rust. Each listed call's symbol is
 //! resolved on first use and cached.
 //!
+//! The driver dereferences whatever handle it is given, so a made-up one would crash the session process:
+//! every handle argument is first checked against the session's registry (`server::handles`) of the
+//! handles the driver returned and that are still alive, and an unknown one gets CUDA's
+//! `CUDA_ERROR_INVALID_HANDLE` (`CUDA_ERROR_INVALID_CONTEXT` for a context) without reaching the driver.
+//!
 //! The server refuses a library that exports `gleam_shim_marker`: that is Gleam's own shim, found because
 //! the server inherited a client's `LD_LIBRARY_PATH`, and serving through it would loop.
 
 use std::borrow::Cow;
 use std::cell::OnceCell;
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use tracing::{debug, warn};
@@ -20,6 +24,7 @@ use tracing::{debug, warn};
 use crate::api::{ApiCall, ApiReply, Arg, args, outs};
 use crate::image::ImageKind;
 use crate::server::backend::{ApiBackend, Backend};
+use crate::server::handles::{Admit, Effect, FunctionSource, Handles, Kind, Owner, Register};
 use crate::types::CUresult;
 use crate::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
 
@@ -229,22 +234,27 @@ macro_rules! real_api {
                         f
                     });
                     let f = f.ok_or(CUresult::NOT_SUPPORTED)?;
-                    let _ = &args;
+                    // The driver does not validate handles: refuse unknown ones before it sees them.
+                    let mut owner = Owner::in_context(self.current.unwrap_or(0));
+                    args.admit(&self.handles, &mut owner)?;
                     $(let mut $arg = <$ty as Arg>::slot(args.$arg);)*
-                    // SAFETY: in-values are plain integers/handles from the client (the driver validates
-                    // them); out-pointers point into the slots above, which outlive the call.
+                    // SAFETY: handles were checked against the registry above; other in-values are
+                    // plain integers from the client (the driver validates them); out-pointers point
+                    // into the slots above, which outlive the call.
                     let result = unsafe { f($(<$ty as Arg>::slot_c(&mut $arg)),*) };
                     result.result()?;
-                    Ok(outs::$name { $($arg: <$ty as Arg>::slot_reply($arg),)* })
+                    let out = outs::$name { $($arg: <$ty as Arg>::slot_reply($arg),)* };
+                    out.register(&mut self.handles, &owner);
+                    Ok(out)
                 }
             )*
 
             fn api(&mut self, call: ApiCall) -> Result<ApiReply, CUresult> {
-                let track = Track::of(&call);
+                let effect = Effect::of(&call);
                 let reply = match call {
                     $(ApiCall::$name(a) => self.$name(a).map(ApiReply::$name),)*
                 }?;
-                self.track(track, &reply);
+                self.track(effect, &reply);
                 Ok(reply)
             }
         }
@@ -253,46 +263,16 @@ macro_rules! real_api {
 
 crate::cuda_api!(real_api);
 
-/// What a listed call changes in the session's bookkeeping (for `shutdown` and the current context).
-enum Track {
-    None,
-    PrimaryRetain(i32),
-    PrimaryRelease(i32),
-    CtxCreate,
-    CtxDestroy(u64),
-    ModuleUnload(u64),
-    LibraryUnload(u64),
-    /// The driver's current context may have changed behind our back.
-    CurrentUnknown,
-}
-
-impl Track {
-    fn of(call: &ApiCall) -> Self {
-        match call {
-            ApiCall::cuDevicePrimaryCtxRetain(a) => Self::PrimaryRetain(a.dev),
-            ApiCall::cuDevicePrimaryCtxRelease_v2(a) => Self::PrimaryRelease(a.dev),
-            ApiCall::cuCtxCreate_v2(_) => Self::CtxCreate,
-            ApiCall::cuCtxDestroy_v2(a) => Self::CtxDestroy(a.ctx),
-            ApiCall::cuModuleUnload(a) => Self::ModuleUnload(a.module),
-            ApiCall::cuLibraryUnload(a) => Self::LibraryUnload(a.library),
-            ApiCall::cuDevicePrimaryCtxReset_v2(_) => Self::CurrentUnknown,
-            _ => Self::None,
-        }
-    }
-}
-
 /// A session on NVIDIA's driver.
 pub struct RealBackend {
     driver: Driver,
     api: ApiFns,
     /// The context current on this (the only executing) thread, as far as we know; `None` = unknown.
     current: Option<u64>,
-    /// What the session holds, released at shutdown (process exit would free it too, but a clean
-    /// release keeps the driver's state tidy while the process lingers).
-    primary_retains: HashMap<i32, u32>,
-    contexts: Vec<u64>,
-    modules: Vec<u64>,
-    libraries: Vec<u64>,
+    /// Every live handle the driver gave this session: checked before each call, and what is released
+    /// at shutdown (process exit would free it too, but a clean release keeps the driver's state tidy
+    /// while the process lingers).
+    handles: Handles,
 }
 
 impl RealBackend {
@@ -307,35 +287,30 @@ impl RealBackend {
             driver,
             api: ApiFns::default(),
             current: None,
-            primary_retains: HashMap::new(),
-            contexts: Vec::new(),
-            modules: Vec::new(),
-            libraries: Vec::new(),
+            handles: Handles::default(),
         })
     }
 
-    fn track(&mut self, track: Track, reply: &ApiReply) {
-        match (track, reply) {
-            (Track::PrimaryRetain(dev), _) => *self.primary_retains.entry(dev).or_default() += 1,
-            (Track::PrimaryRelease(dev), _) => {
-                if let Some(n) = self.primary_retains.get_mut(&dev) {
-                    *n = n.saturating_sub(1);
-                }
-            }
-            (Track::CtxCreate, ApiReply::cuCtxCreate_v2(out)) => {
-                self.contexts.push(out.pctx);
-                // cuCtxCreate makes the new context current.
-                self.current = Some(out.pctx);
-            }
-            (Track::CtxDestroy(ctx), _) => {
-                self.contexts.retain(|&c| c != ctx);
-                self.current = None;
-            }
-            (Track::ModuleUnload(m), _) => self.modules.retain(|&x| x != m),
-            (Track::LibraryUnload(l), _) => self.libraries.retain(|&x| x != l),
-            (Track::CurrentUnknown, _) => self.current = None,
+    /// Bookkeeping after a listed call succeeded: the registry's cascades and the current context.
+    fn track(&mut self, effect: Effect, reply: &ApiReply) {
+        self.handles.apply(effect, reply);
+        match (effect, reply) {
+            // cuCtxCreate makes the new context current.
+            (_, ApiReply::cuCtxCreate_v2(out)) => self.current = Some(out.pctx),
+            // The driver's current context may have changed behind our back.
+            (Effect::CtxDestroy(_) | Effect::PrimaryReset(_), _) => self.current = None,
             _ => {}
         }
+    }
+
+    /// The context that handles created now belong to (0 = unknown).
+    fn owner_ctx(&self) -> u64 {
+        self.current.unwrap_or(0)
+    }
+
+    /// Checks an optional stream argument of a hand-written call.
+    fn check_stream(&self, stream: Option<u64>) -> Result<(), CUresult> {
+        stream.map_or(Ok(()), |s| self.handles.check(Kind::Stream, s))
     }
 
     fn device_info(&self, dev: c_int) -> Result<DeviceInfo, CUresult> {
@@ -425,16 +400,18 @@ impl Backend for RealBackend {
         if self.current == Some(ctx) {
             return Ok(());
         }
-        // SAFETY: the driver validates the handle.
+        self.handles.check(Kind::Context, ctx)?;
+        // SAFETY: NULL or a live context of this session.
         unsafe { (self.driver.ctx_set_current)(ctx as Ptr) }.result()?;
         self.current = Some(ctx);
         Ok(())
     }
 
     fn memcpy_htod(&mut self, dst: u64, data: &[u8], stream: Option<u64>) -> Result<(), CUresult> {
+        self.check_stream(stream)?;
         let d = &self.driver;
-        // SAFETY: `data` is valid for its length; from pageable memory the async copy returns only once
-        // the bytes are staged, so `data` may be freed after the call.
+        // SAFETY: `data` is valid for its length and the stream is live; from pageable memory the async
+        // copy returns only once the bytes are staged, so `data` may be freed after the call.
         match stream {
             None => unsafe { (d.memcpy_htod)(dst, data.as_ptr().cast(), data.len()) },
             Some(s) => unsafe {
@@ -450,6 +427,7 @@ impl Backend for RealBackend {
         len: usize,
         stream: Option<u64>,
     ) -> Result<Vec<u8>, CUresult> {
+        self.check_stream(stream)?;
         let d = &self.driver;
         let mut out = vec![0u8; len];
         match stream {
@@ -459,7 +437,7 @@ impl Backend for RealBackend {
                 // SAFETY: as above; the stream is synchronised before `out` is read or freed.
                 unsafe { (d.memcpy_dtoh_async)(out.as_mut_ptr().cast(), src, len, s as Ptr) }
                     .result()?;
-                // SAFETY: the driver validates the handle.
+                // SAFETY: a live stream (checked above).
                 unsafe { (d.stream_synchronize)(s as Ptr) }.result()?;
             }
         }
@@ -472,7 +450,7 @@ impl Backend for RealBackend {
         // SAFETY: `checked_image` made sure the driver's reading (headers' extent, or up to the NUL)
         // stays inside the buffer.
         unsafe { (self.driver.module_load_data)(&mut module, image.as_ptr().cast()) }.result()?;
-        self.modules.push(module as u64);
+        self.handles.add_module(module as u64, self.owner_ctx());
         Ok(module as u64)
     }
 
@@ -481,11 +459,16 @@ impl Backend for RealBackend {
         module: u64,
         name: &str,
     ) -> Result<(u64, FunctionInfo), CUresult> {
+        self.handles.check(Kind::Module, module)?;
         let name = std::ffi::CString::new(name).map_err(|_| CUresult::NOT_FOUND)?;
         let mut func: Ptr = std::ptr::null_mut();
-        // SAFETY: valid out-pointer and NUL-terminated name; the driver validates the module handle.
+        // SAFETY: valid out-pointer, NUL-terminated name and a live module.
         unsafe { (self.driver.module_get_function)(&mut func, module as Ptr, name.as_ptr()) }
             .result()?;
+        // Functions live in their module's context.
+        let ctx = self.handles.module_context(module);
+        self.handles
+            .add_function(func as u64, ctx, FunctionSource::Module(module));
         Ok((func as u64, self.function_info(func)))
     }
 
@@ -507,18 +490,28 @@ impl Backend for RealBackend {
             )
         }
         .result()?;
-        self.libraries.push(library as u64);
+        self.handles.add_library(library as u64);
         Ok(library as u64)
     }
 
     fn kernel_get_function(&mut self, kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
+        self.handles.check(Kind::Kernel, kernel)?;
         let mut func: Ptr = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the driver validates the kernel handle.
+        // SAFETY: valid out-pointer and a live kernel.
         unsafe { (self.driver.kernel_get_function)(&mut func, kernel as Ptr) }.result()?;
+        // The function is the kernel's in the current context.
+        self.handles.add_function(
+            func as u64,
+            self.owner_ctx(),
+            FunctionSource::Kernel(kernel),
+        );
         Ok((func as u64, self.function_info(func)))
     }
 
     fn launch(&mut self, launch: &Launch) -> Result<(), CUresult> {
+        // A function, or a kernel standing for one.
+        self.handles.check(Kind::Function, launch.function)?;
+        self.handles.check(Kind::Stream, launch.stream)?;
         let [gx, gy, gz] = launch.grid;
         let [bx, by, bz] = launch.block;
         let mut len = launch.params.len();
@@ -536,7 +529,8 @@ impl Backend for RealBackend {
             extra.as_mut_ptr()
         };
         // SAFETY: `extra` and what it points to live until the call returns (the driver copies the
-        // parameters at launch); the driver validates the function, dimensions and stream.
+        // parameters at launch); function and stream are live (checked above); the driver validates
+        // the dimensions.
         unsafe {
             (self.driver.launch_kernel)(
                 launch.function as Ptr,
@@ -557,34 +551,36 @@ impl Backend for RealBackend {
 
     fn shutdown(&mut self) {
         let d = &self.driver;
-        // Best effort: the process exits next, which frees whatever remains.
-        for &m in &self.modules {
-            // SAFETY: a handle this session loaded; an already-unloaded one is an error, ignored.
+        let modules = self.handles.loaded_modules();
+        let libraries = self.handles.libraries();
+        let contexts = self.handles.created_contexts();
+        // Best effort: the process exits next, which frees whatever remains. Only live handles are
+        // released: the registry dropped those that died with their context or library.
+        for &m in &modules {
+            // SAFETY: a live module this session loaded.
             let _ = unsafe { (d.module_unload)(m as Ptr) };
         }
-        for &l in &self.libraries {
-            // SAFETY: as above.
+        for &l in &libraries {
+            // SAFETY: a live library this session loaded.
             let _ = unsafe { (d.library_unload)(l as Ptr) };
         }
-        for &c in &self.contexts {
-            // SAFETY: as above.
+        for &c in &contexts {
+            // SAFETY: a live context this session created.
             let _ = unsafe { (d.ctx_destroy)(c as Ptr) };
         }
-        for (&dev, &n) in &self.primary_retains {
+        for (dev, n) in self.handles.primary_retains() {
             for _ in 0..n {
                 // SAFETY: releases a retain this session made.
                 let _ = unsafe { (d.primary_ctx_release)(dev) };
             }
         }
         debug!(
-            modules = self.modules.len(),
-            contexts = self.contexts.len(),
+            modules = modules.len(),
+            libraries = libraries.len(),
+            contexts = contexts.len(),
             "real backend released the session's resources"
         );
-        self.modules.clear();
-        self.libraries.clear();
-        self.contexts.clear();
-        self.primary_retains.clear();
+        self.handles.clear();
         self.current = None;
     }
 }
@@ -960,6 +956,167 @@ $L__BB0_2:
             "{:?}",
             r.result
         );
+
+        // Made-up and dead handles get CUDA's error codes instead of crashing the session process.
+        const BOGUS: u64 = 0xdead_beef_0000;
+        macro_rules! expect {
+            ($ctx:expr, $call:expr, $want:expr $(,)?) => {{
+                let c: ApiCall = $call;
+                let name = c.name();
+                let r = call(&mut s, $ctx, Call::Api(c), true).unwrap();
+                assert_eq!(r.result, $want, "{name}");
+            }};
+        }
+        expect!(
+            ctx,
+            ApiCall::cuStreamSynchronize(args::cuStreamSynchronize { stream: BOGUS }),
+            CUresult::INVALID_HANDLE,
+        );
+        expect!(
+            ctx,
+            ApiCall::cuEventQuery(args::cuEventQuery { event: BOGUS }),
+            CUresult::INVALID_HANDLE,
+        );
+        expect!(
+            ctx,
+            ApiCall::cuModuleGetGlobal_v2(args::cuModuleGetGlobal_v2 {
+                dptr: (),
+                bytes: (),
+                module: BOGUS,
+                name: "g".into(),
+            }),
+            CUresult::INVALID_HANDLE,
+        );
+        expect!(
+            ctx,
+            ApiCall::cuFuncGetAttribute(args::cuFuncGetAttribute {
+                value: (),
+                attrib: 0,
+                func: BOGUS,
+            }),
+            CUresult::INVALID_HANDLE,
+        );
+        expect!(
+            ctx,
+            ApiCall::cuLibraryUnload(args::cuLibraryUnload { library: BOGUS }),
+            CUresult::INVALID_HANDLE,
+        );
+        // A context that is not one is CUDA_ERROR_INVALID_CONTEXT, as the driver documents.
+        expect!(
+            ctx,
+            ApiCall::cuCtxSynchronize_v2(args::cuCtxSynchronize_v2 { ctx: BOGUS }),
+            CUresult::INVALID_CONTEXT,
+        );
+        expect!(
+            ctx,
+            ApiCall::cuCtxDestroy_v2(args::cuCtxDestroy_v2 { ctx: BOGUS }),
+            CUresult::INVALID_CONTEXT,
+        );
+        // ... also as the request's current context; the session's own context still works after.
+        expect!(
+            BOGUS,
+            ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}),
+            CUresult::INVALID_CONTEXT,
+        );
+        expect!(
+            ctx,
+            ApiCall::cuCtxSynchronize_v2(args::cuCtxSynchronize_v2 { ctx: 0 }),
+            CUresult::SUCCESS,
+        );
+        // Hand-written calls: module, kernel, function and stream arguments.
+        let r = call(
+            &mut s,
+            ctx,
+            Call::ModuleGetFunction {
+                module: BOGUS,
+                name: "add_one".into(),
+            },
+            true,
+        )
+        .unwrap();
+        assert_eq!(r.result, CUresult::INVALID_HANDLE);
+        let r = call(&mut s, ctx, Call::KernelGetFunction { kernel: BOGUS }, true).unwrap();
+        assert_eq!(r.result, CUresult::INVALID_HANDLE);
+        let r = call(
+            &mut s,
+            ctx,
+            Call::MemcpyDtoH {
+                src: ptr,
+                len: 4,
+                stream: Some(BOGUS),
+            },
+            true,
+        )
+        .unwrap();
+        assert_eq!(r.result, CUresult::INVALID_HANDLE);
+        // A fire-and-forget launch of a bogus function: its error is the next sync call's.
+        let bogus_launch = Launch {
+            function: BOGUS,
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_mem_bytes: 0,
+            stream: 0,
+            params: params.clone(),
+        };
+        assert!(call(&mut s, ctx, Call::LaunchKernel(bogus_launch), false).is_none());
+        expect!(
+            ctx,
+            ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}),
+            CUresult::INVALID_HANDLE,
+        );
+        // The stream sentinels are streams.
+        for sentinel in [0, 1, 2] {
+            expect!(
+                ctx,
+                ApiCall::cuStreamSynchronize(args::cuStreamSynchronize { stream: sentinel }),
+                CUresult::SUCCESS,
+            );
+        }
+
+        // Dead handles: a destroyed stream, and a function whose module was unloaded.
+        call(
+            &mut s,
+            ctx,
+            Call::Api(ApiCall::cuStreamDestroy_v2(args::cuStreamDestroy_v2 {
+                stream,
+            })),
+            false,
+        );
+        expect!(
+            ctx,
+            ApiCall::cuStreamQuery(args::cuStreamQuery { stream }),
+            CUresult::INVALID_HANDLE,
+        );
+        call(
+            &mut s,
+            ctx,
+            Call::Api(ApiCall::cuModuleUnload(args::cuModuleUnload { module })),
+            false,
+        );
+        expect!(
+            ctx,
+            ApiCall::cuFuncGetAttribute(args::cuFuncGetAttribute {
+                value: (),
+                attrib: 0,
+                func: function,
+            }),
+            CUresult::INVALID_HANDLE,
+        );
+        let l = Launch {
+            function,
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_mem_bytes: 0,
+            stream: 0,
+            params,
+        };
+        call(&mut s, ctx, Call::LaunchKernel(l), false);
+        expect!(
+            ctx,
+            ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}),
+            CUresult::INVALID_HANDLE,
+        );
+
         let r = call(&mut s, ctx, Call::Goodbye, true).unwrap();
         assert_eq!(r.result, CUresult::SUCCESS);
     }

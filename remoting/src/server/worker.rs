@@ -9,6 +9,7 @@
 //! the client as the connection's close reason.
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::time::{Duration, Instant};
 
 use tracing::{error, info};
 
@@ -78,7 +79,45 @@ pub fn run<B: Backend>(backend: B) -> ExitReason {
         (Ok(i), Ok(o)) => (i, o),
         (Err(err), _) | (_, Err(err)) => return ExitReason::Io(err),
     };
+    let input = SpinningPipe {
+        file: input,
+        spin: crate::client::spin_budget(),
+    };
     serve(backend, input, output)
+}
+
+/// The request pipe, read after a brief spin: when the next request comes within the spin, the process
+/// does not go to sleep and back (see [`crate::client::spin_budget`]). The spin starts only when the
+/// read buffer is empty, i.e. right after the replies were flushed.
+struct SpinningPipe {
+    file: std::fs::File,
+    spin: Duration,
+}
+
+impl Read for SpinningPipe {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if !self.spin.is_zero() {
+            let start = Instant::now();
+            while !readable_now(&self.file) && start.elapsed() < self.spin {
+                std::hint::spin_loop();
+            }
+        }
+        self.file.read(buf)
+    }
+}
+
+/// Whether reading `file` would not block (data, end of file or an error pending).
+fn readable_now(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut pollfd = libc::pollfd {
+        fd: file.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout; nothing is retained after the call.
+    let rc = unsafe { libc::poll(&mut pollfd, 1, 0) };
+    // On a poll failure, stop spinning and let the blocking read report whatever is wrong.
+    rc != 0
 }
 
 /// Serves one session over `input`/`output` until it ends (a clean end of input, Goodbye or an error).
@@ -120,16 +159,10 @@ fn serve_loop<B: Backend, R: Read, W: Write>(
             Ok(request) => request,
             Err(err) => return ExitReason::Malformed(err),
         };
-        if let Some(reply) = session.handle(request) {
-            encoded.clear();
-            if let Err(err) = wire::encode_frame(&reply, &mut encoded) {
-                // Only an over-long reply can fail to encode; the session cannot answer: end it.
-                error!(seq = reply.seq, error = %err, "cannot encode reply");
-                return ExitReason::Io(io::Error::other(err.to_string()));
-            }
-            if let Err(err) = output.write_all(&encoded) {
-                return ExitReason::Io(err);
-            }
+        if let Some(reply) = session.handle(request)
+            && let Err(reason) = write_reply(reply, &mut encoded, output)
+        {
+            return reason;
         }
         if session.is_closed() {
             return ExitReason::Ended;
@@ -140,6 +173,42 @@ fn serve_loop<B: Backend, R: Read, W: Write>(
             return ExitReason::Io(err);
         }
     }
+}
+
+/// Replies carrying at least this many bytes are written without copying the bytes into the frame.
+const DIRECT_DATA: usize = 64 << 10;
+
+/// Encodes `reply` and writes it out. A large [`Reply::Data`] is written as the frame of an empty one
+/// (whose encoding ends with the empty bytes' length, as `Data` is the last field) with that length
+/// replaced, followed by the bytes themselves: the same frame, one 4 MiB copy fewer per chunk.
+fn write_reply<W: Write>(
+    mut reply: wire::ReplyFrame,
+    encoded: &mut Vec<u8>,
+    output: &mut BufWriter<W>,
+) -> Result<(), ExitReason> {
+    encoded.clear();
+    let data = match &mut reply.reply {
+        wire::Reply::Data(data) if data.len() >= DIRECT_DATA => std::mem::take(data),
+        _ => Vec::new(),
+    };
+    if let Err(err) = wire::encode_frame(&reply, encoded) {
+        // Only an over-long reply can fail to encode; the session cannot answer: end it.
+        error!(seq = reply.seq, error = %err, "cannot encode reply");
+        return Err(ExitReason::Io(io::Error::other(err.to_string())));
+    }
+    if !data.is_empty() {
+        // The encoding ends with the varint 0 of the empty bytes: replace it by the real length.
+        encoded.pop();
+        crate::client::push_varint(encoded, data.len() as u64);
+        let body = encoded.len() - 4 + data.len();
+        if body > MAX_FRAME {
+            error!(seq = reply.seq, len = body, "reply too large");
+            return Err(ExitReason::Io(io::Error::other("reply exceeds the frame limit")));
+        }
+        encoded[..4].copy_from_slice(&(body as u32).to_le_bytes());
+    }
+    output.write_all(encoded).map_err(ExitReason::Io)?;
+    output.write_all(&data).map_err(ExitReason::Io)
 }
 
 /// Whether `buf` starts with a whole frame (so reading it will not block).
@@ -329,6 +398,25 @@ mod tests {
         input.truncate(input.len() - 1);
         let reason = serve(Bytes(vec![0; 8]), &input[..], Vec::new());
         assert_eq!(reason.code(), EXIT_IO, "{reason}");
+    }
+
+    #[test]
+    fn large_data_replies_are_framed_like_any_other() {
+        for len in [DIRECT_DATA - 1, DIRECT_DATA, 3 << 20] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 13 + 1) as u8).collect();
+            let reply = ReplyFrame {
+                seq: 1 << 33,
+                result: CUresult::SUCCESS,
+                reply: Reply::Data(data.clone()),
+            };
+            let mut expected = Vec::new();
+            wire::encode_frame(&reply, &mut expected).unwrap();
+            let mut out = BufWriter::new(Vec::new());
+            write_reply(reply, &mut Vec::new(), &mut out).unwrap();
+            let written = out.into_inner().unwrap();
+            assert!(written == expected, "len {len}");
+            assert!(matches!(&replies(&written)[0].reply, Reply::Data(d) if *d == data));
+        }
     }
 
     #[test]

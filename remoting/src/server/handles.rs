@@ -1,0 +1,924 @@
+//! [`Handles`]: the registry of every handle the real backend handed out in a session.
+//!
+//! NVIDIA's driver trusts the handles it is given: a made-up `CUstream` or `CUmodule` is dereferenced and
+//! the session process dies of SIGSEGV. CUDA promises `CUDA_ERROR_INVALID_HANDLE` instead (and
+//! `CUDA_ERROR_INVALID_CONTEXT` for a context), so [`RealBackend`](super::real::RealBackend) only passes
+//! the driver handles it has seen the driver return, in this session, and that have not died since.
+//!
+//! * [`HandleArg`] says, per argument type of the declaration list, what the registry does with it: a
+//!   handle ([`Context`], [`Stream`], ...) is checked before the call ([`HandleArg::check`]); an
+//!   [`Out`] of a handle is registered after it ([`HandleArg::register`]); plain values and strings are
+//!   left alone. [`Admit`] and [`Register`], generated for every listed call's [`args`]/[`outs`] struct,
+//!   apply those per argument, so a call added to the list is covered without further code.
+//! * [`Effect`] is what a listed call destroys (contexts, modules, libraries, streams, events, primary
+//!   context retains), applied by [`Handles::apply`] after the call succeeded, with CUDA's cascades:
+//!   functions die with their module, kernels and library modules with their library, and modules,
+//!   functions, streams and events with their context (libraries and kernels are context-independent).
+//!
+//! Device pointers are not handles: the driver validates them itself.
+
+use std::collections::{HashMap, HashSet};
+
+use tracing::debug;
+
+use crate::api::{
+    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Kernel, Library, Module, Out, Plain,
+    Stream, Value, args, outs,
+};
+use crate::types::CUresult;
+
+/// `CU_STREAM_LEGACY`.
+const STREAM_LEGACY: u64 = 1;
+/// `CU_STREAM_PER_THREAD`.
+const STREAM_PER_THREAD: u64 = 2;
+
+/// The kinds of handle the registry knows.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub(crate) enum Kind {
+    Context,
+    Module,
+    Function,
+    Stream,
+    Event,
+    Library,
+    Kernel,
+}
+
+/// Where a handle created by a call belongs, gathered from the call's in-arguments and the current context.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Owner {
+    /// The context a module, function, stream or event is created in (0 = unknown: never cascaded).
+    pub ctx: u64,
+    /// The library a kernel or module comes from.
+    pub library: Option<u64>,
+    /// The module a function comes from.
+    pub module: Option<u64>,
+    /// The kernel a function comes from.
+    pub kernel: Option<u64>,
+}
+
+impl Owner {
+    /// Handles created with `ctx` current.
+    pub fn in_context(ctx: u64) -> Self {
+        Self {
+            ctx,
+            ..Self::default()
+        }
+    }
+}
+
+/// What a function handle was obtained from (it dies with it).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub(crate) enum FunctionSource {
+    /// `cuModuleGetFunction`.
+    Module(u64),
+    /// `cuKernelGetFunction`.
+    Kernel(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ModuleEntry {
+    ctx: u64,
+    /// `Some` for `cuLibraryGetModule`'s modules, which belong to the library (never unloaded by us).
+    library: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct FunctionEntry {
+    ctx: u64,
+    source: FunctionSource,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Primary {
+    ctx: u64,
+    /// This session's retains (each session is its own process, so the process's count).
+    retains: u32,
+}
+
+/// Every live handle of one session, by kind, with what each belongs to.
+#[derive(Debug, Default)]
+pub(crate) struct Handles {
+    /// Context -> the device it is the primary context of (`None`: made by `cuCtxCreate`).
+    contexts: HashMap<u64, Option<i32>>,
+    primaries: HashMap<i32, Primary>,
+    modules: HashMap<u64, ModuleEntry>,
+    functions: HashMap<u64, FunctionEntry>,
+    libraries: HashSet<u64>,
+    /// Kernel -> its library.
+    kernels: HashMap<u64, u64>,
+    /// Stream -> its context.
+    streams: HashMap<u64, u64>,
+    /// Event -> its context.
+    events: HashMap<u64, u64>,
+}
+
+impl Handles {
+    /// Whether `handle` may be passed to the driver where a `kind` is expected. The error is what CUDA
+    /// returns for a handle that is not (or no longer) valid.
+    pub fn check(&self, kind: Kind, handle: u64) -> Result<(), CUresult> {
+        let known = match kind {
+            // NULL means "the current context" (or is rejected by the driver itself, which is safe).
+            Kind::Context => handle == 0 || self.contexts.contains_key(&handle),
+            Kind::Stream => {
+                matches!(handle, 0 | STREAM_LEGACY | STREAM_PER_THREAD)
+                    || self.streams.contains_key(&handle)
+            }
+            Kind::Event => self.events.contains_key(&handle),
+            Kind::Module => self.modules.contains_key(&handle),
+            // CUDA 12+ accepts a CUkernel wherever a CUfunction goes.
+            Kind::Function => {
+                self.functions.contains_key(&handle) || self.kernels.contains_key(&handle)
+            }
+            Kind::Library => self.libraries.contains(&handle),
+            Kind::Kernel => self.kernels.contains_key(&handle),
+        };
+        if known {
+            Ok(())
+        } else {
+            debug!(?kind, handle, "refusing an unknown handle");
+            Err(match kind {
+                Kind::Context => CUresult::INVALID_CONTEXT,
+                _ => CUresult::INVALID_HANDLE,
+            })
+        }
+    }
+
+    /// Records a handle the driver just returned. NULL is never a live handle.
+    pub fn register(&mut self, kind: Kind, handle: u64, owner: &Owner) {
+        if handle == 0 {
+            return;
+        }
+        match kind {
+            Kind::Context => {
+                self.contexts.entry(handle).or_insert(None);
+            }
+            Kind::Module => {
+                self.modules.insert(
+                    handle,
+                    ModuleEntry {
+                        ctx: owner.ctx,
+                        library: owner.library,
+                    },
+                );
+            }
+            Kind::Function => {
+                let source = match (owner.module, owner.kernel) {
+                    (Some(m), _) => FunctionSource::Module(m),
+                    (None, Some(k)) => FunctionSource::Kernel(k),
+                    // A function from nowhere dies only with its context.
+                    (None, None) => FunctionSource::Module(0),
+                };
+                self.add_function(handle, owner.ctx, source);
+            }
+            Kind::Stream => {
+                self.streams.insert(handle, owner.ctx);
+            }
+            Kind::Event => {
+                self.events.insert(handle, owner.ctx);
+            }
+            Kind::Library => {
+                self.libraries.insert(handle);
+            }
+            Kind::Kernel => {
+                self.kernels.insert(handle, owner.library.unwrap_or(0));
+            }
+        }
+    }
+
+    /// Records a module loaded by `cuModuleLoadData` in context `ctx`.
+    pub fn add_module(&mut self, module: u64, ctx: u64) {
+        self.register(Kind::Module, module, &Owner::in_context(ctx));
+    }
+
+    /// The context a live module was loaded in (0 = unknown).
+    pub fn module_context(&self, module: u64) -> u64 {
+        self.modules.get(&module).map_or(0, |m| m.ctx)
+    }
+
+    /// Records a function obtained in context `ctx`.
+    pub fn add_function(&mut self, function: u64, ctx: u64, source: FunctionSource) {
+        if function != 0 {
+            self.functions
+                .insert(function, FunctionEntry { ctx, source });
+        }
+    }
+
+    /// Records a library loaded by `cuLibraryLoadData`.
+    pub fn add_library(&mut self, library: u64) {
+        self.register(Kind::Library, library, &Owner::default());
+    }
+
+    /// Applies what a successful call destroyed (`reply` gives the primary context a retain returned).
+    pub fn apply(&mut self, effect: Effect, reply: &ApiReply) {
+        match effect {
+            Effect::None => {}
+            Effect::PrimaryRetain(dev) => {
+                if let ApiReply::cuDevicePrimaryCtxRetain(out) = reply {
+                    self.retain_primary(dev, out.pctx);
+                }
+            }
+            Effect::PrimaryRelease(dev) => self.release_primary(dev),
+            Effect::PrimaryReset(dev) => {
+                if let Some(p) = self.primaries.get(&dev) {
+                    // The context stays (and stays retained); everything in it is gone.
+                    let ctx = p.ctx;
+                    self.destroy_in_context(ctx);
+                }
+            }
+            Effect::CtxDestroy(ctx) => self.destroy_context(ctx),
+            Effect::ModuleUnload(module) => self.unload_module(module),
+            Effect::LibraryUnload(library) => self.unload_library(library),
+            Effect::StreamDestroy(stream) => {
+                self.streams.remove(&stream);
+            }
+            Effect::EventDestroy(event) => {
+                self.events.remove(&event);
+            }
+        }
+    }
+
+    fn retain_primary(&mut self, dev: i32, ctx: u64) {
+        if ctx == 0 {
+            return;
+        }
+        let p = self
+            .primaries
+            .entry(dev)
+            .or_insert(Primary { ctx, retains: 0 });
+        // The driver returns the same handle each time; if it did not, the newest one is the primary.
+        p.ctx = ctx;
+        p.retains = p.retains.saturating_add(1);
+        self.contexts.insert(ctx, Some(dev));
+    }
+
+    /// The last release destroys the primary context, "regardless of how many threads it is current to".
+    fn release_primary(&mut self, dev: i32) {
+        let Some(p) = self.primaries.get_mut(&dev) else {
+            return;
+        };
+        p.retains = p.retains.saturating_sub(1);
+        if p.retains == 0 {
+            let ctx = p.ctx;
+            self.primaries.remove(&dev);
+            self.destroy_context(ctx);
+        }
+    }
+
+    fn destroy_context(&mut self, ctx: u64) {
+        if ctx == 0 {
+            return;
+        }
+        self.destroy_in_context(ctx);
+        if let Some(Some(dev)) = self.contexts.remove(&ctx) {
+            self.primaries.remove(&dev);
+        }
+    }
+
+    /// Everything created in `ctx` dies (libraries and kernels are context-independent and stay).
+    fn destroy_in_context(&mut self, ctx: u64) {
+        self.modules.retain(|_, m| m.ctx != ctx);
+        self.functions.retain(|_, f| f.ctx != ctx);
+        self.streams.retain(|_, &mut c| c != ctx);
+        self.events.retain(|_, &mut c| c != ctx);
+        self.drop_orphan_functions();
+    }
+
+    fn unload_module(&mut self, module: u64) {
+        self.modules.remove(&module);
+        self.drop_orphan_functions();
+    }
+
+    fn unload_library(&mut self, library: u64) {
+        self.libraries.remove(&library);
+        self.kernels.retain(|_, &mut l| l != library);
+        self.modules.retain(|_, m| m.library != Some(library));
+        self.drop_orphan_functions();
+    }
+
+    /// Functions whose module or kernel is gone die with it.
+    fn drop_orphan_functions(&mut self) {
+        let (modules, kernels) = (&self.modules, &self.kernels);
+        self.functions.retain(|_, f| match f.source {
+            FunctionSource::Module(0) => true,
+            FunctionSource::Module(m) => modules.contains_key(&m),
+            FunctionSource::Kernel(k) => kernels.contains_key(&k),
+        });
+    }
+
+    /// Modules this session loaded itself (not a library's), to unload at shutdown.
+    pub fn loaded_modules(&self) -> Vec<u64> {
+        self.modules
+            .iter()
+            .filter(|(_, m)| m.library.is_none())
+            .map(|(&h, _)| h)
+            .collect()
+    }
+
+    /// Libraries this session loaded.
+    pub fn libraries(&self) -> Vec<u64> {
+        self.libraries.iter().copied().collect()
+    }
+
+    /// Contexts this session created with `cuCtxCreate` (primary contexts are released instead).
+    pub fn created_contexts(&self) -> Vec<u64> {
+        self.contexts
+            .iter()
+            .filter(|(_, primary)| primary.is_none())
+            .map(|(&c, _)| c)
+            .collect()
+    }
+
+    /// This session's primary context retains, by device.
+    pub fn primary_retains(&self) -> Vec<(i32, u32)> {
+        self.primaries
+            .iter()
+            .map(|(&dev, p)| (dev, p.retains))
+            .collect()
+    }
+
+    /// Forgets everything (the session is over).
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// What a listed call destroys, applied by [`Handles::apply`] once the driver returned success.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub(crate) enum Effect {
+    None,
+    PrimaryRetain(i32),
+    PrimaryRelease(i32),
+    PrimaryReset(i32),
+    CtxDestroy(u64),
+    ModuleUnload(u64),
+    LibraryUnload(u64),
+    StreamDestroy(u64),
+    EventDestroy(u64),
+}
+
+/// The listed calls that destroy handles (or may: a primary context release), for the test that keeps
+/// [`Effect::of`] in step with the declaration list.
+#[cfg(test)]
+pub(crate) const DESTROYING: &[&str] = &[
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuDevicePrimaryCtxReset_v2",
+    "cuCtxDestroy_v2",
+    "cuModuleUnload",
+    "cuLibraryUnload",
+    "cuStreamDestroy_v2",
+    "cuEventDestroy_v2",
+];
+
+impl Effect {
+    /// What `call` destroys if it succeeds.
+    pub fn of(call: &ApiCall) -> Self {
+        match call {
+            ApiCall::cuDevicePrimaryCtxRetain(a) => Self::PrimaryRetain(a.dev),
+            ApiCall::cuDevicePrimaryCtxRelease_v2(a) => Self::PrimaryRelease(a.dev),
+            ApiCall::cuDevicePrimaryCtxReset_v2(a) => Self::PrimaryReset(a.dev),
+            ApiCall::cuCtxDestroy_v2(a) => Self::CtxDestroy(a.ctx),
+            ApiCall::cuModuleUnload(a) => Self::ModuleUnload(a.module),
+            ApiCall::cuLibraryUnload(a) => Self::LibraryUnload(a.library),
+            ApiCall::cuStreamDestroy_v2(a) => Self::StreamDestroy(a.stream),
+            ApiCall::cuEventDestroy_v2(a) => Self::EventDestroy(a.event),
+            _ => Self::None,
+        }
+    }
+}
+
+/// What the registry does with one argument type of the declaration list.
+pub(crate) trait HandleArg: Arg {
+    /// Before the call: refuse an unknown handle, and note handles that own what the call creates.
+    fn check(handles: &Handles, request: &Self::Request, owner: &mut Owner)
+    -> Result<(), CUresult>;
+    /// After a successful call: record a handle it returned.
+    fn register(handles: &mut Handles, reply: &Self::Reply, owner: &Owner);
+}
+
+/// A handle marker type of [`crate::api`].
+pub(crate) trait HandleKind {
+    /// Its kind.
+    const KIND: Kind;
+}
+
+/// What an out-pointer may point to: a handle is registered, a plain value is not.
+pub(crate) trait OutValue: Value {
+    /// Records `value` if it is a handle.
+    fn register(handles: &mut Handles, value: &Self::W, owner: &Owner);
+}
+
+impl<T: Plain> HandleArg for T {
+    fn check(_: &Handles, _: &T, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
+impl<T: Plain> OutValue for T {
+    fn register(_: &mut Handles, _: &T, _: &Owner) {}
+}
+
+impl HandleArg for CStr {
+    fn check(_: &Handles, _: &String, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
+impl<T: OutValue> HandleArg for Out<T>
+where
+    T::C: Default,
+{
+    fn check(_: &Handles, _: &(), _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(handles: &mut Handles, reply: &T::W, owner: &Owner) {
+        T::register(handles, reply, owner);
+    }
+}
+
+macro_rules! handle_kinds {
+    ($($ty:ident, $note:expr;)*) => {$(
+        impl HandleKind for $ty {
+            const KIND: Kind = Kind::$ty;
+        }
+
+        impl HandleArg for $ty {
+            fn check(handles: &Handles, &handle: &u64, owner: &mut Owner) -> Result<(), CUresult> {
+                handles.check(Self::KIND, handle)?;
+                let note: fn(&mut Owner, u64) = $note;
+                note(owner, handle);
+                Ok(())
+            }
+            fn register(_: &mut Handles, _: &(), _: &Owner) {}
+        }
+
+        impl OutValue for $ty {
+            fn register(handles: &mut Handles, &handle: &u64, owner: &Owner) {
+                handles.register(Self::KIND, handle, owner);
+            }
+        }
+    )*};
+}
+
+// Each handle argument may own what the call creates.
+handle_kinds! {
+    // A call given an explicit context creates in it (NULL: the current one).
+    Context, |o, h| if h != 0 { o.ctx = h };
+    Module, |o, h| o.module = Some(h);
+    Function, |_, _| {};
+    Stream, |_, _| {};
+    Event, |_, _| {};
+    Library, |o, h| o.library = Some(h);
+    Kernel, |o, h| o.kernel = Some(h);
+}
+
+/// A listed call's request, checked against the registry before the driver sees it.
+pub(crate) trait Admit {
+    /// Refuses the call if a handle argument is unknown; otherwise what it creates will belong to `owner`.
+    fn admit(&self, handles: &Handles, owner: &mut Owner) -> Result<(), CUresult>;
+}
+
+/// A listed call's successful reply, whose handles are recorded.
+pub(crate) trait Register {
+    /// Records the handles the driver returned.
+    fn register(&self, handles: &mut Handles, owner: &Owner);
+}
+
+/// Generates [`Admit`] and [`Register`] for every listed call.
+macro_rules! handle_rules {
+    ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {$(
+        impl Admit for args::$name {
+            fn admit(&self, handles: &Handles, owner: &mut Owner) -> Result<(), CUresult> {
+                let _ = (&handles, &owner);
+                $(<$ty as HandleArg>::check(handles, &self.$arg, owner)?;)*
+                Ok(())
+            }
+        }
+
+        impl Register for outs::$name {
+            fn register(&self, handles: &mut Handles, owner: &Owner) {
+                let _ = (&handles, owner);
+                $(<$ty as HandleArg>::register(handles, &self.$arg, owner);)*
+            }
+        }
+    )*};
+}
+
+crate::cuda_api!(handle_rules);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::LISTED;
+
+    const CTX: u64 = 0x1000;
+    const OTHER_CTX: u64 = 0x2000;
+
+    /// A registry with the primary context of device 0 retained once and current.
+    fn primed() -> Handles {
+        let mut h = Handles::default();
+        let reply = ApiReply::cuDevicePrimaryCtxRetain(outs::cuDevicePrimaryCtxRetain {
+            pctx: CTX,
+            dev: (),
+        });
+        create(&mut h, 0, &reply);
+        h.apply(Effect::PrimaryRetain(0), &reply);
+        h
+    }
+
+    /// Registers what a listed call's reply returned, as the backend does after success.
+    fn create(h: &mut Handles, current: u64, reply: &ApiReply) {
+        let owner = Owner::in_context(current);
+        match reply {
+            ApiReply::cuDevicePrimaryCtxRetain(o) => o.register(h, &owner),
+            ApiReply::cuCtxCreate_v2(o) => o.register(h, &owner),
+            ApiReply::cuStreamCreate(o) => o.register(h, &owner),
+            ApiReply::cuEventCreate(o) => o.register(h, &owner),
+            other => panic!("not a creating reply: {other:?}"),
+        }
+    }
+
+    fn stream(h: &mut Handles, ctx: u64, stream: u64) {
+        create(
+            h,
+            ctx,
+            &ApiReply::cuStreamCreate(outs::cuStreamCreate { stream, flags: () }),
+        );
+    }
+
+    fn event(h: &mut Handles, ctx: u64, event: u64) {
+        create(
+            h,
+            ctx,
+            &ApiReply::cuEventCreate(outs::cuEventCreate { event, flags: () }),
+        );
+    }
+
+    fn sync(stream: u64) -> args::cuStreamSynchronize {
+        args::cuStreamSynchronize { stream }
+    }
+
+    fn admit<A: Admit>(h: &Handles, a: A) -> Result<(), CUresult> {
+        a.admit(h, &mut Owner::in_context(CTX))
+    }
+
+    #[test]
+    fn unknown_handles_are_refused_with_cudas_codes() {
+        let h = primed();
+        assert_eq!(admit(&h, sync(0xdead)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(
+            admit(&h, args::cuEventQuery { event: 0xdead }),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        assert_eq!(
+            admit(&h, args::cuModuleUnload { module: 0xdead }),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        assert_eq!(
+            admit(
+                &h,
+                args::cuFuncGetAttribute {
+                    value: (),
+                    attrib: 0,
+                    func: 0xdead
+                }
+            ),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        assert_eq!(
+            admit(&h, args::cuLibraryUnload { library: 0xdead }),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        assert_eq!(
+            admit(
+                &h,
+                args::cuKernelGetAttribute {
+                    value: (),
+                    attrib: 0,
+                    kernel: 0xdead,
+                    dev: 0
+                }
+            ),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        assert_eq!(
+            admit(&h, args::cuCtxDestroy_v2 { ctx: 0xdead }),
+            Err(CUresult::INVALID_CONTEXT)
+        );
+        // NULL is never a module, event, ...
+        assert_eq!(
+            admit(&h, args::cuEventQuery { event: 0 }),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        // Plain values, strings and out-pointers are not checked; device pointers are the driver's.
+        assert_eq!(
+            admit(
+                &h,
+                args::cuMemsetD8_v2 {
+                    dst: 0xdead,
+                    value: 1,
+                    n: 4
+                }
+            ),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn stream_sentinels_and_null_context_are_always_valid() {
+        let h = Handles::default();
+        for s in [0, STREAM_LEGACY, STREAM_PER_THREAD] {
+            assert_eq!(admit(&h, sync(s)), Ok(()), "stream {s}");
+        }
+        assert_eq!(admit(&h, sync(3)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(admit(&h, args::cuCtxSynchronize_v2 { ctx: 0 }), Ok(()));
+        assert_eq!(
+            admit(&h, args::cuCtxSynchronize_v2 { ctx: CTX }),
+            Err(CUresult::INVALID_CONTEXT)
+        );
+    }
+
+    #[test]
+    fn every_argument_of_a_call_is_checked() {
+        let mut h = primed();
+        stream(&mut h, CTX, 0x10);
+        event(&mut h, CTX, 0x20);
+        let wait = |stream, event| args::cuStreamWaitEvent {
+            stream,
+            event,
+            flags: 0,
+        };
+        assert_eq!(admit(&h, wait(0x10, 0x20)), Ok(()));
+        assert_eq!(admit(&h, wait(0x11, 0x20)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(admit(&h, wait(0x10, 0x21)), Err(CUresult::INVALID_HANDLE));
+        // Kinds are not interchangeable: an event is not a stream.
+        assert_eq!(admit(&h, wait(0x20, 0x10)), Err(CUresult::INVALID_HANDLE));
+        let elapsed = |start, end| args::cuEventElapsedTime { ms: (), start, end };
+        assert_eq!(admit(&h, elapsed(0x20, 0x20)), Ok(()));
+        assert_eq!(
+            admit(&h, elapsed(0x20, 0x21)),
+            Err(CUresult::INVALID_HANDLE)
+        );
+    }
+
+    #[test]
+    fn destroyed_handles_are_refused() {
+        let mut h = primed();
+        stream(&mut h, CTX, 0x10);
+        event(&mut h, CTX, 0x20);
+        h.apply(
+            Effect::StreamDestroy(0x10),
+            &ApiReply::cuStreamDestroy_v2(Default::default()),
+        );
+        h.apply(
+            Effect::EventDestroy(0x20),
+            &ApiReply::cuEventDestroy_v2(Default::default()),
+        );
+        assert_eq!(admit(&h, sync(0x10)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(
+            admit(&h, args::cuEventQuery { event: 0x20 }),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        // The driver may hand the same value out again: it is valid again.
+        stream(&mut h, CTX, 0x10);
+        assert_eq!(admit(&h, sync(0x10)), Ok(()));
+    }
+
+    #[test]
+    fn functions_die_with_their_module() {
+        let mut h = primed();
+        h.add_module(0x100, CTX);
+        h.add_module(0x200, CTX);
+        h.add_function(0x101, CTX, FunctionSource::Module(0x100));
+        h.add_function(0x201, CTX, FunctionSource::Module(0x200));
+        assert_eq!(h.check(Kind::Function, 0x101), Ok(()));
+        h.apply(
+            Effect::ModuleUnload(0x100),
+            &ApiReply::cuModuleUnload(Default::default()),
+        );
+        assert_eq!(
+            h.check(Kind::Function, 0x101),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        assert_eq!(h.check(Kind::Module, 0x100), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(h.check(Kind::Function, 0x201), Ok(()));
+        assert_eq!(h.loaded_modules(), [0x200]);
+    }
+
+    /// `cuLibraryGetKernel` / `cuLibraryGetModule` register through their `Out` arguments, owned by the
+    /// library named in their in-arguments; unloading the library takes them all.
+    #[test]
+    fn kernels_and_library_modules_die_with_their_library() {
+        let mut h = primed();
+        h.add_library(0x300);
+        let mut owner = Owner::in_context(CTX);
+        args::cuLibraryGetKernel {
+            kernel: (),
+            library: 0x300,
+            name: "k".into(),
+        }
+        .admit(&h, &mut owner)
+        .unwrap();
+        outs::cuLibraryGetKernel {
+            kernel: 0x301,
+            library: (),
+            name: (),
+        }
+        .register(&mut h, &owner);
+        let mut owner = Owner::in_context(CTX);
+        args::cuLibraryGetModule {
+            module: (),
+            library: 0x300,
+        }
+        .admit(&h, &mut owner)
+        .unwrap();
+        outs::cuLibraryGetModule {
+            module: 0x302,
+            library: (),
+        }
+        .register(&mut h, &owner);
+        h.add_function(0x303, CTX, FunctionSource::Module(0x302));
+        h.add_function(0x304, CTX, FunctionSource::Kernel(0x301));
+
+        // A kernel stands where a function is expected, not the other way round.
+        assert_eq!(h.check(Kind::Function, 0x301), Ok(()));
+        assert_eq!(h.check(Kind::Kernel, 0x304), Err(CUresult::INVALID_HANDLE));
+        // A library's module is not the session's to unload at shutdown.
+        assert!(h.loaded_modules().is_empty());
+
+        h.apply(
+            Effect::LibraryUnload(0x300),
+            &ApiReply::cuLibraryUnload(Default::default()),
+        );
+        for (kind, handle) in [
+            (Kind::Library, 0x300),
+            (Kind::Kernel, 0x301),
+            (Kind::Function, 0x301),
+            (Kind::Module, 0x302),
+            (Kind::Function, 0x303),
+            (Kind::Function, 0x304),
+        ] {
+            assert_eq!(
+                h.check(kind, handle),
+                Err(CUresult::INVALID_HANDLE),
+                "{kind:?} {handle:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn everything_in_a_context_dies_with_it() {
+        let mut h = primed();
+        create(
+            &mut h,
+            CTX,
+            &ApiReply::cuCtxCreate_v2(outs::cuCtxCreate_v2 {
+                pctx: OTHER_CTX,
+                flags: (),
+                dev: (),
+            }),
+        );
+        assert_eq!(h.created_contexts(), [OTHER_CTX]);
+        for ctx in [CTX, OTHER_CTX] {
+            h.add_module(ctx + 1, ctx);
+            h.add_function(ctx + 2, ctx, FunctionSource::Module(ctx + 1));
+            stream(&mut h, ctx, ctx + 3);
+            event(&mut h, ctx, ctx + 4);
+        }
+        h.add_library(0x300);
+        h.register(
+            Kind::Kernel,
+            0x301,
+            &Owner {
+                library: Some(0x300),
+                ..Owner::in_context(OTHER_CTX)
+            },
+        );
+
+        h.apply(
+            Effect::CtxDestroy(OTHER_CTX),
+            &ApiReply::cuCtxDestroy_v2(Default::default()),
+        );
+        assert_eq!(
+            h.check(Kind::Context, OTHER_CTX),
+            Err(CUresult::INVALID_CONTEXT)
+        );
+        for (kind, offset) in [
+            (Kind::Module, 1),
+            (Kind::Function, 2),
+            (Kind::Stream, 3),
+            (Kind::Event, 4),
+        ] {
+            assert_eq!(
+                h.check(kind, OTHER_CTX + offset),
+                Err(CUresult::INVALID_HANDLE),
+                "{kind:?}"
+            );
+            assert_eq!(h.check(kind, CTX + offset), Ok(()), "{kind:?}");
+        }
+        // Libraries and kernels are context-independent.
+        assert_eq!(h.check(Kind::Library, 0x300), Ok(()));
+        assert_eq!(h.check(Kind::Kernel, 0x301), Ok(()));
+        assert!(h.created_contexts().is_empty());
+    }
+
+    #[test]
+    fn primary_context_dies_with_its_last_release_and_is_emptied_by_reset() {
+        let mut h = primed();
+        let retain = ApiReply::cuDevicePrimaryCtxRetain(outs::cuDevicePrimaryCtxRetain {
+            pctx: CTX,
+            dev: (),
+        });
+        h.apply(Effect::PrimaryRetain(0), &retain);
+        assert_eq!(h.primary_retains(), [(0, 2)]);
+        stream(&mut h, CTX, 0x10);
+
+        let reset = ApiReply::cuDevicePrimaryCtxReset_v2(Default::default());
+        h.apply(Effect::PrimaryReset(0), &reset);
+        assert_eq!(admit(&h, sync(0x10)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(h.check(Kind::Context, CTX), Ok(()));
+
+        stream(&mut h, CTX, 0x10);
+        let release = ApiReply::cuDevicePrimaryCtxRelease_v2(Default::default());
+        h.apply(Effect::PrimaryRelease(0), &release);
+        assert_eq!(h.check(Kind::Context, CTX), Ok(()));
+        assert_eq!(admit(&h, sync(0x10)), Ok(()));
+        h.apply(Effect::PrimaryRelease(0), &release);
+        assert_eq!(h.check(Kind::Context, CTX), Err(CUresult::INVALID_CONTEXT));
+        assert_eq!(admit(&h, sync(0x10)), Err(CUresult::INVALID_HANDLE));
+        assert!(h.primary_retains().is_empty());
+        // A release without a retain changes nothing (the driver reports it).
+        h.apply(Effect::PrimaryRelease(0), &release);
+        // Retained again: alive again.
+        h.apply(Effect::PrimaryRetain(0), &retain);
+        assert_eq!(h.check(Kind::Context, CTX), Ok(()));
+        assert!(h.created_contexts().is_empty());
+    }
+
+    #[test]
+    fn null_handles_are_never_registered() {
+        let mut h = Handles::default();
+        h.register(Kind::Event, 0, &Owner::default());
+        h.add_module(0, CTX);
+        h.add_function(0, CTX, FunctionSource::Module(1));
+        assert_eq!(h.check(Kind::Event, 0), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(h.check(Kind::Module, 0), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(h.check(Kind::Function, 0), Err(CUresult::INVALID_HANDLE));
+    }
+
+    #[test]
+    fn an_explicit_context_argument_owns_what_the_call_creates() {
+        let mut h = primed();
+        let mut owner = Owner::in_context(0);
+        args::cuCtxSynchronize_v2 { ctx: CTX }
+            .admit(&h, &mut owner)
+            .unwrap();
+        assert_eq!(owner.ctx, CTX);
+        let mut owner = Owner::in_context(CTX);
+        args::cuCtxSynchronize_v2 { ctx: 0 }
+            .admit(&h, &mut owner)
+            .unwrap();
+        assert_eq!(owner.ctx, CTX, "NULL = the current context");
+        h.clear();
+        assert_eq!(h.check(Kind::Context, CTX), Err(CUresult::INVALID_CONTEXT));
+    }
+
+    /// A listed call that destroys something must have an [`Effect`], or its handles would outlive it.
+    #[test]
+    fn every_destroying_call_has_an_effect() {
+        for name in LISTED {
+            let destroys = ["Destroy", "Unload", "Release", "Reset", "Free"]
+                .iter()
+                .any(|w| name.contains(w));
+            // Memory frees take device pointers, which are not handles.
+            if destroys && !name.starts_with("cuMem") {
+                assert!(DESTROYING.contains(name), "{name} destroys handles");
+            }
+        }
+        let calls = [
+            ApiCall::cuDevicePrimaryCtxRelease_v2(args::cuDevicePrimaryCtxRelease_v2 { dev: 1 }),
+            ApiCall::cuDevicePrimaryCtxReset_v2(args::cuDevicePrimaryCtxReset_v2 { dev: 1 }),
+            ApiCall::cuCtxDestroy_v2(args::cuCtxDestroy_v2 { ctx: 7 }),
+            ApiCall::cuModuleUnload(args::cuModuleUnload { module: 7 }),
+            ApiCall::cuLibraryUnload(args::cuLibraryUnload { library: 7 }),
+            ApiCall::cuStreamDestroy_v2(args::cuStreamDestroy_v2 { stream: 7 }),
+            ApiCall::cuEventDestroy_v2(args::cuEventDestroy_v2 { event: 7 }),
+        ];
+        let names: Vec<_> = calls.iter().map(ApiCall::name).collect();
+        assert_eq!(names, DESTROYING);
+        for call in &calls {
+            assert_ne!(Effect::of(call), Effect::None, "{}", call.name());
+        }
+        assert_eq!(Effect::of(&calls[5]), Effect::StreamDestroy(7));
+        assert_eq!(Effect::of(&calls[1]), Effect::PrimaryReset(1));
+    }
+
+    #[test]
+    fn handle_markers_name_their_kind() {
+        assert_eq!(<Stream as HandleKind>::KIND, Kind::Stream);
+        assert_eq!(<Kernel as HandleKind>::KIND, Kind::Kernel);
+        assert_eq!(<Context as HandleKind>::KIND, Kind::Context);
+    }
+}
