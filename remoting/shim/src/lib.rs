@@ -32,6 +32,7 @@ pub mod generated;
 pub mod handles;
 pub mod memory;
 pub mod module;
+pub mod occupancy;
 pub mod proc;
 pub mod state;
 #[rustfmt::skip] // generated data, compared byte for byte by `stubs_are_current`
@@ -98,6 +99,7 @@ pub fn hand_written() -> Vec<&'static str> {
         handles::EXPORTED,
         memory::EXPORTED,
         module::EXPORTED,
+        occupancy::EXPORTED,
         proc::EXPORTED,
     ]
     .concat()

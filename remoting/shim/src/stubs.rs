@@ -443,8 +443,6 @@ stubs! {
     cuMulticastGetGranularity
     cuMulticastUnbind
     cuOccupancyMaxActiveClusters
-    cuOccupancyMaxPotentialBlockSize
-    cuOccupancyMaxPotentialBlockSizeWithFlags
     cuOccupancyMaxPotentialClusterSize
     cuParamSetSize
     cuParamSetTexRef

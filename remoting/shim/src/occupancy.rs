@@ -1,0 +1,102 @@
+//! `cuOccupancyMaxPotentialBlockSize(WithFlags)`: the block size that maximizes occupancy.
+//!
+//! The driver's version takes a *client* callback (dynamic shared memory as a function of the block size),
+//! so it cannot be forwarded as is. It is computed here instead: for each candidate block size (multiples of
+//! the warp size, largest first) the callback runs locally and the peer answers the occupancy of that size
+//! (`cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`); the size with the most resident threads per
+//! multiprocessor wins, the largest on ties, as CUDA's own helper chooses.
+
+use gleam_remoting::types::{CUfunction, CUresult};
+
+use crate::generated::fwd;
+use crate::{context, device, export, module, put};
+
+/// `CUoccupancyB2DSize`: dynamic shared memory bytes for a block size.
+type BlockSizeToSmem = Option<unsafe extern "C" fn(block_size: i32) -> usize>;
+
+const FUNC_MAX_THREADS_PER_BLOCK: i32 = 0;
+const DEVICE_WARP_SIZE: i32 = 10;
+const DEVICE_MULTIPROCESSOR_COUNT: i32 = 16;
+
+export! {
+    fn cuOccupancyMaxPotentialBlockSize(
+        min_grid_size: *mut i32,
+        block_size: *mut i32,
+        func: CUfunction,
+        smem_of: BlockSizeToSmem,
+        dynamic_smem: usize,
+        block_size_limit: i32,
+    ) {
+        potential_block_size(min_grid_size, block_size, func, smem_of, dynamic_smem, block_size_limit, 0)
+    }
+
+    fn cuOccupancyMaxPotentialBlockSizeWithFlags(
+        min_grid_size: *mut i32,
+        block_size: *mut i32,
+        func: CUfunction,
+        smem_of: BlockSizeToSmem,
+        dynamic_smem: usize,
+        block_size_limit: i32,
+        flags: u32,
+    ) {
+        potential_block_size(min_grid_size, block_size, func, smem_of, dynamic_smem, block_size_limit, flags)
+    }
+}
+
+/// # Safety
+/// The pointers are as the C API requires; `smem_of`, if set, is callable.
+unsafe fn potential_block_size(
+    min_grid_size: *mut i32,
+    block_size: *mut i32,
+    func: CUfunction,
+    smem_of: BlockSizeToSmem,
+    dynamic_smem: usize,
+    block_size_limit: i32,
+    flags: u32,
+) -> Result<(), CUresult> {
+    if min_grid_size.is_null() || block_size.is_null() || block_size_limit < 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let mut max_threads = 0;
+    // SAFETY: a valid out-pointer; the function handle is checked by the call.
+    unsafe { module::cuFuncGetAttribute(&mut max_threads, FUNC_MAX_THREADS_PER_BLOCK, func) }.result()?;
+    let mut dev = 0;
+    // SAFETY: a valid out-pointer.
+    unsafe { context::cuCtxGetDevice(&mut dev) }.result()?;
+    let warp = device::attribute(dev, DEVICE_WARP_SIZE)?.max(1);
+    let sms = device::attribute(dev, DEVICE_MULTIPROCESSOR_COUNT)?;
+
+    let limit = match block_size_limit {
+        0 => max_threads,
+        limit => limit.min(max_threads),
+    };
+    let mut best: Option<(i32, i32)> = None; // (block size, blocks per SM)
+    let mut candidate = if limit >= warp { limit - limit % warp } else { limit };
+    while candidate > 0 {
+        let smem = match smem_of {
+            // SAFETY: the application's callback, called as CUDA calls it.
+            Some(f) => unsafe { f(candidate) },
+            None => dynamic_smem,
+        };
+        let mut blocks = 0;
+        // SAFETY: a valid out-pointer; forwarded as the listed call.
+        unsafe {
+            fwd::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&mut blocks, func, candidate, smem, flags)
+        }?;
+        let better = match best {
+            None => true,
+            Some((size, resident)) => blocks * candidate > resident * size,
+        };
+        if better {
+            best = Some((candidate, blocks));
+        }
+        candidate -= warp;
+    }
+    let (size, blocks) = best.ok_or(CUresult::INVALID_VALUE)?;
+    // SAFETY: checked non-NULL above.
+    unsafe {
+        put(block_size, size)?;
+        put(min_grid_size, blocks * sms)?;
+    }
+    Ok(())
+}
