@@ -36,6 +36,8 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const char *name);
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned smem, CUstream stream, void **params, void **extra);
 CUresult cuGetErrorName(CUresult error, const char **name);
+CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block, CUfunction f, size_t (*smem_of)(int),
+                                          size_t smem, int limit);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
 CUresult cuArrayCreate_v2(void *handle, const void *desc);
 typedef void *CUevent;
@@ -49,6 +51,9 @@ CUresult cuEventDestroy_v2(CUevent event);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
 
 static int failures = 0;
+
+/* An occupancy callback: 16 bytes of dynamic shared memory per thread. */
+static size_t smem_per_block(int block) { return (size_t)block * 16; }
 
 static const char *name_of(CUresult r) {
     const char *name = "?";
@@ -239,6 +244,16 @@ int main(int argc, char **argv) {
         for (unsigned i = 0; i < n; i++)
             if (back[i] != host[i] + 1) { printf("FAIL kernel result at %u\n", i); return 18; }
         printf("kernel ok\n");
+        int min_grid = 0, block = 0;
+        EXPECT(cuOccupancyMaxPotentialBlockSize(&min_grid, &block, f, 0, 0, 0), 0);
+        if (block < 32 || block > 1024 || block % 32 || min_grid < 1) {
+            printf("FAIL occupancy: block %d, min grid %d\n", block, min_grid);
+            return 19;
+        }
+        EXPECT(cuOccupancyMaxPotentialBlockSize(&min_grid, &block, f, smem_per_block, 0, 96), 0);
+        if (block < 32 || block > 96 || block % 32) { printf("FAIL occupancy limit: block %d\n", block); return 20; }
+        EXPECT(cuOccupancyMaxPotentialBlockSize(&min_grid, 0, f, 0, 0, 0), 1 /* INVALID_VALUE */);
+        printf("occupancy ok\n");
     }
 
     EXPECT(cuMemFree_v2(d), 0);
