@@ -1,14 +1,14 @@
 //! Multi-peer mesh tests: real `gleam peer` processes in network namespaces joined by a bridge
 //! (see `common/netns.rs`), each with its own GLEAM_CONFIG_DIR, on the emulated backend.
 
-#[path = "common/netns.rs"]
-mod netns;
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use netns::{Lab, Proc, output_within, wait_for};
+use common::netns::{Lab, Proc, wait_for};
+use common::output_within;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gleam");
@@ -176,7 +176,10 @@ fn peers_discover_each_other_list_the_right_contents_and_drop_a_killed_peer() {
             .find(|row| row["id"] == peer.id.as_str())
             .expect("row");
         assert_eq!(row["host"], format!("node{i}"));
-        assert_eq!(row["gpus"][0]["model"], "Gleam emulated GPU (PTX interpreter)");
+        assert_eq!(
+            row["gpus"][0]["model"],
+            "Gleam emulated GPU (PTX interpreter)"
+        );
         assert_eq!(row["gpus"][0]["emulated"], true);
         assert!(row["total_memory"].as_u64().unwrap() > 0);
         assert_eq!(row["active_sessions"], 0);

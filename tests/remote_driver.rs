@@ -1,7 +1,6 @@
 //! End to end, no GPU: a C driver-API program compiled at test time runs through `gleam run` against a
 //! real `gleam serve --backend emu` over QUIC on loopback.
 
-#[path = "remote/common.rs"]
 mod common;
 
 use std::time::Duration;
@@ -10,18 +9,23 @@ use common::{Server, compile_c, output_within, text};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
-#[test]
-fn c_program_copies_and_checks_errors() {
-    let server = Server::start();
+/// Runs `driver_basic [mode]` through `gleam run` against a fresh emu server, with extra environment
+/// variables; asserts that it succeeded and returns its stdout and stderr.
+fn driver_basic(mode: &[&str], env: &[(&str, &str)]) -> (String, String) {
+    let server = Server::start("emu");
     let dir = tempfile::tempdir().unwrap();
     let exe = compile_c("driver_basic", dir.path());
-    let out = output_within(server.run(&exe, &[]), LIMIT);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{}",
-        text(&out.stderr)
-    );
+    let mut cmd = server.run(&exe, mode);
+    cmd.envs(env.iter().copied());
+    let out = output_within(cmd, LIMIT);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    (stdout, stderr)
+}
+
+#[test]
+fn c_program_copies_and_checks_errors() {
+    let (stdout, stderr) = driver_basic(&[], &[]);
     assert!(
         stdout.contains("copied 12582912 bytes there and back"),
         "{stdout}"
@@ -32,42 +36,18 @@ fn c_program_copies_and_checks_errors() {
     );
     assert!(stdout.contains("all ok"), "{stdout}");
     // The stub logged its name.
-    assert!(
-        text(&out.stderr).contains("cuArrayCreate_v2"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(stderr.contains("cuArrayCreate_v2"), "{stderr}");
 }
 
 #[test]
 fn c_program_launches_a_ptx_kernel() {
-    let server = Server::start();
-    let dir = tempfile::tempdir().unwrap();
-    let exe = compile_c("driver_basic", dir.path());
-    let out = output_within(server.run(&exe, &["kernel"]), LIMIT);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{}",
-        text(&out.stderr)
-    );
+    let (stdout, _) = driver_basic(&["kernel"], &[]);
     assert!(stdout.contains("kernel ok"), "{stdout}");
 }
 
 #[test]
 fn blocking_mode_gives_the_same_results() {
-    let server = Server::start();
-    let dir = tempfile::tempdir().unwrap();
-    let exe = compile_c("driver_basic", dir.path());
-    let mut cmd = server.run(&exe, &["kernel"]);
-    cmd.env("CUDA_LAUNCH_BLOCKING", "1");
-    let out = output_within(cmd, LIMIT);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{}",
-        text(&out.stderr)
-    );
+    let (stdout, _) = driver_basic(&["kernel"], &[("CUDA_LAUNCH_BLOCKING", "1")]);
     assert!(
         stdout.contains("kernel ok") && stdout.contains("all ok"),
         "{stdout}"
@@ -76,16 +56,7 @@ fn blocking_mode_gives_the_same_results() {
 
 #[test]
 fn a_forked_child_is_refused_and_the_parent_keeps_its_session() {
-    let server = Server::start();
-    let dir = tempfile::tempdir().unwrap();
-    let exe = compile_c("driver_basic", dir.path());
-    let out = output_within(server.run(&exe, &["fork"]), LIMIT);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{}",
-        text(&out.stderr)
-    );
+    let (stdout, _) = driver_basic(&["fork"], &[]);
     assert!(
         stdout.contains("child: CUDA_ERROR_NOT_INITIALIZED CUDA_ERROR_NOT_INITIALIZED"),
         "{stdout}"
@@ -95,7 +66,7 @@ fn a_forked_child_is_refused_and_the_parent_keeps_its_session() {
 
 #[test]
 fn exit_codes_and_signals_pass_through() {
-    let server = Server::start();
+    let server = Server::start("emu");
     let sh = std::path::Path::new("/bin/sh");
     let out = output_within(server.run(sh, &["-c", "echo through; exit 7"]), LIMIT);
     assert_eq!(out.status.code(), Some(7));
@@ -120,5 +91,5 @@ fn exit_codes_and_signals_pass_through() {
         stdout.starts_with("libcuda.so.1\nlibcuda.so\nlibcuda.so.13\n"),
         "{stdout}"
     );
-    assert!(stdout.trim_end().ends_with(&server.target), "{stdout}");
+    assert!(stdout.trim_end().ends_with(&server.target()), "{stdout}");
 }

@@ -1,6 +1,5 @@
 //! End to end, no GPU: what a program sees when the peer is unreachable or dies.
 
-#[path = "remote/common.rs"]
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
@@ -17,15 +16,15 @@ fn dead_port() -> u16 {
 
 #[test]
 fn unreachable_peer_is_a_clear_message_from_gleam_run() {
-    let server = Server::start();
-    let (peer, _) = server.target.split_once('@').unwrap();
+    let server = Server::start("emu");
+    let peer = server.peer;
     let target = format!("{peer}@127.0.0.1:{}", dead_port());
     let started = Instant::now();
     let out = output_within(
         {
             let mut cmd = Command::new(common::gleam());
             cmd.args(["run", "--peer", &target, "--config-dir"])
-                .arg(server.config_dir())
+                .arg(server.config_path())
                 .args(["--", "/bin/true"]);
             cmd
         },
@@ -41,8 +40,8 @@ fn unreachable_peer_is_a_clear_message_from_gleam_run() {
 #[test]
 fn unreachable_peer_fails_cu_init_quickly() {
     // The shim on its own (no `gleam run` pre-check): cuInit must fail within seconds, with a message.
-    let server = Server::start();
-    let (peer, _) = server.target.split_once('@').unwrap();
+    let server = Server::start("emu");
+    let peer = server.peer;
     let dir = tempfile::tempdir().unwrap();
     let exe = compile_c("driver_basic", dir.path());
     let libs = tempfile::tempdir().unwrap();
@@ -51,7 +50,7 @@ fn unreachable_peer_fails_cu_init_quickly() {
     cmd.arg("init")
         .env("LD_LIBRARY_PATH", libs.path())
         .env("GLEAM_PEER", format!("{peer}@127.0.0.1:{}", dead_port()))
-        .env("GLEAM_CONFIG_DIR", server.config_dir());
+        .env("GLEAM_CONFIG_DIR", server.config_path());
     let started = Instant::now();
     let out = output_within(cmd, Duration::from_secs(30));
     let elapsed = started.elapsed();
@@ -86,7 +85,7 @@ fn unreachable_peer_fails_cu_init_quickly() {
 
 #[test]
 fn killed_server_gives_a_cuda_error_within_seconds() {
-    let mut server = Server::start();
+    let mut server = Server::start("emu");
     let dir = tempfile::tempdir().unwrap();
     let exe = compile_c("driver_basic", dir.path());
     let mut cmd = server.run(&exe, &["wait"]);

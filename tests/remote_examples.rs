@@ -2,7 +2,6 @@
 //! backend. Each checks its own result against a CPU reference and exits non-zero on a mismatch; its
 //! stdout must also be exactly what it printed on NVIDIA's driver (`examples/expected/<name>.stdout`).
 
-#[path = "remote/common.rs"]
 mod common;
 
 use std::path::PathBuf;
@@ -11,11 +10,7 @@ use std::time::Duration;
 use common::{Server, output_within, text};
 
 fn example(name: &str) -> PathBuf {
-    let dir = common::gleam()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name);
+    let dir = common::build_dir().join("examples").join(name);
     assert!(
         dir.is_file(),
         "example {name} is not built at {} (cargo test builds examples)",
@@ -25,7 +20,7 @@ fn example(name: &str) -> PathBuf {
 }
 
 fn run_example(name: &str) {
-    let server = Server::start();
+    let server = Server::start("emu");
     let out = output_within(server.run(&example(name), &[]), Duration::from_secs(300));
     let stdout = text(&out.stdout);
     assert!(

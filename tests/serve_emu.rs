@@ -1,16 +1,17 @@
 //! `gleam serve --backend emu` end to end: a real server process on loopback, real QUIC, mesh
 //! authentication, one session process per client.
 
-mod serve_util;
+mod common;
 
 use std::time::{Duration, Instant};
 
+use common::Server;
+use common::client::{Client, connect_raw, pattern};
 use gleam_mesh::identity::MeshSecret;
 use gleam_remoting::api::{ApiCall, args};
 use gleam_remoting::server::host::{CLOSE_PROTOCOL_VIOLATION, CLOSE_WORKER_FAILED};
 use gleam_remoting::types::CUresult;
 use gleam_remoting::wire::{COPY_CHUNK, Call, ClientHello, MAX_FRAME, PROTOCOL_VERSION, Reply};
-use serve_util::{Client, Server, connect_raw, pattern};
 
 fn close_of(err: &quinn::ConnectionError) -> (quinn::VarInt, String) {
     match err {
@@ -288,7 +289,7 @@ fn cuda_backend_without_a_gpu_is_refused_at_start() {
         return; // A GPU is present: `--backend cuda` serves (see serve_kernels).
     }
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gleam"))
+    let out = std::process::Command::new(common::gleam())
         .args(["serve", "127.0.0.1:0", "--backend", "cuda", "--config-dir"])
         .arg(dir.path())
         .output()

@@ -2,46 +2,16 @@
 //! handle, a launch with a packed parameter buffer, results read back. Runs on the `emu` backend
 //! everywhere, and on the `cuda` backend too where NVIDIA's driver finds a GPU.
 
-mod serve_util;
+mod common;
 
+use common::Server;
+use common::client::Client;
 use gleam_remoting::api::{ApiCall, args};
 use gleam_remoting::types::CUresult;
 use gleam_remoting::wire::{Call, Launch, ParamSlot, Payload, Reply};
-use serve_util::{Client, Server};
 
 /// `data[i] += 1` for `i < n`, in nvcc's PTX style.
-const ADD_ONE: &str = r#"
-.version 7.0
-.target sm_70
-.address_size 64
-
-.visible .entry add_one(
-    .param .u64 add_one_param_0,
-    .param .u32 add_one_param_1
-)
-{
-    .reg .pred %p<2>;
-    .reg .b32 %r<8>;
-    .reg .b64 %rd<5>;
-
-    ld.param.u64 %rd1, [add_one_param_0];
-    ld.param.u32 %r1, [add_one_param_1];
-    mov.u32 %r2, %ctaid.x;
-    mov.u32 %r3, %ntid.x;
-    mov.u32 %r4, %tid.x;
-    mad.lo.s32 %r5, %r2, %r3, %r4;
-    setp.ge.u32 %p1, %r5, %r1;
-    @%p1 bra $L__BB0_2;
-    cvta.to.global.u64 %rd2, %rd1;
-    mul.wide.u32 %rd3, %r5, 4;
-    add.s64 %rd4, %rd2, %rd3;
-    ld.global.u32 %r6, [%rd4];
-    add.s32 %r7, %r6, 1;
-    st.global.u32 [%rd4], %r7;
-$L__BB0_2:
-    ret;
-}
-"#;
+const ADD_ONE: &str = include_str!("../remoting/tests/fixtures/add_one.ptx");
 
 async fn add_one_on(backend: &str) {
     let server = Server::start(backend);

@@ -88,7 +88,10 @@ impl BlobStore {
     pub fn open(root: impl Into<PathBuf>, budget_bytes: u64) -> Result<Self, CacheError> {
         let root = root.into();
         let blobs = root.join("blobs");
-        fs::create_dir_all(&blobs).map_err(|source| CacheError::Io { path: blobs, source })?;
+        fs::create_dir_all(&blobs).map_err(|source| CacheError::Io {
+            path: blobs,
+            source,
+        })?;
         Ok(Self { root, budget_bytes })
     }
 
@@ -102,8 +105,14 @@ impl BlobStore {
             return Ok(id);
         }
         let dir = path.parent().unwrap_or(&self.root).to_path_buf();
-        fs::create_dir_all(&dir).map_err(|source| CacheError::Io { path: dir.clone(), source })?;
-        let io_err = |source| CacheError::Io { path: path.clone(), source };
+        fs::create_dir_all(&dir).map_err(|source| CacheError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let io_err = |source| CacheError::Io {
+            path: path.clone(),
+            source,
+        };
         let mut tmp = tempfile_in(&dir).map_err(io_err)?;
         tmp.1.write_all(bytes).map_err(io_err)?;
         tmp.1.sync_all().map_err(io_err)?;
@@ -136,14 +145,18 @@ impl BlobStore {
     /// Summary of the contents.
     pub fn digest(&self) -> Result<CacheDigest, CacheError> {
         let mut entries = self.entries()?;
-        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.sort_by_key(|entry| entry.0);
         let mut hasher = blake3::Hasher::new();
         let mut bytes = 0;
         for (id, size, _) in &entries {
             hasher.update(&id.0);
             bytes += size;
         }
-        Ok(CacheDigest { blobs: entries.len() as u64, bytes, fingerprint: *hasher.finalize().as_bytes() })
+        Ok(CacheDigest {
+            blobs: entries.len() as u64,
+            bytes,
+            fingerprint: *hasher.finalize().as_bytes(),
+        })
     }
 
     fn path_of(&self, id: &ContentId) -> PathBuf {
@@ -155,14 +168,25 @@ impl BlobStore {
     fn entries(&self) -> Result<Vec<(ContentId, u64, SystemTime)>, CacheError> {
         let blobs = self.root.join("blobs");
         let mut out = Vec::new();
-        let shards = fs::read_dir(&blobs).map_err(|source| CacheError::Io { path: blobs.clone(), source })?;
+        let shards = fs::read_dir(&blobs).map_err(|source| CacheError::Io {
+            path: blobs.clone(),
+            source,
+        })?;
         for shard in shards.flatten() {
-            let Ok(files) = fs::read_dir(shard.path()) else { continue };
+            let Ok(files) = fs::read_dir(shard.path()) else {
+                continue;
+            };
             for file in files.flatten() {
                 let name = file.file_name();
-                let Some(id) = name.to_str().and_then(|n| n.parse::<ContentId>().ok()) else { continue };
+                let Some(id) = name.to_str().and_then(|n| n.parse::<ContentId>().ok()) else {
+                    continue;
+                };
                 let Ok(meta) = file.metadata() else { continue };
-                out.push((id, meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
+                out.push((
+                    id,
+                    meta.len(),
+                    meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                ));
             }
         }
         Ok(out)
@@ -201,7 +225,10 @@ fn touch(path: &Path) {
 /// A uniquely named temporary file in `dir` (same file system, so the final rename is atomic).
 fn tempfile_in(dir: &Path) -> io::Result<(PathBuf, fs::File)> {
     for attempt in 0u32..100 {
-        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
         let path = dir.join(format!(".tmp-{}-{nanos}-{attempt}", std::process::id()));
         match fs::File::options().write(true).create_new(true).open(&path) {
             Ok(file) => return Ok((path, file)),

@@ -415,22 +415,27 @@ mod tests {
                 .unwrap();
             self.drain(id);
         }
+
+        /// Nodes 2..=n announce themselves to node 1 (as if they found it by mDNS).
+        fn join_through_first(&mut self, n: u8) {
+            for i in 2..=n {
+                let id = Self::id(i);
+                self.nodes
+                    .get_mut(&id)
+                    .unwrap()
+                    .gossip
+                    .announce(Self::id(1))
+                    .unwrap();
+                self.drain(id);
+            }
+        }
     }
 
     #[test]
     fn members_converge_and_a_dead_one_is_declared_down_within_5s() {
         let mut sim = Sim::new(4);
         // Node 1 is everyone's contact (as if found by mDNS); all publish a state.
-        for i in 2..=4 {
-            let id = Sim::id(i);
-            sim.nodes
-                .get_mut(&id)
-                .unwrap()
-                .gossip
-                .announce(Sim::id(1))
-                .unwrap();
-            sim.drain(id);
-        }
+        sim.join_through_first(4);
         for i in 1..=4 {
             sim.publish(i, 1);
         }
@@ -512,16 +517,7 @@ mod tests {
     #[test]
     fn a_leaving_member_is_dropped_at_once() {
         let mut sim = Sim::new(3);
-        for i in 2..=3 {
-            let id = Sim::id(i);
-            sim.nodes
-                .get_mut(&id)
-                .unwrap()
-                .gossip
-                .announce(Sim::id(1))
-                .unwrap();
-            sim.drain(id);
-        }
+        sim.join_through_first(3);
         sim.run_until(Duration::from_secs(2));
         assert_eq!(sim.nodes[&Sim::id(1)].up.len(), 2);
         let id3 = Sim::id(3);

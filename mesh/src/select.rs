@@ -38,6 +38,8 @@ pub struct Candidate {
     pub id: PeerId,
     /// Whether it serves a GPU (real or emulated) at all.
     pub has_gpu: bool,
+    /// Whether its only GPUs are Gleam's emulated device (kernels interpreted on the CPU).
+    pub emulated: bool,
     /// Round-trip time from here; `None` when not connected.
     pub rtt: Option<Duration>,
     /// Probed bandwidth from here in bits per second; `None` when not measured yet.
@@ -100,12 +102,20 @@ pub fn expected_completion(candidate: &Candidate, hint: &JobHint) -> Option<Dura
     };
     let queue = f64::from(candidate.queue_len) * mean_job;
     let idle_share = (1.0 - candidate.utilization.clamp(0.0, 1.0)).max(MIN_IDLE_SHARE);
-    let compute = hint.compute_secs.max(0.0) / idle_share;
+    let slowdown = if candidate.emulated {
+        EMULATION_SLOWDOWN
+    } else {
+        1.0
+    };
+    let compute = hint.compute_secs.max(0.0) * slowdown / idle_share;
     Duration::try_from_secs_f64(transfer + queue + compute).ok()
 }
 
 /// Assumed bandwidth before the first probe: pessimistic, so measured links win ties.
 const UNMEASURED_BPS: u64 = 100_000_000;
+/// How much longer a job takes on the emulated device than on a real GPU: the PTX interpreter runs a few
+/// hundred million thread-instructions per second, a GPU some hundred billion. Any real GPU beats it.
+const EMULATION_SLOWDOWN: f64 = 1000.0;
 /// A fully busy GPU still gives a job some share (time slicing).
 const MIN_IDLE_SHARE: f64 = 0.05;
 
@@ -117,6 +127,7 @@ mod tests {
         Candidate {
             id: PeerId::from_bytes([id; 16]),
             has_gpu: true,
+            emulated: false,
             rtt: Some(Duration::from_micros(500)),
             bandwidth_bps: Some(10_000_000_000),
             loss: 0.0,
@@ -225,5 +236,18 @@ mod tests {
             c.id,
             "equal: lower id"
         );
+    }
+
+    #[test]
+    fn a_real_gpu_far_away_beats_an_emulated_one_nearby() {
+        let mut near = candidate(1);
+        near.emulated = true;
+        near.rtt = Some(Duration::from_micros(50));
+        near.bandwidth_bps = Some(4_000_000_000);
+        let mut far = candidate(2);
+        far.rtt = Some(Duration::from_millis(5));
+        far.bandwidth_bps = Some(100_000_000);
+        let choice = choose(&[near, far.clone()], &JobHint::default()).unwrap();
+        assert_eq!(choice.id, far.id);
     }
 }

@@ -6,6 +6,7 @@
 //! client's id after the handshake ([`remote_peer_id`]); whether that client may do anything is
 //! decided by the mesh-secret proof in [`crate::auth`], not by TLS.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,28 +109,66 @@ pub fn transport_config() -> quinn::TransportConfig {
     // One bidi stream per CUDA stream, plus request streams: allow many at once.
     transport.max_concurrent_bidi_streams(quinn::VarInt::from_u32(MAX_STREAMS));
     transport.max_concurrent_uni_streams(quinn::VarInt::from_u32(MAX_STREAMS));
-    // EXPERIMENT knobs (temporary)
-    if let Some(mtu) = std::env::var("GLEAM_EXP_MTU").ok().and_then(|v| v.parse::<u16>().ok()) {
-        let mut mtud = quinn::MtuDiscoveryConfig::default();
-        mtud.upper_bound(mtu);
-        transport.mtu_discovery_config(Some(mtud));
-    }
-    if let Some(n) = std::env::var("GLEAM_EXP_ACK").ok().and_then(|v| v.parse::<u32>().ok()) {
-        let mut ack = quinn::AckFrequencyConfig::default();
-        ack.ack_eliciting_threshold(quinn::VarInt::from_u32(n));
-        ack.max_ack_delay(Some(Duration::from_micros(200)));
-        transport.ack_frequency_config(Some(ack));
-    }
     transport
 }
 
-/// EXPERIMENT endpoint config
-pub fn endpoint_config() -> quinn::EndpointConfig {
-    let mut config = quinn::EndpointConfig::default();
-    if let Some(mtu) = std::env::var("GLEAM_EXP_MTU").ok().and_then(|v| v.parse::<u16>().ok()) {
-        let _ = config.max_udp_payload_size(mtu);
+/// A QUIC endpoint on `addr` (a server when `server` is given) whose UDP socket has large kernel
+/// buffers (see [`bind_udp`]).
+pub fn endpoint(
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+) -> std::io::Result<quinn::Endpoint> {
+    let socket = bind_udp(addr)?;
+    quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        server,
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+}
+
+/// Binds a UDP socket for QUIC and asks for [`UDP_BUFFER`] bytes of kernel buffer each way.
+///
+/// With the default (about 200 KiB) a bulk copy overflows the receive buffer as soon as the receiving
+/// thread is late by a fraction of a millisecond: the kernel drops datagrams, and every loss halves
+/// the congestion window. The forced variant (root or `CAP_NET_ADMIN`) passes `net.core.rmem_max`;
+/// otherwise the kernel caps the request at that limit. Failure only costs speed.
+pub fn bind_udp(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    let socket = std::net::UdpSocket::bind(addr)?;
+    for (forced, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        if set_socket_int(&socket, forced, UDP_BUFFER).is_err()
+            && let Err(err) = set_socket_int(&socket, plain, UDP_BUFFER)
+        {
+            tracing::debug!(error = %err, "cannot grow the UDP socket buffer");
+        }
     }
-    config
+    Ok(socket)
+}
+
+fn set_socket_int(
+    socket: &std::net::UdpSocket,
+    option: libc::c_int,
+    value: libc::c_int,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a socket we own, an int option, a pointer to an int that lives across the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            option,
+            (&raw const value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Configuring TLS or reading the peer's identity failed.
@@ -158,6 +197,35 @@ pub struct PeerIdMismatch {
     pub expected: PeerId,
     /// The id of the key the server presented.
     pub actual: PeerId,
+}
+
+/// The handshake-signature methods both verifiers share: TLS 1.3 only, checked with the
+/// verifier's `algorithms`.
+macro_rules! tls13_signatures {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            _message: &[u8],
+            _cert: &CertificateDer<'_>,
+            _dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            // Unreachable: the configs only allow TLS 1.3.
+            Err(rustls::PeerIncompatible::Tls13RequiredForQuic.into())
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.algorithms.supported_schemes()
+        }
+    };
 }
 
 /// Client side: accept the server's certificate only if its key hashes to `expected`.
@@ -193,28 +261,7 @@ impl ServerCertVerifier for PinnedPeerVerifier {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        // Unreachable: the config only allows TLS 1.3.
-        Err(rustls::PeerIncompatible::Tls13RequiredForQuic.into())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
+    tls13_signatures!();
 }
 
 /// Server side: require a client certificate, accept any well-formed one (the handshake proves
@@ -242,27 +289,7 @@ impl ClientCertVerifier for AnyPeerVerifier {
         Ok(ClientCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::PeerIncompatible::Tls13RequiredForQuic.into())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
+    tls13_signatures!();
 }
 
 /// The crypto provider is chosen explicitly, so the process-wide default (which other crates in
@@ -272,6 +299,8 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
+/// Kernel buffer asked for each QUIC UDP socket, each way (see [`bind_udp`]).
+const UDP_BUFFER: libc::c_int = 8 << 20;
 const IDLE_TIMEOUT_MS: u32 = 5_000;
 const KEEP_ALIVE: Duration = Duration::from_secs(1);
 const MAX_STREAMS: u32 = 1024;

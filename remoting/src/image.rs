@@ -615,7 +615,7 @@ mod tests {
             }]);
             for b in bytes.iter_mut().skip(4) {
                 seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
-                if seed % 7 == 0 {
+                if seed.is_multiple_of(7) {
                     *b = (seed >> 16) as u8;
                 }
             }

@@ -3,7 +3,10 @@
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use gleam_mesh::identity::{self, Identity, MeshSecret, MeshSecretError};
+use gleam_mesh::identity::{Identity, MeshSecret, MeshSecretError};
+
+/// `gleam mesh [--config-dir DIR] COMMAND`.
+pub type Args = super::WithConfigDir<Command>;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -32,9 +35,9 @@ pub enum Command {
     },
 }
 
-pub fn run(cmd: Command) -> anyhow::Result<ExitCode> {
-    let dir = identity::default_config_dir();
-    match cmd {
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let dir = args.config.path();
+    match args.command {
         Command::Init { force } => {
             refuse_overwrite(&dir, force)?;
             let secret = MeshSecret::generate();

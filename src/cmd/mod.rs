@@ -1,8 +1,10 @@
 //! Command-line interface: one module per subcommand.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use gleam_mesh::{control, identity};
 
 pub mod linkemu;
 pub mod mesh;
@@ -29,11 +31,9 @@ pub enum Command {
     #[command(alias = "gleam-peer")]
     Peer(peer::Args),
     /// Inspect the mesh through the local daemon.
-    #[command(subcommand)]
-    Peers(peers::Command),
+    Peers(peers::Args),
     /// Create or join a mesh (the shared secret that lets devices trust each other).
-    #[command(subcommand)]
-    Mesh(mesh::Command),
+    Mesh(mesh::Args),
     /// Serve GPU work on one address without discovery (the mesh's identity and secret still apply).
     Serve(serve::Args),
     /// Run a program with Gleam's libcuda.so.1 in place, its CUDA work on a peer's GPU.
@@ -48,13 +48,56 @@ pub enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Peer(args) => peer::run(args),
-        Command::Peers(cmd) => peers::run(cmd),
-        Command::Mesh(cmd) => mesh::run(cmd),
+        Command::Peers(args) => peers::run(args),
+        Command::Mesh(args) => mesh::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Run(args) => run::run(args),
         Command::Linkemu(args) => linkemu::run(args),
         Command::Session(args) => session::run(args),
     }
+}
+
+/// `--config-dir DIR` (env `GLEAM_CONFIG_DIR`), shared by every subcommand that reads this device's
+/// identity and mesh secret or talks to its daemon.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigDir {
+    /// This device's identity, mesh secret and daemon socket (default: `$GLEAM_CONFIG_DIR`, else
+    /// ~/.config/gleam).
+    #[arg(
+        long = "config-dir",
+        env = "GLEAM_CONFIG_DIR",
+        value_name = "DIR",
+        global = true
+    )]
+    pub dir: Option<PathBuf>,
+}
+
+impl ConfigDir {
+    /// The directory: the flag, else the environment, else the per-user default.
+    pub fn path(&self) -> PathBuf {
+        self.dir
+            .clone()
+            .unwrap_or_else(identity::default_config_dir)
+    }
+
+    /// The control socket of this directory's daemon: `DIR/daemon.sock` when a directory other
+    /// than the default was named, else where the daemon listens by default (which also follows
+    /// `$GLEAM_CONFIG_DIR`, then `$XDG_RUNTIME_DIR`).
+    pub fn socket(&self) -> PathBuf {
+        match &self.dir {
+            Some(dir) if *dir != identity::default_config_dir() => dir.join("daemon.sock"),
+            _ => control::default_socket_path(),
+        }
+    }
+}
+
+/// A command group whose subcommands all take `--config-dir` (before or after the subcommand).
+#[derive(Debug, clap::Args)]
+pub struct WithConfigDir<C: Subcommand> {
+    #[command(flatten)]
+    pub config: ConfigDir,
+    #[command(subcommand)]
+    pub command: C,
 }
 
 /// Logs go to stderr through `tracing`; `GLEAM_LOG` (an `EnvFilter` string) wins over `-v`.

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use gleam_mesh::PeerId;
 use gleam_mesh::daemon::{Daemon, DaemonConfig, DeviceInfo, DeviceLoad, SessionHandler};
-use gleam_mesh::identity::{self, Identity, MeshSecret};
+use gleam_mesh::identity::{Identity, MeshSecret};
 use gleam_mesh::state::GpuSummary;
-use gleam_mesh::{PeerId, control};
 use gleam_remoting::server::host::{self, BackendChoice, BackendRequest, WorkerCommand};
 use tracing::{debug, info, warn};
 
@@ -39,16 +39,19 @@ pub struct Args {
     /// What executes sessions: `auto` (a GPU if one answers, else `emu`), `cuda` or `emu`.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     pub backend: Backend,
-    /// Control socket (default: $GLEAM_CONFIG_DIR/daemon.sock or $XDG_RUNTIME_DIR/gleam/daemon.sock).
+    /// Control socket (default: DIR/daemon.sock for --config-dir DIR, else
+    /// $XDG_RUNTIME_DIR/gleam/daemon.sock).
     #[arg(long)]
     pub socket: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub config: super::ConfigDir,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = identity::default_config_dir();
+    let dir = args.config.path();
     let identity = Identity::load_or_create(&dir)?;
     let secret = MeshSecret::load(&dir)?;
-    let mut config = DaemonConfig::new(args.socket.unwrap_or_else(control::default_socket_path));
+    let mut config = DaemonConfig::new(args.socket.unwrap_or_else(|| args.config.socket()));
     config.listen = args.listen;
     config.mdns = !args.no_mdns;
     config.interfaces = args.interfaces;

@@ -7,9 +7,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use gleam_mesh::control::{self, PeerRow};
-use gleam_mesh::identity::{self, Identity, MeshSecret};
+use gleam_mesh::identity::{Identity, MeshSecret};
 use gleam_mesh::select::JobHint;
 use gleam_mesh::{PeerId, auth, tls};
+
+/// `gleam peers [--config-dir DIR] COMMAND`.
+pub type Args = super::WithConfigDir<Command>;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -18,7 +21,7 @@ pub enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
-        /// Control socket of the daemon.
+        /// Control socket of the daemon (default: the one of --config-dir).
         #[arg(long)]
         socket: Option<std::path::PathBuf>,
     },
@@ -36,7 +39,7 @@ pub enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
-        /// Control socket of the daemon.
+        /// Control socket of the daemon (default: the one of --config-dir).
         #[arg(long)]
         socket: Option<std::path::PathBuf>,
     },
@@ -48,10 +51,11 @@ pub enum Command {
     },
 }
 
-pub fn run(cmd: Command) -> anyhow::Result<ExitCode> {
-    match cmd {
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let config = args.config;
+    match args.command {
         Command::List { json, socket } => {
-            let socket = socket.unwrap_or_else(control::default_socket_path);
+            let socket = socket.unwrap_or_else(|| config.socket());
             let peers = control::list_peers(&socket)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&peers)?);
@@ -66,7 +70,7 @@ pub fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             json,
             socket,
         } => {
-            let socket = socket.unwrap_or_else(control::default_socket_path);
+            let socket = socket.unwrap_or_else(|| config.socket());
             let best = control::best_peer(
                 &socket,
                 JobHint {
@@ -97,20 +101,19 @@ pub fn run(cmd: Command) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Ping { target } => return ping(&target),
+        Command::Ping { target } => return ping(&target, &config.path()),
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn ping(target: &str) -> anyhow::Result<ExitCode> {
+fn ping(target: &str, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     let (id, addr) = target.split_once('@').context("expected ID@ADDR:PORT")?;
     let id: PeerId = id.parse()?;
     let addr: SocketAddr = addr
         .parse()
         .with_context(|| format!("bad address {addr:?}"))?;
-    let dir = identity::default_config_dir();
-    let identity = Identity::load_or_create(&dir)?;
-    let secret = MeshSecret::load(&dir)?;
+    let identity = Identity::load_or_create(dir)?;
+    let secret = MeshSecret::load(dir)?;
     // A session connection, not a mesh one: the daemon would take a mesh connection from this
     // identity for its own daemon's link.
     let alpn = tls::ALPN_CUDA;

@@ -16,9 +16,11 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use gleam_mesh::control;
-use gleam_mesh::identity::{Identity, MeshSecret, PeerId, default_config_dir};
+use gleam_mesh::identity::{Identity, MeshSecret, PeerId};
 use gleam_mesh::select::JobHint;
 use gleam_remoting::client::Client;
+
+use super::ConfigDir;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -26,9 +28,8 @@ pub struct Args {
     /// daemon (`gleam peer`) picks the best peer.
     #[arg(long, env = "GLEAM_PEER")]
     pub peer: Option<String>,
-    /// Directory holding this device's identity and mesh secret.
-    #[arg(long, env = "GLEAM_CONFIG_DIR")]
-    pub config_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub config: ConfigDir,
     /// The program to run, and its arguments.
     #[arg(
         required = true,
@@ -40,10 +41,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config_dir = args.config_dir.unwrap_or_else(default_config_dir);
+    let config_dir = args.config.path();
     let (peer, addr) = match args.peer {
         Some(target) => parse_target(&target)?,
-        None => best_peer(&config_dir)?,
+        None => best_peer(&args.config.socket())?,
     };
     check_peer(peer, addr, &config_dir)?;
 
@@ -78,14 +79,9 @@ fn exit_code(status: std::process::ExitStatus) -> ExitCode {
 }
 
 /// Asks the local mesh daemon (`gleam peer`) which peer should run the job.
-fn best_peer(config_dir: &Path) -> anyhow::Result<(PeerId, SocketAddr)> {
-    // The daemon of this config directory, wherever --config-dir pointed.
-    let socket = match std::env::var_os("GLEAM_CONFIG_DIR") {
-        Some(_) => control::default_socket_path(),
-        None if config_dir != default_config_dir() => config_dir.join("daemon.sock"),
-        None => control::default_socket_path(),
-    };
-    let best = control::best_peer(&socket, JobHint::default()).map_err(|err| {
+/// `socket`: the daemon of this config directory, wherever --config-dir pointed.
+fn best_peer(socket: &Path) -> anyhow::Result<(PeerId, SocketAddr)> {
+    let best = control::best_peer(socket, JobHint::default()).map_err(|err| {
         anyhow::anyhow!(
             "no --peer given, and the local mesh daemon did not answer ({err}); start it with \
              `gleam peer`, or pass --peer <peer-id>@HOST:PORT (printed by `gleam serve`)"

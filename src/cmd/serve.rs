@@ -5,12 +5,12 @@
 //! ([`gleam_remoting::server::host::serve_connection`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use gleam_mesh::identity::{Identity, MeshSecret, MeshSecretError, default_config_dir};
+use gleam_mesh::identity::{Identity, MeshSecret, MeshSecretError};
 use gleam_mesh::tls::ALPN_CUDA;
 use gleam_remoting::server::host::{self, BackendChoice, BackendRequest, WorkerCommand};
 use quinn::VarInt;
@@ -27,9 +27,8 @@ pub struct Args {
     /// What executes sessions: `auto` (a GPU if one answers, else `emu`), `cuda` or `emu`.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     pub backend: Backend,
-    /// This device's identity and mesh secret (default: `$GLEAM_CONFIG_DIR`, else ~/.config/gleam).
-    #[arg(long, env = "GLEAM_CONFIG_DIR")]
-    pub config_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub config: super::ConfigDir,
 }
 
 /// `--backend` values.
@@ -44,7 +43,7 @@ pub enum Backend {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config_dir = args.config_dir.unwrap_or_else(default_config_dir);
+    let config_dir = args.config.path();
     let identity = Identity::load_or_create(&config_dir).with_context(|| {
         format!(
             "loading this device's identity from {}",
@@ -84,14 +83,8 @@ async fn serve(
     choice: BackendChoice,
 ) -> anyhow::Result<()> {
     let config = gleam_mesh::tls::server_config(&identity).context("configuring TLS")?;
-    let socket = std::net::UdpSocket::bind(addr).with_context(|| format!("listening on {addr}"))?;
-    let endpoint = quinn::Endpoint::new(
-        gleam_mesh::tls::endpoint_config(),
-        Some(config),
-        socket,
-        std::sync::Arc::new(quinn::TokioRuntime),
-    )
-    .with_context(|| format!("listening on {addr}"))?;
+    let endpoint = gleam_mesh::tls::endpoint(addr, Some(config))
+        .with_context(|| format!("listening on {addr}"))?;
     let local = endpoint.local_addr().context("reading the bound address")?;
     let me = identity.peer_id();
     // The one stdout line: tests and scripts parse it.

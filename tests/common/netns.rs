@@ -9,7 +9,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -242,28 +242,6 @@ pub fn wait_for<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> O
             return None;
         }
         std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Runs a command with a time limit; kills it when it overruns.
-pub fn output_within(mut command: Command, timeout: Duration) -> Output {
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let id = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(timeout) {
-        Ok(output) => output.expect("wait"),
-        Err(_) => {
-            let _ = Command::new("kill").args(["-9", &id.to_string()]).output();
-            panic!("command timed out after {timeout:?}: {command:?}");
-        }
     }
 }
 

@@ -19,313 +19,108 @@ pub enum Rnd {
     P = 3,
 }
 
-macro_rules! int2 {
-    ($ty:expr, |$a:ident, $b:ident| $e:expr) => {
+/// One closure per integer type of `$ty`: each operand `$x` is cast to the type (signed or unsigned) and
+/// bound to `$a`; the result is truncated to the type's width (`width`) or is a boolean (`bool`), then
+/// zero-extended.
+macro_rules! int_fn {
+    ($ty:expr, $kind:ident, $f:ty, |$($x:ident as $a:ident),+| $e:expr) => {
         match $ty {
-            Ty::U8 | Ty::B8 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as u8;
-                    let $b = y as u8;
-                    ($e) as u8 as u64
-                }) as F2,
-            ),
-            Ty::S8 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as i8;
-                    let $b = y as i8;
-                    ($e) as u8 as u64
-                }) as F2,
-            ),
-            Ty::U16 | Ty::B16 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as u16;
-                    let $b = y as u16;
-                    ($e) as u16 as u64
-                }) as F2,
-            ),
-            Ty::S16 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as i16;
-                    let $b = y as i16;
-                    ($e) as u16 as u64
-                }) as F2,
-            ),
-            Ty::U32 | Ty::B32 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as u32;
-                    let $b = y as u32;
-                    ($e) as u32 as u64
-                }) as F2,
-            ),
-            Ty::S32 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as i32;
-                    let $b = y as i32;
-                    ($e) as u32 as u64
-                }) as F2,
-            ),
-            Ty::U64 | Ty::B64 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x;
-                    let $b = y;
-                    ($e) as u64
-                }) as F2,
-            ),
-            Ty::S64 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as i64;
-                    let $b = y as i64;
-                    ($e) as u64
-                }) as F2,
-            ),
+            Ty::U8 | Ty::B8 => Some(int_fn!(@one $kind, $f, u8, u8, |$($x as $a),+| $e)),
+            Ty::S8 => Some(int_fn!(@one $kind, $f, i8, u8, |$($x as $a),+| $e)),
+            Ty::U16 | Ty::B16 => Some(int_fn!(@one $kind, $f, u16, u16, |$($x as $a),+| $e)),
+            Ty::S16 => Some(int_fn!(@one $kind, $f, i16, u16, |$($x as $a),+| $e)),
+            Ty::U32 | Ty::B32 => Some(int_fn!(@one $kind, $f, u32, u32, |$($x as $a),+| $e)),
+            Ty::S32 => Some(int_fn!(@one $kind, $f, i32, u32, |$($x as $a),+| $e)),
+            Ty::U64 | Ty::B64 => Some(int_fn!(@one $kind, $f, u64, u64, |$($x as $a),+| $e)),
+            Ty::S64 => Some(int_fn!(@one $kind, $f, i64, u64, |$($x as $a),+| $e)),
             _ => None,
         }
+    };
+    (@one width, $f:ty, $op:ty, $w:ty, |$($x:ident as $a:ident),+| $e:expr) => {
+        (|$($x: u64),+| {
+            $(let $a = $x as $op;)+
+            ($e) as $w as u64
+        }) as $f
+    };
+    (@one bool, $f:ty, $op:ty, $w:ty, |$($x:ident as $a:ident),+| $e:expr) => {
+        (|$($x: u64),+| {
+            $(let $a = $x as $op;)+
+            ($e) as u64
+        }) as $f
+    };
+}
+
+macro_rules! int2 {
+    ($ty:expr, |$a:ident, $b:ident| $e:expr) => {
+        int_fn!($ty, width, F2, |x as $a, y as $b| $e)
     };
 }
 
 macro_rules! int1 {
     ($ty:expr, |$a:ident| $e:expr) => {
-        match $ty {
-            Ty::U8 | Ty::B8 => Some(
-                (|x: u64| {
-                    let $a = x as u8;
-                    ($e) as u8 as u64
-                }) as F1,
-            ),
-            Ty::S8 => Some(
-                (|x: u64| {
-                    let $a = x as i8;
-                    ($e) as u8 as u64
-                }) as F1,
-            ),
-            Ty::U16 | Ty::B16 => Some(
-                (|x: u64| {
-                    let $a = x as u16;
-                    ($e) as u16 as u64
-                }) as F1,
-            ),
-            Ty::S16 => Some(
-                (|x: u64| {
-                    let $a = x as i16;
-                    ($e) as u16 as u64
-                }) as F1,
-            ),
-            Ty::U32 | Ty::B32 => Some(
-                (|x: u64| {
-                    let $a = x as u32;
-                    ($e) as u32 as u64
-                }) as F1,
-            ),
-            Ty::S32 => Some(
-                (|x: u64| {
-                    let $a = x as i32;
-                    ($e) as u32 as u64
-                }) as F1,
-            ),
-            Ty::U64 | Ty::B64 => Some(
-                (|x: u64| {
-                    let $a = x;
-                    ($e) as u64
-                }) as F1,
-            ),
-            Ty::S64 => Some(
-                (|x: u64| {
-                    let $a = x as i64;
-                    ($e) as u64
-                }) as F1,
-            ),
-            _ => None,
-        }
+        int_fn!($ty, width, F1, |x as $a| $e)
     };
 }
 
 macro_rules! intcmp {
     ($ty:expr, |$a:ident, $b:ident| $e:expr) => {
-        match $ty {
-            Ty::U8 | Ty::B8 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as u8;
-                    let $b = y as u8;
-                    ($e) as u64
-                }) as F2,
-            ),
-            Ty::S8 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as i8;
-                    let $b = y as i8;
-                    ($e) as u64
-                }) as F2,
-            ),
-            Ty::U16 | Ty::B16 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as u16;
-                    let $b = y as u16;
-                    ($e) as u64
-                }) as F2,
-            ),
-            Ty::S16 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as i16;
-                    let $b = y as i16;
-                    ($e) as u64
-                }) as F2,
-            ),
-            Ty::U32 | Ty::B32 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as u32;
-                    let $b = y as u32;
-                    ($e) as u64
-                }) as F2,
-            ),
-            Ty::S32 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as i32;
-                    let $b = y as i32;
-                    ($e) as u64
-                }) as F2,
-            ),
-            Ty::U64 | Ty::B64 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x;
-                    let $b = y;
-                    ($e) as u64
-                }) as F2,
-            ),
-            Ty::S64 => Some(
-                (|x: u64, y: u64| {
-                    let $a = x as i64;
-                    let $b = y as i64;
-                    ($e) as u64
-                }) as F2,
-            ),
-            _ => None,
-        }
+        int_fn!($ty, bool, F2, |x as $a, y as $b| $e)
     };
 }
 
 /// Float closures over f32 / f64 / f16 / bf16 (computed in f32 for the 16-bit formats, which is exact or
-/// innocuously double-rounded for +, -, *, /, sqrt) and packed x2 forms.
-macro_rules! flt2 {
-    ($ty:expr, |$a:ident, $b:ident| $e:expr) => {
+/// innocuously double-rounded for +, -, *, /, sqrt) and packed x2 forms: each operand `$x` is bound to
+/// `$a` as a float.
+macro_rules! flt_fn {
+    ($ty:expr, $f:ty, |$($x:ident as $a:ident),+| $e:expr) => {
         match $ty {
             Ty::F32 => Some(
-                (|x: u64, y: u64| {
-                    let $a = f32::from_bits(x as u32);
-                    let $b = f32::from_bits(y as u32);
+                (|$($x: u64),+| {
+                    $(let $a = f32::from_bits($x as u32);)+
                     (($e) as f32).to_bits() as u64
-                }) as F2,
+                }) as $f,
             ),
             Ty::F64 => Some(
-                (|x: u64, y: u64| {
-                    let $a = f64::from_bits(x);
-                    let $b = f64::from_bits(y);
+                (|$($x: u64),+| {
+                    $(let $a = f64::from_bits($x);)+
                     (($e) as f64).to_bits()
-                }) as F2,
+                }) as $f,
             ),
-            Ty::F16 => Some(
-                (|x: u64, y: u64| {
-                    let $a = h2f(x);
-                    let $b = h2f(y);
-                    f2h(($e) as f32)
-                }) as F2,
-            ),
-            Ty::Bf16 => Some(
-                (|x: u64, y: u64| {
-                    let $a = b2f(x);
-                    let $b = b2f(y);
-                    f2b(($e) as f32)
-                }) as F2,
-            ),
+            Ty::F16 => Some((|$($x: u64),+| flt_fn!(@half h2f, f2h, 0, $($x as $a),+; $e)) as $f),
+            Ty::Bf16 => Some((|$($x: u64),+| flt_fn!(@half b2f, f2b, 0, $($x as $a),+; $e)) as $f),
             Ty::F16x2 => Some(
-                (|x: u64, y: u64| {
-                    let lo = {
-                        let $a = h2f(x);
-                        let $b = h2f(y);
-                        f2h(($e) as f32)
-                    };
-                    let hi = {
-                        let $a = h2f(x >> 16);
-                        let $b = h2f(y >> 16);
-                        f2h(($e) as f32)
-                    };
+                (|$($x: u64),+| {
+                    let lo = flt_fn!(@half h2f, f2h, 0, $($x as $a),+; $e);
+                    let hi = flt_fn!(@half h2f, f2h, 16, $($x as $a),+; $e);
                     lo | hi << 16
-                }) as F2,
+                }) as $f,
             ),
             Ty::Bf16x2 => Some(
-                (|x: u64, y: u64| {
-                    let lo = {
-                        let $a = b2f(x);
-                        let $b = b2f(y);
-                        f2b(($e) as f32)
-                    };
-                    let hi = {
-                        let $a = b2f(x >> 16);
-                        let $b = b2f(y >> 16);
-                        f2b(($e) as f32)
-                    };
+                (|$($x: u64),+| {
+                    let lo = flt_fn!(@half b2f, f2b, 0, $($x as $a),+; $e);
+                    let hi = flt_fn!(@half b2f, f2b, 16, $($x as $a),+; $e);
                     lo | hi << 16
-                }) as F2,
+                }) as $f,
             ),
             _ => None,
         }
+    };
+    // One 16-bit lane (at bit `$shift`), computed in f32.
+    (@half $load:ident, $store:ident, $shift:literal, $($x:ident as $a:ident),+; $e:expr) => {{
+        $(let $a = $load($x >> $shift);)+
+        $store(($e) as f32)
+    }};
+}
+
+macro_rules! flt2 {
+    ($ty:expr, |$a:ident, $b:ident| $e:expr) => {
+        flt_fn!($ty, F2, |x as $a, y as $b| $e)
     };
 }
 
 macro_rules! flt1 {
     ($ty:expr, |$a:ident| $e:expr) => {
-        match $ty {
-            Ty::F32 => Some(
-                (|x: u64| {
-                    let $a = f32::from_bits(x as u32);
-                    (($e) as f32).to_bits() as u64
-                }) as F1,
-            ),
-            Ty::F64 => Some(
-                (|x: u64| {
-                    let $a = f64::from_bits(x);
-                    (($e) as f64).to_bits()
-                }) as F1,
-            ),
-            Ty::F16 => Some(
-                (|x: u64| {
-                    let $a = h2f(x);
-                    f2h(($e) as f32)
-                }) as F1,
-            ),
-            Ty::Bf16 => Some(
-                (|x: u64| {
-                    let $a = b2f(x);
-                    f2b(($e) as f32)
-                }) as F1,
-            ),
-            Ty::F16x2 => Some(
-                (|x: u64| {
-                    let lo = {
-                        let $a = h2f(x);
-                        f2h(($e) as f32)
-                    };
-                    let hi = {
-                        let $a = h2f(x >> 16);
-                        f2h(($e) as f32)
-                    };
-                    lo | hi << 16
-                }) as F1,
-            ),
-            Ty::Bf16x2 => Some(
-                (|x: u64| {
-                    let lo = {
-                        let $a = b2f(x);
-                        f2b(($e) as f32)
-                    };
-                    let hi = {
-                        let $a = b2f(x >> 16);
-                        f2b(($e) as f32)
-                    };
-                    lo | hi << 16
-                }) as F1,
-            ),
-            _ => None,
-        }
+        flt_fn!($ty, F1, |x as $a| $e)
     };
 }
 

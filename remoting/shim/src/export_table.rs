@@ -64,11 +64,8 @@ unsafe extern "C" fn get_module_from_cubin_ext1(
     arg4: *mut c_void,
     arg5: u32,
 ) -> CUresult {
-    if !arg3.is_null() || !arg4.is_null() || arg5 != 0 {
-        return CUresult::NOT_SUPPORTED;
-    }
     // SAFETY: as above.
-    unsafe { module::cuModuleLoadData(module, wrapper) }
+    unsafe { load_without_extras(module, wrapper, arg3, arg4, arg5) }
 }
 
 unsafe extern "C" fn get_module_from_cubin_ext2(
@@ -78,11 +75,23 @@ unsafe extern "C" fn get_module_from_cubin_ext2(
     arg4: *mut c_void,
     arg5: u32,
 ) -> CUresult {
+    // SAFETY: as above.
+    unsafe { load_without_extras(module, header, arg3, arg4, arg5) }
+}
+
+/// The `_ext` loaders' work: their extra arguments (unknown meaning) must be empty.
+unsafe fn load_without_extras(
+    module: *mut CUmodule,
+    image: *const c_void,
+    arg3: *mut c_void,
+    arg4: *mut c_void,
+    arg5: u32,
+) -> CUresult {
     if !arg3.is_null() || !arg4.is_null() || arg5 != 0 {
         return CUresult::NOT_SUPPORTED;
     }
-    // SAFETY: as above.
-    unsafe { module::cuModuleLoadData(module, header) }
+    // SAFETY: forwarded to the public call with the same contract.
+    unsafe { module::cuModuleLoadData(module, image) }
 }
 
 unsafe extern "C" fn primary_context(pctx: *mut CUcontext, dev: i32) -> CUresult {
@@ -103,25 +112,27 @@ static mut HOOK_BUFFER_2: [usize; 14] = [0; 14];
 
 unsafe extern "C" fn hook_buffer_1(ptr: *mut *mut c_void, size: *mut usize) -> CUresult {
     // SAFETY: out-pointers from cudart; the buffer is static and stays zero (no tool attached).
-    unsafe {
-        if !ptr.is_null() {
-            *ptr = std::ptr::addr_of_mut!(HOOK_BUFFER_1).cast();
-        }
-        if !size.is_null() {
-            *size = 1024;
-        }
-    }
-    CUresult::SUCCESS
+    unsafe { hand_out(&raw mut HOOK_BUFFER_1, ptr, size) }
 }
 
 unsafe extern "C" fn hook_buffer_2(ptr: *mut *mut c_void, size: *mut usize) -> CUresult {
     // SAFETY: as above.
+    unsafe { hand_out(&raw mut HOOK_BUFFER_2, ptr, size) }
+}
+
+/// Writes a hook buffer's address and length (in slots) to cudart's out-pointers (either may be NULL).
+unsafe fn hand_out<const N: usize>(
+    buffer: *mut [usize; N],
+    ptr: *mut *mut c_void,
+    size: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller passes cudart's out-pointers, each NULL or writable.
     unsafe {
         if !ptr.is_null() {
-            *ptr = std::ptr::addr_of_mut!(HOOK_BUFFER_2).cast();
+            *ptr = buffer.cast();
         }
         if !size.is_null() {
-            *size = 14;
+            *size = N;
         }
     }
     CUresult::SUCCESS

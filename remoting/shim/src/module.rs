@@ -47,38 +47,31 @@ const MAX_GRID_DIM_X: i32 = 5;
 /// The largest `extra`/`kernelParams` buffer CUDA accepts (CUDA 12.1+, Volta+).
 const MAX_PARAM_BYTES: usize = 32_764;
 
-/// Ships a module image, returns the handle.
-fn load_module(bytes: Vec<u8>) -> Result<u64, CUresult> {
+/// A synchronous call in the current context: the server's reply, once its result is a success.
+fn call(call: Call) -> Result<Reply, CUresult> {
     let session = state::session()?;
     let (result, reply) = session
         .client
-        .call(
-            context::current(),
-            Call::ModuleLoad {
-                image: Payload::Inline(bytes),
-            },
-        )
+        .call(context::current(), call)
         .map_err(state::lost)?;
     result.result()?;
-    match reply {
+    Ok(reply)
+}
+
+/// Ships a module image, returns the handle.
+fn load_module(bytes: Vec<u8>) -> Result<u64, CUresult> {
+    match call(Call::ModuleLoad {
+        image: Payload::Inline(bytes),
+    })? {
         Reply::Module { handle } => Ok(handle),
         other => Err(state::mismatch("cuModuleLoadData", &other)),
     }
 }
 
 fn load_library(bytes: Vec<u8>) -> Result<u64, CUresult> {
-    let session = state::session()?;
-    let (result, reply) = session
-        .client
-        .call(
-            context::current(),
-            Call::LibraryLoad {
-                image: Payload::Inline(bytes),
-            },
-        )
-        .map_err(state::lost)?;
-    result.result()?;
-    match reply {
+    match call(Call::LibraryLoad {
+        image: Payload::Inline(bytes),
+    })? {
         Reply::Library { handle } => Ok(handle),
         other => Err(state::mismatch("cuLibraryLoadData", &other)),
     }
@@ -91,6 +84,20 @@ unsafe fn image_bytes(image: *const c_void) -> Result<Vec<u8>, CUresult> {
         let start = image::unwrap_fatbin_wrapper(image).map_err(bad_image)?;
         let len = image::image_size(start).map_err(bad_image)?;
         Ok(std::slice::from_raw_parts(start.cast::<u8>(), len).to_vec())
+    }
+}
+
+/// `cuModuleLoadData` and its variants: ships the image at `image`, writes the handle to `module`.
+unsafe fn load_image(module: *mut CUmodule, image: *const c_void) -> Result<(), CUresult> {
+    if module.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // No session: NOT_INITIALIZED, before the image is read.
+    state::session()?;
+    // SAFETY: the application passed a module image and an out-pointer, as cuModuleLoadData requires.
+    unsafe {
+        let bytes = image_bytes(image)?;
+        put(module, load_module(bytes)? as CUmodule)
     }
 }
 
@@ -134,13 +141,7 @@ fn function_info(handle: u64) -> Result<Arc<FunctionInfo>, CUresult> {
 }
 
 fn kernel_get_function(kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
-    let session = state::session()?;
-    let (result, reply) = session
-        .client
-        .call(context::current(), Call::KernelGetFunction { kernel })
-        .map_err(state::lost)?;
-    result.result()?;
-    match reply {
+    match call(Call::KernelGetFunction { kernel })? {
         Reply::Function { handle, info } => Ok((handle, info)),
         other => Err(state::mismatch("cuKernelGetFunction", &other)),
     }
@@ -347,12 +348,7 @@ export! {
     }
 
     fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) {
-        if module.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        state::session()?;
-        let bytes = image_bytes(image)?;
-        put(module, load_module(bytes)? as CUmodule)
+        load_image(module, image)
     }
 
     fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, num_options: u32,
@@ -360,35 +356,20 @@ export! {
         // JIT options (log buffers, optimisation level) apply on the server's side; none is needed to
         // load correctly, so they are not forwarded.
         let _ = (num_options, options, values);
-        if module.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        state::session()?;
-        let bytes = image_bytes(image)?;
-        put(module, load_module(bytes)? as CUmodule)
+        load_image(module, image)
     }
 
     fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) {
-        if module.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        state::session()?;
-        let bytes = image_bytes(fat_cubin)?;
-        put(module, load_module(bytes)? as CUmodule)
+        load_image(module, fat_cubin)
     }
 
     fn cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) {
         if hfunc.is_null() || name.is_null() {
             return Err(CUresult::INVALID_VALUE);
         }
-        let session = state::session()?;
+        state::session()?;
         let name = CStr::from_ptr(name).to_str().map_err(|_| CUresult::NOT_FOUND)?.to_owned();
-        let (result, reply) = session
-            .client
-            .call(context::current(), Call::ModuleGetFunction { module: hmod as u64, name })
-            .map_err(state::lost)?;
-        result.result()?;
-        match reply {
+        match call(Call::ModuleGetFunction { module: hmod as u64, name })? {
             Reply::Function { handle, info } => {
                 cache_function(handle, info);
                 put(hfunc, handle as CUfunction)

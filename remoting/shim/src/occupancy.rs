@@ -59,7 +59,8 @@ unsafe fn potential_block_size(
     }
     let mut max_threads = 0;
     // SAFETY: a valid out-pointer; the function handle is checked by the call.
-    unsafe { module::cuFuncGetAttribute(&mut max_threads, FUNC_MAX_THREADS_PER_BLOCK, func) }.result()?;
+    unsafe { module::cuFuncGetAttribute(&mut max_threads, FUNC_MAX_THREADS_PER_BLOCK, func) }
+        .result()?;
     let mut dev = 0;
     // SAFETY: a valid out-pointer.
     unsafe { context::cuCtxGetDevice(&mut dev) }.result()?;
@@ -71,7 +72,11 @@ unsafe fn potential_block_size(
         limit => limit.min(max_threads),
     };
     let mut best: Option<(i32, i32)> = None; // (block size, blocks per SM)
-    let mut candidate = if limit >= warp { limit - limit % warp } else { limit };
+    let mut candidate = if limit >= warp {
+        limit - limit % warp
+    } else {
+        limit
+    };
     while candidate > 0 {
         let smem = match smem_of {
             // SAFETY: the application's callback, called as CUDA calls it.
@@ -81,7 +86,13 @@ unsafe fn potential_block_size(
         let mut blocks = 0;
         // SAFETY: a valid out-pointer; forwarded as the listed call.
         unsafe {
-            fwd::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&mut blocks, func, candidate, smem, flags)
+            fwd::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+                &mut blocks,
+                func,
+                candidate,
+                smem,
+                flags,
+            )
         }?;
         let better = match best {
             None => true,

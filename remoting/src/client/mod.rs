@@ -10,7 +10,11 @@
 //! * [`Client::call`] sends a request and blocks the calling thread until its reply;
 //! * [`Client::send`] queues a fire-and-forget request (ordered with everything else), or waits for it
 //!   when the session runs in blocking mode (`CUDA_LAUNCH_BLOCKING=1`);
-//! * [`Client::memcpy_htod`] / [`Client::memcpy_dtoh`] split bulk copies into [`COPY_CHUNK`] pieces.
+//! * [`Client::memcpy_htod`] / [`Client::memcpy_dtoh`] split bulk copies into [`COPY_CHUNK`] pieces
+//!   (device-to-host pieces all requested at once, collected in order).
+//!
+//! A thread waiting for a reply spins briefly before parking ([`spin_budget`]; `GLEAM_SPIN_US`), and so
+//! does the session process waiting for the next request, on hosts with cores to spare.
 //!
 //! If the connection is lost (QUIC idle timeout with keep-alives on, the server's session process died,
 //! a protocol violation), every pending and later call fails with [`ClientError::Lost`] within seconds,
@@ -40,8 +44,10 @@ use crate::wire::{
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The writer stops coalescing queued frames into one write once it holds this many bytes.
 const COALESCE_BYTES: usize = 1 << 20;
-/// Default of [`spin_budget`]: about one LAN round trip with some margin.
-const DEFAULT_SPIN: Duration = Duration::from_millis(1);
+/// Default of [`spin_budget`]: a LAN round trip (up to a millisecond or so) with margin, so a thread
+/// waiting for a reply over the LAN, or a session waiting for a synchronizing client's next request,
+/// stays awake.
+const DEFAULT_SPIN: Duration = Duration::from_millis(2);
 /// Hosts with fewer cores do not spin by default.
 const SPIN_MIN_CORES: usize = 4;
 /// QUIC application close code of an orderly client exit.
@@ -109,7 +115,19 @@ impl ClientError {
 }
 
 /// What a waiter receives: the reply, or why none will come.
-type Outcome = Result<ReplyFrame, ClientError>;
+type Outcome = Result<Received, ClientError>;
+
+/// A reply as the reader task hands it over.
+enum Received {
+    /// Decoded by the reader (small replies).
+    Frame(ReplyFrame),
+    /// The frame body of a large reply (bulk data), decoded by the waiting thread: the reader task,
+    /// which also receives and decrypts every packet, is spared a copy of the bulk bytes.
+    Raw(Vec<u8>),
+}
+
+/// Replies of at least this many bytes are decoded by the waiting thread.
+const RAW_REPLY: usize = 64 << 10;
 
 /// State shared by the calling threads and the background tasks.
 struct Shared {
@@ -121,6 +139,8 @@ struct Shared {
     lost: AtomicBool,
     /// Set when this side ends the session, so the end is not reported as a failure.
     closing: AtomicBool,
+    /// To close the connection when a waiting thread finds a reply undecodable.
+    connection: quinn::Connection,
 }
 
 struct Queue {
@@ -198,7 +218,7 @@ impl Slot {
                 std::hint::spin_loop();
                 polls = polls.wrapping_add(1);
                 // Reading the clock costs more than a poll of the flag; look at it now and then.
-                if polls % 64 == 0 && start.elapsed() >= spin {
+                if polls.is_multiple_of(64) && start.elapsed() >= spin {
                     break;
                 }
             }
@@ -289,14 +309,14 @@ impl Shared {
 #[must_use = "a pending request must be waited for"]
 pub struct Pending {
     slot: Arc<Slot>,
+    shared: Arc<Shared>,
 }
 
 impl Pending {
     /// Blocks until the reply arrives (or the session ends).
     pub fn wait(self) -> Result<(CUresult, Reply), ClientError> {
         match self.slot.wait(spin_budget(), None) {
-            Some(Ok(frame)) => Ok((frame.result, frame.reply)),
-            Some(Err(err)) => Err(err),
+            Some(outcome) => self.open(outcome),
             None => Err(ClientError::Lost("the session ended".into())),
         }
     }
@@ -305,10 +325,30 @@ impl Pending {
     pub fn wait_timeout(self, timeout: Duration) -> Result<(CUresult, Reply), ClientError> {
         let deadline = Instant::now().checked_add(timeout);
         match self.slot.wait(spin_budget().min(timeout), deadline) {
-            Some(Ok(frame)) => Ok((frame.result, frame.reply)),
-            Some(Err(err)) => Err(err),
+            Some(outcome) => self.open(outcome),
             None => Err(ClientError::Lost(format!("no reply within {timeout:?}"))),
         }
+    }
+
+    fn open(&self, outcome: Outcome) -> Result<(CUresult, Reply), ClientError> {
+        let frame = match outcome? {
+            Received::Frame(frame) => frame,
+            Received::Raw(body) => match decode::<ReplyFrame>(&body) {
+                Ok(frame) => frame,
+                Err(err) => {
+                    // As the reader does for an undecodable reply: the session is over.
+                    let err = ClientError::Protocol(format!("undecodable reply: {err}"));
+                    self.shared.fail_all(err.clone());
+                    if let ClientError::Protocol(reason) = &self.shared.lost_error() {
+                        self.shared
+                            .connection
+                            .close(quinn::VarInt::from_u32(1), reason.as_bytes());
+                    }
+                    return Err(err);
+                }
+            },
+        };
+        Ok((frame.result, frame.reply))
     }
 }
 
@@ -358,15 +398,7 @@ impl Client {
             "0.0.0.0:0".parse().expect("valid literal")
         };
         let endpoint = runtime
-            .block_on(async {
-                let socket = std::net::UdpSocket::bind(bind)?;
-                quinn::Endpoint::new(
-                    gleam_mesh::tls::endpoint_config(),
-                    None,
-                    socket,
-                    Arc::new(quinn::TokioRuntime),
-                )
-            })
+            .block_on(async { gleam_mesh::tls::endpoint(bind, None) })
             .map_err(|e| ClientError::Endpoint(e.to_string()))?;
 
         let secret = secret.clone();
@@ -442,6 +474,7 @@ impl Client {
             waiters: Mutex::new(Waiters::default()),
             lost: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            connection: connection.clone(),
         });
         runtime.spawn(writer(send, queued, shared.clone(), connection.clone()));
         runtime.spawn(reader(recv, shared.clone(), connection.clone()));
@@ -524,7 +557,10 @@ impl Client {
                 return Err(err.clone());
             }
             waiters.pending.insert(seq, slot.clone());
-            Some(Pending { slot })
+            Some(Pending {
+                slot,
+                shared: self.shared.clone(),
+            })
         } else {
             None
         };
@@ -600,7 +636,8 @@ impl Client {
     }
 
     /// Copies `dst.len()` bytes from device address `src` into `dst`. All pieces are requested at once
-    /// (pipelined) and collected in order. With `stream`, the server waits for the stream first.
+    /// (pipelined: the link never waits for a request) and collected in order. With `stream`, the
+    /// server waits for the stream first.
     pub fn memcpy_dtoh(
         &self,
         ctx: u64,
@@ -619,10 +656,10 @@ impl Client {
                 len: n as u64,
                 stream,
             };
-            match self.submit(ctx, call, true)? {
-                Some(p) => pending.push((offset, n, p)),
-                None => unreachable!("a request expecting a reply has a waiter"),
-            }
+            let p = self.submit(ctx, call, true)?.ok_or_else(|| {
+                ClientError::Protocol("a request expecting a reply has no waiter".into())
+            })?;
+            pending.push((offset, n, p));
         }
         let mut first_error = None;
         for (offset, n, p) in pending {
@@ -735,6 +772,24 @@ fn encode_htod_frame(head: HtoDHeader, data: &[u8], out: &mut Vec<u8>) -> Result
     Ok(())
 }
 
+/// Reads the varint at the start of `bytes` (postcard's encoding of an integer), if it is complete and
+/// fits a `u64`.
+fn peek_varint(bytes: &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    for (i, &byte) in bytes.iter().take(10).enumerate() {
+        let bits = u64::from(byte & 0x7f);
+        let shift = 7 * i as u32;
+        if shift == 63 && bits > 1 {
+            return None;
+        }
+        value |= bits << shift;
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
 /// Appends `value` as postcard writes a length: LEB128, seven bits a byte, low bits first.
 pub(crate) fn push_varint(out: &mut Vec<u8>, mut value: u64) {
     loop {
@@ -833,15 +888,25 @@ async fn reader(mut recv: quinn::RecvStream, shared: Arc<Shared>, connection: qu
             }
             Err(err) => break ClientError::Protocol(err.to_string()),
         }
-        let frame: ReplyFrame = match decode(&buf) {
-            Ok(frame) => frame,
-            Err(err) => break ClientError::Protocol(format!("undecodable reply: {err}")),
+        let (seq, received) = if buf.len() >= RAW_REPLY {
+            // The reply's first field is its seq; the waiting thread decodes the rest.
+            match peek_varint(&buf) {
+                Some(seq) => (seq, Received::Raw(std::mem::take(&mut buf))),
+                None => {
+                    break ClientError::Protocol("undecodable reply: no sequence number".into());
+                }
+            }
+        } else {
+            match decode::<ReplyFrame>(&buf) {
+                Ok(frame) => (frame.seq, Received::Frame(frame)),
+                Err(err) => break ClientError::Protocol(format!("undecodable reply: {err}")),
+            }
         };
-        let waiter = shared.waiters().pending.remove(&frame.seq);
+        let waiter = shared.waiters().pending.remove(&seq);
         match waiter {
-            Some(slot) => slot.deliver(Ok(frame)),
+            Some(slot) => slot.deliver(Ok(received)),
             None => {
-                break ClientError::Protocol(format!("reply to unknown request {}", frame.seq));
+                break ClientError::Protocol(format!("reply to unknown request {seq}"));
             }
         }
     };
@@ -892,11 +957,28 @@ mod tests {
     }
 
     #[test]
+    fn varints_round_trip() {
+        for value in [0u64, 1, 127, 128, 300, 1 << 35, u64::MAX - 1, u64::MAX] {
+            let mut out = Vec::new();
+            push_varint(&mut out, value);
+            // The same bytes postcard writes for a u64.
+            assert_eq!(out, postcard::to_stdvec(&value).unwrap());
+            out.push(0xff);
+            assert_eq!(peek_varint(&out), Some(value));
+        }
+        assert_eq!(peek_varint(&[]), None);
+        assert_eq!(peek_varint(&[0x80, 0x80]), None);
+        assert_eq!(peek_varint(&[0xff; 11]), None);
+    }
+
+    #[test]
     fn a_parked_waiter_is_woken_and_an_early_outcome_is_kept() {
         // Delivered before anyone waits: no park at all.
         let slot = Slot::new();
         slot.deliver(Err(ClientError::Lost("early".into())));
-        assert!(matches!(slot.wait(Duration::ZERO, None), Some(Err(ClientError::Lost(r))) if r == "early"));
+        assert!(
+            matches!(slot.wait(Duration::ZERO, None), Some(Err(ClientError::Lost(r))) if r == "early")
+        );
 
         // Delivered while the waiter is parked (no spin), from another thread.
         let slot = Arc::new(Slot::new());
@@ -907,20 +989,32 @@ mod tests {
             // A second delivery is ignored.
             late.deliver(Err(ClientError::Lost("again".into())));
         });
-        assert!(matches!(slot.wait(Duration::ZERO, None), Some(Err(ClientError::Lost(r))) if r == "late"));
+        assert!(
+            matches!(slot.wait(Duration::ZERO, None), Some(Err(ClientError::Lost(r))) if r == "late")
+        );
         deliverer.join().unwrap();
 
         // Delivered during the spin.
         let slot = Arc::new(Slot::new());
         let soon = slot.clone();
-        let deliverer = std::thread::spawn(move || soon.deliver(Err(ClientError::Lost("soon".into()))));
-        assert!(matches!(slot.wait(Duration::from_millis(500), None), Some(Err(_))));
+        let deliverer =
+            std::thread::spawn(move || soon.deliver(Err(ClientError::Lost("soon".into()))));
+        assert!(matches!(
+            slot.wait(Duration::from_millis(500), None),
+            Some(Err(_))
+        ));
         deliverer.join().unwrap();
 
         // Nothing comes: the deadline ends the wait.
         let slot = Slot::new();
         let t = Instant::now();
-        assert!(slot.wait(Duration::from_millis(1), Some(Instant::now() + Duration::from_millis(30))).is_none());
+        assert!(
+            slot.wait(
+                Duration::from_millis(1),
+                Some(Instant::now() + Duration::from_millis(30))
+            )
+            .is_none()
+        );
         assert!(t.elapsed() >= Duration::from_millis(30));
     }
 }

@@ -194,9 +194,10 @@ pub async fn serve_connection(
 
     let mut upload_done = false;
     let end = loop {
+        // Biased, upload first: a framing violation drops the worker's stdin, so the worker's (clean)
+        // exit follows at once and must not be reported instead of the violation.
         tokio::select! {
-            err = conn.closed() => break End::ConnectionLost(err),
-            status = child.wait() => break End::WorkerExited(status),
+            biased;
             result = &mut upload, if !upload_done => {
                 upload_done = true;
                 match result {
@@ -211,6 +212,8 @@ pub async fn serve_connection(
                     Err(err) => debug!(%peer, error = %err, "request relay task failed"),
                 }
             }
+            err = conn.closed() => break End::ConnectionLost(err),
+            status = child.wait() => break End::WorkerExited(status),
         }
     };
 

@@ -653,33 +653,7 @@ mod tests {
     }
 
     /// `data[i] += 1` for `i < n`.
-    const ADD_ONE: &str = r#"
-.version 7.0
-.target sm_70
-.address_size 64
-.visible .entry add_one(.param .u64 add_one_param_0, .param .u32 add_one_param_1)
-{
-    .reg .pred %p<2>;
-    .reg .b32 %r<8>;
-    .reg .b64 %rd<5>;
-    ld.param.u64 %rd1, [add_one_param_0];
-    ld.param.u32 %r1, [add_one_param_1];
-    mov.u32 %r2, %ctaid.x;
-    mov.u32 %r3, %ntid.x;
-    mov.u32 %r4, %tid.x;
-    mad.lo.s32 %r5, %r2, %r3, %r4;
-    setp.ge.u32 %p1, %r5, %r1;
-    @%p1 bra $L__BB0_2;
-    cvta.to.global.u64 %rd2, %rd1;
-    mul.wide.u32 %rd3, %r5, 4;
-    add.s64 %rd4, %rd2, %rd3;
-    ld.global.u32 %r6, [%rd4];
-    add.s32 %r7, %r6, 1;
-    st.global.u32 [%rd4], %r7;
-$L__BB0_2:
-    ret;
-}
-"#;
+    const ADD_ONE: &str = include_str!("../../tests/fixtures/add_one.ptx");
 
     /// On a GPU machine: a whole session through the engine and NVIDIA's driver. Without a GPU (CI)
     /// there is nothing to run it on.

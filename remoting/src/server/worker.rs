@@ -203,7 +203,9 @@ fn write_reply<W: Write>(
         let body = encoded.len() - 4 + data.len();
         if body > MAX_FRAME {
             error!(seq = reply.seq, len = body, "reply too large");
-            return Err(ExitReason::Io(io::Error::other("reply exceeds the frame limit")));
+            return Err(ExitReason::Io(io::Error::other(
+                "reply exceeds the frame limit",
+            )));
         }
         encoded[..4].copy_from_slice(&(body as u32).to_le_bytes());
     }
@@ -417,6 +419,34 @@ mod tests {
             assert!(written == expected, "len {len}");
             assert!(matches!(&replies(&written)[0].reply, Reply::Data(d) if *d == data));
         }
+    }
+
+    #[test]
+    fn the_spinning_pipe_reads_whatever_comes_during_or_after_the_spin() {
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        let mut pipe = SpinningPipe {
+            file: std::fs::File::from(std::os::fd::OwnedFd::from(reader)),
+            spin: Duration::from_millis(20),
+        };
+        let feeder = std::thread::spawn(move || {
+            // Within the spin, then after it, then the end of the stream.
+            std::thread::sleep(Duration::from_millis(5));
+            writer.write_all(b"during").unwrap();
+            std::thread::sleep(Duration::from_millis(60));
+            writer.write_all(b"after").unwrap();
+        });
+        let mut buf = [0u8; 16];
+        let n = pipe.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"during");
+        let t = std::time::Instant::now();
+        let n = pipe.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"after");
+        assert!(
+            t.elapsed() >= Duration::from_millis(40),
+            "it blocked after the spin"
+        );
+        feeder.join().unwrap();
+        assert_eq!(pipe.read(&mut buf).unwrap(), 0);
     }
 
     #[test]

@@ -1,14 +1,9 @@
-//! Shared by the `serve_*` tests: a real `gleam serve` process on loopback and a minimal protocol client
-//! (a real QUIC connection, mesh authentication and framing; no mocks).
+//! A minimal client of the session protocol for the `serve_*` tests: a real QUIC connection, mesh
+//! authentication and framing (no mocks), against a [`Server`].
 
-#![allow(dead_code)]
-
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gleam_mesh::identity::{Identity, MeshSecret, PeerId};
+use gleam_mesh::identity::{Identity, MeshSecret};
 use gleam_mesh::tls::{ALPN_CUDA, client_config, server_name};
 use gleam_remoting::api::{ApiCall, ApiReply, args};
 use gleam_remoting::types::CUresult;
@@ -17,93 +12,7 @@ use gleam_remoting::wire::{
     ServerHello,
 };
 
-/// A `gleam serve` process, killed on drop.
-pub struct Server {
-    pub child: Child,
-    pub addr: SocketAddr,
-    pub peer: PeerId,
-    pub config_dir: tempfile::TempDir,
-}
-
-impl Server {
-    /// Starts `gleam serve 127.0.0.1:0 --backend <backend>` with a fresh config dir.
-    pub fn start(backend: &str) -> Self {
-        let config_dir = tempfile::tempdir().expect("temp dir");
-        Self::start_in(backend, config_dir, &[])
-    }
-
-    pub fn start_in(backend: &str, config_dir: tempfile::TempDir, env: &[(&str, &str)]) -> Self {
-        // `GLEAM_BIN` runs these tests against a copied binary (e.g. on the GPU machine).
-        let program =
-            std::env::var_os("GLEAM_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_gleam").into());
-        let mut command = Command::new(program);
-        // Quiet servers unless the developer asks for logs (`GLEAM_LOG=info cargo test`).
-        if std::env::var_os("GLEAM_LOG").is_none() {
-            command.env("GLEAM_LOG", "warn");
-        }
-        let mut child = command
-            .args(["serve", "127.0.0.1:0", "--backend", backend, "--config-dir"])
-            .arg(config_dir.path())
-            .envs(env.iter().copied())
-            .env_remove("GLEAM_CONFIG_DIR")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start gleam serve");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let rest = line
-            .trim()
-            .strip_prefix("gleam serve: listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        let (addr, peer) = rest.split_once(" as ").expect("`<addr> as <peer-id>`");
-        Self {
-            child,
-            addr: addr.parse().expect("socket address"),
-            peer: peer.parse().expect("peer id"),
-            config_dir,
-        }
-    }
-
-    /// The mesh secret the server created in its config dir.
-    pub fn secret(&self) -> MeshSecret {
-        MeshSecret::load(self.config_dir.path()).expect("server created a mesh secret")
-    }
-
-    /// Pids of the session processes this server runs now.
-    pub fn session_pids(&self) -> Vec<u32> {
-        children(self.child.id())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Direct children of `pid` (from /proc).
-pub fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for task in tasks.flatten() {
-        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
-            out.extend(
-                list.split_whitespace()
-                    .filter_map(|p| p.parse::<u32>().ok()),
-            );
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
-}
+use super::Server;
 
 /// A minimal client of the session protocol.
 pub struct Client {

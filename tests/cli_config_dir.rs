@@ -1,0 +1,127 @@
+//! `--config-dir DIR` (env `GLEAM_CONFIG_DIR`) means the same in every subcommand: the identity and
+//! mesh secret live there, and so does the daemon's control socket unless `--socket` says otherwise.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::netns::{Proc, wait_for};
+use common::{gleam, output_within, text};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// `gleam ARGS` with no `GLEAM_CONFIG_DIR` inherited from the developer's shell.
+fn gleam_cmd(args: &[&str]) -> Command {
+    let mut command = Command::new(gleam());
+    command
+        .args(args)
+        .env_remove("GLEAM_CONFIG_DIR")
+        .env("GLEAM_LOG", "warn");
+    command
+}
+
+fn ok(command: Command) -> Output {
+    let out = output_within(command, LIMIT);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    out
+}
+
+fn show(command: Command) -> serde_json::Value {
+    serde_json::from_slice(&ok(command).stdout).expect("mesh show --json prints JSON")
+}
+
+fn arg(path: &Path) -> &str {
+    path.to_str().expect("temp paths are UTF-8")
+}
+
+#[test]
+fn mesh_takes_the_flag_and_the_flag_beats_the_environment() {
+    let temp = tempfile::tempdir().unwrap();
+    let (flag, env) = (temp.path().join("flag"), temp.path().join("env"));
+
+    // The flag before or after the subcommand.
+    ok(gleam_cmd(&["mesh", "--config-dir", arg(&flag), "init"]));
+    assert!(flag.join("mesh.secret").is_file());
+    assert!(flag.join("identity.key").is_file());
+    let by_flag = show(gleam_cmd(&[
+        "mesh",
+        "show",
+        "--json",
+        "--config-dir",
+        arg(&flag),
+    ]));
+    assert_eq!(by_flag["config_dir"], arg(&flag));
+    assert!(by_flag["mesh_fingerprint"].is_string(), "{by_flag}");
+
+    let mut both = gleam_cmd(&["mesh", "show", "--json", "--config-dir", arg(&flag)]);
+    both.env("GLEAM_CONFIG_DIR", &env);
+    assert_eq!(show(both)["config_dir"], arg(&flag));
+
+    let mut by_env = gleam_cmd(&["mesh", "show", "--json"]);
+    by_env.env("GLEAM_CONFIG_DIR", &env);
+    let by_env = show(by_env);
+    assert_eq!(by_env["config_dir"], arg(&env));
+    assert!(by_env["mesh_fingerprint"].is_null(), "{by_env}");
+}
+
+#[test]
+fn peers_finds_the_daemon_of_its_config_dir() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("cfg");
+    ok(gleam_cmd(&["mesh", "init", "--config-dir", arg(&dir)]));
+
+    // No daemon yet: the error names the socket inside the config dir.
+    let out = output_within(
+        gleam_cmd(&["peers", "list", "--config-dir", arg(&dir)]),
+        LIMIT,
+    );
+    assert!(!out.status.success());
+    let socket = dir.join("daemon.sock");
+    assert!(
+        text(&out.stderr).contains(arg(&socket)),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let daemon = Proc::spawn(
+        gleam_cmd(&[
+            "peer",
+            "--no-mdns",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            "emu",
+            "--config-dir",
+            arg(&dir),
+        ]),
+        temp.path().join("peer.log"),
+    );
+    let rows = wait_for(LIMIT, || {
+        let out = output_within(
+            gleam_cmd(&["peers", "--config-dir", arg(&dir), "list", "--json"]),
+            LIMIT,
+        );
+        out.status
+            .success()
+            .then(|| serde_json::from_slice::<serde_json::Value>(&out.stdout).ok())
+            .flatten()
+    })
+    .unwrap_or_else(|| panic!("the daemon never answered:\n{}", daemon.log_text()));
+    let me = show(gleam_cmd(&[
+        "mesh",
+        "show",
+        "--json",
+        "--config-dir",
+        arg(&dir),
+    ]));
+    let rows = rows.as_array().expect("a list of peers");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["id"], me["peer_id"], "{rows:?}");
+}
