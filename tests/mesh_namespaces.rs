@@ -87,6 +87,15 @@ fn make_peers(lab: &mut Lab, n: usize, members: usize) -> Vec<Peer> {
 }
 
 fn start(lab: &Lab, peer: &mut Peer, name: &str) {
+    start_with(lab, peer, name, &[]);
+}
+
+/// Starts the peer as a laptop would that only borrows GPUs: it offers none (not even its emulated one).
+fn start_borrower(lab: &Lab, peer: &mut Peer, name: &str) {
+    start_with(lab, peer, name, &["--borrow-only"]);
+}
+
+fn start_with(lab: &Lab, peer: &mut Peer, name: &str, extra: &[&str]) {
     let mut command = lab.command_in(peer.node, BIN);
     command
         .env("GLEAM_CONFIG_DIR", &peer.dir)
@@ -99,7 +108,8 @@ fn start(lab: &Lab, peer: &mut Peer, name: &str) {
             name,
             "--probe-interval",
             "2",
-        ]);
+        ])
+        .args(extra);
     peer.proc = Some(Proc::spawn(command, peer.dir.join("peer.log")));
 }
 
@@ -323,8 +333,13 @@ fn best_peer_is_the_one_behind_the_better_link() {
     let mut peers = make_peers(&mut lab, 3, 3);
     // Peer 1's link is shaped to 20 Mbit/s; peer 2's is the bare veth.
     lab.shape(1, "20mbit");
+    // Peer 0 is the client: it borrows and serves nothing, so only the two serving peers compete.
     for (i, peer) in peers.iter_mut().enumerate() {
-        start(&lab, peer, &format!("node{i}"));
+        if i == 0 {
+            start_borrower(&lab, peer, "node0");
+        } else {
+            start(&lab, peer, &format!("node{i}"));
+        }
     }
     let measured = wait_for(Duration::from_secs(20), || {
         let rows = listed(&peers[0])?;
@@ -439,8 +454,13 @@ fn gleam_run_without_peer_runs_on_the_better_linked_peer() {
     }
     let mut peers = make_peers(&mut lab, 3, 3);
     lab.shape(1, "20mbit");
+    // Peer 0 is the client: it borrows and serves nothing, so only the two serving peers compete.
     for (i, peer) in peers.iter_mut().enumerate() {
-        start(&lab, peer, &format!("node{i}"));
+        if i == 0 {
+            start_borrower(&lab, peer, "node0");
+        } else {
+            start(&lab, peer, &format!("node{i}"));
+        }
     }
     // Wait until peer 0 has measured both links, so its choice is informed.
     let measured = wait_for(Duration::from_secs(20), || {
@@ -490,9 +510,9 @@ fn a_session_on_a_killed_peer_ends_with_an_error_not_a_hang() {
         return;
     }
     let mut peers = make_peers(&mut lab, 2, 2);
-    for (i, peer) in peers.iter_mut().enumerate() {
-        start(&lab, peer, &format!("node{i}"));
-    }
+    // Peer 0 borrows, peer 1 serves.
+    start_borrower(&lab, &mut peers[0], "node0");
+    start(&lab, &mut peers[1], "node1");
     let mut all: Vec<String> = peers.iter().map(|p| p.id.clone()).collect();
     all.sort();
     assert!(

@@ -36,6 +36,15 @@ impl DeviceInfo for FakeGpu {
     }
 }
 
+/// A device that only borrows.
+struct NoGpu;
+
+impl DeviceInfo for NoGpu {
+    fn gpus(&self) -> Vec<GpuSummary> {
+        Vec::new()
+    }
+}
+
 struct Running {
     id: PeerId,
     addr: SocketAddr,
@@ -50,6 +59,16 @@ fn start(
     seeds: Vec<(PeerId, SocketAddr)>,
     handler: SessionHandler,
 ) -> Running {
+    start_with_device(dir, secret, seeds, handler, Arc::new(FakeGpu))
+}
+
+fn start_with_device(
+    dir: &Path,
+    secret: &MeshSecret,
+    seeds: Vec<(PeerId, SocketAddr)>,
+    handler: SessionHandler,
+    device: Arc<dyn DeviceInfo>,
+) -> Running {
     let identity = Identity::load_or_create(dir).unwrap();
     let socket = dir.join("daemon.sock");
     let mut config = DaemonConfig::new(socket.clone());
@@ -58,8 +77,7 @@ fn start(
     config.seeds = seeds;
     config.host = dir.file_name().unwrap().to_string_lossy().into_owned();
     config.probe_interval = Duration::from_secs(1);
-    let daemon =
-        Daemon::bind(config, identity, secret.clone(), Arc::new(FakeGpu), handler).unwrap();
+    let daemon = Daemon::bind(config, identity, secret.clone(), device, handler).unwrap();
     let (id, addr) = (daemon.peer_id(), daemon.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -116,7 +134,14 @@ async fn daemons_join_serve_sessions_to_members_only_and_leave_gracefully() {
         conn.close(1u32.into(), b"no");
     });
     let mut b = start(&dir_b, &secret, Vec::new(), handler_b);
-    let mut a = start(&dir_a, &secret, vec![(b.id, b.addr)], refuse_all);
+    // A borrows only (no GPU of its own), so B is the one place to run work.
+    let mut a = start_with_device(
+        &dir_a,
+        &secret,
+        vec![(b.id, b.addr)],
+        refuse_all,
+        Arc::new(NoGpu),
+    );
 
     // Both learn each other: A dialed B, B learns A from the link and from gossip.
     let rows = wait_for_ids(&a.socket, &[a.id, b.id], Duration::from_secs(3)).await;
@@ -278,6 +303,28 @@ async fn a_restarted_peer_rejoins_and_its_new_run_replaces_the_old() {
         .unwrap()
         .unwrap();
     tokio::time::timeout(Duration::from_secs(5), a.task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_lone_peer_with_a_gpu_offers_itself_over_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = MeshSecret::generate();
+    let handler: SessionHandler =
+        Arc::new(|conn: quinn::Connection, _| conn.close(1u32.into(), b"no"));
+    let mut lone = start(dir.path(), &secret, Vec::new(), handler);
+    let socket = lone.socket.clone();
+    let best = tokio::task::spawn_blocking(move || control::best_peer(&socket, JobHint::default()))
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("this device's own GPU");
+    assert_eq!(best.id, lone.id);
+    assert_eq!(best.addrs[0], lone.addr);
+    lone.stop.take().unwrap().send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), lone.task)
         .await
         .unwrap()
         .unwrap();

@@ -39,6 +39,10 @@ pub struct Args {
     /// What executes sessions: `auto` (a GPU if one answers, else `emu`), `cuda` or `emu`.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     pub backend: Backend,
+    /// Join the mesh only to borrow GPUs: advertise none and serve no sessions (e.g. a laptop that
+    /// should not offer its CPU-emulated GPU).
+    #[arg(long, conflicts_with = "backend")]
+    pub borrow_only: bool,
     /// Control socket (default: DIR/daemon.sock for --config-dir DIR, else
     /// $XDG_RUNTIME_DIR/gleam/daemon.sock).
     #[arg(long)]
@@ -62,24 +66,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     config.probe_interval = Duration::try_from_secs_f64(args.probe_interval)
         .context("--probe-interval must be a positive number of seconds")?;
 
-    let choice = match args.backend {
-        Backend::Auto => host::pick_backend(BackendRequest::Auto),
-        Backend::Emu => host::pick_backend(BackendRequest::Emu),
-        Backend::Cuda => {
-            gleam_remoting::server::real::probe().context("`--backend cuda`: no usable GPU")?;
-            BackendChoice::Cuda
-        }
+    let (device, handler) = if args.borrow_only {
+        borrow_only()
+    } else {
+        serving(args.backend)?
     };
-    let device: Arc<dyn DeviceInfo> = match choice {
-        BackendChoice::Emu => Arc::new(EmulatedDevice::new()),
-        BackendChoice::Cuda => Arc::new(RealDevice::new()),
-    };
-    // Each authenticated CUDA session gets its own `gleam session --backend X` process.
-    let worker = WorkerCommand::gleam_session(choice).context("finding the gleam executable")?;
-    let handler: SessionHandler = Arc::new(move |conn: quinn::Connection, peer: PeerId| {
-        let worker = worker.clone();
-        tokio::spawn(async move { host::serve_connection(conn, peer, worker).await });
-    });
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -96,6 +87,50 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a serving peer advertises, and its handler: each authenticated CUDA session gets its own
+/// `gleam session --backend X` process.
+fn serving(backend: Backend) -> anyhow::Result<(Arc<dyn DeviceInfo>, SessionHandler)> {
+    let choice = match backend {
+        Backend::Auto => host::pick_backend(BackendRequest::Auto),
+        Backend::Emu => host::pick_backend(BackendRequest::Emu),
+        Backend::Cuda => {
+            gleam_remoting::server::real::probe().context("`--backend cuda`: no usable GPU")?;
+            BackendChoice::Cuda
+        }
+    };
+    let device: Arc<dyn DeviceInfo> = match choice {
+        BackendChoice::Emu => Arc::new(EmulatedDevice::new()),
+        BackendChoice::Cuda => Arc::new(RealDevice::new()),
+    };
+    let worker = WorkerCommand::gleam_session(choice).context("finding the gleam executable")?;
+    let handler: SessionHandler = Arc::new(move |conn: quinn::Connection, peer: PeerId| {
+        let worker = worker.clone();
+        tokio::spawn(async move { host::serve_connection(conn, peer, worker).await });
+    });
+    Ok((device, handler))
+}
+
+/// A borrow-only peer advertises no GPU and turns sessions away with a reason.
+fn borrow_only() -> (Arc<dyn DeviceInfo>, SessionHandler) {
+    let handler: SessionHandler = Arc::new(|conn: quinn::Connection, peer: PeerId| {
+        tracing::info!(%peer, "refused a CUDA session: this peer runs with --borrow-only");
+        conn.close(
+            host::CLOSE_WORKER_FAILED,
+            b"this peer serves no GPU work (gleam peer --borrow-only)",
+        );
+    });
+    (Arc::new(NoGpu), handler)
+}
+
+/// The device of a borrow-only peer: no GPU to offer.
+struct NoGpu;
+
+impl DeviceInfo for NoGpu {
+    fn gpus(&self) -> Vec<GpuSummary> {
+        Vec::new()
+    }
 }
 
 /// The emu backend's device: "device memory" lives in host memory and kernels run on the CPU.
