@@ -90,6 +90,11 @@ fn peers_finds_the_daemon_of_its_config_dir() {
         text(&out.stderr)
     );
 
+    // Content this device already holds is advertised with its GPU facts.
+    let store = gleam_cache::BlobStore::open(dir.join("cache"), 1 << 30).unwrap();
+    store.put(b"a module image").unwrap();
+    store.put(b"some weights").unwrap();
+
     let daemon = Proc::spawn(
         gleam_cmd(&[
             "peer",
@@ -124,4 +129,6 @@ fn peers_finds_the_daemon_of_its_config_dir() {
     let rows = rows.as_array().expect("a list of peers");
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["id"], me["peer_id"], "{rows:?}");
+    assert_eq!(rows[0]["cache"]["entries"], 2, "{rows:?}");
+    assert_eq!(rows[0]["cache"]["bytes"], 26, "{rows:?}");
 }

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use gleam_cache::BlobStore;
 use gleam_mesh::PeerId;
 use gleam_mesh::daemon::{Daemon, DaemonConfig, DeviceInfo, DeviceLoad, SessionHandler};
 use gleam_mesh::identity::{Identity, MeshSecret};
-use gleam_mesh::state::GpuSummary;
+use gleam_mesh::state::{CacheDigest, GpuSummary};
 use gleam_remoting::server::host::{self, BackendChoice, BackendRequest, WorkerCommand};
 use tracing::{debug, info, warn};
 
@@ -71,6 +72,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         serving(args.backend)?
     };
+    // What this device caches by content is gossiped with its GPU facts, for cache-affine placement.
+    let device: Arc<dyn DeviceInfo> = match BlobStore::open(dir.join("cache"), CACHE_BUDGET) {
+        Ok(store) => Arc::new(WithCache::new(device, store)),
+        Err(err) => {
+            warn!("content cache unavailable, advertising none: {err}");
+            device
+        }
+    };
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -110,6 +119,64 @@ fn serving(backend: Backend) -> anyhow::Result<(Arc<dyn DeviceInfo>, SessionHand
         tokio::spawn(async move { host::serve_connection(conn, peer, worker).await });
     });
     Ok((device, handler))
+}
+
+/// Default byte budget of the content cache in the config directory.
+const CACHE_BUDGET: u64 = 64 << 30;
+/// How often the cache's digest is recomputed (it walks the store).
+const CACHE_DIGEST_PERIOD: Duration = Duration::from_secs(10);
+
+/// A device, plus the digest of this device's content cache (`<config dir>/cache`).
+struct WithCache {
+    device: Arc<dyn DeviceInfo>,
+    store: BlobStore,
+    last: std::sync::Mutex<Option<(std::time::Instant, CacheDigest)>>,
+}
+
+impl WithCache {
+    fn new(device: Arc<dyn DeviceInfo>, store: BlobStore) -> Self {
+        Self {
+            device,
+            store,
+            last: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl DeviceInfo for WithCache {
+    fn gpus(&self) -> Vec<GpuSummary> {
+        self.device.gpus()
+    }
+
+    fn load(&self) -> DeviceLoad {
+        self.device.load()
+    }
+
+    fn cache(&self) -> CacheDigest {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, digest)) = &*last
+            && at.elapsed() < CACHE_DIGEST_PERIOD
+        {
+            return digest.clone();
+        }
+        let digest = match self.store.digest() {
+            Ok(d) => {
+                let mut short = [0u8; 16];
+                short.copy_from_slice(&d.fingerprint[..16]);
+                CacheDigest {
+                    entries: d.blobs,
+                    bytes: d.bytes,
+                    digest: if d.blobs == 0 { [0; 16] } else { short },
+                }
+            }
+            Err(err) => {
+                debug!("cannot read the content cache: {err}");
+                CacheDigest::default()
+            }
+        };
+        *last = Some((std::time::Instant::now(), digest.clone()));
+        digest
+    }
 }
 
 /// A borrow-only peer advertises no GPU and turns sessions away with a reason.
