@@ -611,78 +611,43 @@ pub fn int_un(op: &str, ty: Ty) -> Option<F1> {
             Ty::B64 | Ty::U64 => Some(|x| x.reverse_bits()),
             _ => None,
         },
-        "bfind.shiftamt" => match ty {
-            Ty::U32 => Some(|x| {
-                if x as u32 == 0 {
-                    u32::MAX as u64
-                } else {
-                    (x as u32).leading_zeros() as u64
-                }
-            }),
-            Ty::U64 => Some(|x| {
-                if x == 0 {
-                    u32::MAX as u64
-                } else {
-                    x.leading_zeros() as u64
-                }
-            }),
-            Ty::S32 => Some(|x| {
-                let v = x as i32;
-                let v = if v < 0 { !v } else { v } as u32;
-                if v == 0 {
-                    u32::MAX as u64
-                } else {
-                    v.leading_zeros() as u64
-                }
-            }),
-            Ty::S64 => Some(|x| {
-                let v = x as i64;
-                let v = if v < 0 { !v } else { v } as u64;
-                if v == 0 {
-                    u32::MAX as u64
-                } else {
-                    v.leading_zeros() as u64
-                }
-            }),
+        "bfind" => match ty {
+            Ty::U32 => Some(bfind::<32, false, false>),
+            Ty::U64 => Some(bfind::<64, false, false>),
+            Ty::S32 => Some(bfind::<32, true, false>),
+            Ty::S64 => Some(bfind::<64, true, false>),
             _ => None,
         },
-        "bfind" => match ty {
-            Ty::U32 => Some(|x| {
-                if x as u32 == 0 {
-                    u32::MAX as u64
-                } else {
-                    (31 - (x as u32).leading_zeros()) as u64
-                }
-            }),
-            Ty::U64 => Some(|x| {
-                if x == 0 {
-                    u32::MAX as u64
-                } else {
-                    (63 - x.leading_zeros()) as u64
-                }
-            }),
-            Ty::S32 => Some(|x| {
-                let v = x as i32;
-                let v = if v < 0 { !v } else { v } as u32;
-                if v == 0 {
-                    u32::MAX as u64
-                } else {
-                    (31 - v.leading_zeros()) as u64
-                }
-            }),
-            Ty::S64 => Some(|x| {
-                let v = x as i64;
-                let v = if v < 0 { !v } else { v } as u64;
-                if v == 0 {
-                    u32::MAX as u64
-                } else {
-                    (63 - v.leading_zeros()) as u64
-                }
-            }),
+        "bfind.shiftamt" => match ty {
+            Ty::U32 => Some(bfind::<32, false, true>),
+            Ty::U64 => Some(bfind::<64, false, true>),
+            Ty::S32 => Some(bfind::<32, true, true>),
+            Ty::S64 => Some(bfind::<64, true, true>),
             _ => None,
         },
         _ => None,
     }
+}
+
+/// `bfind`: the position of the most significant bit that is set (for signed types: that differs from the
+/// sign bit), counted from bit 0, or with `.shiftamt` as a left shift amount; `0xffffffff` when there is none.
+fn bfind<const BITS: u32, const SIGNED: bool, const SHIFTAMT: bool>(x: u64) -> u64 {
+    let x = if BITS == 32 { x & 0xffff_ffff } else { x };
+    let sign = x >> (BITS - 1) & 1 == 1;
+    let v = if SIGNED && sign {
+        !x & (u64::MAX >> (64 - BITS))
+    } else {
+        x
+    };
+    if v == 0 {
+        return u64::from(u32::MAX);
+    }
+    let leading = v.leading_zeros() - (64 - BITS);
+    u64::from(if SHIFTAMT {
+        leading
+    } else {
+        BITS - 1 - leading
+    })
 }
 
 pub fn int_tern(op: &str, ty: Ty) -> Option<F3> {
@@ -1376,4 +1341,32 @@ pub fn atom_apply(op: AtomOp, signed: bool, size: usize, old: u64, b: u64, c: u6
         }
     };
     r & mask
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bfind_finds_the_highest_significant_bit() {
+        let none = u64::from(u32::MAX);
+        let b = |ty, x| int_un("bfind", ty).unwrap()(x);
+        let s = |ty, x| int_un("bfind.shiftamt", ty).unwrap()(x);
+        assert_eq!(b(Ty::U32, 0), none);
+        assert_eq!(b(Ty::U32, 1), 0);
+        assert_eq!(
+            b(Ty::U32, 0xdead_0000_8000_0000),
+            31,
+            "only the low 32 bits count"
+        );
+        assert_eq!(s(Ty::U32, 1), 31);
+        assert_eq!(b(Ty::U64, 1 << 40), 40);
+        assert_eq!(s(Ty::U64, 1 << 40), 23);
+        assert_eq!(b(Ty::S32, u64::from(-1i32 as u32)), none);
+        assert_eq!(b(Ty::S32, u64::from(-2i32 as u32)), 0);
+        assert_eq!(b(Ty::S32, 0x7fff_ffff), 30);
+        assert_eq!(s(Ty::S32, 0x7fff_ffff), 1);
+        assert_eq!(b(Ty::S64, (-1i64 << 40) as u64), 39);
+        assert_eq!(b(Ty::S64, u64::MAX), none);
+    }
 }
