@@ -95,6 +95,28 @@ fn start_borrower(lab: &Lab, peer: &mut Peer, name: &str) {
     start_with(lab, peer, name, &["--borrow-only"]);
 }
 
+/// Peer 0 is the client: it borrows and serves nothing, so only the serving peers 1.. compete.
+fn start_client_and_servers(lab: &Lab, peers: &mut [Peer]) {
+    for (i, peer) in peers.iter_mut().enumerate() {
+        if i == 0 {
+            start_borrower(lab, peer, "node0");
+        } else {
+            start(lab, peer, &format!("node{i}"));
+        }
+    }
+}
+
+/// The bandwidths of peers 1 and 2 as peer 0 probed them, once both are measured (20 s at most).
+fn probed_bandwidths(peers: &[Peer]) -> Option<(u64, u64)> {
+    wait_for(Duration::from_secs(20), || {
+        let rows = listed(&peers[0])?;
+        let probed = |peer: &Peer| {
+            rows.iter().find(|row| row["id"] == peer.id.as_str())?["bandwidth_bps"].as_u64()
+        };
+        Some((probed(&peers[1])?, probed(&peers[2])?))
+    })
+}
+
 fn start_with(lab: &Lab, peer: &mut Peer, name: &str, extra: &[&str]) {
     let mut command = lab.command_in(peer.node, BIN);
     command
@@ -333,21 +355,8 @@ fn best_peer_is_the_one_behind_the_better_link() {
     let mut peers = make_peers(&mut lab, 3, 3);
     // Peer 1's link is shaped to 20 Mbit/s; peer 2's is the bare veth.
     lab.shape(1, "20mbit");
-    // Peer 0 is the client: it borrows and serves nothing, so only the two serving peers compete.
-    for (i, peer) in peers.iter_mut().enumerate() {
-        if i == 0 {
-            start_borrower(&lab, peer, "node0");
-        } else {
-            start(&lab, peer, &format!("node{i}"));
-        }
-    }
-    let measured = wait_for(Duration::from_secs(20), || {
-        let rows = listed(&peers[0])?;
-        let bw = |peer: &Peer| {
-            rows.iter().find(|row| row["id"] == peer.id.as_str())?["bandwidth_bps"].as_u64()
-        };
-        Some((bw(&peers[1])?, bw(&peers[2])?))
-    });
+    start_client_and_servers(&lab, &mut peers);
+    let measured = probed_bandwidths(&peers);
     let Some((slow, fast)) = measured else {
         dump_logs(&peers);
         panic!("links were not probed within 20 s");
@@ -454,22 +463,9 @@ fn gleam_run_without_peer_runs_on_the_better_linked_peer() {
     }
     let mut peers = make_peers(&mut lab, 3, 3);
     lab.shape(1, "20mbit");
-    // Peer 0 is the client: it borrows and serves nothing, so only the two serving peers compete.
-    for (i, peer) in peers.iter_mut().enumerate() {
-        if i == 0 {
-            start_borrower(&lab, peer, "node0");
-        } else {
-            start(&lab, peer, &format!("node{i}"));
-        }
-    }
+    start_client_and_servers(&lab, &mut peers);
     // Wait until peer 0 has measured both links, so its choice is informed.
-    let measured = wait_for(Duration::from_secs(20), || {
-        let rows = listed(&peers[0])?;
-        let probed = |peer: &Peer| {
-            rows.iter().find(|row| row["id"] == peer.id.as_str())?["bandwidth_bps"].as_u64()
-        };
-        Some((probed(&peers[1])?, probed(&peers[2])?))
-    });
+    let measured = probed_bandwidths(&peers);
     if measured.is_none() {
         dump_logs(&peers);
         panic!("links were not probed within 20 s");

@@ -610,6 +610,26 @@ impl<'a> Cx<'a> {
         }
     }
 
+    /// `d = f(a, b, c)` over four 32-bit register operands (the packed SIMD integer forms).
+    fn emit_tern_u32(&mut self, ins: &Instr, f: F3) -> Res<()> {
+        let ops = &ins.operands;
+        let d = self.dst(ins, &ops[0])?;
+        let a = self.src(ins, &ops[1], Ty::U32)?;
+        let b = self.src(ins, &ops[2], Ty::U32)?;
+        let c = self.src(ins, &ops[3], Ty::U32)?;
+        self.emit(
+            ins,
+            Op::Tern {
+                f,
+                d,
+                a,
+                b,
+                c,
+                fl: 0,
+            },
+        )
+    }
+
     fn emit(&mut self, ins: &Instr, op: Op) -> Res<()> {
         // Inlining can multiply code; refuse absurd sizes instead of exhausting memory.
         if self.code.len() >= 4 << 20 {
@@ -1278,21 +1298,7 @@ impl<'a> Cx<'a> {
                 if op_name == "dp2a" && !has("lo") && !has("hi") {
                     return Err(unsupported(ins, "dp2a needs .lo or .hi"));
                 }
-                let d = self.dst(ins, &ops[0])?;
-                let a = self.src(ins, &ops[1], Ty::U32)?;
-                let b = self.src(ins, &ops[2], Ty::U32)?;
-                let c = self.src(ins, &ops[3], Ty::U32)?;
-                self.emit(
-                    ins,
-                    Op::Tern {
-                        f,
-                        d,
-                        a,
-                        b,
-                        c,
-                        fl: 0,
-                    },
-                )
+                self.emit_tern_u32(ins, f)
             }
             "vabsdiff4" => {
                 need(4)?;
@@ -1309,21 +1315,7 @@ impl<'a> Cx<'a> {
                     "vabsdiff4"
                 };
                 let f = ops::int_tern(full, types[1]).ok_or_else(|| unsupported(ins, ""))?;
-                let d = self.dst(ins, &ops[0])?;
-                let a = self.src(ins, &ops[1], Ty::U32)?;
-                let b = self.src(ins, &ops[2], Ty::U32)?;
-                let c = self.src(ins, &ops[3], Ty::U32)?;
-                self.emit(
-                    ins,
-                    Op::Tern {
-                        f,
-                        d,
-                        a,
-                        b,
-                        c,
-                        fl: 0,
-                    },
-                )
+                self.emit_tern_u32(ins, f)
             }
             _ => self.arith(ins, &mods, ty, rnd, fl),
         }
