@@ -140,6 +140,20 @@ fn function_info(handle: u64) -> Result<Arc<FunctionInfo>, CUresult> {
     Ok(info)
 }
 
+/// `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK` of a launchable handle, from its cached layout.
+pub(crate) fn max_threads_per_block(func: CUfunction) -> Result<i32, CUresult> {
+    let info = function_info(func as u64)?;
+    match info.attributes.get(FUNC_MAX_THREADS_PER_BLOCK) {
+        Some(&max) => Ok(max),
+        None => {
+            let mut max = 0;
+            // SAFETY: a valid out-pointer; forwarded as the listed call.
+            unsafe { fwd::cuFuncGetAttribute(&mut max, FUNC_MAX_THREADS_PER_BLOCK as i32, func) }?;
+            Ok(max)
+        }
+    }
+}
+
 fn kernel_get_function(kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
     match call(Call::KernelGetFunction { kernel })? {
         Reply::Function { handle, info } => Ok((handle, info)),

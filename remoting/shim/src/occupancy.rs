@@ -14,7 +14,6 @@ use crate::{context, device, export, module, put};
 /// `CUoccupancyB2DSize`: dynamic shared memory bytes for a block size.
 type BlockSizeToSmem = Option<unsafe extern "C" fn(block_size: i32) -> usize>;
 
-const FUNC_MAX_THREADS_PER_BLOCK: i32 = 0;
 const DEVICE_WARP_SIZE: i32 = 10;
 const DEVICE_MULTIPROCESSOR_COUNT: i32 = 16;
 
@@ -57,10 +56,7 @@ unsafe fn potential_block_size(
     if min_grid_size.is_null() || block_size.is_null() || block_size_limit < 0 {
         return Err(CUresult::INVALID_VALUE);
     }
-    let mut max_threads = 0;
-    // SAFETY: a valid out-pointer; the function handle is checked by the call.
-    unsafe { module::cuFuncGetAttribute(&mut max_threads, FUNC_MAX_THREADS_PER_BLOCK, func) }
-        .result()?;
+    let max_threads = module::max_threads_per_block(func)?;
     let mut dev = 0;
     // SAFETY: a valid out-pointer.
     unsafe { context::cuCtxGetDevice(&mut dev) }.result()?;
