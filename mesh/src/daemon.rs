@@ -247,6 +247,8 @@ impl Daemon {
         for (id, addr) in &self.config.seeds {
             actor.learn_addrs(*id, vec![*addr]);
         }
+        // Real load and cache figures from the first answer on, not the placeholders above.
+        actor.refresh_own_state();
         info!(peer = %me, %port, "gleam peer running");
         actor.run(inbox, shutdown).await;
         if let Some(discovery) = discovery {
