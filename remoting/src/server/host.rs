@@ -194,21 +194,21 @@ pub async fn serve_connection(
 
     let mut upload_done = false;
     let end = loop {
-        // Biased, upload first: a framing violation drops the worker's stdin, so the worker's (clean)
-        // exit follows at once and must not be reported instead of the violation.
+        // Biased, upload first: its failure is the most specific explanation of an end.
         tokio::select! {
             biased;
             result = &mut upload, if !upload_done => {
                 upload_done = true;
                 match result {
                     // The client finished its stream: stdin is closed, the worker ends by itself.
-                    Ok(Ok(())) => {}
-                    Ok(Err(RelayError::FrameTooLarge(len))) => {
+                    Ok((Ok(()), _)) => {}
+                    // The worker's stdin (held in `_stdin`) closes only once the violation is recorded.
+                    Ok((Err(RelayError::FrameTooLarge(len)), _stdin)) => {
                         break End::Protocol(format!("request frame of {len} bytes exceeds the limit"));
                     }
                     // A reset stream or a broken pipe: the connection or the worker is going away and
                     // the other branches report why.
-                    Ok(Err(err)) => debug!(%peer, error = %err, "request relay stopped"),
+                    Ok((Err(err), _)) => debug!(%peer, error = %err, "request relay stopped"),
                     Err(err) => debug!(%peer, error = %err, "request relay task failed"),
                 }
             }
@@ -337,8 +337,22 @@ enum RelayError {
 /// Client stream → worker stdin, checking frame lengths on the way. The received chunks go to the pipe
 /// as they are, many per `writev`, without first being copied into a buffer of ours.
 async fn relay_in(
-    mut recv: quinn::RecvStream,
+    recv: quinn::RecvStream,
     mut stdin: ChildStdin,
+    traffic: Arc<Traffic>,
+) -> (Result<(), RelayError>, Option<ChildStdin>) {
+    match relay_frames(recv, &mut stdin, traffic).await {
+        // The client finished its stream: closing stdin tells the worker the client is done.
+        Ok(()) => (Ok(()), None),
+        // Stdin stays open until the caller has taken note of the failure: on EOF the worker would exit
+        // cleanly, and that exit could be reported instead of, say, a protocol violation.
+        Err(err) => (Err(err), Some(stdin)),
+    }
+}
+
+async fn relay_frames(
+    mut recv: quinn::RecvStream,
+    stdin: &mut ChildStdin,
     traffic: Arc<Traffic>,
 ) -> Result<(), RelayError> {
     let mut frames = FrameCheck::default();
@@ -350,11 +364,9 @@ async fn relay_in(
             frames.feed(chunk)?;
             n += chunk.len();
         }
-        write_all_chunks(&mut stdin, received).await?;
+        write_all_chunks(stdin, received).await?;
         traffic.from_client.fetch_add(n as u64, Ordering::Relaxed);
     }
-    // Dropping stdin tells the worker the client is done.
-    drop(stdin);
     Ok(())
 }
 
