@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use common::Server;
 use common::client::{Client, connect_raw, pattern};
-use gleam_mesh::identity::MeshSecret;
-use gleam_remoting::api::{ApiCall, args};
-use gleam_remoting::server::host::{CLOSE_PROTOCOL_VIOLATION, CLOSE_WORKER_FAILED};
-use gleam_remoting::types::CUresult;
-use gleam_remoting::wire::{COPY_CHUNK, Call, ClientHello, MAX_FRAME, PROTOCOL_VERSION, Reply};
+use gleam_auth::identity::MeshSecret;
+use gleam_protocol::api::{ApiCall, args};
+use gleam_host::{CLOSE_PROTOCOL_VIOLATION, CLOSE_WORKER_FAILED};
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{COPY_CHUNK, Call, ClientHello, MAX_FRAME, PROTOCOL_VERSION, Reply};
 
 fn close_of(err: &quinn::ConnectionError) -> (quinn::VarInt, String) {
     match err {
@@ -253,8 +253,8 @@ async fn killing_the_server_ends_its_session_processes() {
 
 #[tokio::test]
 async fn mesh_protocol_connections_are_not_served() {
-    use gleam_mesh::identity::Identity;
-    use gleam_mesh::tls::{ALPN_MESH, client_config, server_name};
+    use gleam_auth::identity::Identity;
+    use gleam_auth::tls::{ALPN_MESH, client_config, server_name};
     let server = Server::start("emu");
     let identity = Identity::ephemeral().unwrap();
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -276,7 +276,7 @@ async fn mesh_protocol_connections_are_not_served() {
 async fn auto_backend_serves_with_emu_when_there_is_no_gpu() {
     let server = Server::start("auto");
     let (_c, hello) = Client::open(&server).await;
-    let expected = match gleam_remoting::server::real::probe() {
+    let expected = match gleam_real::probe() {
         Ok(_) => "cuda",
         Err(_) => "emu",
     };
@@ -285,7 +285,7 @@ async fn auto_backend_serves_with_emu_when_there_is_no_gpu() {
 
 #[test]
 fn cuda_backend_without_a_gpu_is_refused_at_start() {
-    if gleam_remoting::server::real::probe().is_ok() {
+    if gleam_real::probe().is_ok() {
         return; // A GPU is present: `--backend cuda` serves (see serve_kernels).
     }
     let dir = tempfile::tempdir().unwrap();

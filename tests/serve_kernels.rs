@@ -6,12 +6,12 @@ mod common;
 
 use common::Server;
 use common::client::Client;
-use gleam_remoting::api::{ApiCall, args};
-use gleam_remoting::types::CUresult;
-use gleam_remoting::wire::{Call, Launch, ParamSlot, Payload, Reply};
+use gleam_protocol::api::{ApiCall, args};
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{Call, Launch, ParamSlot, Payload, Reply};
 
 /// `data[i] += 1` for `i < n`, in nvcc's PTX style.
-const ADD_ONE: &str = include_str!("../remoting/tests/fixtures/add_one.ptx");
+const ADD_ONE: &str = include_str!("../remoting/real/tests/fixtures/add_one.ptx");
 
 async fn add_one_on(backend: &str) {
     let server = Server::start(backend);
@@ -109,7 +109,7 @@ async fn add_one_on_emu() {
 /// On a machine with a GPU, the same through NVIDIA's driver.
 #[tokio::test]
 async fn add_one_on_cuda_when_a_gpu_is_present() {
-    match gleam_remoting::server::real::probe() {
+    match gleam_real::probe() {
         Ok(_) => add_one_on("cuda").await,
         Err(why) => {
             eprintln!("no GPU here ({why}): the cuda backend is exercised on the GPU machine")

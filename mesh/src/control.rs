@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::identity::PeerId;
+use gleam_auth::identity::PeerId;
 use crate::select::JobHint;
 use crate::state::{CacheDigest, GpuSummary};
 
@@ -89,7 +89,7 @@ pub struct PeerRow {
 /// Where to run a job.
 #[derive(Clone, Debug, Deserialize, PartialEq, Serialize)]
 pub struct BestPeer {
-    /// The chosen peer (pin it with [`crate::tls::client_config`]).
+    /// The chosen peer (pin it with [`gleam_auth::tls::client_config`]).
     pub id: PeerId,
     /// Its addresses, the one this daemon is connected through first.
     pub addrs: Vec<SocketAddr>,
@@ -107,7 +107,7 @@ pub fn default_socket_path() -> PathBuf {
     if let Some(dir) = non_empty("XDG_RUNTIME_DIR") {
         return PathBuf::from(dir).join("gleam").join(SOCKET_NAME);
     }
-    crate::identity::default_config_dir().join(SOCKET_NAME)
+    gleam_auth::identity::default_config_dir().join(SOCKET_NAME)
 }
 
 /// Sends one request to the daemon listening on `socket` and waits for its answer.

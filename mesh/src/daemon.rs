@@ -7,7 +7,7 @@
 //!   instance, the [`MeshView`], the mesh connections, known addresses and our own state.
 //! * Spawned tasks never touch that state; they send `Event`s to the loop:
 //!   - the accept loop: every incoming connection is handshaken and authenticated
-//!     ([`crate::auth`]); `gleam-mesh/1` ones become mesh links, `gleam-cuda/1` ones go to the
+//!     ([`gleam_auth::proof`]); `gleam-mesh/1` ones become mesh links, `gleam-cuda/1` ones go to the
 //!     [`SessionHandler`];
 //!   - dial tasks (towards peers found by mDNS or given as seeds);
 //!   - per-link readers: QUIC datagrams and uni streams carry foca packets, bidi streams carry
@@ -29,17 +29,17 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use crate::auth::{AuthError, authenticate_as_client, authenticate_as_server};
+use gleam_auth::proof::{AuthError, authenticate_as_client, authenticate_as_server};
 use crate::control::{BestPeer, MAX_LINE, PeerRow, Request, Response};
 use crate::discovery::{Advertisement, Discovery, DiscoveryError, DiscoveryEvent};
 use crate::gossip::{Gossip, Member, Output};
-use crate::identity::{Identity, MeshSecret, PeerId};
+use gleam_auth::identity::{Identity, MeshSecret, PeerId};
 use crate::probe::{self, LossMeter, PROBE_BYTES, STREAM_PROBE};
 use crate::select::{self, Candidate};
 use crate::state::{
     CacheDigest, GpuSummary, LinkQuality, LinkReport, Load, MeshView, PROTOCOL_VERSION, PeerState,
 };
-use crate::tls::{self, ALPN_CUDA, ALPN_MESH};
+use gleam_auth::tls::{self, ALPN_CUDA, ALPN_MESH};
 
 /// Serves one authenticated CUDA session (`gleam-cuda/1` connection) from `PeerId`. Called on the
 /// daemon's runtime; it must return quickly (spawn the work).

@@ -2,8 +2,8 @@
 //! `<peer id>._gleam._udp.local.` and browses for the others.
 //!
 //! mDNS is only a hint: anyone on the LAN can advertise anything, so an advertised id is trusted
-//! only after the TLS handshake proves it (see [`crate::tls`]) and the mesh secret is proved (see
-//! [`crate::auth`]).
+//! only after the TLS handshake proves it (see [`gleam_auth::tls`]) and the mesh secret is proved (see
+//! [`gleam_auth::proof`]).
 
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 
@@ -11,7 +11,7 @@ use mdns_sd::{IfKind, ResolvedService, ScopedIp, ServiceDaemon, ServiceEvent, Se
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::identity::PeerId;
+use gleam_auth::identity::PeerId;
 use crate::state::{GpuSummary, PROTOCOL_VERSION};
 
 /// The DNS-SD service type of Gleam peers.

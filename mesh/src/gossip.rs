@@ -21,7 +21,7 @@ use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, trace};
 
-use crate::identity::PeerId;
+use gleam_auth::identity::PeerId;
 use crate::state::PeerState;
 
 /// A mesh member as foca sees it.

@@ -1,11 +1,6 @@
-//! `gleam-mesh`: who the peers are, how they trust each other, how they find each other, and
-//! which one should run a job.
+//! `gleam-mesh`: which peers there are, how they find each other, what each offers, and which one
+//! should run a job. (Who a device is and how peers trust each other is `gleam-auth`.)
 //!
-//! * [`identity`]: [`Identity`] (this device's key and self-signed certificate), [`PeerId`] (the
-//!   hash of a device's public key), [`MeshSecret`] (the shared secret that defines a mesh).
-//! * [`tls`]: quinn/rustls configs for mutually authenticated TLS 1.3 with pinned peer ids, the
-//!   ALPNs [`tls::ALPN_MESH`] and [`tls::ALPN_CUDA`].
-//! * [`auth`]: the mesh-secret proof run on every new connection, bound to its TLS session.
 //! * [`discovery`]: mDNS advertisement and browsing ([`discovery::Discovery`]).
 //! * [`gossip`]: SWIM membership and failure detection by foca, carrying each peer's
 //!   [`state::PeerState`] ([`gossip::Gossip`], sans-IO).
@@ -16,15 +11,10 @@
 //! * [`daemon`]: the peer daemon ([`daemon::Daemon`]) tying it all together around one quinn
 //!   endpoint; CUDA sessions go to a [`daemon::SessionHandler`] supplied by the binary.
 
-pub mod auth;
 pub mod control;
 pub mod daemon;
 pub mod discovery;
 pub mod gossip;
-pub mod identity;
 pub mod probe;
 pub mod select;
 pub mod state;
-pub mod tls;
-
-pub use identity::{Identity, MeshSecret, PeerId};

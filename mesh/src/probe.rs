@@ -168,8 +168,8 @@ mod tests {
     use std::net::SocketAddr;
 
     use super::*;
-    use crate::identity::Identity;
-    use crate::tls::{ALPN_MESH, client_config, server_config, server_name};
+    use gleam_auth::identity::Identity;
+    use gleam_auth::tls::{ALPN_MESH, client_config, server_config, server_name};
 
     #[tokio::test]
     async fn probe_measures_a_loopback_link_and_rejects_oversized_probes() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::identity::PeerId;
+use gleam_auth::identity::PeerId;
 
 /// What the caller knows about the job it wants to place.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Serialize)]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::identity::PeerId;
+use gleam_auth::identity::PeerId;
 
 /// The version of Gleam's mesh protocol (mDNS TXT `v`, gossip state).
 pub const PROTOCOL_VERSION: u32 = 1;

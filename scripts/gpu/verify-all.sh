@@ -19,7 +19,7 @@ echo "== unit tests that need a GPU"
 for t in "$C"/tests/*; do
     [ -x "$t" ] || continue
     case "$(basename "$t")" in
-        gleam_remoting-*) filter=real ;;
+        gleam_real-*) filter= ;;
         gleam-*) filter=device_facts ;;
         *) filter= ;;
     esac

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use gleam_mesh::identity::{Identity, MeshSecret, MeshSecretError};
+use gleam_auth::identity::{Identity, MeshSecret, MeshSecretError};
 
 /// `gleam mesh [--config-dir DIR] COMMAND`.
 pub type Args = super::WithConfigDir<Command>;

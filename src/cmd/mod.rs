@@ -4,8 +4,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use gleam_mesh::{control, identity};
+use gleam_auth::identity;
+use gleam_mesh::control;
 
+pub mod backend;
 pub mod linkemu;
 pub mod mesh;
 pub mod peer;

@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use gleam_cache::BlobStore;
-use gleam_mesh::PeerId;
+use gleam_auth::PeerId;
 use gleam_mesh::daemon::{Daemon, DaemonConfig, DeviceInfo, DeviceLoad, SessionHandler};
-use gleam_mesh::identity::{Identity, MeshSecret};
+use gleam_auth::identity::{Identity, MeshSecret};
 use gleam_mesh::state::{CacheDigest, GpuSummary};
-use gleam_remoting::server::host::{self, BackendChoice, BackendRequest, WorkerCommand};
+
+use super::backend::Backend;
 use tracing::{debug, info, warn};
 
-use super::serve::Backend;
 use crate::device_facts::{self, HostCpu, LoadSampler, NvmlGpus, SAMPLE_PERIOD, VisibleDevices};
 
 #[derive(Debug, clap::Args)]
@@ -101,22 +101,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// What a serving peer advertises, and its handler: each authenticated CUDA session gets its own
 /// `gleam session --backend X` process.
 fn serving(backend: Backend) -> anyhow::Result<(Arc<dyn DeviceInfo>, SessionHandler)> {
-    let choice = match backend {
-        Backend::Auto => host::pick_backend(BackendRequest::Auto),
-        Backend::Emu => host::pick_backend(BackendRequest::Emu),
-        Backend::Cuda => {
-            gleam_remoting::server::real::probe().context("`--backend cuda`: no usable GPU")?;
-            BackendChoice::Cuda
-        }
-    };
+    let choice = backend.resolve()?;
     let device: Arc<dyn DeviceInfo> = match choice {
-        BackendChoice::Emu => Arc::new(EmulatedDevice::new()),
-        BackendChoice::Cuda => Arc::new(RealDevice::new()),
+        Backend::Cuda => Arc::new(RealDevice::new()),
+        Backend::Emu | Backend::Auto => Arc::new(EmulatedDevice::new()),
     };
-    let worker = WorkerCommand::gleam_session(choice).context("finding the gleam executable")?;
+    let worker = choice.session_command()?;
     let handler: SessionHandler = Arc::new(move |conn: quinn::Connection, peer: PeerId| {
         let worker = worker.clone();
-        tokio::spawn(async move { host::serve_connection(conn, peer, worker).await });
+        tokio::spawn(async move { gleam_host::serve_connection(conn, peer, worker).await });
     });
     Ok((device, handler))
 }
@@ -184,7 +177,7 @@ fn borrow_only() -> (Arc<dyn DeviceInfo>, SessionHandler) {
     let handler: SessionHandler = Arc::new(|conn: quinn::Connection, peer: PeerId| {
         tracing::info!(%peer, "refused a CUDA session: this peer runs with --borrow-only");
         conn.close(
-            host::CLOSE_WORKER_FAILED,
+            gleam_host::CLOSE_WORKER_FAILED,
             b"this peer serves no GPU work (gleam peer --borrow-only)",
         );
     });
@@ -264,7 +257,7 @@ impl RealDevice {
                 let mut gpus = nvml.summaries();
                 // Sessions see the driver's devices; NVML's selection can differ (MIG instances,
                 // CUDA_VISIBLE_DEVICES entries NVML cannot map). Then advertise the driver's list.
-                let cuda = gleam_remoting::server::real::probe().ok();
+                let cuda = gleam_real::probe().ok();
                 if let Some(cuda) = cuda
                     && cuda != gpus.len()
                     && let Ok(driver) = device_facts::driver_gpus()

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use gleam_mesh::control::{self, PeerRow};
-use gleam_mesh::identity::{Identity, MeshSecret};
+use gleam_auth::identity::{Identity, MeshSecret};
 use gleam_mesh::select::JobHint;
-use gleam_mesh::{PeerId, auth, tls};
+use gleam_auth::{PeerId, proof, tls};
 
 /// `gleam peers [--config-dir DIR] COMMAND`.
 pub type Args = super::WithConfigDir<Command>;
@@ -135,7 +135,7 @@ fn ping(target: &str, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         .await
         .context("handshake timed out")??;
         let handshake = started.elapsed();
-        auth::authenticate_as_client(&conn, &secret).await?;
+        proof::authenticate_as_client(&conn, &secret).await?;
         println!(
             "{id} at {addr}: authenticated, handshake {:.1} ms, rtt {:.2} ms",
             handshake.as_secs_f64() * 1e3,

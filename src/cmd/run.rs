@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use gleam_mesh::control;
-use gleam_mesh::identity::{Identity, MeshSecret, PeerId};
+use gleam_auth::identity::{Identity, MeshSecret, PeerId};
 use gleam_mesh::select::JobHint;
-use gleam_remoting::client::Client;
+use gleam_client::Client;
 
 use super::ConfigDir;
 

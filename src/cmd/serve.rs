@@ -2,7 +2,7 @@
 //!
 //! Security is always on: the device's identity (TLS) and the mesh secret (membership proof) are required,
 //! and are created on first use. Each authenticated connection gets its own `gleam session` process
-//! ([`gleam_remoting::server::host::serve_connection`]).
+//! ([`gleam_gleam_host::serve_connection`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
@@ -10,9 +10,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use gleam_mesh::identity::{Identity, MeshSecret, MeshSecretError};
-use gleam_mesh::tls::ALPN_CUDA;
-use gleam_remoting::server::host::{self, BackendChoice, BackendRequest, WorkerCommand};
+use gleam_auth::identity::{Identity, MeshSecret, MeshSecretError};
+use gleam_auth::tls::ALPN_CUDA;
+use gleam_host::WorkerCommand;
+
+use super::backend::Backend;
 use quinn::VarInt;
 use tracing::{debug, info, warn};
 
@@ -31,17 +33,6 @@ pub struct Args {
     pub config: super::ConfigDir,
 }
 
-/// `--backend` values.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum Backend {
-    /// A real GPU if one answers, else `emu`.
-    Auto,
-    /// NVIDIA's driver (fails at start if no GPU answers).
-    Cuda,
-    /// The GPU-less backend (kernels run on the CPU by the PTX interpreter).
-    Emu,
-}
-
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config_dir = args.config.path();
     let identity = Identity::load_or_create(&config_dir).with_context(|| {
@@ -53,17 +44,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let secret = load_or_create_secret(&config_dir)?;
     let addr = resolve(&args.addr)?;
 
-    let choice = match args.backend {
-        Backend::Auto => host::pick_backend(BackendRequest::Auto),
-        Backend::Emu => host::pick_backend(BackendRequest::Emu),
-        Backend::Cuda => {
-            let devices =
-                gleam_remoting::server::real::probe().context("`--backend cuda`: no usable GPU")?;
-            info!(devices, "serving with NVIDIA's driver");
-            BackendChoice::Cuda
-        }
-    };
-    let worker = WorkerCommand::gleam_session(choice).context("finding the gleam executable")?;
+    let choice = args.backend.resolve()?;
+    let worker = choice.session_command()?;
 
     // Two threads: measured on the H200 box, a current-thread runtime gave the same round trips.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -80,10 +62,10 @@ async fn serve(
     identity: Identity,
     secret: MeshSecret,
     worker: WorkerCommand,
-    choice: BackendChoice,
+    choice: Backend,
 ) -> anyhow::Result<()> {
-    let config = gleam_mesh::tls::server_config(&identity).context("configuring TLS")?;
-    let endpoint = gleam_mesh::tls::endpoint(addr, Some(config))
+    let config = gleam_auth::tls::server_config(&identity).context("configuring TLS")?;
+    let endpoint = gleam_auth::tls::endpoint(addr, Some(config))
         .with_context(|| format!("listening on {addr}"))?;
     let local = endpoint.local_addr().context("reading the bound address")?;
     let me = identity.peer_id();
@@ -143,14 +125,14 @@ async fn accept(incoming: quinn::Incoming, secret: Arc<MeshSecret>, worker: Work
         );
         return;
     }
-    let peer = match gleam_mesh::auth::authenticate_as_server(&conn, &secret).await {
+    let peer = match gleam_auth::proof::authenticate_as_server(&conn, &secret).await {
         Ok(peer) => peer,
         Err(err) => {
             warn!(%remote, error = %err, "client refused");
             return;
         }
     };
-    host::serve_connection(conn, peer, worker).await;
+    gleam_host::serve_connection(conn, peer, worker).await;
 }
 
 /// The mesh secret of this device, or a new one if it has none (there is no mode without one).

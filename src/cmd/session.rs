@@ -1,14 +1,16 @@
 //! `gleam session --backend cuda|emu` (hidden): one client's session, in its own process.
 //!
 //! Started by `gleam serve`/`gleam peer` for each authenticated connection: requests arrive on stdin,
-//! replies leave on stdout (see [`gleam_remoting::server::worker`]), logs go to stderr. The exit code says
+//! replies leave on stdout (see [`gleam_server::worker`]), logs go to stderr. The exit code says
 //! how the session ended, and the parent turns it into the connection's close reason.
 
 use std::process::ExitCode;
 
-use gleam_remoting::server::real::RealBackend;
-use gleam_remoting::server::worker::{self, EXIT_BACKEND};
+use gleam_real::RealBackend;
+use gleam_server::worker::{self, EXIT_BACKEND};
 use tracing::error;
+
+use super::backend::Backend;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -17,17 +19,12 @@ pub struct Args {
     pub backend: Backend,
 }
 
-/// `--backend` values.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum Backend {
-    /// NVIDIA's driver on a real GPU.
-    Cuda,
-    /// The GPU-less backend.
-    Emu,
-}
-
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let reason = match args.backend {
+    let backend = match args.backend {
+        Backend::Auto => Backend::Auto.resolve()?,
+        chosen => chosen,
+    };
+    let reason = match backend {
         Backend::Cuda => match RealBackend::new() {
             Ok(backend) => worker::run(backend),
             Err(err) => {
@@ -35,7 +32,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(EXIT_BACKEND));
             }
         },
-        Backend::Emu => worker::run(gleam_emu::EmuBackend::new(gleam_emu::EmuConfig::default())),
+        Backend::Emu | Backend::Auto => worker::run(gleam_emu::EmuBackend::new(gleam_emu::EmuConfig::default())),
     };
     Ok(ExitCode::from(reason.code()))
 }

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use gleam_mesh::identity::{Identity, MeshSecret};
-use gleam_mesh::tls::{ALPN_CUDA, client_config, server_name};
-use gleam_remoting::api::{ApiCall, ApiReply, args};
-use gleam_remoting::types::CUresult;
-use gleam_remoting::wire::{
+use gleam_auth::identity::{Identity, MeshSecret};
+use gleam_auth::tls::{ALPN_CUDA, client_config, server_name};
+use gleam_protocol::api::{ApiCall, ApiReply, args};
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{
     self, COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request,
     ServerHello,
 };
@@ -41,7 +41,7 @@ pub async fn connect_raw(
         .map_err(|e| e.to_string())?
         .await
         .map_err(|e| e.to_string())?;
-    gleam_mesh::auth::authenticate_as_client(&conn, secret)
+    gleam_auth::proof::authenticate_as_client(&conn, secret)
         .await
         .map_err(|e| e.to_string())?;
     Ok((endpoint, conn))

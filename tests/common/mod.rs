@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use gleam_mesh::identity::{MeshSecret, PeerId};
+use gleam_auth::identity::{MeshSecret, PeerId};
 
 /// The `gleam` binary under test; `GLEAM_BIN` runs the tests against a copied binary (e.g. on the GPU
 /// machine).

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use gleam_ptx::{ExecError, LaunchConfig};
-use gleam_remoting::api::{args, outs};
-use gleam_remoting::server::backend::{ApiBackend, Backend};
-use gleam_remoting::types::CUresult;
-use gleam_remoting::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
+use gleam_protocol::api::{args, outs};
+use gleam_server::backend::{ApiBackend, Backend};
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
 
 use crate::device::{self, Resources, func_attr};
 use crate::memory::{ALLOC_ALIGN, DeviceMemory};

@@ -57,7 +57,7 @@ pub fn multiprocessors() -> i32 {
         .unwrap_or(1)
 }
 
-/// The attribute vector of [`gleam_remoting::wire::DeviceInfo`]: index = attribute id, 0 unused.
+/// The attribute vector of [`gleam_protocol::wire::DeviceInfo`]: index = attribute id, 0 unused.
 pub fn attributes() -> Vec<i32> {
     let mut a = vec![0i32; DEVICE_ATTRIBUTE_END];
     let mut set = |id: usize, v: i32| a[id] = v;

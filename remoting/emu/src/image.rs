@@ -1,13 +1,13 @@
 //! From a module image to PTX text: the emu backend can only run PTX.
 //!
 //! Accepts PTX text (NUL-terminated or not) and fatbins holding a PTX entry (stored plainly, LZ4- or
-//! ZSTD-compressed), picked with [`gleam_remoting::image::Fatbin::best_ptx`]. A cubin (ELF) or a fatbin
+//! ZSTD-compressed), picked with [`gleam_fatbin::Fatbin::best_ptx`]. A cubin (ELF) or a fatbin
 //! with only cubins is [`ImageError::NoPtx`], which the backend reports as `CUDA_ERROR_NO_BINARY_FOR_GPU`.
 
 use std::io::Read;
 
-use gleam_remoting::image::{Compression, Fatbin, ImageKind, classify};
-use gleam_remoting::types::CUresult;
+use gleam_fatbin::{Compression, Fatbin, ImageKind, classify};
+use gleam_protocol::types::CUresult;
 
 /// Largest decompressed PTX accepted (a guard against decompression bombs).
 const MAX_PTX_BYTES: u64 = 256 << 20;
@@ -28,7 +28,7 @@ pub enum ImageError {
     Wrapper,
     /// The fatbin's structure is broken.
     #[error("malformed fatbin: {0}")]
-    Fatbin(#[from] gleam_remoting::image::ImageError),
+    Fatbin(#[from] gleam_fatbin::ImageError),
     /// A compressed PTX entry did not decompress.
     #[error("cannot decompress the fatbin's PTX entry ({0})")]
     Decompress(String),
@@ -150,7 +150,7 @@ pub fn lz4_block(input: &[u8], limit: usize) -> Result<Vec<u8>, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gleam_remoting::image::synth;
+    use gleam_fatbin::synth;
 
     #[test]
     fn lz4_literals_and_overlapping_matches() {
@@ -197,7 +197,7 @@ mod tests {
         let fat = synth::fatbin(&[synth::Entry {
             kind: 1,
             sm_arch: 52,
-            flags: gleam_remoting::image::FLAG_COMPRESSED_ZSTD,
+            flags: gleam_fatbin::FLAG_COMPRESSED_ZSTD,
             payload: &zstd_ptx,
         }]);
         assert!(ptx_of(&fat, 75).unwrap().starts_with(".version 8.0"));

@@ -3,8 +3,8 @@
 //! ([`gleam_ptx`]).
 //!
 //! The main types:
-//! - [`EmuBackend`]: implements [`gleam_remoting::server::backend::ApiBackend`] and
-//!   [`gleam_remoting::server::backend::Backend`] for one session. Create it with
+//! - [`EmuBackend`]: implements [`gleam_server::backend::ApiBackend`] and
+//!   [`gleam_server::backend::Backend`] for one session. Create it with
 //!   [`EmuBackend::new`]`(`[`EmuConfig`]`)`.
 //! - [`EmuConfig`]: the emulated device's memory size (4 GiB by default, `GLEAM_EMU_MEMORY=2GiB` overrides).
 //! - [`memory::DeviceMemory`]: the allocator over a fake device address range (from

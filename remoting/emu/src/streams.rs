@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use gleam_remoting::types::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUresult};
+use gleam_protocol::types::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUresult};
 
 /// A monotonic counter that threads can wait on; remembers when it last advanced.
 #[derive(Default)]

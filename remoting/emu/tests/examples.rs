@@ -5,9 +5,9 @@
 mod common;
 
 use common::{Emu, Params};
-use gleam_remoting::api::args;
-use gleam_remoting::server::backend::{ApiBackend, Backend};
-use gleam_remoting::wire::Launch;
+use gleam_protocol::api::args;
+use gleam_server::backend::{ApiBackend, Backend};
+use gleam_protocol::wire::Launch;
 
 fn example(name: &str) -> String {
     let path = format!(

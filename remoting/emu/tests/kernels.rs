@@ -4,10 +4,10 @@
 mod common;
 
 use common::{Emu, PTX, Params};
-use gleam_remoting::api::args;
-use gleam_remoting::server::backend::{ApiBackend, Backend};
-use gleam_remoting::types::CUresult;
-use gleam_remoting::wire::{Launch, ParamSlot};
+use gleam_protocol::api::args;
+use gleam_server::backend::{ApiBackend, Backend};
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{Launch, ParamSlot};
 
 #[test]
 fn vector_add_runs_and_reports_its_layout() {
@@ -250,14 +250,14 @@ fn images_without_ptx_are_refused_clearly() {
     // A fatbin holding the PTX (as nvcc embeds it) loads and runs.
     let mut ptx = PTX.as_bytes().to_vec();
     ptx.push(0);
-    let fatbin = gleam_remoting::image::synth::fatbin(&[
-        gleam_remoting::image::synth::Entry {
+    let fatbin = gleam_fatbin::synth::fatbin(&[
+        gleam_fatbin::synth::Entry {
             kind: 2,
             sm_arch: 75,
             flags: 0,
             payload: b"\x7fELF....",
         },
-        gleam_remoting::image::synth::Entry {
+        gleam_fatbin::synth::Entry {
             kind: 1,
             sm_arch: 75,
             flags: 0,

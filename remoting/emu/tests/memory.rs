@@ -4,9 +4,9 @@ mod common;
 
 use common::Emu;
 use gleam_emu::memory::VA_BASE;
-use gleam_remoting::api::args;
-use gleam_remoting::server::backend::{ApiBackend, Backend};
-use gleam_remoting::types::CUresult;
+use gleam_protocol::api::args;
+use gleam_server::backend::{ApiBackend, Backend};
+use gleam_protocol::types::CUresult;
 
 #[test]
 fn alloc_is_aligned_distinct_and_bounded_by_the_configured_size() {

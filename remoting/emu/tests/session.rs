@@ -5,10 +5,10 @@ mod common;
 
 use common::{PTX, Params};
 use gleam_emu::{EmuBackend, EmuConfig};
-use gleam_remoting::api::{ApiCall, ApiReply, args};
-use gleam_remoting::server::session::Session;
-use gleam_remoting::types::CUresult;
-use gleam_remoting::wire::{
+use gleam_protocol::api::{ApiCall, ApiReply, args};
+use gleam_server::session::Session;
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{
     Call, ClientHello, Launch, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request,
 };
 

@@ -6,9 +6,9 @@ mod common;
 use std::time::Instant;
 
 use common::{Emu, PTX, Params};
-use gleam_remoting::api::args;
-use gleam_remoting::server::backend::{ApiBackend, Backend};
-use gleam_remoting::types::CUresult;
+use gleam_protocol::api::args;
+use gleam_server::backend::{ApiBackend, Backend};
+use gleam_protocol::types::CUresult;
 
 /// Loop trips of `slowFill`: enough that the kernel is still running when the host looks (~100 ms+).
 const ITERS: u32 = 20_000;
@@ -306,7 +306,7 @@ fn the_per_thread_stream_is_a_blocking_stream() {
     let (mut emu, k) = setup();
     let buf1 = emu.alloc(N * 4).unwrap();
     let buf2 = emu.alloc(N * 4).unwrap();
-    let per_thread = gleam_remoting::types::CU_STREAM_PER_THREAD;
+    let per_thread = gleam_protocol::types::CU_STREAM_PER_THREAD;
     emu.launch(
         k.slow_fill,
         (N / 64) as u32,

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
-use gleam_remoting::types::{CUcontext, CUresult};
+use gleam_protocol::types::{CUcontext, CUresult};
 
 use crate::{export, generated::fwd, put, state};
 

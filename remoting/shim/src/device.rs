@@ -4,7 +4,7 @@
 use std::ffi::{CString, c_char};
 use std::sync::OnceLock;
 
-use gleam_remoting::types::{CUresult, ERROR_NAMES};
+use gleam_protocol::types::{CUresult, ERROR_NAMES};
 
 use crate::{export, put, state};
 

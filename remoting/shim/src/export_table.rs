@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
-use gleam_remoting::types::{CUcontext, CUmodule, CUresult};
+use gleam_protocol::types::{CUcontext, CUmodule, CUresult};
 
 use crate::{context, export, module, put, state};
 

@@ -1,4 +1,4 @@
-//! The exports generated from the declaration list ([`gleam_remoting::cuda_api!`]).
+//! The exports generated from the declaration list ([`gleam_protocol::cuda_api!`]).
 //!
 //! For every listed call, [`fwd`] holds a Rust function that marshals the C arguments
 //! ([`Arg::to_request`]), sends the call with the thread's current context, and for `sync` calls (or any
@@ -7,9 +7,9 @@
 //! except for the calls listed in `manual!` below, whose exports are hand-written (they validate or record
 //! something locally, then call `fwd`).
 
-use gleam_remoting::api::{ApiCall, ApiReply, Arg, args};
-use gleam_remoting::types::CUresult;
-use gleam_remoting::wire::{Call, Reply};
+use gleam_protocol::api::{ApiCall, ApiReply, Arg, args};
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{Call, Reply};
 
 use crate::{context, state};
 
@@ -102,4 +102,4 @@ macro_rules! manual {
     };
 }
 
-gleam_remoting::cuda_api!(shim_api);
+gleam_protocol::cuda_api!(shim_api);

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
-use gleam_remoting::types::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUevent, CUresult, CUstream};
+use gleam_protocol::types::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUevent, CUresult, CUstream};
 
 use crate::generated::fwd;
 use crate::memory::per_thread;

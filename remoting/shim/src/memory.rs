@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
-use gleam_remoting::types::{CU_STREAM_PER_THREAD, CUresult, CUstream};
+use gleam_protocol::types::{CU_STREAM_PER_THREAD, CUresult, CUstream};
 
 use crate::generated::fwd;
 use crate::{context, export, handles, put, state};

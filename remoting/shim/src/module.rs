@@ -1,7 +1,7 @@
 //! Modules, libraries, functions and kernel launches; plus the per-thread-stream variants of stream and
 //! event calls.
 //!
-//! Module images are sized on the client ([`gleam_remoting::image`]) and shipped whole. A function handle
+//! Module images are sized on the client ([`gleam_fatbin`]) and shipped whole. A function handle
 //! arrives with its [`FunctionInfo`] (parameter layout and attributes), cached here, so a launch is packed,
 //! validated (handle, block and grid dimensions, dynamic shared memory) and sent fire-and-forget, and
 //! `cuFuncGetAttribute` needs no round trip.
@@ -11,12 +11,12 @@ use std::ffi::{CStr, c_char, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use gleam_remoting::image;
-use gleam_remoting::types::{
+use gleam_fatbin as image;
+use gleam_protocol::types::{
     CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END, CUfunction,
     CUkernel, CUlibrary, CUmodule, CUresult, CUstream,
 };
-use gleam_remoting::wire::{Call, FunctionInfo, Launch, Payload, Reply};
+use gleam_protocol::wire::{Call, FunctionInfo, Launch, Payload, Reply};
 
 use crate::generated::fwd;
 use crate::memory::per_thread;

@@ -6,7 +6,7 @@
 //! (`cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`); the size with the most resident threads per
 //! multiprocessor wins, the largest on ties, as CUDA's own helper chooses.
 
-use gleam_remoting::types::{CUfunction, CUresult};
+use gleam_protocol::types::{CUfunction, CUresult};
 
 use crate::generated::fwd;
 use crate::{context, device, export, module, put};

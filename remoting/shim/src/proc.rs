@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::OnceLock;
 
-use gleam_remoting::types::CUresult;
+use gleam_protocol::types::CUresult;
 
 use crate::{export, state};
 

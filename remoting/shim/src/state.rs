@@ -10,10 +10,10 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use gleam_mesh::identity::{Identity, MeshSecret, PeerId, default_config_dir};
-use gleam_remoting::client::{Client, ClientError};
-use gleam_remoting::types::CUresult;
-use gleam_remoting::wire::{DeviceInfo, Reply};
+use gleam_auth::identity::{Identity, MeshSecret, PeerId, default_config_dir};
+use gleam_client::{Client, ClientError};
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{DeviceInfo, Reply};
 
 /// The session of this process.
 pub struct Session {

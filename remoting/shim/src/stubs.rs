@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use gleam_remoting::types::CUresult;
+use gleam_protocol::types::CUresult;
 
 static LOGGED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
 

@@ -29,6 +29,6 @@ GLEAM_TEST_NO_BOGUS_MODULE=1 run driver-gleam "$g" "$W/driver_basic" kernel
 GLEAM_TEST_NO_BOGUS_MODULE=1 CUDA_LAUNCH_BLOCKING=1 run driver-blocking "$g" "$W/driver_basic" kernel
 nvcc -O2 -arch=sm_90 -o "$W/cudart_add" tests/remote/gpu/cudart_vector_add.cu 2>> "$LOG"
 run cudart-local "$W/cudart_add"
-GLEAM_LOG=gleamcuda=debug,gleam_remoting=debug run cudart-gleam "$g" "$W/cudart_add"
+GLEAM_LOG=gleamcuda=debug,gleam_client=debug run cudart-gleam "$g" "$W/cudart_add"
 kill $server; wait $server 2>/dev/null
 for f in driver-gleam driver-blocking cudart-local cudart-gleam; do echo "== $f"; cat "$OUT/$f.out"; tail -n 15 "$OUT/$f.err"; done >> "$LOG"

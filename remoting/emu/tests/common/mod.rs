@@ -2,10 +2,10 @@
 #![allow(dead_code)]
 
 use gleam_emu::{EmuBackend, EmuConfig};
-use gleam_remoting::api::args;
-use gleam_remoting::server::backend::{ApiBackend, Backend};
-use gleam_remoting::types::CUresult;
-use gleam_remoting::wire::{FunctionInfo, Launch};
+use gleam_protocol::api::args;
+use gleam_server::backend::{ApiBackend, Backend};
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{FunctionInfo, Launch};
 
 /// Hand-written PTX in nvcc's style (sm_75, ISA 8.0).
 pub const PTX: &str = r#"

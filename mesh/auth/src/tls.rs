@@ -4,7 +4,7 @@
 //! server's SubjectPublicKeyInfo must hash to the [`PeerId`] the client expected (learned from
 //! mDNS or given by the user). A server accepts any well-formed certificate and learns the
 //! client's id after the handshake ([`remote_peer_id`]); whether that client may do anything is
-//! decided by the mesh-secret proof in [`crate::auth`], not by TLS.
+//! decided by the mesh-secret proof in [`crate::proof`], not by TLS.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -265,7 +265,7 @@ impl ServerCertVerifier for PinnedPeerVerifier {
 }
 
 /// Server side: require a client certificate, accept any well-formed one (the handshake proves
-/// the client holds its key); membership is checked afterwards by [`crate::auth`].
+/// the client holds its key); membership is checked afterwards by [`crate::proof`].
 #[derive(Debug)]
 struct AnyPeerVerifier {
     algorithms: WebPkiSupportedAlgorithms,

@@ -192,7 +192,7 @@ impl<'de> Deserialize<'de> for PeerId {
 /// The shared secret that makes devices members of one mesh: 32 random bytes.
 ///
 /// `gleam mesh init` makes one ([`MeshSecret::generate`]) and prints its [`join code`]; `gleam mesh
-/// join CODE` stores it on another device. It is proved after each handshake (see [`crate::auth`])
+/// join CODE` stores it on another device. It is proved after each handshake (see [`crate::proof`])
 /// and never sent.
 ///
 /// [`join code`]: MeshSecret::join_code

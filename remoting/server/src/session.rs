@@ -14,10 +14,10 @@ use std::time::Instant;
 
 use tracing::{debug, info, warn};
 
-use crate::api::ApiCall;
-use crate::server::backend::Backend;
-use crate::types::CUresult;
-use crate::wire::{
+use gleam_protocol::api::ApiCall;
+use crate::backend::Backend;
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{
     COPY_CHUNK, Call, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request, ServerHello,
 };
 
@@ -262,9 +262,9 @@ fn server_description() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ApiReply, args, outs};
-    use crate::server::backend::ApiBackend;
-    use crate::wire::{ClientHello, DeviceInfo, FunctionInfo, Launch, ParamSlot};
+    use gleam_protocol::api::{ApiReply, args, outs};
+    use crate::backend::ApiBackend;
+    use gleam_protocol::wire::{ClientHello, DeviceInfo, FunctionInfo, Launch, ParamSlot};
 
     /// Records what the engine asks of it; fails where told to. Tests the engine's rules, not CUDA.
     #[derive(Default)]

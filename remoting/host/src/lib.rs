@@ -6,8 +6,6 @@
 //! connection ends (so the driver frees all the session's GPU memory), and the connection is closed with a
 //! reason when the process exits. One client never shares a process with another, and a malformed message
 //! ends only its own session.
-//!
-//! [`pick_backend`] decides what executes sessions: a real GPU when one answers, else the `emu` backend.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -22,8 +20,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tracing::{debug, info, warn};
 
-use crate::server::worker::ExitReason;
-use crate::wire::MAX_FRAME;
+use gleam_server::worker::ExitReason;
+use gleam_protocol::wire::MAX_FRAME;
 
 /// Close code: the session ended normally (Goodbye, or the client finished its stream).
 pub const CLOSE_ENDED: VarInt = VarInt::from_u32(0);
@@ -56,74 +54,6 @@ pub struct WorkerCommand {
     pub args: Vec<String>,
     /// Variables set in its environment, on top of the server's own.
     pub env: Vec<(OsString, OsString)>,
-}
-
-impl WorkerCommand {
-    /// `<this executable> session --backend <choice>`: how `gleam serve` and `gleam peer` run sessions.
-    pub fn gleam_session(choice: BackendChoice) -> std::io::Result<Self> {
-        Ok(Self {
-            program: std::env::current_exe()?,
-            args: vec![
-                "session".to_owned(),
-                "--backend".to_owned(),
-                choice.as_str().to_owned(),
-            ],
-            env: Vec::new(),
-        })
-    }
-}
-
-/// Which backend executes sessions.
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub enum BackendChoice {
-    /// NVIDIA's driver on a real GPU.
-    Cuda,
-    /// The GPU-less backend: device memory in host memory, kernels run by the PTX interpreter.
-    Emu,
-}
-
-impl BackendChoice {
-    /// The name `gleam session --backend` takes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Cuda => "cuda",
-            Self::Emu => "emu",
-        }
-    }
-}
-
-/// What the user asked for with `--backend`.
-#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
-pub enum BackendRequest {
-    /// A real GPU if one answers, else `emu`.
-    #[default]
-    Auto,
-    /// A real GPU; sessions fail if there is none.
-    Cuda,
-    /// The GPU-less backend even if there is a GPU.
-    Emu,
-}
-
-/// Resolves `auto`: a real GPU when NVIDIA's driver loads and reports at least one device, else `emu`.
-pub fn pick_backend(requested: BackendRequest) -> BackendChoice {
-    match requested {
-        BackendRequest::Cuda => BackendChoice::Cuda,
-        BackendRequest::Emu => BackendChoice::Emu,
-        BackendRequest::Auto => match crate::server::real::probe() {
-            Ok(devices) => {
-                info!(devices, "serving with NVIDIA's driver");
-                BackendChoice::Cuda
-            }
-            Err(why) => {
-                info!(
-                    %why,
-                    "no GPU found: the emu backend serves (device memory in host memory, kernels run on \
-                     the CPU by the PTX interpreter)"
-                );
-                BackendChoice::Emu
-            }
-        },
-    }
 }
 
 /// Counters of one hosted session.
@@ -304,8 +234,8 @@ fn describe_exit(status: ExitStatus) -> (VarInt, String) {
         (Some(code), _) => {
             let why = ExitReason::describe_code(code);
             let close = match code {
-                c if c == i32::from(crate::server::worker::EXIT_MALFORMED)
-                    || c == i32::from(crate::server::worker::EXIT_FRAME_TOO_LARGE) =>
+                c if c == i32::from(gleam_server::worker::EXIT_MALFORMED)
+                    || c == i32::from(gleam_server::worker::EXIT_FRAME_TOO_LARGE) =>
                 {
                     CLOSE_PROTOCOL_VIOLATION
                 }

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info};
 
-use crate::server::backend::Backend;
-use crate::server::session::Session;
-use crate::wire::{self, MAX_FRAME, Request, WireError};
+use crate::backend::Backend;
+use crate::session::Session;
+use gleam_protocol::wire::{self, MAX_FRAME, Request, WireError};
 
 /// Read buffer: large enough to hold many small requests, so bursts are read in one syscall.
 const READ_BUFFER: usize = 1 << 20;
@@ -81,13 +81,13 @@ pub fn run<B: Backend>(backend: B) -> ExitReason {
     };
     let input = SpinningPipe {
         file: input,
-        spin: crate::client::spin_budget(),
+        spin: gleam_protocol::tuning::spin_budget(),
     };
     serve(backend, input, output)
 }
 
 /// The request pipe, read after a brief spin: when the next request comes within the spin, the process
-/// does not go to sleep and back (see [`crate::client::spin_budget`]). The spin starts only when the
+/// does not go to sleep and back (see [`gleam_protocol::tuning::spin_budget`]). The spin starts only when the
 /// read buffer is empty, i.e. right after the replies were flushed.
 struct SpinningPipe {
     file: std::fs::File,
@@ -199,7 +199,7 @@ fn write_reply<W: Write>(
     if !data.is_empty() {
         // The encoding ends with the varint 0 of the empty bytes: replace it by the real length.
         encoded.pop();
-        crate::client::push_varint(encoded, data.len() as u64);
+        gleam_protocol::frame::push_varint(encoded, data.len() as u64);
         let body = encoded.len() - 4 + data.len();
         if body > MAX_FRAME {
             error!(seq = reply.seq, len = body, "reply too large");
@@ -238,10 +238,10 @@ fn raw_stdout() -> io::Result<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ApiCall, args, outs};
-    use crate::server::backend::ApiBackend;
-    use crate::types::CUresult;
-    use crate::wire::{
+    use gleam_protocol::api::{ApiCall, args, outs};
+    use crate::backend::ApiBackend;
+    use gleam_protocol::types::CUresult;
+    use gleam_protocol::wire::{
         Call, ClientHello, DeviceInfo, FunctionInfo, Launch, PROTOCOL_VERSION, Payload, Reply,
         ReplyFrame,
     };

@@ -21,12 +21,12 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use tracing::{debug, warn};
 
-use crate::api::{ApiCall, ApiReply, Arg, args, outs};
-use crate::image::ImageKind;
-use crate::server::backend::{ApiBackend, Backend};
-use crate::server::handles::{Admit, Effect, FunctionSource, Handles, Kind, Owner, Register};
-use crate::types::CUresult;
-use crate::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
+use gleam_protocol::api::{ApiCall, ApiReply, Arg, args, outs};
+use gleam_fatbin::ImageKind;
+use gleam_server::backend::{ApiBackend, Backend};
+use gleam_protocol::registry::{Admit, Effect, FunctionSource, Handles, Kind, Owner, Register};
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
 
 /// One past the last `CUdevice_attribute` of CUDA 13.0 (`CU_DEVICE_ATTRIBUTE_MAX`).
 pub const DEVICE_ATTRIBUTE_END: i32 =
@@ -261,7 +261,7 @@ macro_rules! real_api {
     };
 }
 
-crate::cuda_api!(real_api);
+gleam_protocol::cuda_api!(real_api);
 
 /// A session on NVIDIA's driver.
 pub struct RealBackend {
@@ -592,10 +592,10 @@ fn checked_image(image: &[u8]) -> Result<Cow<'_, [u8]>, CUresult> {
     if image.is_empty() {
         return Err(CUresult::INVALID_IMAGE);
     }
-    match crate::image::classify(image) {
+    match gleam_fatbin::classify(image) {
         ImageKind::Ptx if image.contains(&0) => Ok(Cow::Borrowed(image)),
         ImageKind::Ptx => Ok(Cow::Owned([image, &[0]].concat())),
-        ImageKind::Elf | ImageKind::Fatbin => match crate::image::image_size_in(image) {
+        ImageKind::Elf | ImageKind::Fatbin => match gleam_fatbin::image_size_in(image) {
             Ok(_) => Ok(Cow::Borrowed(image)),
             Err(err) => {
                 warn!(error = %err, "refusing a malformed module image");
@@ -653,15 +653,15 @@ mod tests {
     }
 
     /// `data[i] += 1` for `i < n`.
-    const ADD_ONE: &str = include_str!("../../tests/fixtures/add_one.ptx");
+    const ADD_ONE: &str = include_str!("../tests/fixtures/add_one.ptx");
 
     /// On a GPU machine: a whole session through the engine and NVIDIA's driver. Without a GPU (CI)
     /// there is nothing to run it on.
     #[test]
     fn session_on_a_real_gpu() {
-        use crate::api::{ApiReply, args};
-        use crate::server::session::Session;
-        use crate::wire::{
+        use gleam_protocol::api::{ApiReply, args};
+        use gleam_server::session::Session;
+        use gleam_protocol::wire::{
             COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Payload, Reply, Request,
         };
 

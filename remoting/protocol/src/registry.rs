@@ -34,7 +34,7 @@ const STREAM_PER_THREAD: u64 = 2;
 
 /// The kinds of handle the registry knows.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub(crate) enum Kind {
+pub enum Kind {
     Context,
     Module,
     Function,
@@ -46,7 +46,7 @@ pub(crate) enum Kind {
 
 /// Where a handle created by a call belongs, gathered from the call's in-arguments and the current context.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Owner {
+pub struct Owner {
     /// The context a module, function, stream or event is created in (0 = unknown: never cascaded).
     pub ctx: u64,
     /// The library a kernel or module comes from.
@@ -69,7 +69,7 @@ impl Owner {
 
 /// What a function handle was obtained from (it dies with it).
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub(crate) enum FunctionSource {
+pub enum FunctionSource {
     /// `cuModuleGetFunction`.
     Module(u64),
     /// `cuKernelGetFunction`.
@@ -98,7 +98,7 @@ struct Primary {
 
 /// Every live handle of one session, by kind, with what each belongs to.
 #[derive(Debug, Default)]
-pub(crate) struct Handles {
+pub struct Handles {
     /// Context -> the device it is the primary context of (`None`: made by `cuCtxCreate`).
     contexts: HashMap<u64, Option<i32>>,
     primaries: HashMap<i32, Primary>,
@@ -345,7 +345,7 @@ impl Handles {
 
 /// What a listed call destroys, applied by [`Handles::apply`] once the driver returned success.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub(crate) enum Effect {
+pub enum Effect {
     None,
     PrimaryRetain(i32),
     PrimaryRelease(i32),
@@ -388,7 +388,7 @@ impl Effect {
 }
 
 /// What the registry does with one argument type of the declaration list.
-pub(crate) trait HandleArg: Arg {
+pub trait HandleArg: Arg {
     /// Before the call: refuse an unknown handle, and note handles that own what the call creates.
     fn check(handles: &Handles, request: &Self::Request, owner: &mut Owner)
     -> Result<(), CUresult>;
@@ -397,13 +397,13 @@ pub(crate) trait HandleArg: Arg {
 }
 
 /// A handle marker type of [`crate::api`].
-pub(crate) trait HandleKind {
+pub trait HandleKind {
     /// Its kind.
     const KIND: Kind;
 }
 
 /// What an out-pointer may point to: a handle is registered, a plain value is not.
-pub(crate) trait OutValue: Value {
+pub trait OutValue: Value {
     /// Records `value` if it is a handle.
     fn register(handles: &mut Handles, value: &Self::W, owner: &Owner);
 }
@@ -475,13 +475,13 @@ handle_kinds! {
 }
 
 /// A listed call's request, checked against the registry before the driver sees it.
-pub(crate) trait Admit {
+pub trait Admit {
     /// Refuses the call if a handle argument is unknown; otherwise what it creates will belong to `owner`.
     fn admit(&self, handles: &Handles, owner: &mut Owner) -> Result<(), CUresult>;
 }
 
 /// A listed call's successful reply, whose handles are recorded.
-pub(crate) trait Register {
+pub trait Register {
     /// Records the handles the driver returned.
     fn register(&self, handles: &mut Handles, owner: &Owner);
 }

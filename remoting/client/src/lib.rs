@@ -13,7 +13,7 @@
 //! * [`Client::memcpy_htod`] / [`Client::memcpy_dtoh`] split bulk copies into [`COPY_CHUNK`] pieces
 //!   (device-to-host pieces all requested at once, collected in order).
 //!
-//! A thread waiting for a reply spins briefly before parking ([`spin_budget`]; `GLEAM_SPIN_US`), and so
+//! A thread waiting for a reply spins briefly before parking ([`gleam_protocol::tuning::spin_budget`]; `GLEAM_SPIN_US`), and so
 //! does the session process waiting for the next request, on hosts with cores to spare.
 //!
 //! If the connection is lost (QUIC idle timeout with keep-alives on, the server's session process died,
@@ -28,14 +28,14 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gleam_mesh::auth::{AuthError, authenticate_as_client};
-use gleam_mesh::identity::{Identity, MeshSecret, PeerId};
-use gleam_mesh::tls::{ALPN_CUDA, TlsError, client_config, server_name};
+use gleam_auth::proof::{AuthError, authenticate_as_client};
+use gleam_auth::identity::{Identity, MeshSecret, PeerId};
+use gleam_auth::tls::{ALPN_CUDA, TlsError, client_config, server_name};
 use tokio::sync::mpsc as tokio_mpsc;
 use tracing::{debug, warn};
 
-use crate::types::CUresult;
-use crate::wire::{
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{
     COPY_CHUNK, Call, ClientHello, MAX_FRAME, PROTOCOL_VERSION, Payload, Reply, ReplyFrame,
     Request, ServerHello, WireError, decode, encode_frame, read_frame_body, write_frame,
 };
@@ -44,12 +44,6 @@ use crate::wire::{
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The writer stops coalescing queued frames into one write once it holds this many bytes.
 const COALESCE_BYTES: usize = 1 << 20;
-/// Default of [`spin_budget`]: a LAN round trip (up to a millisecond or so) with margin, so a thread
-/// waiting for a reply over the LAN, or a session waiting for a synchronizing client's next request,
-/// stays awake.
-const DEFAULT_SPIN: Duration = Duration::from_millis(2);
-/// Hosts with fewer cores do not spin by default.
-const SPIN_MIN_CORES: usize = 4;
 /// QUIC application close code of an orderly client exit.
 const CLOSE_CLIENT_EXIT: u32 = 0;
 
@@ -250,33 +244,6 @@ impl Slot {
     }
 }
 
-/// How long a thread waiting for a reply (here, and the session process waiting for the next request)
-/// spins before parking: `GLEAM_SPIN_US` microseconds if set, else [`DEFAULT_SPIN`] on hosts with at
-/// least [`SPIN_MIN_CORES`] cores and none on smaller ones, where a spinning thread would take the core
-/// that the awaited reply needs (CUDA's own "auto" scheduling makes the same choice).
-///
-/// Waking a parked thread costs microseconds, far more from a deep idle state: with one millisecond
-/// between requests, every hop of a round trip would pay it.
-pub fn spin_budget() -> Duration {
-    static SPIN: OnceLock<Duration> = OnceLock::new();
-    *SPIN.get_or_init(|| {
-        let configured = std::env::var("GLEAM_SPIN_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        match configured {
-            Some(us) => Duration::from_micros(us.min(1_000_000)),
-            None => {
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                if cores >= SPIN_MIN_CORES {
-                    DEFAULT_SPIN
-                } else {
-                    Duration::ZERO
-                }
-            }
-        }
-    })
-}
-
 impl Shared {
     fn waiters(&self) -> MutexGuard<'_, Waiters> {
         // A poisoned lock only means a thread panicked while holding it; the map is still consistent.
@@ -315,7 +282,7 @@ pub struct Pending {
 impl Pending {
     /// Blocks until the reply arrives (or the session ends).
     pub fn wait(self) -> Result<(CUresult, Reply), ClientError> {
-        match self.slot.wait(spin_budget(), None) {
+        match self.slot.wait(gleam_protocol::tuning::spin_budget(), None) {
             Some(outcome) => self.open(outcome),
             None => Err(ClientError::Lost("the session ended".into())),
         }
@@ -324,7 +291,7 @@ impl Pending {
     /// As [`Pending::wait`], giving up after `timeout`.
     pub fn wait_timeout(self, timeout: Duration) -> Result<(CUresult, Reply), ClientError> {
         let deadline = Instant::now().checked_add(timeout);
-        match self.slot.wait(spin_budget().min(timeout), deadline) {
+        match self.slot.wait(gleam_protocol::tuning::spin_budget().min(timeout), deadline) {
             Some(outcome) => self.open(outcome),
             None => Err(ClientError::Lost(format!("no reply within {timeout:?}"))),
         }
@@ -398,7 +365,7 @@ impl Client {
             "0.0.0.0:0".parse().expect("valid literal")
         };
         let endpoint = runtime
-            .block_on(async { gleam_mesh::tls::endpoint(bind, None) })
+            .block_on(async { gleam_auth::tls::endpoint(bind, None) })
             .map_err(|e| ClientError::Endpoint(e.to_string()))?;
 
         let secret = secret.clone();
@@ -760,7 +727,7 @@ fn encode_htod_frame(head: HtoDHeader, data: &[u8], out: &mut Vec<u8>) -> Result
     let start = out.len();
     out.reserve(skeleton.len() + 10 + data.len());
     out.extend_from_slice(&skeleton[..at]);
-    push_varint(out, data.len() as u64);
+    gleam_protocol::frame::push_varint(out, data.len() as u64);
     out.extend_from_slice(data);
     out.extend_from_slice(&skeleton[at + 1..]);
     let body = out.len() - start - 4;
@@ -770,37 +737,6 @@ fn encode_htod_frame(head: HtoDHeader, data: &[u8], out: &mut Vec<u8>) -> Result
     }
     out[start..start + 4].copy_from_slice(&(body as u32).to_le_bytes());
     Ok(())
-}
-
-/// Reads the varint at the start of `bytes` (postcard's encoding of an integer), if it is complete and
-/// fits a `u64`.
-fn peek_varint(bytes: &[u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for (i, &byte) in bytes.iter().take(10).enumerate() {
-        let bits = u64::from(byte & 0x7f);
-        let shift = 7 * i as u32;
-        if shift == 63 && bits > 1 {
-            return None;
-        }
-        value |= bits << shift;
-        if byte & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
-}
-
-/// Appends `value` as postcard writes a length: LEB128, seven bits a byte, low bits first.
-pub(crate) fn push_varint(out: &mut Vec<u8>, mut value: u64) {
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
 }
 
 fn unreachable(peer: PeerId, addr: SocketAddr, err: impl std::fmt::Display) -> ClientError {
@@ -890,7 +826,7 @@ async fn reader(mut recv: quinn::RecvStream, shared: Arc<Shared>, connection: qu
         }
         let (seq, received) = if buf.len() >= RAW_REPLY {
             // The reply's first field is its seq; the waiting thread decodes the rest.
-            match peek_varint(&buf) {
+            match gleam_protocol::frame::peek_varint(&buf) {
                 Some(seq) => (seq, Received::Raw(std::mem::take(&mut buf))),
                 None => {
                     break ClientError::Protocol("undecodable reply: no sequence number".into());
@@ -960,15 +896,15 @@ mod tests {
     fn varints_round_trip() {
         for value in [0u64, 1, 127, 128, 300, 1 << 35, u64::MAX - 1, u64::MAX] {
             let mut out = Vec::new();
-            push_varint(&mut out, value);
+            gleam_protocol::frame::push_varint(&mut out, value);
             // The same bytes postcard writes for a u64.
             assert_eq!(out, postcard::to_stdvec(&value).unwrap());
             out.push(0xff);
-            assert_eq!(peek_varint(&out), Some(value));
+            assert_eq!(gleam_protocol::frame::peek_varint(&out), Some(value));
         }
-        assert_eq!(peek_varint(&[]), None);
-        assert_eq!(peek_varint(&[0x80, 0x80]), None);
-        assert_eq!(peek_varint(&[0xff; 11]), None);
+        assert_eq!(gleam_protocol::frame::peek_varint(&[]), None);
+        assert_eq!(gleam_protocol::frame::peek_varint(&[0x80, 0x80]), None);
+        assert_eq!(gleam_protocol::frame::peek_varint(&[0xff; 11]), None);
     }
 
     #[test]

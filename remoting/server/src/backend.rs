@@ -1,13 +1,13 @@
 //! What executes a session's calls: NVIDIA's driver on a real GPU, or the GPU-less `emu` backend.
 //!
-//! [`ApiBackend`] has one method per call of the declaration list ([`crate::cuda_api!`]), each taking the
+//! [`ApiBackend`] has one method per call of the declaration list ([`gleam_protocol::cuda_api!`]), each taking the
 //! call's [`args`] struct and returning its [`outs`] struct; every method defaults to
 //! `CUDA_ERROR_NOT_SUPPORTED`, so a backend implements what it can. [`ApiBackend::api`] dispatches an
 //! [`ApiCall`]. [`Backend`] adds the calls written by hand.
 
-use crate::api::{ApiCall, ApiReply, args, outs};
-use crate::types::CUresult;
-use crate::wire::{DeviceInfo, FunctionInfo, Launch};
+use gleam_protocol::api::{ApiCall, ApiReply, args, outs};
+use gleam_protocol::types::CUresult;
+use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch};
 
 macro_rules! api_backend {
     ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
@@ -32,7 +32,7 @@ macro_rules! api_backend {
     };
 }
 
-crate::cuda_api!(api_backend);
+gleam_protocol::cuda_api!(api_backend);
 
 /// A session's executor: the listed calls plus the ones with host buffers, images and launches.
 ///

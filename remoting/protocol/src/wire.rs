@@ -1,6 +1,6 @@
 //! Gleam's CUDA session protocol: what a client (the shim) and a serving peer say to each other.
 //!
-//! A session is one QUIC connection (ALPN `gleam-cuda/1`, authenticated by `gleam_mesh::auth`). The client
+//! A session is one QUIC connection (ALPN `gleam-cuda/1`, authenticated by `gleam_auth::proof`). The client
 //! opens one bidirectional stream and sends [`Request`] frames on it; the server executes them in order and
 //! answers every request whose `expects_reply` is set with a [`ReplyFrame`] carrying the same `seq`.
 //! Requests without a reply are fire-and-forget: if one fails on the server, its error becomes the session's

@@ -1,0 +1,20 @@
+//! `gleam-auth`: who a device is, and how two devices come to trust each other.
+//!
+//! Every Gleam connection (mesh gossip and CUDA sessions alike) is built from the three parts here, in this
+//! order:
+//!
+//! * [`identity`]: [`Identity`] (this device's long-term Ed25519 key and self-signed certificate, made at
+//!   first start), [`PeerId`] (the BLAKE3 hash of a device's public key) and [`MeshSecret`] (the shared
+//!   secret that defines a mesh), with the config directory they live in.
+//! * [`tls`]: quinn/rustls configurations for mutually authenticated TLS 1.3 in which each side pins the
+//!   other's [`PeerId`], and the ALPNs [`tls::ALPN_MESH`] and [`tls::ALPN_CUDA`].
+//! * [`proof`]: the mesh-secret proof run right after the handshake, bound to that TLS session, so a device
+//!   outside the mesh is refused without the secret ever travelling.
+//!
+//! The crate does no discovery and keeps no peer state: that is `gleam-mesh`.
+
+pub mod identity;
+pub mod proof;
+pub mod tls;
+
+pub use identity::{Identity, MeshSecret, PeerId};

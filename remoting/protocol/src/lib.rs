@@ -1,0 +1,18 @@
+//! `gleam-protocol`: what Gleam's shim and a serving peer say to each other, and nothing about how the bytes
+//! travel.
+//!
+//! * [`api`]: the declaration list of the CUDA driver API ([`cuda_api!`]) and the [`api::Arg`] trait that
+//!   says how each C argument travels. The shim's exports, the wire messages, the server's dispatch and the
+//!   real backend's calls are all generated from it.
+//! * [`wire`]: the session's messages: [`wire::Request`] / [`wire::Call`] from the client,
+//!   [`wire::ReplyFrame`] / [`wire::Reply`] from the server, and the hello exchange.
+//! * [`registry`]: [`registry::Handles`], the registry of live handles with each kind's lifetime rules.
+//! * [`types`]: the C ABI types (`CUresult`, handles, constants) shared by every layer.
+//! * [`tuning`]: the waiting strategy both ends of a session share.
+
+pub mod api;
+pub mod frame;
+pub mod registry;
+pub mod tuning;
+pub mod types;
+pub mod wire;
