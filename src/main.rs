@@ -1,10 +1,9 @@
 //! `gleam`: borrow another device's NVIDIA GPU over the LAN.
 //!
 //! A thin binary: every subcommand lives in `cmd/`, and the real work in the library crates
-//! (`gleam-remoting`, `gleam-mesh`, `gleam-emu`, `gleam-linkemu`, `gleam-cache`).
+//! (see the README's "How it works" table).
 
 mod cmd;
-mod device_facts;
 
 use std::process::ExitCode;
 

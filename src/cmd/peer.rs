@@ -15,7 +15,7 @@ use gleam_mesh::state::{CacheDigest, GpuSummary};
 use super::backend::Backend;
 use tracing::{debug, info, warn};
 
-use crate::device_facts::{self, HostCpu, LoadSampler, NvmlGpus, SAMPLE_PERIOD, VisibleDevices};
+use gleam_facts::{HostCpu, LoadSampler, NvmlGpus, SAMPLE_PERIOD, VisibleDevices};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -260,7 +260,7 @@ impl RealDevice {
                 let cuda = gleam_real::probe().ok();
                 if let Some(cuda) = cuda
                     && cuda != gpus.len()
-                    && let Ok(driver) = device_facts::driver_gpus()
+                    && let Ok(driver) = gleam_facts::driver_gpus()
                 {
                     warn!(
                         nvml = gpus.len(),
@@ -278,7 +278,7 @@ impl RealDevice {
                 Self { gpus, load }
             }
             // Logged once (the daemon builds its device once), naming what is missing.
-            Err(nvml_err) => match device_facts::driver_gpus() {
+            Err(nvml_err) => match gleam_facts::driver_gpus() {
                 Ok(gpus) => {
                     warn!(
                         %nvml_err,

@@ -1,4 +1,4 @@
-//! Facts about this machine's GPUs and load, for the peer daemon's [`DeviceInfo`] implementations.
+//! `gleam-facts`: facts about this machine's GPUs and load, for the peer daemon's [`DeviceInfo`] implementations.
 //!
 //! The daemon runs forever, so it must not hold a CUDA context (a context costs device memory on
 //! every GPU it touches). Everything here therefore comes from NVML, the driver's management
