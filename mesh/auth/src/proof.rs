@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use quinn::{ConnectionError, VarInt};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::identity::{MeshSecret, PeerId};
 use crate::tls::{TlsError, remote_peer_id};
@@ -138,7 +138,8 @@ fn finish(
         // Already closed by the peer or the network, or refused by it: nothing to tell.
         _ => return Err(err),
     };
-    warn!(%peer, remote = %conn.remote_address(), error = %err, "refusing peer");
+    // The caller decides how loudly to report it (a device of another mesh retries forever).
+    debug!(%peer, remote = %conn.remote_address(), error = %err, "refusing peer");
     conn.close(CLOSE_AUTH_FAILED, reason);
     Err(err)
 }
