@@ -740,10 +740,12 @@ impl Actor {
                 let bandwidth = link.prober.bandwidth_bps().unwrap_or(0);
                 let measured = probe::link_quality(&link.conn, &mut link.meter, bandwidth);
                 link.quality = measured;
-                // Publish RTT coarsely (100 us steps) and bandwidth to 2 significant digits, so
-                // jitter does not bump the version each tick.
+                // Publish RTT and bandwidth to 2 significant digits (RTT in 100 us steps at least),
+                // so jitter does not bump the version each tick.
                 let mut quality = measured;
-                quality.rtt_us = quality.rtt_us.div_ceil(100) * 100;
+                quality.rtt_us = two_digits(u64::from(quality.rtt_us.div_ceil(100) * 100))
+                    .try_into()
+                    .unwrap_or(u32::MAX);
                 quality.loss = (quality.loss * 100.0).round() / 100.0;
                 quality.bandwidth_bps = two_digits(quality.bandwidth_bps);
                 LinkReport {
@@ -755,9 +757,17 @@ impl Actor {
         state.links.sort_by_key(|link| link.peer);
         state.truncate_to_limits();
         if state != self.own {
+            // Load, sessions, GPUs go out at once; link figures alone wait for the next periodic
+            // publication (on a slow link, gossip must not become traffic of its own).
+            let links_only = PeerState {
+                links: self.own.links.clone(),
+                ..state.clone()
+            } == self.own;
             state.version = self.own.version + 1;
             self.own = state;
-            self.last_publish = None;
+            if !links_only {
+                self.last_publish = None;
+            }
         }
     }
 
@@ -1667,7 +1677,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 const LIVENESS_TIMEOUT: Duration = Duration::from_secs(1);
 const MAX_GOSSIP_STREAM: usize = 64 * 1024;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+/// Our state is re-published this often even unchanged (a view drops a peer silent for 10 s).
+const PUBLISH_EVERY: Duration = Duration::from_secs(3);
 /// How often a linked peer that is not a member is asked in again.
 const REANNOUNCE_EVERY: Duration = Duration::from_secs(1);
 /// Second byte kind on a bidi stream: an echo (liveness check).

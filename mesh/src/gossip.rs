@@ -129,6 +129,11 @@ impl Gossip {
             num_members: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
         });
         config.max_transmissions = NonZeroU8::new(6).unwrap_or(NonZeroU8::MIN);
+        // Updates also travel with every probe; gossiping each 0.5 s keeps a slow link quiet.
+        config.periodic_gossip = Some(foca::PeriodicParams {
+            frequency: Duration::from_millis(500),
+            num_members: NonZeroUsize::new(3).unwrap_or(NonZeroUsize::MIN),
+        });
         config.max_packet_size = NonZeroUsize::new(MAX_PACKET).unwrap_or(NonZeroUsize::MIN);
         config.periodic_announce = Some(foca::PeriodicParams {
             frequency: Duration::from_secs(5),

@@ -235,11 +235,21 @@ impl Prober {
     }
 
     /// A probe ended (`None`: it failed after `cost`); charges its cost and updates the estimate.
+    ///
+    /// The cost is the time the probe took, or the time its whole size takes at the rate it measured
+    /// when that is longer (bytes the receiver stopped still crossed the link).
     pub fn on_probe_done(&mut self, now: Instant, report: Option<ProbeReport>, cost: Duration) {
         self.refill(now);
         self.in_flight = false;
-        self.credit_us -= cost.as_micros().min(i64::MAX as u128) as i64;
         self.due = now + self.interval;
+        let airtime = report
+            .filter(|report| report.timed >= MIN_TIMED && report.timed_bytes > 0)
+            .map_or(Duration::ZERO, |report| {
+                report
+                    .timed
+                    .mul_f64(f64::from(self.last_size) / report.timed_bytes as f64)
+            });
+        self.credit_us -= cost.max(airtime).as_micros().min(i64::MAX as u128) as i64;
         let Some(report) = report else { return };
         let sample = match report.timed {
             timed if timed >= MIN_TIMED && report.timed_bytes > 0 => Estimate {
