@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use common::Server;
 use common::client::{Client, connect_raw, pattern};
 use gleam_auth::identity::MeshSecret;
-use gleam_protocol::api::{ApiCall, args};
 use gleam_host::{CLOSE_PROTOCOL_VIOLATION, CLOSE_WORKER_FAILED};
+use gleam_protocol::api::{ApiCall, args};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{COPY_CHUNK, Call, ClientHello, MAX_FRAME, PROTOCOL_VERSION, Reply};
 

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use gleam_auth::identity::PeerId;
 use crate::select::JobHint;
 use crate::state::{CacheDigest, GpuSummary};
+use gleam_auth::identity::PeerId;
 
 /// A request to the daemon.
 #[derive(Clone, Debug, Deserialize, PartialEq, Serialize)]

@@ -29,16 +29,16 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use gleam_auth::proof::{AuthError, authenticate_as_client, authenticate_as_server};
 use crate::control::{BestPeer, MAX_LINE, PeerRow, Request, Response};
 use crate::discovery::{Advertisement, Discovery, DiscoveryError, DiscoveryEvent};
 use crate::gossip::{Gossip, Member, Output};
-use gleam_auth::identity::{Identity, MeshSecret, PeerId};
 use crate::probe::{self, LossMeter, PROBE_BYTES, STREAM_PROBE};
 use crate::select::{self, Candidate};
 use crate::state::{
     CacheDigest, GpuSummary, LinkQuality, LinkReport, Load, MeshView, PROTOCOL_VERSION, PeerState,
 };
+use gleam_auth::identity::{Identity, MeshSecret, PeerId};
+use gleam_auth::proof::{AuthError, authenticate_as_client, authenticate_as_server};
 use gleam_auth::tls::{self, ALPN_CUDA, ALPN_MESH};
 
 /// Serves one authenticated CUDA session (`gleam-cuda/1` connection) from `PeerId`. Called on the

@@ -11,8 +11,8 @@ use mdns_sd::{IfKind, ResolvedService, ScopedIp, ServiceDaemon, ServiceEvent, Se
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use gleam_auth::identity::PeerId;
 use crate::state::{GpuSummary, PROTOCOL_VERSION};
+use gleam_auth::identity::PeerId;
 
 /// The DNS-SD service type of Gleam peers.
 pub const SERVICE_TYPE: &str = "_gleam._udp.local.";

@@ -21,8 +21,8 @@ use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, trace};
 
-use gleam_auth::identity::PeerId;
 use crate::state::PeerState;
+use gleam_auth::identity::PeerId;
 
 /// A mesh member as foca sees it.
 #[derive(Clone, Debug, Deserialize, Eq, Hash, PartialEq, Serialize)]

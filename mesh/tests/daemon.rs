@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gleam_auth::proof::{AuthError, authenticate_as_client};
+use gleam_auth::tls;
+use gleam_auth::{Identity, MeshSecret, PeerId};
 use gleam_mesh::control::{self, PeerRow};
 use gleam_mesh::daemon::{Daemon, DaemonConfig, DeviceInfo, DeviceLoad, SessionHandler};
 use gleam_mesh::select::JobHint;
 use gleam_mesh::state::GpuSummary;
-use gleam_auth::tls;
-use gleam_auth::{Identity, MeshSecret, PeerId};
 use tokio::sync::{mpsc, oneshot};
 
 struct FakeGpu;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use gleam_cache::BlobStore;
 use gleam_auth::PeerId;
-use gleam_mesh::daemon::{Daemon, DaemonConfig, DeviceInfo, DeviceLoad, SessionHandler};
 use gleam_auth::identity::{Identity, MeshSecret};
+use gleam_cache::BlobStore;
+use gleam_mesh::daemon::{Daemon, DaemonConfig, DeviceInfo, DeviceLoad, SessionHandler};
 use gleam_mesh::state::{CacheDigest, GpuSummary};
 
 use super::backend::Backend;

@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
-use gleam_mesh::control::{self, PeerRow};
 use gleam_auth::identity::{Identity, MeshSecret};
-use gleam_mesh::select::JobHint;
 use gleam_auth::{PeerId, proof, tls};
+use gleam_mesh::control::{self, PeerRow};
+use gleam_mesh::select::JobHint;
 
 /// `gleam peers [--config-dir DIR] COMMAND`.
 pub type Args = super::WithConfigDir<Command>;

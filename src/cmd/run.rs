@@ -15,10 +15,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use gleam_mesh::control;
 use gleam_auth::identity::{Identity, MeshSecret, PeerId};
-use gleam_mesh::select::JobHint;
 use gleam_client::Client;
+use gleam_mesh::control;
+use gleam_mesh::select::JobHint;
 
 use super::ConfigDir;
 

@@ -28,8 +28,8 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gleam_auth::proof::{AuthError, authenticate_as_client};
 use gleam_auth::identity::{Identity, MeshSecret, PeerId};
+use gleam_auth::proof::{AuthError, authenticate_as_client};
 use gleam_auth::tls::{ALPN_CUDA, TlsError, client_config, server_name};
 use tokio::sync::mpsc as tokio_mpsc;
 use tracing::{debug, warn};
@@ -291,7 +291,10 @@ impl Pending {
     /// As [`Pending::wait`], giving up after `timeout`.
     pub fn wait_timeout(self, timeout: Duration) -> Result<(CUresult, Reply), ClientError> {
         let deadline = Instant::now().checked_add(timeout);
-        match self.slot.wait(gleam_protocol::tuning::spin_budget().min(timeout), deadline) {
+        match self
+            .slot
+            .wait(gleam_protocol::tuning::spin_budget().min(timeout), deadline)
+        {
             Some(outcome) => self.open(outcome),
             None => Err(ClientError::Lost(format!("no reply within {timeout:?}"))),
         }

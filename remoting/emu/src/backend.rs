@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use gleam_ptx::{ExecError, LaunchConfig};
 use gleam_protocol::api::{args, outs};
-use gleam_server::backend::{ApiBackend, Backend};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
+use gleam_ptx::{ExecError, LaunchConfig};
+use gleam_server::backend::{ApiBackend, Backend};
 
 use crate::device::{self, Resources, func_attr};
 use crate::memory::{ALLOC_ALIGN, DeviceMemory};

@@ -6,11 +6,11 @@ mod common;
 use common::{PTX, Params};
 use gleam_emu::{EmuBackend, EmuConfig};
 use gleam_protocol::api::{ApiCall, ApiReply, args};
-use gleam_server::session::Session;
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
     Call, ClientHello, Launch, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request,
 };
+use gleam_server::session::Session;
 
 struct Client {
     session: Session<EmuBackend>,

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use common::{Emu, PTX, Params};
 use gleam_protocol::api::args;
-use gleam_server::backend::{ApiBackend, Backend};
 use gleam_protocol::types::CUresult;
+use gleam_server::backend::{ApiBackend, Backend};
 
 /// Loop trips of `slowFill`: enough that the kernel is still running when the host looks (~100 ms+).
 const ITERS: u32 = 20_000;

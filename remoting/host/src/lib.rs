@@ -20,8 +20,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tracing::{debug, info, warn};
 
-use gleam_server::worker::ExitReason;
 use gleam_protocol::wire::MAX_FRAME;
+use gleam_server::worker::ExitReason;
 
 /// Close code: the session ended normally (Goodbye, or the client finished its stream).
 pub const CLOSE_ENDED: VarInt = VarInt::from_u32(0);

@@ -30,4 +30,3 @@ pub fn push_varint(out: &mut Vec<u8>, mut value: u64) {
         out.push(byte | 0x80);
     }
 }
-

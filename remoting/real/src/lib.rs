@@ -21,12 +21,12 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use tracing::{debug, warn};
 
-use gleam_protocol::api::{ApiCall, ApiReply, Arg, args, outs};
 use gleam_fatbin::ImageKind;
-use gleam_server::backend::{ApiBackend, Backend};
+use gleam_protocol::api::{ApiCall, ApiReply, Arg, args, outs};
 use gleam_protocol::registry::{Admit, Effect, FunctionSource, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
+use gleam_server::backend::{ApiBackend, Backend};
 
 /// One past the last `CUdevice_attribute` of CUDA 13.0 (`CU_DEVICE_ATTRIBUTE_MAX`).
 pub const DEVICE_ATTRIBUTE_END: i32 =
@@ -293,12 +293,12 @@ impl RealBackend {
 
     /// Bookkeeping after a listed call succeeded: the registry's cascades and the current context.
     fn track(&mut self, effect: Effect, reply: &ApiReply) {
-        self.handles.apply(effect, reply);
+        self.handles.apply(effect, Some(reply));
         match (effect, reply) {
             // cuCtxCreate makes the new context current.
             (_, ApiReply::cuCtxCreate_v2(out)) => self.current = Some(out.pctx),
             // The driver's current context may have changed behind our back.
-            (Effect::CtxDestroy(_) | Effect::PrimaryReset(_), _) => self.current = None,
+            (Effect::Destroy(Kind::Context, _) | Effect::PrimaryReset(_), _) => self.current = None,
             _ => {}
         }
     }
@@ -660,10 +660,10 @@ mod tests {
     #[test]
     fn session_on_a_real_gpu() {
         use gleam_protocol::api::{ApiReply, args};
-        use gleam_server::session::Session;
         use gleam_protocol::wire::{
             COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Payload, Reply, Request,
         };
+        use gleam_server::session::Session;
 
         let backend = match RealBackend::new() {
             Ok(b) => b,

@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use tracing::{debug, info, warn};
 
-use gleam_protocol::api::ApiCall;
 use crate::backend::Backend;
+use gleam_protocol::api::ApiCall;
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
     COPY_CHUNK, Call, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request, ServerHello,
@@ -262,8 +262,8 @@ fn server_description() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gleam_protocol::api::{ApiReply, args, outs};
     use crate::backend::ApiBackend;
+    use gleam_protocol::api::{ApiReply, args, outs};
     use gleam_protocol::wire::{ClientHello, DeviceInfo, FunctionInfo, Launch, ParamSlot};
 
     /// Records what the engine asks of it; fails where told to. Tests the engine's rules, not CUDA.

@@ -238,8 +238,8 @@ fn raw_stdout() -> io::Result<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gleam_protocol::api::{ApiCall, args, outs};
     use crate::backend::ApiBackend;
+    use gleam_protocol::api::{ApiCall, args, outs};
     use gleam_protocol::types::CUresult;
     use gleam_protocol::wire::{
         Call, ClientHello, DeviceInfo, FunctionInfo, Launch, PROTOCOL_VERSION, Payload, Reply,
