@@ -661,7 +661,7 @@ mod tests {
     fn session_on_a_real_gpu() {
         use gleam_protocol::api::{ApiReply, args};
         use gleam_protocol::wire::{
-            COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Payload, Reply, Request,
+            COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Reply, ReplyFrame, Request,
         };
         use gleam_server::session::Session;
 
@@ -673,16 +673,21 @@ mod tests {
             }
         };
         let mut s = Session::new(backend);
-        let mut seq = 0;
+        let seq = std::cell::Cell::new(0);
         let mut ctx = 0;
-        let mut call = |s: &mut Session<RealBackend>, ctx: u64, c: Call, reply: bool| {
-            seq += 1;
-            s.handle(Request {
-                seq,
-                ctx,
-                expects_reply: reply,
-                call: c,
-            })
+        let call_with =
+            |s: &mut Session<RealBackend>, ctx: u64, c: Call, reply: bool, bulk: &[u8]| {
+                seq.set(seq.get() + 1);
+                let request = Request {
+                    seq: seq.get(),
+                    ctx,
+                    expects_reply: reply,
+                    call: c,
+                };
+                s.handle(request, bulk)
+            };
+        let call = |s: &mut Session<RealBackend>, ctx: u64, c: Call, reply: bool| {
+            call_with(s, ctx, c, reply, &[]).map(|answer| -> ReplyFrame { answer.frame })
         };
         let r = call(
             &mut s,
@@ -759,29 +764,23 @@ mod tests {
         let input: Vec<u8> = (0..n).flat_map(|i| i.to_le_bytes()).collect();
         for (i, piece) in input.chunks(COPY_CHUNK).enumerate() {
             let last = (i + 1) * COPY_CHUNK >= input.len();
-            let r = call(
+            let r = call_with(
                 &mut s,
                 ctx,
                 Call::MemcpyHtoD {
                     dst: ptr + (i * COPY_CHUNK) as u64,
-                    data: Payload::Inline(piece.to_vec()),
                     stream: None,
                 },
                 last,
+                piece,
             );
             if let Some(r) = r {
-                assert_eq!(r.result, CUresult::SUCCESS);
+                assert_eq!(r.frame.result, CUresult::SUCCESS);
             }
         }
-        let r = call(
-            &mut s,
-            ctx,
-            Call::ModuleLoad {
-                image: Payload::Inline(ADD_ONE.as_bytes().to_vec()),
-            },
-            true,
-        )
-        .unwrap();
+        let r = call_with(&mut s, ctx, Call::ModuleLoad, true, ADD_ONE.as_bytes())
+            .unwrap()
+            .frame;
         let Reply::Module { handle: module } = r.reply else {
             panic!("{:?}", r.result)
         };
@@ -865,7 +864,7 @@ mod tests {
         let mut back = Vec::new();
         while back.len() < bytes {
             let len = (bytes - back.len()).min(COPY_CHUNK);
-            let r = call(
+            let r = call_with(
                 &mut s,
                 ctx,
                 Call::MemcpyDtoH {
@@ -874,12 +873,13 @@ mod tests {
                     stream: None,
                 },
                 true,
+                &[],
             )
             .unwrap();
-            let Reply::Data(d) = r.reply else {
-                panic!("{:?}", r.result)
+            let Reply::Data = r.frame.reply else {
+                panic!("{:?}", r.frame.result)
             };
-            back.extend(d);
+            back.extend(r.bulk);
         }
         for (i, w) in back.chunks_exact(4).enumerate() {
             assert_eq!(
@@ -904,17 +904,17 @@ mod tests {
             panic!("{:?}", r.result)
         };
         let stream = o.stream;
-        call(
+        call_with(
             &mut s,
             ctx,
             Call::MemcpyHtoD {
                 dst: ptr,
-                data: Payload::Inline(vec![7; 64]),
                 stream: Some(stream),
             },
             false,
+            &[7; 64],
         );
-        let r = call(
+        let r = call_with(
             &mut s,
             ctx,
             Call::MemcpyDtoH {
@@ -923,12 +923,13 @@ mod tests {
                 stream: Some(stream),
             },
             true,
+            &[],
         )
         .unwrap();
         assert!(
-            matches!(r.reply, Reply::Data(ref d) if d == &[7; 64]),
+            matches!(r.frame.reply, Reply::Data) && r.bulk == [7; 64],
             "{:?}",
-            r.result
+            r.frame.result
         );
 
         // Made-up and dead handles get CUDA's error codes instead of crashing the session process.

@@ -17,7 +17,7 @@ use gleam_protocol::types::{
     CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END, CUfunction,
     CUkernel, CUlibrary, CUmodule, CUresult, CUstream,
 };
-use gleam_protocol::wire::{Call, FunctionInfo, Launch, Payload, Reply};
+use gleam_protocol::wire::{Call, FunctionInfo, Launch, Reply};
 
 use crate::{context, device, forward, handles, put, state};
 
@@ -46,20 +46,23 @@ const MAX_PARAM_BYTES: usize = 32_764;
 
 /// A synchronous call in the current context: the server's reply, once its result is a success.
 fn call(call: Call) -> Result<Reply, CUresult> {
+    call_with(call, &[])
+}
+
+/// [`call`] with bulk bytes (a module image).
+fn call_with(call: Call, bulk: &[u8]) -> Result<Reply, CUresult> {
     let session = state::session()?;
-    let (result, reply) = session
+    let answer = session
         .client
-        .call(context::current(), call)
+        .call_with(context::current(), call, bulk)
         .map_err(state::lost)?;
-    result.result()?;
-    Ok(reply)
+    answer.result.result()?;
+    Ok(answer.reply)
 }
 
 /// Ships a module image, returns the handle.
-fn load_module(bytes: Vec<u8>) -> Result<u64, CUresult> {
-    match call(Call::ModuleLoad {
-        image: Payload::Inline(bytes),
-    })? {
+fn load_module(image: &[u8]) -> Result<u64, CUresult> {
+    match call_with(Call::ModuleLoad, image)? {
         Reply::Module { handle } => {
             handles::record(Kind::Module, handle, &Owner::in_context(context::current()));
             Ok(handle)
@@ -68,10 +71,8 @@ fn load_module(bytes: Vec<u8>) -> Result<u64, CUresult> {
     }
 }
 
-fn load_library(bytes: Vec<u8>) -> Result<u64, CUresult> {
-    match call(Call::LibraryLoad {
-        image: Payload::Inline(bytes),
-    })? {
+fn load_library(image: &[u8]) -> Result<u64, CUresult> {
+    match call_with(Call::LibraryLoad, image)? {
         Reply::Library { handle } => {
             handles::record(Kind::Library, handle, &Owner::default());
             Ok(handle)
@@ -80,13 +81,17 @@ fn load_library(bytes: Vec<u8>) -> Result<u64, CUresult> {
     }
 }
 
-/// Copies the image at `image` (a fatbin wrapper is followed to its fatbin).
-unsafe fn image_bytes(image: *const c_void) -> Result<Vec<u8>, CUresult> {
-    // SAFETY: the application passed a module image, as cuModuleLoadData requires.
+/// The bytes of the image at `image` (a fatbin wrapper is followed to its fatbin), sized on the client.
+///
+/// # Safety
+/// `image` is a module image as `cuModuleLoadData` requires; the slice is used before the call returns.
+unsafe fn image_bytes<'a>(image: *const c_void) -> Result<&'a [u8], CUresult> {
+    // SAFETY: the application passed a module image, as cuModuleLoadData requires; its extent is what
+    // its headers (or the PTX text's NUL) say.
     unsafe {
         let start = image::unwrap_fatbin_wrapper(image).map_err(bad_image)?;
         let len = image::image_size(start).map_err(bad_image)?;
-        Ok(std::slice::from_raw_parts(start.cast::<u8>(), len).to_vec())
+        Ok(std::slice::from_raw_parts(start.cast::<u8>(), len))
     }
 }
 
@@ -373,7 +378,7 @@ pub unsafe fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> Resul
     }
     // SAFETY: a NUL-terminated path, as the C API requires.
     let bytes = unsafe { read_file(fname)? };
-    let handle = load_module(bytes)?;
+    let handle = load_module(&bytes)?;
     // SAFETY: the caller's out-pointer, non-NULL.
     unsafe { put(module, handle as CUmodule) }
 }
@@ -521,7 +526,7 @@ pub unsafe fn cuLibraryLoadFromFile(
     state::session()?;
     // SAFETY: a NUL-terminated path, as the C API requires.
     let bytes = unsafe { read_file(file_name)? };
-    let handle = load_library(bytes)?;
+    let handle = load_library(&bytes)?;
     // SAFETY: the caller's out-pointer, non-NULL.
     unsafe { put(library, handle as CUlibrary) }
 }
