@@ -231,7 +231,7 @@ fn a_faulting_kernel_leaves_a_sticky_illegal_address() {
         Err(CUresult::ILLEGAL_ADDRESS)
     );
     assert_eq!(emu.sync(0), Err(CUresult::ILLEGAL_ADDRESS));
-    emu.b.shutdown();
+    emu.b.shutdown(&Default::default());
 }
 
 #[test]

@@ -343,7 +343,7 @@ fn shutdown_skips_queued_work() {
         emu.launch(k.slow_fill, (N / 64) as u32, 64, 0, &p).unwrap();
     }
     let t = Instant::now();
-    emu.b.shutdown();
+    emu.b.shutdown(&Default::default());
     let took = t.elapsed();
     // At most the kernel already running finishes; the other queued ones are skipped.
     assert!(took < one * 8, "shutdown took {took:?}, one launch {one:?}");

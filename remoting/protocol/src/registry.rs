@@ -32,8 +32,25 @@ const STREAM_LEGACY: u64 = 1;
 /// `CU_STREAM_PER_THREAD`.
 const STREAM_PER_THREAD: u64 = 2;
 
+/// What a call's effect killed, from [`Handles::apply`].
+#[derive(Clone, Debug, Default, Eq, PartialEq)]
+pub struct Died {
+    /// Every handle that died, the one destroyed and those that died with it.
+    pub handles: Vec<(Kind, u64)>,
+    /// Contexts whose contents (memory included) are gone: destroyed, released for the last time, or
+    /// reset (a reset primary context itself stays).
+    pub emptied_contexts: Vec<u64>,
+}
+
+impl Died {
+    /// Whether nothing died.
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty() && self.emptied_contexts.is_empty()
+    }
+}
+
 /// The kinds of handle the registry knows.
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
 pub enum Kind {
     Context,
     Module,
@@ -212,10 +229,14 @@ impl Handles {
     }
 
     /// Applies what a successful call did (`reply`: a `sync` call's reply, which gives the primary context
-    /// a retain returned). Returns the contexts whose contents died (destroyed or reset), so that state kept
-    /// beside the registry (allocations, context-local storage) can follow.
-    pub fn apply(&mut self, effect: Effect, reply: Option<&ApiReply>) -> Vec<u64> {
-        match effect {
+    /// a retain returned), and says what died, so that state kept beside the registry (a backend's
+    /// objects, the shim's allocations and context-local storage) can follow the same rules.
+    pub fn apply(&mut self, effect: Effect, reply: Option<&ApiReply>) -> Died {
+        if effect == Effect::None {
+            return Died::default();
+        }
+        let before = self.every_handle();
+        let emptied_contexts = match effect {
             Effect::None => Vec::new(),
             Effect::PrimaryRetain(dev) => {
                 if let Some(ApiReply::cuDevicePrimaryCtxRetain(out)) = reply {
@@ -260,7 +281,31 @@ impl Handles {
                 );
                 Vec::new()
             }
+        };
+        let after = self.every_handle();
+        Died {
+            handles: before.difference(&after).copied().collect(),
+            emptied_contexts,
         }
+    }
+
+    /// Every live handle with its kind.
+    fn every_handle(&self) -> HashSet<(Kind, u64)> {
+        let tagged = |kind: Kind, handles: &mut dyn Iterator<Item = u64>| {
+            handles.map(move |h| (kind, h)).collect::<Vec<_>>()
+        };
+        [
+            tagged(Kind::Context, &mut self.contexts.keys().copied()),
+            tagged(Kind::Module, &mut self.modules.keys().copied()),
+            tagged(Kind::Function, &mut self.functions.keys().copied()),
+            tagged(Kind::Stream, &mut self.streams.keys().copied()),
+            tagged(Kind::Event, &mut self.events.keys().copied()),
+            tagged(Kind::Library, &mut self.libraries.iter().copied()),
+            tagged(Kind::Kernel, &mut self.kernels.keys().copied()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 
     /// Records the device a context created by `cuCtxCreate` belongs to (primary contexts know theirs).
@@ -506,24 +551,43 @@ pub trait Register {
     fn register(&self, handles: &mut Handles, owner: &Owner);
 }
 
-/// Generates [`Admit`] and [`Register`] for every listed call.
+/// Generates [`Admit`] and [`Register`] for every listed call, and for the [`ApiCall`]/[`ApiReply`]
+/// enums that carry them.
 macro_rules! handle_rules {
-    ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {$(
-        impl Admit for args::$name {
+    ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
+        $(
+            impl Admit for args::$name {
+                fn admit(&self, handles: &Handles, owner: &mut Owner) -> Result<(), CUresult> {
+                    let _ = (&handles, &owner);
+                    $(<$ty as HandleArg>::check(handles, &self.$arg, owner)?;)*
+                    Ok(())
+                }
+            }
+
+            impl Register for outs::$name {
+                fn register(&self, handles: &mut Handles, owner: &Owner) {
+                    let _ = (&handles, owner);
+                    $(<$ty as HandleArg>::register(handles, &self.$arg, owner);)*
+                }
+            }
+        )*
+
+        impl Admit for ApiCall {
             fn admit(&self, handles: &Handles, owner: &mut Owner) -> Result<(), CUresult> {
-                let _ = (&handles, &owner);
-                $(<$ty as HandleArg>::check(handles, &self.$arg, owner)?;)*
-                Ok(())
+                match self {
+                    $(Self::$name(args) => args.admit(handles, owner),)*
+                }
             }
         }
 
-        impl Register for outs::$name {
+        impl Register for ApiReply {
             fn register(&self, handles: &mut Handles, owner: &Owner) {
-                let _ = (&handles, owner);
-                $(<$ty as HandleArg>::register(handles, &self.$arg, owner);)*
+                match self {
+                    $(Self::$name(outs) => outs.register(handles, owner),)*
+                }
             }
         }
-    )*};
+    };
 }
 
 cuda_api!(handle_rules);

@@ -9,6 +9,10 @@
 //! * a fire-and-forget request that fails leaves its error *pending*; the next request that expects a reply
 //!   is not executed and returns that error instead, which is then cleared unless it is sticky;
 //! * a sticky error (from any call) is returned by every later request, and nothing more executes;
+//! * every handle a request names must be one the backend gave this session and that is still alive
+//!   ([`Handles`], the registry the shim keeps too): a made-up or dead one gets CUDA's own error code and
+//!   never reaches the backend, and what a call destroys takes with it what CUDA says dies with it
+//!   ([`Backend::forget`] hears of it);
 //! * [`Call::Goodbye`] frees everything ([`Backend::shutdown`]) and ends the session.
 
 use std::time::Instant;
@@ -17,6 +21,7 @@ use tracing::{debug, info, warn};
 
 use crate::backend::Backend;
 use gleam_protocol::api::ApiCall;
+use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
     COPY_CHUNK, Call, PROTOCOL_VERSION, Reply, ReplyFrame, Request, ServerHello,
@@ -39,6 +44,8 @@ pub struct Session<B: Backend> {
     current_ctx: Option<u64>,
     /// The first error of a fire-and-forget request not yet reported, or a sticky error (kept forever).
     pending: Option<CUresult>,
+    /// Every live handle the backend gave this session.
+    handles: Handles,
     started: Instant,
     requests: u64,
 }
@@ -61,6 +68,7 @@ impl<B: Backend> Session<B> {
             state: State::Greeting,
             current_ctx: Some(0),
             pending: None,
+            handles: Handles::default(),
             started: Instant::now(),
             requests: 0,
         }
@@ -98,11 +106,15 @@ impl<B: Backend> Session<B> {
         &mut self.backend
     }
 
+    /// The session's live handles.
+    pub fn handles(&self) -> &Handles {
+        &self.handles
+    }
+
     /// Ends the session if the client did not say goodbye (its connection ended): frees everything.
     pub fn finish(&mut self) {
         if self.state != State::Closed {
-            self.state = State::Closed;
-            self.backend.shutdown();
+            self.close();
         }
         info!(
             requests = self.requests,
@@ -130,8 +142,7 @@ impl<B: Backend> Session<B> {
 
         // Goodbye always runs: the client is leaving, and its resources must be freed regardless.
         if matches!(req.call, Call::Goodbye) {
-            self.state = State::Closed;
-            self.backend.shutdown();
+            self.close();
             return Ok((Reply::Empty, Vec::new()));
         }
 
@@ -148,14 +159,25 @@ impl<B: Backend> Session<B> {
         }
 
         if self.current_ctx != Some(req.ctx) && !matches!(req.call, Call::Hello(_)) {
-            match self.backend.set_current_context(req.ctx) {
+            let switched = self
+                .handles
+                .check(Kind::Context, req.ctx)
+                .and_then(|()| self.backend.set_current_context(req.ctx));
+            match switched {
                 Ok(()) => self.current_ctx = Some(req.ctx),
                 Err(err) => return Err(self.failed(err, req.expects_reply)),
             }
         }
 
-        self.dispatch(req.call, bulk)
+        self.dispatch(req.ctx, req.call, bulk)
             .map_err(|err| self.failed(err, req.expects_reply))
+    }
+
+    /// Frees everything the session holds and refuses anything more.
+    fn close(&mut self) {
+        self.state = State::Closed;
+        self.backend.shutdown(&self.handles);
+        self.handles.clear();
     }
 
     /// Records a failure: sticky errors forever, a fire-and-forget failure until the next reply.
@@ -171,10 +193,19 @@ impl<B: Backend> Session<B> {
         err
     }
 
-    fn dispatch(&mut self, call: Call, bulk: &[u8]) -> Result<(Reply, Vec<u8>), CUresult> {
+    /// Executes one call in context `ctx` (current on the backend by now).
+    fn dispatch(
+        &mut self,
+        ctx: u64,
+        call: Call,
+        bulk: &[u8],
+    ) -> Result<(Reply, Vec<u8>), CUresult> {
+        let in_ctx = Owner::in_context(ctx);
         let reply = match call {
-            Call::Hello(hello) => self.hello(hello.protocol, &hello.client),
+            Call::Hello(hello) => self.hello(hello.protocol, &hello.client)?,
             Call::Api(call) => {
+                let mut owner = in_ctx;
+                call.admit(&self.handles, &mut owner)?;
                 // These change the driver's current context as a side effect: switch again next time.
                 if matches!(
                     call,
@@ -184,11 +215,19 @@ impl<B: Backend> Session<B> {
                 ) {
                     self.current_ctx = None;
                 }
-                self.backend.api(call).map(Reply::Api)
+                let effect = Effect::of(&call);
+                let reply = self.backend.api(call)?;
+                reply.register(&mut self.handles, &owner);
+                let died = self.handles.apply(effect, Some(&reply));
+                if !died.is_empty() {
+                    self.backend.forget(&died);
+                }
+                Reply::Api(reply)
             }
             Call::MemcpyHtoD { dst, stream } => {
+                self.check_stream(stream)?;
                 self.backend.memcpy_htod(dst, bulk, stream)?;
-                Ok(Reply::Empty)
+                Reply::Empty
             }
             Call::MemcpyDtoH { src, len, stream } => {
                 // The reply must fit in a frame: the client splits larger copies.
@@ -196,33 +235,57 @@ impl<B: Backend> Session<B> {
                     .ok()
                     .filter(|&len| len <= COPY_CHUNK)
                     .ok_or(CUresult::INVALID_VALUE)?;
+                self.check_stream(stream)?;
                 let data = self.backend.memcpy_dtoh(src, len, stream)?;
                 return Ok((Reply::Data, data));
             }
             Call::ModuleLoad => {
                 let handle = self.backend.module_load(bulk)?;
-                Ok(Reply::Module { handle })
+                self.handles.register(Kind::Module, handle, &in_ctx);
+                Reply::Module { handle }
             }
             Call::ModuleGetFunction { module, name } => {
+                self.handles.check(Kind::Module, module)?;
                 let (handle, info) = self.backend.module_get_function(module, &name)?;
-                Ok(Reply::Function { handle, info })
+                // Functions live in their module's context.
+                let owner = Owner {
+                    ctx: self.handles.module_context(module),
+                    module: Some(module),
+                    ..Owner::default()
+                };
+                self.handles.register(Kind::Function, handle, &owner);
+                Reply::Function { handle, info }
             }
             Call::LibraryLoad => {
                 let handle = self.backend.library_load(bulk)?;
-                Ok(Reply::Library { handle })
+                self.handles
+                    .register(Kind::Library, handle, &Owner::default());
+                Reply::Library { handle }
             }
             Call::KernelGetFunction { kernel } => {
+                self.handles.check(Kind::Kernel, kernel)?;
                 let (handle, info) = self.backend.kernel_get_function(kernel)?;
-                Ok(Reply::Function { handle, info })
+                let owner = Owner {
+                    kernel: Some(kernel),
+                    ..in_ctx
+                };
+                self.handles.register(Kind::Function, handle, &owner);
+                Reply::Function { handle, info }
             }
             Call::LaunchKernel(launch) => {
+                self.handles.check(Kind::Function, launch.function)?;
+                self.handles.check(Kind::Stream, launch.stream)?;
                 self.backend.launch(&launch)?;
-                Ok(Reply::Empty)
+                Reply::Empty
             }
             // Handled before dispatch.
-            Call::Goodbye => Ok(Reply::Empty),
+            Call::Goodbye => Reply::Empty,
         };
-        reply.map(|reply| (reply, Vec::new()))
+        Ok((reply, Vec::new()))
+    }
+
+    fn check_stream(&self, stream: Option<u64>) -> Result<(), CUresult> {
+        stream.map_or(Ok(()), |s| self.handles.check(Kind::Stream, s))
     }
 
     fn hello(&mut self, protocol: u32, client: &str) -> Result<Reply, CUresult> {
@@ -276,9 +339,25 @@ mod tests {
         fail_memset: Option<CUresult>,
         fail_launch: Option<CUresult>,
         shut_down: bool,
+        /// Contexts `cuCtxCreate` has handed out.
+        created: usize,
     }
 
+    /// The contexts the recorder creates, in order (the last one cannot be made current).
+    const CONTEXTS: [u64; 3] = [0x10, 0x20, 0xbad];
+
     impl ApiBackend for Recorder {
+        fn cuCtxCreate_v2(
+            &mut self,
+            _: args::cuCtxCreate_v2,
+        ) -> Result<outs::cuCtxCreate_v2, CUresult> {
+            let ctx = *CONTEXTS.get(self.created).ok_or(CUresult::OUT_OF_MEMORY)?;
+            self.created += 1;
+            Ok(outs::cuCtxCreate_v2 {
+                pctx: ctx,
+                ..Default::default()
+            })
+        }
         fn cuMemAlloc_v2(
             &mut self,
             a: args::cuMemAlloc_v2,
@@ -368,7 +447,7 @@ mod tests {
                 None => Ok(()),
             }
         }
-        fn shutdown(&mut self) {
+        fn shutdown(&mut self, _: &gleam_protocol::registry::Handles) {
             self.log.push("shutdown".into());
             self.shut_down = true;
         }
@@ -424,12 +503,34 @@ mod tests {
         })
     }
 
+    /// A session after hello, holding the handles the tests use: the contexts in [`CONTEXTS`] and
+    /// function 0x88 of module 0x77. Its backend's log starts empty, with no context current.
     fn open(backend: Recorder) -> Session<Recorder> {
         let mut s = Session::new(backend);
         let r = s
             .handle_req(req(1, 0, true, hello(PROTOCOL_VERSION)))
             .unwrap();
         assert_eq!(r.result, CUresult::SUCCESS);
+        let create = Call::Api(ApiCall::cuCtxCreate_v2(args::cuCtxCreate_v2 {
+            pctx: (),
+            flags: 0,
+            dev: 0,
+        }));
+        for _ in CONTEXTS {
+            let r = s.handle_req(req(1, 0, true, create.clone())).unwrap();
+            assert_eq!(r.result, CUresult::SUCCESS);
+        }
+        let r = s.handle(req(1, 0, true, Call::ModuleLoad), b"k").unwrap();
+        assert_eq!(r.frame.result, CUresult::SUCCESS);
+        let get = Call::ModuleGetFunction {
+            module: 0x77,
+            name: "k".into(),
+        };
+        assert_eq!(
+            s.handle_req(req(1, 0, true, get)).unwrap().result,
+            CUresult::SUCCESS
+        );
+        s.backend.log.clear();
         s
     }
 
@@ -514,6 +615,10 @@ mod tests {
         );
         // A context that cannot be made current fails the call, which does not run.
         let r = s.handle_req(req(6, 0xbad, true, sync())).unwrap();
+        assert_eq!(r.result, CUresult::INVALID_CONTEXT);
+        assert_eq!(s.backend.log.last().unwrap(), "ctx 0xbad");
+        // A context the backend never gave out does not even reach it.
+        let r = s.handle_req(req(7, 0x999, true, sync())).unwrap();
         assert_eq!(r.result, CUresult::INVALID_CONTEXT);
         assert_eq!(s.backend.log.last().unwrap(), "ctx 0xbad");
     }
@@ -661,11 +766,11 @@ mod tests {
             panic!("{:?}", r.reply)
         };
         assert_eq!((handle, info.params_bytes()), (0x88, 8));
-        // Library calls the backend does not implement.
+        // A kernel the backend never gave out is refused before it reaches the backend.
         let r = s
             .handle_req(req(7, 0, true, Call::KernelGetFunction { kernel: 1 }))
             .unwrap();
-        assert_eq!(r.result, CUresult::NOT_SUPPORTED);
+        assert_eq!(r.result, CUresult::INVALID_HANDLE);
         assert_eq!(
             s.backend.log,
             [

@@ -282,7 +282,7 @@ mod tests {
         fn launch(&mut self, _: &Launch) -> Result<(), CUresult> {
             Err(CUresult::INVALID_HANDLE)
         }
-        fn shutdown(&mut self) {}
+        fn shutdown(&mut self, _: &gleam_protocol::registry::Handles) {}
     }
 
     fn frame_with(seq: u64, expects_reply: bool, call: Call, bulk: &[u8]) -> Vec<u8> {

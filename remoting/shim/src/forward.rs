@@ -41,9 +41,9 @@ fn send(call: ApiCall) -> Result<Option<ApiReply>, CUresult> {
 
 /// Records what a call that went through did to the session's handles.
 fn settle(effect: Effect, reply: Option<&ApiReply>) {
-    let emptied = handles::lock().apply(effect, reply);
-    if !emptied.is_empty() {
-        handles::contexts_emptied(&emptied);
+    let died = handles::lock().apply(effect, reply);
+    if !died.is_empty() {
+        handles::died(&died);
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use gleam_protocol::registry::{Handles, Kind, Owner};
+use gleam_protocol::registry::{Died, Handles, Kind, Owner};
 use gleam_protocol::types::CUresult;
 
 static HANDLES: LazyLock<Mutex<Handles>> = LazyLock::new(|| Mutex::new(Handles::default()));
@@ -29,9 +29,10 @@ pub fn record(kind: Kind, handle: u64, owner: &Owner) {
     lock().register(kind, handle, owner);
 }
 
-/// The contexts in `emptied` lost everything they held: drop what the shim keeps for them.
-pub fn contexts_emptied(emptied: &[u64]) {
-    for &ctx in emptied {
+/// Handles died (and contexts lost everything they held): drop what the shim keeps for them.
+pub fn died(died: &Died) {
+    crate::module::forget_functions(&died.handles);
+    for &ctx in &died.emptied_contexts {
         crate::memory::context_emptied(ctx);
         crate::export_table::context_emptied(ctx);
     }

@@ -130,6 +130,17 @@ unsafe fn read_file(path: *const c_char) -> Result<Vec<u8>, CUresult> {
     })
 }
 
+/// Dead functions' layouts are dropped (a handle value may be reused for another function).
+pub fn forget_functions(died: &[(Kind, u64)]) {
+    with_caches(|c| {
+        for (kind, handle) in died {
+            if matches!(kind, Kind::Function | Kind::Kernel) {
+                c.functions.remove(handle);
+            }
+        }
+    });
+}
+
 fn cache_function(handle: u64, info: FunctionInfo) {
     with_caches(|c| c.functions.insert(handle, Arc::new(info)));
 }
