@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use common::Server;
 use common::client::{Client, connect_raw, pattern};
 use gleam_auth::identity::MeshSecret;
-use gleam_protocol::api::{ApiCall, args};
 use gleam_host::{CLOSE_PROTOCOL_VIOLATION, CLOSE_WORKER_FAILED};
+use gleam_protocol::api::{ApiCall, args};
+use gleam_protocol::frame::MAX_BULK;
 use gleam_protocol::types::CUresult;
-use gleam_protocol::wire::{COPY_CHUNK, Call, ClientHello, MAX_FRAME, PROTOCOL_VERSION, Reply};
+use gleam_protocol::wire::{COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Reply};
 
 fn close_of(err: &quinn::ConnectionError) -> (quinn::VarInt, String) {
     match err {
@@ -124,7 +125,8 @@ async fn malformed_frame_closes_only_that_connection() {
     assert_eq!(good.htod(ptr, &pattern(256, 1)).await, CUresult::SUCCESS);
 
     // A frame of three bytes that is not a request.
-    bad.send_raw(&[3, 0, 0, 0, 0xff, 0xff, 0xff]).await;
+    bad.send_raw(&[3, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff])
+        .await;
     let (code, reason) = close_of(&bad.closed(Duration::from_secs(5)).await);
     assert_eq!(code, CLOSE_PROTOCOL_VIOLATION, "{reason}");
     assert!(reason.contains("malformed"), "{reason}");
@@ -140,7 +142,8 @@ async fn malformed_frame_closes_only_that_connection() {
 async fn oversized_frame_closes_the_connection() {
     let server = Server::start("emu");
     let (mut c, _) = Client::open(&server).await;
-    c.send_raw(&((MAX_FRAME as u32) + 1).to_le_bytes()).await;
+    c.send_raw(&1u32.to_le_bytes()).await;
+    c.send_raw(&((MAX_BULK as u32) + 1).to_le_bytes()).await;
     let (code, reason) = close_of(&c.closed(Duration::from_secs(5)).await);
     assert_eq!(code, CLOSE_PROTOCOL_VIOLATION, "{reason}");
     assert!(reason.contains("exceeds"), "{reason}");

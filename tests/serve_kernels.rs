@@ -8,7 +8,7 @@ use common::Server;
 use common::client::Client;
 use gleam_protocol::api::{ApiCall, args};
 use gleam_protocol::types::CUresult;
-use gleam_protocol::wire::{Call, Launch, ParamSlot, Payload, Reply};
+use gleam_protocol::wire::{Call, Launch, ParamSlot, Reply};
 
 /// `data[i] += 1` for `i < n`, in nvcc's PTX style.
 const ADD_ONE: &str = include_str!("../remoting/real/tests/fixtures/add_one.ptx");
@@ -16,11 +16,7 @@ const ADD_ONE: &str = include_str!("../remoting/real/tests/fixtures/add_one.ptx"
 async fn add_one_on(backend: &str) {
     let server = Server::start(backend);
     let (mut c, _) = Client::open(&server).await;
-    let r = c
-        .call(Call::ModuleLoad {
-            image: Payload::Inline(ADD_ONE.as_bytes().to_vec()),
-        })
-        .await;
+    let r = c.call_with(Call::ModuleLoad, ADD_ONE.as_bytes()).await;
     assert_eq!(r.result, CUresult::SUCCESS, "{backend}: module load");
     let Reply::Module { handle: module } = r.reply else {
         panic!("{backend}: {:?}", r.reply)

@@ -32,7 +32,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(EXIT_BACKEND));
             }
         },
-        Backend::Emu | Backend::Auto => worker::run(gleam_emu::EmuBackend::new(gleam_emu::EmuConfig::default())),
+        Backend::Emu | Backend::Auto => {
+            worker::run(gleam_emu::EmuBackend::new(gleam_emu::EmuConfig::default()))
+        }
     };
     Ok(ExitCode::from(reason.code()))
 }

@@ -6,10 +6,10 @@ use std::time::Duration;
 use gleam_auth::identity::{Identity, MeshSecret};
 use gleam_auth::tls::{ALPN_CUDA, client_config, server_name};
 use gleam_protocol::api::{ApiCall, ApiReply, args};
+use gleam_protocol::frame::{self, FrameReader};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
-    self, COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request,
-    ServerHello,
+    COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Reply, ReplyFrame, Request, ServerHello,
 };
 
 use super::Server;
@@ -22,7 +22,9 @@ pub struct Client {
     pub recv: quinn::RecvStream,
     seq: u64,
     pub ctx: u64,
-    buf: Vec<u8>,
+    frames: FrameReader,
+    /// The bulk bytes of the last reply read (device-to-host data).
+    pub last_bulk: Vec<u8>,
 }
 
 /// Connects and authenticates with `secret`; no session stream yet.
@@ -61,7 +63,8 @@ impl Client {
             recv,
             seq: 0,
             ctx: 0,
-            buf: Vec::new(),
+            frames: FrameReader::new(),
+            last_bulk: Vec::new(),
         }
     }
 
@@ -104,6 +107,16 @@ impl Client {
 
     /// Sends a request; `Err` if the session is gone.
     pub async fn try_send(&mut self, call: Call, expects_reply: bool) -> Result<u64, String> {
+        self.try_send_with(call, &[], expects_reply).await
+    }
+
+    /// Sends a request with bulk bytes; `Err` if the session is gone.
+    pub async fn try_send_with(
+        &mut self,
+        call: Call,
+        bulk: &[u8],
+        expects_reply: bool,
+    ) -> Result<u64, String> {
         self.seq += 1;
         let req = Request {
             seq: self.seq,
@@ -112,7 +125,7 @@ impl Client {
             call,
         };
         let mut out = Vec::new();
-        wire::encode_frame(&req, &mut out).expect("encode");
+        frame::encode(&req, bulk, &mut out).expect("encode");
         self.send.write_all(&out).await.map_err(|e| e.to_string())?;
         Ok(self.seq)
     }
@@ -122,18 +135,35 @@ impl Client {
         self.send.write_all(bytes).await.expect("write raw bytes");
     }
 
-    /// Reads the next reply; `Err` when the session ends first.
+    /// Reads the next reply (its bulk bytes go to `last_bulk`); `Err` when the session ends first.
     pub async fn reply(&mut self) -> Result<ReplyFrame, String> {
-        match wire::read_frame::<_, ReplyFrame>(&mut self.recv, &mut self.buf).await {
-            Ok(Some(r)) => Ok(r),
-            Ok(None) => Err("session stream ended".into()),
-            Err(e) => Err(e.to_string()),
+        loop {
+            if let Some(frame) = self.frames.next().map_err(|e| e.to_string())? {
+                self.last_bulk = frame.bulk.to_vec();
+                return frame.decode().map_err(|e| e.to_string());
+            }
+            match self.recv.read_chunk(usize::MAX, true).await {
+                Ok(Some(chunk)) => self.frames.feed(&chunk.bytes),
+                Ok(None) => return Err("session stream ended".into()),
+                Err(e) => return Err(e.to_string()),
+            }
         }
     }
 
     /// A sync call: sends and waits for its reply.
     pub async fn call(&mut self, call: Call) -> ReplyFrame {
         self.try_call(call).await.expect("reply")
+    }
+
+    /// A sync call with bulk bytes.
+    pub async fn call_with(&mut self, call: Call, bulk: &[u8]) -> ReplyFrame {
+        let seq = self
+            .try_send_with(call, bulk, true)
+            .await
+            .expect("write request");
+        let r = self.reply().await.expect("reply");
+        assert_eq!(r.seq, seq, "replies come in order with their request's seq");
+        r
     }
 
     pub async fn try_call(&mut self, call: Call) -> Result<ReplyFrame, String> {
@@ -177,13 +207,14 @@ impl Client {
             let last = i + 1 == pieces.len();
             let call = Call::MemcpyHtoD {
                 dst: dst + (i * COPY_CHUNK) as u64,
-                data: Payload::Inline(piece.to_vec()),
                 stream: None,
             };
             if last {
-                return self.call(call).await.result;
+                return self.call_with(call, piece).await.result;
             }
-            self.send(call, false).await;
+            self.try_send_with(call, piece, false)
+                .await
+                .expect("write request");
         }
         CUresult::SUCCESS
     }
@@ -201,7 +232,7 @@ impl Client {
                 })
                 .await;
             match r.reply {
-                Reply::Data(d) if r.result.is_success() => out.extend(d),
+                Reply::Data if r.result.is_success() => out.extend_from_slice(&self.last_bulk),
                 _ => return Err(r.result),
             }
         }

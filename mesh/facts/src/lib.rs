@@ -240,8 +240,7 @@ pub fn driver_gpus() -> Result<Vec<GpuSummary>, FactsError> {
 
     // `probe` checks that the library loads, is NVIDIA's (not Gleam's shim) and initialises; only
     // then may cudarc's entry points be called (they panic if the library is absent).
-    let count =
-        gleam_real::probe().map_err(|err| FactsError::Driver(err.to_string()))?;
+    let count = gleam_real::probe().map_err(|err| FactsError::Driver(err.to_string()))?;
     let driver = |err: cudarc::driver::DriverError| FactsError::Driver(err.to_string());
     result::init().map_err(driver)?;
     (0..count)

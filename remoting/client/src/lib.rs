@@ -28,16 +28,16 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gleam_auth::proof::{AuthError, authenticate_as_client};
 use gleam_auth::identity::{Identity, MeshSecret, PeerId};
+use gleam_auth::proof::{AuthError, authenticate_as_client};
 use gleam_auth::tls::{ALPN_CUDA, TlsError, client_config};
 use tokio::sync::mpsc as tokio_mpsc;
 use tracing::{debug, warn};
 
+use gleam_protocol::frame::{self, FrameError, FrameReader};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
-    COPY_CHUNK, Call, ClientHello, MAX_FRAME, PROTOCOL_VERSION, Payload, Reply, ReplyFrame,
-    Request, ServerHello, WireError, decode, encode_frame, read_frame_body, write_frame,
+    COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Reply, ReplyFrame, Request, ServerHello,
 };
 
 /// How long [`Client::connect`] may take in all (handshake, authentication, hello).
@@ -109,19 +109,19 @@ impl ClientError {
 }
 
 /// What a waiter receives: the reply, or why none will come.
-type Outcome = Result<Received, ClientError>;
+type Outcome = Result<Answer, ClientError>;
 
-/// A reply as the reader task hands it over.
-enum Received {
-    /// Decoded by the reader (small replies).
-    Frame(ReplyFrame),
-    /// The frame body of a large reply (bulk data), decoded by the waiting thread: the reader task,
-    /// which also receives and decrypts every packet, is spared a copy of the bulk bytes.
-    Raw(Vec<u8>),
+/// A reply as the reader task hands it over: the decoded message and its bulk bytes (a view of the
+/// reader's buffer, so handing it over costs no copy).
+#[derive(Debug)]
+pub struct Answer {
+    /// The CUDA result.
+    pub result: CUresult,
+    /// The out-values.
+    pub reply: Reply,
+    /// The bulk bytes (device-to-host data), empty for most replies.
+    pub bulk: Bytes,
 }
-
-/// Replies of at least this many bytes are decoded by the waiting thread.
-const RAW_REPLY: usize = 64 << 10;
 
 /// State shared by the calling threads and the background tasks.
 struct Shared {
@@ -133,8 +133,6 @@ struct Shared {
     lost: AtomicBool,
     /// Set when this side ends the session, so the end is not reported as a failure.
     closing: AtomicBool,
-    /// To close the connection when a waiting thread finds a reply undecodable.
-    connection: quinn::Connection,
 }
 
 struct Queue {
@@ -276,46 +274,25 @@ impl Shared {
 #[must_use = "a pending request must be waited for"]
 pub struct Pending {
     slot: Arc<Slot>,
-    shared: Arc<Shared>,
 }
 
 impl Pending {
     /// Blocks until the reply arrives (or the session ends).
-    pub fn wait(self) -> Result<(CUresult, Reply), ClientError> {
+    pub fn wait(self) -> Result<Answer, ClientError> {
         match self.slot.wait(gleam_protocol::tuning::spin_budget(), None) {
-            Some(outcome) => self.open(outcome),
+            Some(outcome) => outcome,
             None => Err(ClientError::Lost("the session ended".into())),
         }
     }
 
     /// As [`Pending::wait`], giving up after `timeout`.
-    pub fn wait_timeout(self, timeout: Duration) -> Result<(CUresult, Reply), ClientError> {
+    pub fn wait_timeout(self, timeout: Duration) -> Result<Answer, ClientError> {
         let deadline = Instant::now().checked_add(timeout);
-        match self.slot.wait(gleam_protocol::tuning::spin_budget().min(timeout), deadline) {
-            Some(outcome) => self.open(outcome),
+        let spin = gleam_protocol::tuning::spin_budget().min(timeout);
+        match self.slot.wait(spin, deadline) {
+            Some(outcome) => outcome,
             None => Err(ClientError::Lost(format!("no reply within {timeout:?}"))),
         }
-    }
-
-    fn open(&self, outcome: Outcome) -> Result<(CUresult, Reply), ClientError> {
-        let frame = match outcome? {
-            Received::Frame(frame) => frame,
-            Received::Raw(body) => match decode::<ReplyFrame>(&body) {
-                Ok(frame) => frame,
-                Err(err) => {
-                    // As the reader does for an undecodable reply: the session is over.
-                    let err = ClientError::Protocol(format!("undecodable reply: {err}"));
-                    self.shared.fail_all(err.clone());
-                    if let ClientError::Protocol(reason) = &self.shared.lost_error() {
-                        self.shared
-                            .connection
-                            .close(quinn::VarInt::from_u32(1), reason.as_bytes());
-                    }
-                    return Err(err);
-                }
-            },
-        };
-        Ok((frame.result, frame.reply))
     }
 }
 
@@ -410,16 +387,24 @@ impl Client {
                     client: describe_self(),
                 }),
             };
-            write_frame(&mut send, &hello).await.map_err(lost_wire)?;
-            let mut buf = Vec::new();
-            if !read_frame_body(&mut recv, &mut buf)
+            let mut out = Vec::new();
+            frame::encode(&hello, &[], &mut out).map_err(lost_frame)?;
+            send.write_all(&out)
                 .await
-                .map_err(lost_wire)?
-            {
-                return Err(ClientError::Lost(close_reason(&connection)));
-            }
-            let frame: ReplyFrame =
-                decode(&buf).map_err(|e| ClientError::Protocol(e.to_string()))?;
+                .map_err(|e| ClientError::Lost(e.to_string()))?;
+            let mut reader = FrameReader::new();
+            let frame: ReplyFrame = loop {
+                if let Some(frame) = reader.next().map_err(lost_frame)? {
+                    break frame
+                        .decode()
+                        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                }
+                match recv.read_chunk(usize::MAX, true).await {
+                    Ok(Some(chunk)) => reader.feed(&chunk.bytes),
+                    Ok(None) => return Err(ClientError::Lost(close_reason(&connection))),
+                    Err(e) => return Err(ClientError::Lost(e.to_string())),
+                }
+            };
             let server = match frame.reply {
                 Reply::Hello(server) => server,
                 other if !frame.result.is_success() => {
@@ -441,9 +426,9 @@ impl Client {
                     server: server.protocol,
                 });
             }
-            Ok((connection, send, recv, server))
+            Ok((connection, send, recv, reader, server))
         };
-        let (connection, send, recv, hello) = runtime
+        let (connection, send, recv, replies, hello) = runtime
             .block_on(async { tokio::time::timeout(timeout, handshake).await })
             .map_err(|_| ClientError::Timeout {
                 peer,
@@ -462,10 +447,9 @@ impl Client {
             waiters: Mutex::new(Waiters::default()),
             lost: AtomicBool::new(false),
             closing: AtomicBool::new(false),
-            connection: connection.clone(),
         });
         runtime.spawn(writer(send, queued, shared.clone(), connection.clone()));
-        runtime.spawn(reader(recv, shared.clone(), connection.clone()));
+        runtime.spawn(reader(recv, replies, shared.clone(), connection.clone()));
         let blocking = std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v.trim() == "1");
         debug!(%peer, %addr, backend = %hello.backend, devices = hello.devices.len(), blocking, "session established");
         Ok(Self {
@@ -498,67 +482,46 @@ impl Client {
         self.shared.lost.load(Ordering::Acquire)
     }
 
-    /// Queues one request; returns the waiter when `expects_reply`.
+    /// Queues one request with its bulk bytes (copied into the frame, so the caller may reuse them at
+    /// once); returns the waiter when `expects_reply`.
     pub fn submit(
         &self,
         ctx: u64,
         call: Call,
+        bulk: &[u8],
         expects_reply: bool,
     ) -> Result<Option<Pending>, ClientError> {
-        let bulk = match &call {
-            Call::MemcpyHtoD { data, .. } => data.len(),
-            Call::ModuleLoad { image } | Call::LibraryLoad { image } => image.len(),
-            _ => 0,
-        };
+        if self.is_lost() {
+            return Err(self.shared.lost_error());
+        }
         let mut request = Request {
             seq: 0,
             ctx,
             expects_reply,
             call,
         };
-        self.submit_with(expects_reply, bulk, |seq, out| {
-            request.seq = seq;
-            encode_frame(&request, out)
-        })
-    }
-
-    /// Queues one request whose frame `encode` writes for the sequence number it is given (under the
-    /// queue lock, so frames are queued in sequence order); returns the waiter when `expects_reply`.
-    fn submit_with(
-        &self,
-        expects_reply: bool,
-        bulk: usize,
-        encode: impl FnOnce(u64, &mut Vec<u8>) -> Result<(), WireError>,
-    ) -> Result<Option<Pending>, ClientError> {
-        if self.is_lost() {
-            return Err(self.shared.lost_error());
-        }
         let mut queue = self.shared.queue();
-        let seq = queue.next_seq;
+        request.seq = queue.next_seq;
         // Encoded straight into the buffer the writer will send.
-        let mut encoded = Vec::with_capacity(queue.frame_hint + bulk);
-        if let Err(err) = encode(seq, &mut encoded) {
+        let mut encoded = Vec::with_capacity(queue.frame_hint + bulk.len());
+        if let Err(err) = frame::encode(&request, bulk, &mut encoded) {
             return Err(ClientError::Protocol(format!(
                 "cannot encode request: {err}"
             )));
         }
-        let frame = Bytes::from(encoded);
         let pending = if expects_reply {
             let slot = Arc::new(Slot::new());
             let mut waiters = self.shared.waiters();
             if let Some(err) = &waiters.lost {
                 return Err(err.clone());
             }
-            waiters.pending.insert(seq, slot.clone());
-            Some(Pending {
-                slot,
-                shared: self.shared.clone(),
-            })
+            waiters.pending.insert(request.seq, slot.clone());
+            Some(Pending { slot })
         } else {
             None
         };
         queue.next_seq += 1;
-        if queue.frames.send(frame).is_err() {
+        if queue.frames.send(Bytes::from(encoded)).is_err() {
             drop(queue);
             self.shared
                 .fail_all(ClientError::Lost("the connection's writer stopped".into()));
@@ -567,12 +530,20 @@ impl Client {
         Ok(pending)
     }
 
+    /// Sends `call` (with `bulk` bytes) and blocks until its reply.
+    pub fn call_with(&self, ctx: u64, call: Call, bulk: &[u8]) -> Result<Answer, ClientError> {
+        match self.submit(ctx, call, bulk, true)? {
+            Some(pending) => pending.wait(),
+            None => Err(ClientError::Protocol(
+                "a request expecting a reply has no waiter".into(),
+            )),
+        }
+    }
+
     /// Sends `call` and blocks until its reply: the call's CUDA result and out-values.
     pub fn call(&self, ctx: u64, call: Call) -> Result<(CUresult, Reply), ClientError> {
-        match self.submit(ctx, call, true)? {
-            Some(pending) => pending.wait(),
-            None => unreachable!("a request expecting a reply has a waiter"),
-        }
+        self.call_with(ctx, call, &[])
+            .map(|answer| (answer.result, answer.reply))
     }
 
     /// Sends `call` fire-and-forget (its failure becomes the session's pending error), or, in blocking
@@ -581,7 +552,7 @@ impl Client {
         if self.blocking {
             return self.call(ctx, call).map(|(result, _)| result);
         }
-        self.submit(ctx, call, false)?;
+        self.submit(ctx, call, &[], false)?;
         Ok(CUresult::SUCCESS)
     }
 
@@ -602,24 +573,13 @@ impl Client {
         };
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
-            let piece_dst = dst + (i * COPY_CHUNK) as u64;
+            let call = Call::MemcpyHtoD {
+                dst: dst + (i * COPY_CHUNK) as u64,
+                stream,
+            };
             let wait = self.blocking || (i == last && stream.is_none());
-            // The bytes go from `src` straight into the frame (no intermediate `Payload` vector).
-            let pending = self.submit_with(wait, chunk.len(), |seq, out| {
-                encode_htod_frame(
-                    HtoDHeader {
-                        seq,
-                        ctx,
-                        expects_reply: wait,
-                        dst: piece_dst,
-                        stream,
-                    },
-                    chunk,
-                    out,
-                )
-            })?;
-            if let Some(pending) = pending {
-                let (result, _) = pending.wait()?;
+            if let Some(pending) = self.submit(ctx, call, chunk, wait)? {
+                let result = pending.wait()?.result;
                 if i == last || !result.is_success() {
                     return Ok(result);
                 }
@@ -649,26 +609,26 @@ impl Client {
                 len: n as u64,
                 stream,
             };
-            let p = self.submit(ctx, call, true)?.ok_or_else(|| {
+            let p = self.submit(ctx, call, &[], true)?.ok_or_else(|| {
                 ClientError::Protocol("a request expecting a reply has no waiter".into())
             })?;
             pending.push((offset, n, p));
         }
         let mut first_error = None;
         for (offset, n, p) in pending {
-            let (result, reply) = p.wait()?;
-            if !result.is_success() {
-                first_error.get_or_insert(result);
+            let answer = p.wait()?;
+            if !answer.result.is_success() {
+                first_error.get_or_insert(answer.result);
                 continue;
             }
-            match reply {
-                Reply::Data(data) if data.len() == n => {
-                    dst[offset..offset + n].copy_from_slice(&data);
+            match answer.reply {
+                Reply::Data if answer.bulk.len() == n => {
+                    dst[offset..offset + n].copy_from_slice(&answer.bulk);
                 }
-                Reply::Data(data) => {
+                Reply::Data => {
                     return Err(ClientError::Protocol(format!(
                         "asked for {n} bytes, got {}",
-                        data.len()
+                        answer.bulk.len()
                     )));
                 }
                 other => {
@@ -686,7 +646,7 @@ impl Client {
     pub fn close(&self, timeout: Duration) {
         self.shared.closing.store(true, Ordering::Release);
         if !self.is_lost()
-            && let Ok(Some(pending)) = self.submit(0, Call::Goodbye, true)
+            && let Ok(Some(pending)) = self.submit(0, Call::Goodbye, &[], true)
         {
             let _ = pending.wait_timeout(timeout);
         }
@@ -715,56 +675,6 @@ impl Drop for Client {
     }
 }
 
-/// The fields of a [`Call::MemcpyHtoD`] request besides its bytes.
-#[derive(Clone, Copy, Debug)]
-struct HtoDHeader {
-    seq: u64,
-    ctx: u64,
-    expects_reply: bool,
-    dst: u64,
-    stream: Option<u64>,
-}
-
-/// Appends the frame of a [`Call::MemcpyHtoD`] request carrying `data`, byte for byte what
-/// [`encode_frame`] makes of the same request, without first copying `data` into a [`Payload`].
-///
-/// The request is encoded with an empty payload, whose bytes are the varint `0` followed by the
-/// encoding of `stream` (the last field); the payload's length and bytes are spliced in there.
-fn encode_htod_frame(head: HtoDHeader, data: &[u8], out: &mut Vec<u8>) -> Result<(), WireError> {
-    let empty = Request {
-        seq: head.seq,
-        ctx: head.ctx,
-        expects_reply: head.expects_reply,
-        call: Call::MemcpyHtoD {
-            dst: head.dst,
-            data: Payload::Inline(Vec::new()),
-            stream: head.stream,
-        },
-    };
-    let mut skeleton = Vec::with_capacity(64);
-    encode_frame(&empty, &mut skeleton)?;
-    let tail_len = postcard::to_extend(&head.stream, Vec::with_capacity(16))?.len();
-    // Index of the empty payload's length byte in `skeleton` (past the 4-byte prefix).
-    let at = skeleton
-        .len()
-        .checked_sub(tail_len + 1)
-        .filter(|&at| at >= 4 && skeleton[at] == 0)
-        .ok_or_else(|| WireError::Io(std::io::Error::other("unexpected request layout")))?;
-    let start = out.len();
-    out.reserve(skeleton.len() + 10 + data.len());
-    out.extend_from_slice(&skeleton[..at]);
-    gleam_protocol::frame::push_varint(out, data.len() as u64);
-    out.extend_from_slice(data);
-    out.extend_from_slice(&skeleton[at + 1..]);
-    let body = out.len() - start - 4;
-    if body > MAX_FRAME {
-        out.truncate(start);
-        return Err(WireError::FrameTooLarge(body));
-    }
-    out[start..start + 4].copy_from_slice(&(body as u32).to_le_bytes());
-    Ok(())
-}
-
 fn unreachable(peer: PeerId, addr: SocketAddr, err: impl std::fmt::Display) -> ClientError {
     ClientError::Unreachable {
         peer,
@@ -784,7 +694,7 @@ fn canonical(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-fn lost_wire(err: WireError) -> ClientError {
+fn lost_frame(err: FrameError) -> ClientError {
     ClientError::Lost(err.to_string())
 }
 
@@ -847,39 +757,49 @@ async fn writer(
     let _ = send.finish();
 }
 
-/// Routes replies to their waiters by `seq`.
-async fn reader(mut recv: quinn::RecvStream, shared: Arc<Shared>, connection: quinn::Connection) {
-    let mut buf = Vec::new();
-    let err = loop {
-        match read_frame_body(&mut recv, &mut buf).await {
-            Ok(true) => {}
-            Ok(false) => break ClientError::Lost(close_reason(&connection)),
-            Err(WireError::Io(_)) => {
+/// Routes replies to their waiters by `seq`. `frames` may already hold bytes read after the hello.
+async fn reader(
+    mut recv: quinn::RecvStream,
+    mut frames: FrameReader,
+    shared: Arc<Shared>,
+    connection: quinn::Connection,
+) {
+    let err = 'session: loop {
+        loop {
+            let frame = match frames.next() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(err) => break 'session ClientError::Protocol(err.to_string()),
+            };
+            let reply: ReplyFrame = match frame.decode() {
+                Ok(reply) => reply,
+                Err(err) => {
+                    break 'session ClientError::Protocol(format!("undecodable reply: {err}"));
+                }
+            };
+            let waiter = shared.waiters().pending.remove(&reply.seq);
+            let Some(slot) = waiter else {
+                break 'session ClientError::Protocol(format!(
+                    "reply to unknown request {}",
+                    reply.seq
+                ));
+            };
+            slot.deliver(Ok(Answer {
+                result: reply.result,
+                reply: reply.reply,
+                bulk: frame.bulk,
+            }));
+        }
+        match recv.read_chunk(usize::MAX, true).await {
+            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
+            Ok(None) if frames.is_mid_frame() => {
+                break ClientError::Protocol("the reply stream ended inside a frame".into());
+            }
+            Ok(None) => break ClientError::Lost(close_reason(&connection)),
+            Err(_) => {
                 // Let the connection record why it closed before reporting it.
                 let _ = tokio::time::timeout(Duration::from_millis(100), connection.closed()).await;
                 break ClientError::Lost(close_reason(&connection));
-            }
-            Err(err) => break ClientError::Protocol(err.to_string()),
-        }
-        let (seq, received) = if buf.len() >= RAW_REPLY {
-            // The reply's first field is its seq; the waiting thread decodes the rest.
-            match gleam_protocol::frame::peek_varint(&buf) {
-                Some(seq) => (seq, Received::Raw(std::mem::take(&mut buf))),
-                None => {
-                    break ClientError::Protocol("undecodable reply: no sequence number".into());
-                }
-            }
-        } else {
-            match decode::<ReplyFrame>(&buf) {
-                Ok(frame) => (frame.seq, Received::Frame(frame)),
-                Err(err) => break ClientError::Protocol(format!("undecodable reply: {err}")),
-            }
-        };
-        let waiter = shared.waiters().pending.remove(&seq);
-        match waiter {
-            Some(slot) => slot.deliver(Ok(received)),
-            None => {
-                break ClientError::Protocol(format!("reply to unknown request {seq}"));
             }
         }
     };
@@ -895,54 +815,6 @@ async fn reader(mut recv: quinn::RecvStream, shared: Arc<Shared>, connection: qu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn htod_frames_match_the_generic_encoding() {
-        for len in [0usize, 1, 127, 128, 300, 16_383, 16_384, 70_000] {
-            let data: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
-            for stream in [None, Some(0), Some(1), Some(u64::MAX)] {
-                for expects_reply in [false, true] {
-                    let head = HtoDHeader {
-                        seq: 1 << 40,
-                        ctx: 0x5555_5555,
-                        expects_reply,
-                        dst: 0x7f00_0000_1000,
-                        stream,
-                    };
-                    let mut fast = vec![0xaa];
-                    encode_htod_frame(head, &data, &mut fast).unwrap();
-                    let mut generic = vec![0xaa];
-                    let request = Request {
-                        seq: head.seq,
-                        ctx: head.ctx,
-                        expects_reply,
-                        call: Call::MemcpyHtoD {
-                            dst: head.dst,
-                            data: Payload::Inline(data.clone()),
-                            stream,
-                        },
-                    };
-                    encode_frame(&request, &mut generic).unwrap();
-                    assert_eq!(fast, generic, "len {len}, stream {stream:?}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn varints_round_trip() {
-        for value in [0u64, 1, 127, 128, 300, 1 << 35, u64::MAX - 1, u64::MAX] {
-            let mut out = Vec::new();
-            gleam_protocol::frame::push_varint(&mut out, value);
-            // The same bytes postcard writes for a u64.
-            assert_eq!(out, postcard::to_stdvec(&value).unwrap());
-            out.push(0xff);
-            assert_eq!(gleam_protocol::frame::peek_varint(&out), Some(value));
-        }
-        assert_eq!(gleam_protocol::frame::peek_varint(&[]), None);
-        assert_eq!(gleam_protocol::frame::peek_varint(&[0x80, 0x80]), None);
-        assert_eq!(gleam_protocol::frame::peek_varint(&[0xff; 11]), None);
-    }
 
     #[test]
     fn a_parked_waiter_is_woken_and_an_early_outcome_is_kept() {

@@ -4,11 +4,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use gleam_ptx::{ExecError, LaunchConfig};
 use gleam_protocol::api::{args, outs};
-use gleam_server::backend::{ApiBackend, Backend};
+use gleam_protocol::registry::{Died, Handles, Kind};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
+use gleam_ptx::{ExecError, LaunchConfig};
+use gleam_server::backend::{ApiBackend, Backend};
 
 use crate::device::{self, Resources, func_attr};
 use crate::memory::{ALLOC_ALIGN, DeviceMemory};
@@ -85,7 +86,6 @@ impl Context {
 }
 
 struct LoadedModule {
-    ctx: u64,
     ptx: Arc<gleam_ptx::Module>,
     symbols: Arc<HashMap<String, u64>>,
     /// Module globals: name -> (address, size).
@@ -227,21 +227,10 @@ impl EmuBackend {
     }
 
     /// Frees everything context `ctx` owns (after letting queued work finish).
+    /// A context lost everything it held: its device memory. (Its streams, events and modules are the
+    /// session registry's business: they die by its rules and reach [`Backend::forget`].)
     fn destroy_resources(&mut self, ctx: u64) {
         self.streams.synchronize_all();
-        for s in self.streams.of_context(ctx) {
-            let _ = self.streams.destroy(s);
-        }
-        self.events.retain(|_, e| e.ctx != ctx);
-        let doomed: Vec<u64> = self
-            .modules
-            .iter()
-            .filter(|(_, m)| m.ctx == ctx)
-            .map(|(h, _)| *h)
-            .collect();
-        for m in doomed {
-            self.unload(m);
-        }
         self.shared.mem.free_all(Some(ctx));
     }
 
@@ -347,7 +336,6 @@ impl EmuBackend {
         self.modules.insert(
             handle,
             LoadedModule {
-                ctx,
                 ptx_version: ptx_version(&text),
                 ptx: Arc::new(ptx),
                 symbols: Arc::new(symbols),
@@ -1502,7 +1490,36 @@ impl Backend for EmuBackend {
         self.streams.enqueue(key, Vec::new(), Some(job))
     }
 
-    fn shutdown(&mut self) {
+    fn forget(&mut self, died: &Died) {
+        // Queued kernels may still use what dies (a module's code and globals): let them finish.
+        self.streams.synchronize_all();
+        for &(kind, handle) in &died.handles {
+            match kind {
+                Kind::Stream => {
+                    let _ = self.streams.destroy(handle);
+                }
+                Kind::Event => {
+                    self.events.remove(&handle);
+                }
+                Kind::Module => self.unload(handle),
+                Kind::Function => {
+                    self.functions.remove(&handle);
+                }
+                Kind::Library => {
+                    if let Some(module) = self.libraries.remove(&handle) {
+                        self.unload(module);
+                    }
+                }
+                // A kernel is its module's function here; contexts are handled by their calls.
+                Kind::Kernel | Kind::Context => {}
+            }
+        }
+        for &ctx in &died.emptied_contexts {
+            self.shared.mem.free_all(Some(ctx));
+        }
+    }
+
+    fn shutdown(&mut self, _: &Handles) {
         // Queued work is skipped; a kernel already running finishes (the interpreter cannot be stopped).
         self.shared.cancelled.store(true, Ordering::Release);
         self.streams.shutdown();

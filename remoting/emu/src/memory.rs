@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use gleam_ptx::{GlobalMemory, MemoryFault};
 use gleam_protocol::types::CUresult;
+use gleam_ptx::{GlobalMemory, MemoryFault};
 
 /// First device address handed out (looks like a device pointer on a real GPU).
 pub const VA_BASE: u64 = 0x7f00_0000_0000;

@@ -6,8 +6,8 @@ mod common;
 
 use common::{Emu, Params};
 use gleam_protocol::api::args;
-use gleam_server::backend::{ApiBackend, Backend};
 use gleam_protocol::wire::Launch;
+use gleam_server::backend::{ApiBackend, Backend};
 
 fn example(name: &str) -> String {
     let path = format!(

@@ -5,9 +5,9 @@ mod common;
 
 use common::{Emu, PTX, Params};
 use gleam_protocol::api::args;
-use gleam_server::backend::{ApiBackend, Backend};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{Launch, ParamSlot};
+use gleam_server::backend::{ApiBackend, Backend};
 
 #[test]
 fn vector_add_runs_and_reports_its_layout() {
@@ -231,7 +231,7 @@ fn a_faulting_kernel_leaves_a_sticky_illegal_address() {
         Err(CUresult::ILLEGAL_ADDRESS)
     );
     assert_eq!(emu.sync(0), Err(CUresult::ILLEGAL_ADDRESS));
-    emu.b.shutdown();
+    emu.b.shutdown(&Default::default());
 }
 
 #[test]

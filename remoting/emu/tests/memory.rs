@@ -5,8 +5,8 @@ mod common;
 use common::Emu;
 use gleam_emu::memory::VA_BASE;
 use gleam_protocol::api::args;
-use gleam_server::backend::{ApiBackend, Backend};
 use gleam_protocol::types::CUresult;
+use gleam_server::backend::{ApiBackend, Backend};
 
 #[test]
 fn alloc_is_aligned_distinct_and_bounded_by_the_configured_size() {

@@ -6,36 +6,46 @@ mod common;
 use common::{PTX, Params};
 use gleam_emu::{EmuBackend, EmuConfig};
 use gleam_protocol::api::{ApiCall, ApiReply, args};
-use gleam_server::session::Session;
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
-    Call, ClientHello, Launch, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request,
+    Call, ClientHello, Launch, PROTOCOL_VERSION, Reply, ReplyFrame, Request,
 };
+use gleam_server::session::Session;
 
 struct Client {
     session: Session<EmuBackend>,
     seq: u64,
     ctx: u64,
+    /// The bulk bytes of the last answer (device-to-host data).
+    bulk: Vec<u8>,
 }
 
 impl Client {
-    fn send(&mut self, call: Call, expects_reply: bool) -> Option<ReplyFrame> {
+    fn send_with(&mut self, call: Call, bulk: &[u8], expects_reply: bool) -> Option<ReplyFrame> {
         self.seq += 1;
-        let reply = self.session.handle(Request {
+        let request = Request {
             seq: self.seq,
             ctx: self.ctx,
             expects_reply,
             call,
-        });
-        if let Some(r) = &reply {
-            assert_eq!(r.seq, self.seq);
-        }
-        reply
+        };
+        let answer = self.session.handle(request, bulk)?;
+        assert_eq!(answer.frame.seq, self.seq);
+        self.bulk = answer.bulk;
+        Some(answer.frame)
+    }
+
+    fn send(&mut self, call: Call, expects_reply: bool) -> Option<ReplyFrame> {
+        self.send_with(call, &[], expects_reply)
+    }
+
+    fn call_with(&mut self, call: Call, bulk: &[u8]) -> (CUresult, Reply) {
+        let r = self.send_with(call, bulk, true).expect("a reply");
+        (r.result, r.reply)
     }
 
     fn call(&mut self, call: Call) -> (CUresult, Reply) {
-        let r = self.send(call, true).expect("a reply");
-        (r.result, r.reply)
+        self.call_with(call, &[])
     }
 
     fn api(&mut self, call: ApiCall) -> Result<ApiReply, CUresult> {
@@ -54,6 +64,7 @@ fn a_client_session_end_to_end() {
         })),
         seq: 0,
         ctx: 0,
+        bulk: Vec::new(),
     };
     let (res, reply) = c.call(Call::Hello(ClientHello {
         protocol: PROTOCOL_VERSION,
@@ -86,17 +97,17 @@ fn a_client_session_end_to_end() {
     let b = alloc(&mut c, 128).unwrap();
     let input: Vec<u8> = (0..32u32).flat_map(|v| (v * 10).to_le_bytes()).collect();
     assert_eq!(
-        c.call(Call::MemcpyHtoD {
-            dst: a,
-            data: Payload::Inline(input),
-            stream: None
-        })
+        c.call_with(
+            Call::MemcpyHtoD {
+                dst: a,
+                stream: None
+            },
+            &input
+        )
         .0,
         CUresult::SUCCESS
     );
-    let (res, reply) = c.call(Call::ModuleLoad {
-        image: Payload::Inline(PTX.as_bytes().to_vec()),
-    });
+    let (res, reply) = c.call_with(Call::ModuleLoad, PTX.as_bytes());
     assert_eq!(res, CUresult::SUCCESS);
     let Reply::Module { handle: module } = reply else {
         panic!("no module")
@@ -133,10 +144,11 @@ fn a_client_session_end_to_end() {
         stream: None,
     });
     assert_eq!(res, CUresult::SUCCESS);
-    let Reply::Data(out) = reply else {
+    let Reply::Data = reply else {
         panic!("no data")
     };
-    let out: Vec<u32> = out
+    let out: Vec<u32> = c
+        .bulk
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();

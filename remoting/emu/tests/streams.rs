@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use common::{Emu, PTX, Params};
 use gleam_protocol::api::args;
-use gleam_server::backend::{ApiBackend, Backend};
 use gleam_protocol::types::CUresult;
+use gleam_server::backend::{ApiBackend, Backend};
 
 /// Loop trips of `slowFill`: enough that the kernel is still running when the host looks (~100 ms+).
 const ITERS: u32 = 20_000;
@@ -343,7 +343,7 @@ fn shutdown_skips_queued_work() {
         emu.launch(k.slow_fill, (N / 64) as u32, 64, 0, &p).unwrap();
     }
     let t = Instant::now();
-    emu.b.shutdown();
+    emu.b.shutdown(&Default::default());
     let took = t.elapsed();
     // At most the kernel already running finishes; the other queued ones are skipped.
     assert!(took < one * 8, "shutdown took {took:?}, one launch {one:?}");

@@ -2,7 +2,7 @@
 //!
 //! [`serve_connection`] accepts the client's command stream, starts a [`WorkerCommand`] (normally
 //! `gleam session --backend X`) and relays frames between the stream and the process's stdin/stdout without
-//! decoding them: it only checks each frame's length against [`MAX_FRAME`]. The process is killed when the
+//! decoding them: it only checks each frame's lengths against the frame limits ([`gleam_protocol::frame`]). The process is killed when the
 //! connection ends (so the driver frees all the session's GPU memory), and the connection is closed with a
 //! reason when the process exits. One client never shares a process with another, and a malformed message
 //! ends only its own session.
@@ -20,12 +20,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tracing::{debug, info, warn};
 
+use gleam_protocol::frame::{FrameError, Scanner};
 use gleam_server::worker::ExitReason;
-use gleam_protocol::wire::MAX_FRAME;
 
 /// Close code: the session ended normally (Goodbye, or the client finished its stream).
 pub const CLOSE_ENDED: VarInt = VarInt::from_u32(0);
-/// Close code: the client broke the framing (a frame over [`MAX_FRAME`]) or sent a malformed request.
+/// Close code: the client broke the framing (a frame over the limits) or sent a malformed request.
 pub const CLOSE_PROTOCOL_VIOLATION: VarInt = VarInt::from_u32(0x4743_0001);
 /// Close code: the session process failed (crashed, was killed, or its backend could not start).
 pub const CLOSE_WORKER_FAILED: VarInt = VarInt::from_u32(0x4743_0002);
@@ -133,8 +133,8 @@ pub async fn serve_connection(
                     // The client finished its stream: stdin is closed, the worker ends by itself.
                     Ok((Ok(()), _)) => {}
                     // The worker's stdin (held in `_stdin`) closes only once the violation is recorded.
-                    Ok((Err(RelayError::FrameTooLarge(len)), _stdin)) => {
-                        break End::Protocol(format!("request frame of {len} bytes exceeds the limit"));
+                    Ok((Err(RelayError::FrameTooLarge(err)), _stdin)) => {
+                        break End::Protocol(format!("request {err}"));
                     }
                     // A reset stream or a broken pipe: the connection or the worker is going away and
                     // the other branches report why.
@@ -254,8 +254,8 @@ fn describe_exit(status: ExitStatus) -> (VarInt, String) {
 /// A relay direction stopped.
 #[derive(Debug, thiserror::Error)]
 enum RelayError {
-    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
-    FrameTooLarge(usize),
+    #[error("{0}")]
+    FrameTooLarge(FrameError),
     #[error("reading the client stream: {0}")]
     Read(#[from] quinn::ReadError),
     #[error("writing the client stream: {0}")]
@@ -285,13 +285,13 @@ async fn relay_frames(
     stdin: &mut ChildStdin,
     traffic: Arc<Traffic>,
 ) -> Result<(), RelayError> {
-    let mut frames = FrameCheck::default();
+    let mut frames = Scanner::new();
     let mut chunks: Vec<Bytes> = vec![Bytes::new(); RELAY_CHUNKS];
     while let Some(count) = recv.read_chunks(&mut chunks).await? {
         let received = &mut chunks[..count];
         let mut n = 0;
         for chunk in received.iter() {
-            frames.feed(chunk)?;
+            frames.feed(chunk).map_err(RelayError::FrameTooLarge)?;
             n += chunk.len();
         }
         write_all_chunks(stdin, received).await?;
@@ -354,80 +354,9 @@ async fn relay_out(
     Ok(())
 }
 
-/// Tracks frame boundaries in a byte stream, checking each announced length without buffering frames.
-#[derive(Debug, Default)]
-struct FrameCheck {
-    /// Bytes of the current frame's body still to come.
-    remaining: usize,
-    /// The length prefix read so far.
-    header: [u8; 4],
-    header_len: usize,
-}
-
-impl FrameCheck {
-    fn feed(&mut self, mut bytes: &[u8]) -> Result<(), RelayError> {
-        while !bytes.is_empty() {
-            if self.remaining > 0 {
-                let take = self.remaining.min(bytes.len());
-                self.remaining -= take;
-                bytes = &bytes[take..];
-                continue;
-            }
-            let take = (4 - self.header_len).min(bytes.len());
-            self.header[self.header_len..self.header_len + take].copy_from_slice(&bytes[..take]);
-            self.header_len += take;
-            bytes = &bytes[take..];
-            if self.header_len == 4 {
-                self.header_len = 0;
-                let len = u32::from_le_bytes(self.header) as usize;
-                if len > MAX_FRAME {
-                    return Err(RelayError::FrameTooLarge(len));
-                }
-                self.remaining = len;
-            }
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn frame(len: usize) -> Vec<u8> {
-        let mut f = (len as u32).to_le_bytes().to_vec();
-        f.resize(4 + len, 0xee);
-        f
-    }
-
-    #[test]
-    fn frame_check_follows_boundaries_across_chunks() {
-        let mut stream = frame(3);
-        stream.extend(frame(0));
-        stream.extend(frame(1000));
-        // The header of a frame of exactly the limit, whose body is still to come.
-        stream.extend((MAX_FRAME as u32).to_le_bytes());
-        // Any chunking gives the same verdict.
-        for chunk in [1, 2, 3, 5, 7, 4096] {
-            let mut check = FrameCheck::default();
-            for piece in stream.chunks(chunk) {
-                check.feed(piece).unwrap();
-            }
-            assert_eq!(check.remaining, MAX_FRAME);
-        }
-    }
-
-    #[test]
-    fn frame_check_refuses_oversized_frames() {
-        let mut check = FrameCheck::default();
-        check.feed(&frame(10)).unwrap();
-        let bad = ((MAX_FRAME + 1) as u32).to_le_bytes();
-        check.feed(&bad[..2]).unwrap();
-        assert!(matches!(
-            check.feed(&bad[2..]),
-            Err(RelayError::FrameTooLarge(n)) if n == MAX_FRAME + 1
-        ));
-    }
 
     #[test]
     fn exit_codes_become_close_reasons() {

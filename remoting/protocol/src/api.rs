@@ -1,27 +1,29 @@
 //! The CUDA driver API, described once.
 //!
-//! [`cuda_api!`](crate::cuda_api) is the declaration list of every driver call Gleam forwards mechanically:
-//! its C name, its C arguments in order, and whether the caller must wait for it. It takes the name of a
-//! "generator" macro and hands it the whole list, ZLUDA style, so each consumer stamps out what it needs
-//! from the same source of truth:
+//! The declaration list, `driver-api.list` beside this crate, names every entry point of NVIDIA's driver
+//! with its C signature and how it travels: answered locally, forwarded by hand-written code, forwarded
+//! mechanically and waited for (`sync`), fire-and-forget (`deferred`), not implemented yet (`stub`), or the
+//! per-thread-stream form of another. `build.rs` turns it into two macros that take the name of a
+//! "generator" macro and hand it the list, ZLUDA style, so each consumer stamps out what it needs from the
+//! same source of truth:
 //!
-//! * [`crate::wire`] generates the wire messages: one request struct in [`args`] and one reply struct in
-//!   [`outs`] per call, and the [`ApiCall`]/[`ApiReply`] enums;
-//! * the shim (`gleam-shim`) generates its `#[no_mangle] extern "C"` exports;
-//! * the server generates its dispatch and the calls into NVIDIA's driver.
+//! * [`cuda_api!`](crate::cuda_api): the forwarded calls. [`crate::wire`] makes one request struct in
+//!   [`args`] and one reply struct in [`outs`] per call and the [`ApiCall`]/[`ApiReply`] enums; the server
+//!   makes its `ApiBackend` trait and dispatch; the real backend its calls into NVIDIA's driver;
+//!   [`crate::registry`] the handle checks.
+//! * [`cuda_exports!`](crate::cuda_exports): every export, from which the shim (`gleam-shim`) makes its
+//!   `#[no_mangle] extern "C"` functions.
 //!
-//! Calls that need judgement (copies with host buffers, module images, kernel launches, anything answered
-//! on the client such as `cuGetProcAddress` or device attributes) are written by hand and are not listed.
+//! and into [`EXPORTS`] (each export's [`Travel`]) and the registry's effects (what a call destroys).
 //!
 //! Each argument's type says how it travels (the [`Arg`] trait): a plain value goes in the request; an
 //! [`Out<T>`] is a C pointer the driver writes through, so it travels in the reply; handles ([`Stream`],
 //! [`Event`], ...) are C pointers carried as their `u64` value, identical on both sides; [`CStr`] is a
-//! NUL-terminated string.
+//! NUL-terminated string. [`CType`] gives every listed type its C ABI type.
 //!
-//! The mode before each `fn` is `sync` (the caller waits for the reply, so the result and out values are
-//! real) or `deferred` (fire-and-forget: the client returns `CUDA_SUCCESS` after local validation; a failure
-//! on the server becomes the session's pending error, returned by the next `sync` call, exactly as CUDA
-//! reports errors of asynchronous work).
+//! A `deferred` call returns `CUDA_SUCCESS` after local validation; a failure on the server becomes the
+//! session's pending error, returned by the next call that waits, exactly as CUDA reports errors of
+//! asynchronous work.
 
 use std::ffi::{CString, c_char, c_void};
 use std::fmt::Debug;
@@ -128,6 +130,10 @@ macro_rules! handles {
             fn from_wire(w: u64) -> *mut c_void {
                 w as *mut c_void
             }
+        }
+
+        impl CType for $name {
+            type C = *mut c_void;
         }
 
         impl Arg for $name {
@@ -242,93 +248,84 @@ impl Arg for CStr {
     fn slot_reply(_: CString) {}
 }
 
-/// The declaration list. `cuda_api!(my_generator)` expands to `my_generator! { <the list> }`, where the list
-/// is a sequence of `sync|deferred fn cuName(arg: Type, ...);` items. Types are paths through `$crate`, so the
-/// list expands correctly in any crate.
-#[macro_export]
-macro_rules! cuda_api {
-    ($generator:ident) => {
-        $crate::cuda_api_list! { $generator }
-    };
+include!(concat!(env!("OUT_DIR"), "/driver_api.rs"));
+
+/// How an export of the declaration list travels (its mode in `driver-api.list`).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum Travel {
+    /// Answered on the client, never sent.
+    Local,
+    /// Forwarded with judgement by hand-written shim code.
+    Hand,
+    /// Forwarded mechanically; the caller waits for the reply.
+    Sync,
+    /// Forwarded mechanically, fire-and-forget.
+    Deferred,
+    /// Not implemented yet: `CUDA_ERROR_NOT_SUPPORTED`.
+    Stub,
+    /// The per-thread-default-stream form of another export.
+    PerThread,
 }
 
-#[doc(hidden)]
-#[macro_export]
-macro_rules! cuda_api_list {
-    ($g:ident) => { $g! {
-        // --- Contexts ----------------------------------------------------------------------------------
-        sync fn cuDevicePrimaryCtxRetain(pctx: $crate::api::Out<$crate::api::Context>, dev: i32);
-        deferred fn cuDevicePrimaryCtxRelease_v2(dev: i32);
-        sync fn cuDevicePrimaryCtxReset_v2(dev: i32);
-        sync fn cuDevicePrimaryCtxSetFlags_v2(dev: i32, flags: u32);
-        sync fn cuDevicePrimaryCtxGetState(dev: i32, flags: $crate::api::Out<u32>, active: $crate::api::Out<i32>);
-        sync fn cuCtxCreate_v2(pctx: $crate::api::Out<$crate::api::Context>, flags: u32, dev: i32);
-        sync fn cuCtxDestroy_v2(ctx: $crate::api::Context);
-        sync fn cuCtxSynchronize();
-        sync fn cuCtxSynchronize_v2(ctx: $crate::api::Context);
-        deferred fn cuCtxSetLimit(limit: u32, value: usize);
-        sync fn cuCtxGetLimit(pvalue: $crate::api::Out<usize>, limit: u32);
-        deferred fn cuCtxSetCacheConfig(config: u32);
-        sync fn cuCtxGetCacheConfig(pconfig: $crate::api::Out<u32>);
-        sync fn cuCtxGetStreamPriorityRange(least: $crate::api::Out<i32>, greatest: $crate::api::Out<i32>);
-        sync fn cuCtxGetFlags(flags: $crate::api::Out<u32>);
-        sync fn cuCtxSetFlags(flags: u32);
-        sync fn cuCtxGetApiVersion(ctx: $crate::api::Context, version: $crate::api::Out<u32>);
+/// The C ABI type of an argument as the declaration list writes it: an [`Arg`] type of a forwarded call,
+/// or a C type (integers, pointers, handle aliases, by-value structs) of any other export.
+pub trait CType {
+    /// The type at the C ABI.
+    type C: Copy;
+}
 
-        // --- Memory ------------------------------------------------------------------------------------
-        sync fn cuMemAlloc_v2(dptr: $crate::api::Out<u64>, bytesize: usize);
-        sync fn cuMemAllocPitch_v2(dptr: $crate::api::Out<u64>, pitch: $crate::api::Out<usize>, width: usize, height: usize, element_size: u32);
-        deferred fn cuMemFree_v2(dptr: u64);
-        sync fn cuMemGetInfo_v2(free: $crate::api::Out<usize>, total: $crate::api::Out<usize>);
-        sync fn cuMemGetAddressRange_v2(base: $crate::api::Out<u64>, size: $crate::api::Out<usize>, dptr: u64);
-        deferred fn cuMemcpyDtoD_v2(dst: u64, src: u64, bytes: usize);
-        deferred fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, bytes: usize, stream: $crate::api::Stream);
-        deferred fn cuMemsetD8_v2(dst: u64, value: u8, n: usize);
-        deferred fn cuMemsetD16_v2(dst: u64, value: u16, n: usize);
-        deferred fn cuMemsetD32_v2(dst: u64, value: u32, n: usize);
-        deferred fn cuMemsetD8Async(dst: u64, value: u8, n: usize, stream: $crate::api::Stream);
-        deferred fn cuMemsetD16Async(dst: u64, value: u16, n: usize, stream: $crate::api::Stream);
-        deferred fn cuMemsetD32Async(dst: u64, value: u32, n: usize, stream: $crate::api::Stream);
-        sync fn cuMemAllocAsync(dptr: $crate::api::Out<u64>, bytesize: usize, stream: $crate::api::Stream);
-        deferred fn cuMemFreeAsync(dptr: u64, stream: $crate::api::Stream);
+macro_rules! c_types {
+    ($($t:ty),* $(,)?) => {$(
+        impl CType for $t {
+            type C = $t;
+        }
+    )*};
+}
 
-        // --- Modules and functions ---------------------------------------------------------------------
-        deferred fn cuModuleUnload(module: $crate::api::Module);
-        sync fn cuModuleGetGlobal_v2(dptr: $crate::api::Out<u64>, bytes: $crate::api::Out<usize>, module: $crate::api::Module, name: $crate::api::CStr);
-        sync fn cuFuncGetAttribute(value: $crate::api::Out<i32>, attrib: i32, func: $crate::api::Function);
-        deferred fn cuFuncSetAttribute(func: $crate::api::Function, attrib: i32, value: i32);
-        deferred fn cuFuncSetCacheConfig(func: $crate::api::Function, config: u32);
-        deferred fn cuFuncSetSharedMemConfig(func: $crate::api::Function, config: u32);
-        sync fn cuOccupancyMaxActiveBlocksPerMultiprocessor(num_blocks: $crate::api::Out<i32>, func: $crate::api::Function, block_size: i32, dynamic_smem: usize);
-        sync fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(num_blocks: $crate::api::Out<i32>, func: $crate::api::Function, block_size: i32, dynamic_smem: usize, flags: u32);
-        sync fn cuOccupancyAvailableDynamicSMemPerBlock(dynamic_smem: $crate::api::Out<usize>, func: $crate::api::Function, num_blocks: i32, block_size: i32);
-        sync fn cuLibraryUnload(library: $crate::api::Library);
-        sync fn cuLibraryGetKernel(kernel: $crate::api::Out<$crate::api::Kernel>, library: $crate::api::Library, name: $crate::api::CStr);
-        sync fn cuLibraryGetModule(module: $crate::api::Out<$crate::api::Module>, library: $crate::api::Library);
-        sync fn cuLibraryGetGlobal(dptr: $crate::api::Out<u64>, bytes: $crate::api::Out<usize>, library: $crate::api::Library, name: $crate::api::CStr);
-        sync fn cuKernelGetAttribute(value: $crate::api::Out<i32>, attrib: i32, kernel: $crate::api::Kernel, dev: i32);
-        deferred fn cuKernelSetAttribute(attrib: i32, value: i32, kernel: $crate::api::Kernel, dev: i32);
+c_types!(
+    i8,
+    u8,
+    i16,
+    u16,
+    i32,
+    u32,
+    i64,
+    u64,
+    usize,
+    f32,
+    f64,
+    crate::types::CUmemLocation,
+    crate::types::CUipcMemHandle,
+    crate::types::CUipcEventHandle,
+    crate::types::CUeglFrame,
+);
 
-        // --- Streams -----------------------------------------------------------------------------------
-        sync fn cuStreamCreate(stream: $crate::api::Out<$crate::api::Stream>, flags: u32);
-        sync fn cuStreamCreateWithPriority(stream: $crate::api::Out<$crate::api::Stream>, flags: u32, priority: i32);
-        deferred fn cuStreamDestroy_v2(stream: $crate::api::Stream);
-        sync fn cuStreamSynchronize(stream: $crate::api::Stream);
-        sync fn cuStreamQuery(stream: $crate::api::Stream);
-        deferred fn cuStreamWaitEvent(stream: $crate::api::Stream, event: $crate::api::Event, flags: u32);
-        sync fn cuStreamGetPriority(stream: $crate::api::Stream, priority: $crate::api::Out<i32>);
-        sync fn cuStreamGetFlags(stream: $crate::api::Stream, flags: $crate::api::Out<u32>);
+impl<T> CType for *mut T {
+    type C = *mut T;
+}
 
-        // --- Events ------------------------------------------------------------------------------------
-        sync fn cuEventCreate(event: $crate::api::Out<$crate::api::Event>, flags: u32);
-        deferred fn cuEventRecord(event: $crate::api::Event, stream: $crate::api::Stream);
-        deferred fn cuEventRecordWithFlags(event: $crate::api::Event, stream: $crate::api::Stream, flags: u32);
-        sync fn cuEventSynchronize(event: $crate::api::Event);
-        sync fn cuEventQuery(event: $crate::api::Event);
-        sync fn cuEventElapsedTime(ms: $crate::api::Out<f32>, start: $crate::api::Event, end: $crate::api::Event);
-        sync fn cuEventElapsedTime_v2(ms: $crate::api::Out<f32>, start: $crate::api::Event, end: $crate::api::Event);
-        deferred fn cuEventDestroy_v2(event: $crate::api::Event);
-    } };
+impl<T> CType for *const T {
+    type C = *const T;
+}
+
+impl<T: Value> CType for Out<T>
+where
+    T::C: Default,
+{
+    type C = *mut T::C;
+}
+
+impl CType for CStr {
+    type C = *const c_char;
+}
+
+/// The stream a `_ptsz` form of a call means: NULL (the default stream) is the per-thread default stream.
+pub fn per_thread(stream: *mut c_void) -> *mut c_void {
+    if stream.is_null() {
+        crate::types::CU_STREAM_PER_THREAD as *mut c_void
+    } else {
+        stream
+    }
 }
 
 /// Generates the wire structs of the declaration list (invoked once, by `cuda_api!(api_wire)` below).
@@ -383,7 +380,7 @@ macro_rules! api_wire {
     (@sync deferred) => { false };
 }
 
-crate::cuda_api!(api_wire);
+cuda_api!(api_wire);
 
 #[cfg(test)]
 mod tests {

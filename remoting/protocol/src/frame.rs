@@ -1,33 +1,407 @@
-//! Frames: how messages are delimited on a byte stream.
+//! Frames: how messages travel on a byte stream. The one place that knows the format; the client, the
+//! network host and the session process all go through it.
+//!
+//! ```text
+//! frame := header_len: u32 LE | bulk_len: u32 LE | header: postcard message | bulk: raw bytes
+//! ```
+//!
+//! The header is a small postcard-encoded message ([`crate::wire::Request`] or
+//! [`crate::wire::ReplyFrame`]); bulk bytes (the data of a copy, a module image) travel after it as they are,
+//! never through serde. So a writer can send a header and borrowed bulk bytes without first copying them
+//! into one message ([`encode_head`]), and a reader decodes the small header and borrows the bulk from its
+//! buffer ([`Frame`]).
+//!
+//! [`FrameReader`] is a sans-IO reader: feed it bytes as they arrive, take complete frames out.
+//! [`Scanner`] only checks frame boundaries and limits, for a relay that must not buffer.
+//! [`read_blocking`] reads one frame from a blocking reader. A header over [`MAX_HEADER`] or bulk over
+//! [`MAX_BULK`] is refused as soon as its prefix arrives, before anything is allocated for it.
 
-/// Reads the varint at the start of `bytes` (postcard's encoding of an integer), if it is complete and
-/// fits a `u64`.
-pub fn peek_varint(bytes: &[u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for (i, &byte) in bytes.iter().take(10).enumerate() {
-        let bits = u64::from(byte & 0x7f);
-        let shift = 7 * i as u32;
-        if shift == 63 && bits > 1 {
-            return None;
-        }
-        value |= bits << shift;
-        if byte & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
+use std::io::{self, Read};
+
+use bytes::{Buf, Bytes, BytesMut};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Bytes of the length prefix.
+pub const PREFIX_LEN: usize = 8;
+/// Largest header either side accepts.
+pub const MAX_HEADER: usize = 1 << 20;
+/// Largest bulk part either side accepts (copies are split into [`crate::wire::COPY_CHUNK`] pieces).
+pub const MAX_BULK: usize = 64 << 20;
+
+/// A framing or decoding failure: the stream is unusable from here on.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The transport failed, or ended inside a frame.
+    #[error("connection failed: {0}")]
+    Io(#[from] io::Error),
+    /// A frame announced a header larger than [`MAX_HEADER`].
+    #[error("frame header of {0} bytes exceeds the {MAX_HEADER}-byte limit")]
+    HeaderTooLarge(usize),
+    /// A frame announced bulk data larger than [`MAX_BULK`].
+    #[error("frame data of {0} bytes exceeds the {MAX_BULK}-byte limit")]
+    BulkTooLarge(usize),
+    /// The header is not a valid message.
+    #[error("malformed message: {0}")]
+    Malformed(#[from] postcard::Error),
 }
 
-/// Appends `value` as postcard writes a length: LEB128, seven bits a byte, low bits first.
-pub fn push_varint(out: &mut Vec<u8>, mut value: u64) {
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            out.push(byte);
-            return;
+/// A frame's two lengths, read from its prefix and checked against the limits.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct Prefix {
+    /// Header bytes.
+    pub header_len: usize,
+    /// Bulk bytes.
+    pub bulk_len: usize,
+}
+
+impl Prefix {
+    /// Parses and checks a prefix.
+    pub fn parse(bytes: [u8; PREFIX_LEN]) -> Result<Self, FrameError> {
+        let [h0, h1, h2, h3, b0, b1, b2, b3] = bytes;
+        let header_len = u32::from_le_bytes([h0, h1, h2, h3]) as usize;
+        let bulk_len = u32::from_le_bytes([b0, b1, b2, b3]) as usize;
+        if header_len > MAX_HEADER {
+            return Err(FrameError::HeaderTooLarge(header_len));
         }
-        out.push(byte | 0x80);
+        if bulk_len > MAX_BULK {
+            return Err(FrameError::BulkTooLarge(bulk_len));
+        }
+        Ok(Self {
+            header_len,
+            bulk_len,
+        })
+    }
+
+    /// The whole frame's length, prefix included.
+    pub fn frame_len(self) -> usize {
+        PREFIX_LEN + self.header_len + self.bulk_len
     }
 }
 
+/// One received frame: its header bytes (decode them with [`Frame::decode`]) and its bulk bytes.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    /// The postcard-encoded message.
+    pub header: Bytes,
+    /// The raw bulk bytes (empty for most messages).
+    pub bulk: Bytes,
+}
+
+impl Frame {
+    /// Decodes the header.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, FrameError> {
+        Ok(postcard::from_bytes(&self.header)?)
+    }
+}
+
+/// Appends one frame carrying `header` and `bulk` to `out`.
+pub fn encode<T: Serialize>(header: &T, bulk: &[u8], out: &mut Vec<u8>) -> Result<(), FrameError> {
+    encode_head(header, bulk.len(), out)?;
+    out.extend_from_slice(bulk);
+    Ok(())
+}
+
+/// Appends the prefix and header of a frame whose `bulk_len` bulk bytes the caller sends right after.
+pub fn encode_head<T: Serialize>(
+    header: &T,
+    bulk_len: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), FrameError> {
+    if bulk_len > MAX_BULK {
+        return Err(FrameError::BulkTooLarge(bulk_len));
+    }
+    let start = out.len();
+    out.extend_from_slice(&[0; PREFIX_LEN]);
+    let encoded = postcard::to_extend(header, std::mem::take(out));
+    *out = match encoded {
+        Ok(out) => out,
+        Err(err) => return Err(err.into()),
+    };
+    let header_len = out.len() - start - PREFIX_LEN;
+    if header_len > MAX_HEADER {
+        out.truncate(start);
+        return Err(FrameError::HeaderTooLarge(header_len));
+    }
+    // Both fit in u32: the limits above are far below 4 GiB.
+    out[start..start + 4].copy_from_slice(&(header_len as u32).to_le_bytes());
+    out[start + 4..start + PREFIX_LEN].copy_from_slice(&(bulk_len as u32).to_le_bytes());
+    Ok(())
+}
+
+/// A sans-IO frame reader: bytes in ([`FrameReader::feed`]), whole frames out ([`FrameReader::next`]).
+///
+/// Frames come out as [`Bytes`] views of the reader's buffer, so taking one costs no copy. A prefix over
+/// the limits is an error at once; memory for a frame grows only as its bytes arrive.
+#[derive(Debug, Default)]
+pub struct FrameReader {
+    buf: BytesMut,
+}
+
+impl FrameReader {
+    /// An empty reader.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends received bytes.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete frame, if one has arrived.
+    pub fn next(&mut self) -> Result<Option<Frame>, FrameError> {
+        let Some(prefix) = self.buf.first_chunk::<PREFIX_LEN>() else {
+            return Ok(None);
+        };
+        let prefix = Prefix::parse(*prefix)?;
+        if self.buf.len() < prefix.frame_len() {
+            // Reserve for the rest of this frame as it arrives, not beyond.
+            self.buf.reserve(prefix.frame_len() - self.buf.len());
+            return Ok(None);
+        }
+        self.buf.advance(PREFIX_LEN);
+        let header = self.buf.split_to(prefix.header_len).freeze();
+        let bulk = self.buf.split_to(prefix.bulk_len).freeze();
+        Ok(Some(Frame { header, bulk }))
+    }
+
+    /// Whether bytes of an unfinished frame are buffered (a stream ending now ends inside a frame).
+    pub fn is_mid_frame(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
+    /// Whether a whole frame is buffered (so [`FrameReader::next`] returns one without more input).
+    pub fn has_frame(&self) -> bool {
+        match self
+            .buf
+            .first_chunk::<PREFIX_LEN>()
+            .map(|p| Prefix::parse(*p))
+        {
+            Some(Ok(prefix)) => self.buf.len() >= prefix.frame_len(),
+            // A bad prefix is an error the next call reports at once.
+            Some(Err(_)) => true,
+            None => false,
+        }
+    }
+}
+
+/// Follows frame boundaries in a byte stream without keeping its bytes, checking each prefix against the
+/// limits: what a relay needs to refuse an oversized frame before forwarding it.
+#[derive(Clone, Debug, Default)]
+pub struct Scanner {
+    /// Bytes of the current frame's prefix seen so far.
+    prefix: Vec<u8>,
+    /// Bytes of the current frame's body still to come.
+    remaining: usize,
+}
+
+impl Scanner {
+    /// A scanner at a frame boundary.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Follows `bytes`; an error names the first frame whose prefix breaks the limits.
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), FrameError> {
+        while !bytes.is_empty() {
+            if self.remaining > 0 {
+                let n = self.remaining.min(bytes.len());
+                self.remaining -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            let n = (PREFIX_LEN - self.prefix.len()).min(bytes.len());
+            self.prefix.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            if let Some(prefix) = self.prefix.first_chunk::<PREFIX_LEN>() {
+                let prefix = Prefix::parse(*prefix)?;
+                self.remaining = prefix.header_len + prefix.bulk_len;
+                self.prefix.clear();
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the stream is between frames.
+    pub fn at_boundary(&self) -> bool {
+        self.remaining == 0 && self.prefix.is_empty()
+    }
+}
+
+/// Reads one frame from a blocking reader into `buf` (reused between calls; grown without being
+/// zero-filled). `Ok(None)` on a clean end of the stream between frames; an end inside a frame is an
+/// error.
+pub fn read_blocking<R: Read>(r: &mut R, buf: &mut Vec<u8>) -> Result<Option<Prefix>, FrameError> {
+    let mut prefix = [0u8; PREFIX_LEN];
+    let mut got = 0;
+    while got < PREFIX_LEN {
+        match r.read(&mut prefix[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => {
+                return Err(FrameError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the stream ended inside a frame's length prefix",
+                )));
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let prefix = Prefix::parse(prefix)?;
+    let body = prefix.header_len + prefix.bulk_len;
+    buf.clear();
+    let read = r.take(body as u64).read_to_end(buf)?;
+    if read < body {
+        return Err(FrameError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the stream ended inside a frame",
+        )));
+    }
+    Ok(Some(prefix))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, serde::Deserialize, Serialize)]
+    struct Msg {
+        seq: u64,
+        name: String,
+    }
+
+    fn msg(seq: u64) -> Msg {
+        Msg {
+            seq,
+            name: "cuMemcpyHtoD_v2".into(),
+        }
+    }
+
+    #[test]
+    fn frames_round_trip_through_the_reader_in_any_split() {
+        let mut stream = Vec::new();
+        encode(&msg(1), b"bulk bytes", &mut stream).unwrap();
+        encode(&msg(2), b"", &mut stream).unwrap();
+        let mut head = Vec::new();
+        encode_head(&msg(3), 3, &mut head).unwrap();
+        stream.extend_from_slice(&head);
+        stream.extend_from_slice(b"abc");
+        for split in [1, 2, 7, 8, 9, 13, stream.len()] {
+            let mut reader = FrameReader::new();
+            let mut frames = Vec::new();
+            for piece in stream.chunks(split) {
+                reader.feed(piece);
+                while let Some(frame) = reader.next().unwrap() {
+                    frames.push(frame);
+                }
+            }
+            assert!(!reader.is_mid_frame());
+            let decoded: Vec<(Msg, Vec<u8>)> = frames
+                .iter()
+                .map(|f| (f.decode().unwrap(), f.bulk.to_vec()))
+                .collect();
+            assert_eq!(
+                decoded,
+                [
+                    (msg(1), b"bulk bytes".to_vec()),
+                    (msg(2), Vec::new()),
+                    (msg(3), b"abc".to_vec())
+                ],
+                "split {split}"
+            );
+        }
+    }
+
+    #[test]
+    fn blocking_reads_match_and_report_truncation() {
+        let mut stream = Vec::new();
+        encode(&msg(7), &[9; 100], &mut stream).unwrap();
+        let mut buf = Vec::new();
+        let mut cursor = io::Cursor::new(&stream[..]);
+        let prefix = read_blocking(&mut cursor, &mut buf).unwrap().unwrap();
+        assert_eq!(prefix.bulk_len, 100);
+        let header: Msg = postcard::from_bytes(&buf[..prefix.header_len]).unwrap();
+        assert_eq!(header, msg(7));
+        assert!(read_blocking(&mut cursor, &mut buf).unwrap().is_none());
+        // Cut inside the prefix and inside the body: errors, not a clean end.
+        for cut in [3, PREFIX_LEN + 2, stream.len() - 1] {
+            let mut cursor = io::Cursor::new(&stream[..cut]);
+            assert!(
+                matches!(read_blocking(&mut cursor, &mut buf), Err(FrameError::Io(_))),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn oversized_prefixes_are_refused_before_any_allocation() {
+        let mut big = Vec::new();
+        big.extend_from_slice(&((MAX_HEADER as u32) + 1).to_le_bytes());
+        big.extend_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(
+            FrameReader::new().next().map(|_| ()).and_then(|()| {
+                let mut r = FrameReader::new();
+                r.feed(&big);
+                r.next().map(|_| ())
+            }),
+            Err(FrameError::HeaderTooLarge(_))
+        ));
+        let mut huge_bulk = Vec::new();
+        huge_bulk.extend_from_slice(&1u32.to_le_bytes());
+        huge_bulk.extend_from_slice(&u32::MAX.to_le_bytes());
+        let mut reader = FrameReader::new();
+        reader.feed(&huge_bulk);
+        assert!(matches!(reader.next(), Err(FrameError::BulkTooLarge(_))));
+        assert!(reader.buf.capacity() < 1 << 16, "nothing reserved for it");
+        let mut scanner = Scanner::new();
+        assert!(matches!(
+            scanner.feed(&huge_bulk),
+            Err(FrameError::BulkTooLarge(_))
+        ));
+        let mut buf = Vec::new();
+        assert!(matches!(
+            read_blocking(&mut &huge_bulk[..], &mut buf),
+            Err(FrameError::BulkTooLarge(_))
+        ));
+        assert!(matches!(
+            encode_head(&msg(1), MAX_BULK + 1, &mut Vec::new()),
+            Err(FrameError::BulkTooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn the_scanner_follows_boundaries_across_splits() {
+        let mut stream = Vec::new();
+        for i in 0..5u64 {
+            encode(&msg(i), &vec![1; i as usize * 10], &mut stream).unwrap();
+        }
+        for split in [1, 3, 8, 64] {
+            let mut scanner = Scanner::new();
+            for (i, piece) in stream.chunks(split).enumerate() {
+                scanner.feed(piece).unwrap();
+                let fed = ((i + 1) * split).min(stream.len());
+                if fed == stream.len() {
+                    assert!(scanner.at_boundary());
+                }
+            }
+        }
+        let mut scanner = Scanner::new();
+        scanner.feed(&stream[..stream.len() - 1]).unwrap();
+        assert!(!scanner.at_boundary());
+    }
+
+    #[test]
+    fn malformed_headers_are_errors() {
+        let mut stream = Vec::new();
+        encode(&[0xffu8; 3], b"", &mut stream).unwrap();
+        let mut reader = FrameReader::new();
+        reader.feed(&stream);
+        let frame = reader.next().unwrap().unwrap();
+        assert!(matches!(
+            frame.decode::<Msg>(),
+            Err(FrameError::Malformed(_))
+        ));
+    }
+}

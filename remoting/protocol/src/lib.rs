@@ -10,6 +10,7 @@
 //! * [`types`]: the C ABI types (`CUresult`, handles, constants) shared by every layer.
 //! * [`tuning`]: the waiting strategy both ends of a session share.
 
+#[macro_use]
 pub mod api;
 pub mod frame;
 pub mod registry;

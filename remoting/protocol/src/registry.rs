@@ -32,8 +32,25 @@ const STREAM_LEGACY: u64 = 1;
 /// `CU_STREAM_PER_THREAD`.
 const STREAM_PER_THREAD: u64 = 2;
 
+/// What a call's effect killed, from [`Handles::apply`].
+#[derive(Clone, Debug, Default, Eq, PartialEq)]
+pub struct Died {
+    /// Every handle that died, the one destroyed and those that died with it.
+    pub handles: Vec<(Kind, u64)>,
+    /// Contexts whose contents (memory included) are gone: destroyed, released for the last time, or
+    /// reset (a reset primary context itself stays).
+    pub emptied_contexts: Vec<u64>,
+}
+
+impl Died {
+    /// Whether nothing died.
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty() && self.emptied_contexts.is_empty()
+    }
+}
+
 /// The kinds of handle the registry knows.
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
 pub enum Kind {
     Context,
     Module,
@@ -111,6 +128,8 @@ pub struct Handles {
     streams: HashMap<u64, u64>,
     /// Event -> its context.
     events: HashMap<u64, u64>,
+    /// Context made by `cuCtxCreate` -> its device (primary contexts: in `contexts`).
+    created_on: HashMap<u64, i32>,
 }
 
 impl Handles {
@@ -209,33 +228,99 @@ impl Handles {
         self.register(Kind::Library, library, &Owner::default());
     }
 
-    /// Applies what a successful call destroyed (`reply` gives the primary context a retain returned).
-    pub fn apply(&mut self, effect: Effect, reply: &ApiReply) {
-        match effect {
-            Effect::None => {}
+    /// Applies what a successful call did (`reply`: a `sync` call's reply, which gives the primary context
+    /// a retain returned), and says what died, so that state kept beside the registry (a backend's
+    /// objects, the shim's allocations and context-local storage) can follow the same rules.
+    pub fn apply(&mut self, effect: Effect, reply: Option<&ApiReply>) -> Died {
+        if effect == Effect::None {
+            return Died::default();
+        }
+        let before = self.every_handle();
+        let emptied_contexts = match effect {
+            Effect::None => Vec::new(),
             Effect::PrimaryRetain(dev) => {
-                if let ApiReply::cuDevicePrimaryCtxRetain(out) = reply {
+                if let Some(ApiReply::cuDevicePrimaryCtxRetain(out)) = reply {
                     self.retain_primary(dev, out.pctx);
                 }
+                Vec::new()
             }
-            Effect::PrimaryRelease(dev) => self.release_primary(dev),
-            Effect::PrimaryReset(dev) => {
-                if let Some(p) = self.primaries.get(&dev) {
-                    // The context stays (and stays retained); everything in it is gone.
+            Effect::PrimaryRelease(dev) => self.release_primary(dev).into_iter().collect(),
+            Effect::PrimaryReset(dev) => match self.primaries.get(&dev) {
+                // The context stays (and stays retained); everything in it is gone.
+                Some(p) => {
                     let ctx = p.ctx;
                     self.destroy_in_context(ctx);
+                    vec![ctx]
                 }
+                None => Vec::new(),
+            },
+            Effect::Destroy(Kind::Context, ctx) => {
+                self.destroy_context(ctx);
+                vec![ctx]
             }
-            Effect::CtxDestroy(ctx) => self.destroy_context(ctx),
-            Effect::ModuleUnload(module) => self.unload_module(module),
-            Effect::LibraryUnload(library) => self.unload_library(library),
-            Effect::StreamDestroy(stream) => {
+            Effect::Destroy(Kind::Module, module) => {
+                self.unload_module(module);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::Library, library) => {
+                self.unload_library(library);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::Stream, stream) => {
                 self.streams.remove(&stream);
+                Vec::new()
             }
-            Effect::EventDestroy(event) => {
+            Effect::Destroy(Kind::Event, event) => {
                 self.events.remove(&event);
+                Vec::new()
             }
+            Effect::Destroy(Kind::Function | Kind::Kernel, handle) => {
+                debug!(
+                    handle,
+                    "functions and kernels are not destroyed by a call of their own"
+                );
+                Vec::new()
+            }
+        };
+        let after = self.every_handle();
+        Died {
+            handles: before.difference(&after).copied().collect(),
+            emptied_contexts,
         }
+    }
+
+    /// Every live handle with its kind.
+    fn every_handle(&self) -> HashSet<(Kind, u64)> {
+        let tagged = |kind: Kind, handles: &mut dyn Iterator<Item = u64>| {
+            handles.map(move |h| (kind, h)).collect::<Vec<_>>()
+        };
+        [
+            tagged(Kind::Context, &mut self.contexts.keys().copied()),
+            tagged(Kind::Module, &mut self.modules.keys().copied()),
+            tagged(Kind::Function, &mut self.functions.keys().copied()),
+            tagged(Kind::Stream, &mut self.streams.keys().copied()),
+            tagged(Kind::Event, &mut self.events.keys().copied()),
+            tagged(Kind::Library, &mut self.libraries.iter().copied()),
+            tagged(Kind::Kernel, &mut self.kernels.keys().copied()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// Records the device a context created by `cuCtxCreate` belongs to (primary contexts know theirs).
+    pub fn set_context_device(&mut self, ctx: u64, dev: i32) {
+        if self.contexts.contains_key(&ctx) {
+            self.created_on.insert(ctx, dev);
+        }
+    }
+
+    /// The device of a live context, if known.
+    pub fn context_device(&self, ctx: u64) -> Option<i32> {
+        self.created_on
+            .get(&ctx)
+            .copied()
+            .or_else(|| self.contexts.get(&ctx).copied().flatten())
     }
 
     fn retain_primary(&mut self, dev: i32, ctx: u64) {
@@ -253,16 +338,16 @@ impl Handles {
     }
 
     /// The last release destroys the primary context, "regardless of how many threads it is current to".
-    fn release_primary(&mut self, dev: i32) {
-        let Some(p) = self.primaries.get_mut(&dev) else {
-            return;
-        };
+    fn release_primary(&mut self, dev: i32) -> Option<u64> {
+        let p = self.primaries.get_mut(&dev)?;
         p.retains = p.retains.saturating_sub(1);
-        if p.retains == 0 {
-            let ctx = p.ctx;
-            self.primaries.remove(&dev);
-            self.destroy_context(ctx);
+        if p.retains > 0 {
+            return None;
         }
+        let ctx = p.ctx;
+        self.primaries.remove(&dev);
+        self.destroy_context(ctx);
+        Some(ctx)
     }
 
     fn destroy_context(&mut self, ctx: u64) {
@@ -270,6 +355,7 @@ impl Handles {
             return;
         }
         self.destroy_in_context(ctx);
+        self.created_on.remove(&ctx);
         if let Some(Some(dev)) = self.contexts.remove(&ctx) {
             self.primaries.remove(&dev);
         }
@@ -343,47 +429,26 @@ impl Handles {
     }
 }
 
-/// What a listed call destroys, applied by [`Handles::apply`] once the driver returned success.
+/// What a listed call does to the registry if it succeeds, from its tags in the declaration list
+/// (`destroys(arg)`, `retains-primary(dev)`...), applied by [`Handles::apply`].
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 pub enum Effect {
+    /// Nothing.
     None,
+    /// A handle of this kind dies (with what dies with it).
+    Destroy(Kind, u64),
+    /// The primary context of this device is retained once more.
     PrimaryRetain(i32),
+    /// ... released once (the last release destroys it).
     PrimaryRelease(i32),
+    /// ... reset: everything in it is gone, the context stays.
     PrimaryReset(i32),
-    CtxDestroy(u64),
-    ModuleUnload(u64),
-    LibraryUnload(u64),
-    StreamDestroy(u64),
-    EventDestroy(u64),
 }
 
-/// The listed calls that destroy handles (or may: a primary context release), for the test that keeps
-/// [`Effect::of`] in step with the declaration list.
-#[cfg(test)]
-pub(crate) const DESTROYING: &[&str] = &[
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuDevicePrimaryCtxReset_v2",
-    "cuCtxDestroy_v2",
-    "cuModuleUnload",
-    "cuLibraryUnload",
-    "cuStreamDestroy_v2",
-    "cuEventDestroy_v2",
-];
-
 impl Effect {
-    /// What `call` destroys if it succeeds.
+    /// What `call` does if it succeeds.
     pub fn of(call: &ApiCall) -> Self {
-        match call {
-            ApiCall::cuDevicePrimaryCtxRetain(a) => Self::PrimaryRetain(a.dev),
-            ApiCall::cuDevicePrimaryCtxRelease_v2(a) => Self::PrimaryRelease(a.dev),
-            ApiCall::cuDevicePrimaryCtxReset_v2(a) => Self::PrimaryReset(a.dev),
-            ApiCall::cuCtxDestroy_v2(a) => Self::CtxDestroy(a.ctx),
-            ApiCall::cuModuleUnload(a) => Self::ModuleUnload(a.module),
-            ApiCall::cuLibraryUnload(a) => Self::LibraryUnload(a.library),
-            ApiCall::cuStreamDestroy_v2(a) => Self::StreamDestroy(a.stream),
-            ApiCall::cuEventDestroy_v2(a) => Self::EventDestroy(a.event),
-            _ => Self::None,
-        }
+        crate::api::effect_of(call)
     }
 }
 
@@ -486,27 +551,46 @@ pub trait Register {
     fn register(&self, handles: &mut Handles, owner: &Owner);
 }
 
-/// Generates [`Admit`] and [`Register`] for every listed call.
+/// Generates [`Admit`] and [`Register`] for every listed call, and for the [`ApiCall`]/[`ApiReply`]
+/// enums that carry them.
 macro_rules! handle_rules {
-    ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {$(
-        impl Admit for args::$name {
+    ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
+        $(
+            impl Admit for args::$name {
+                fn admit(&self, handles: &Handles, owner: &mut Owner) -> Result<(), CUresult> {
+                    let _ = (&handles, &owner);
+                    $(<$ty as HandleArg>::check(handles, &self.$arg, owner)?;)*
+                    Ok(())
+                }
+            }
+
+            impl Register for outs::$name {
+                fn register(&self, handles: &mut Handles, owner: &Owner) {
+                    let _ = (&handles, owner);
+                    $(<$ty as HandleArg>::register(handles, &self.$arg, owner);)*
+                }
+            }
+        )*
+
+        impl Admit for ApiCall {
             fn admit(&self, handles: &Handles, owner: &mut Owner) -> Result<(), CUresult> {
-                let _ = (&handles, &owner);
-                $(<$ty as HandleArg>::check(handles, &self.$arg, owner)?;)*
-                Ok(())
+                match self {
+                    $(Self::$name(args) => args.admit(handles, owner),)*
+                }
             }
         }
 
-        impl Register for outs::$name {
+        impl Register for ApiReply {
             fn register(&self, handles: &mut Handles, owner: &Owner) {
-                let _ = (&handles, owner);
-                $(<$ty as HandleArg>::register(handles, &self.$arg, owner);)*
+                match self {
+                    $(Self::$name(outs) => outs.register(handles, owner),)*
+                }
             }
         }
-    )*};
+    };
 }
 
-crate::cuda_api!(handle_rules);
+cuda_api!(handle_rules);
 
 #[cfg(test)]
 mod tests {
@@ -524,7 +608,7 @@ mod tests {
             dev: (),
         });
         create(&mut h, 0, &reply);
-        h.apply(Effect::PrimaryRetain(0), &reply);
+        h.apply(Effect::PrimaryRetain(0), Some(&reply));
         h
     }
 
@@ -669,12 +753,12 @@ mod tests {
         stream(&mut h, CTX, 0x10);
         event(&mut h, CTX, 0x20);
         h.apply(
-            Effect::StreamDestroy(0x10),
-            &ApiReply::cuStreamDestroy_v2(Default::default()),
+            Effect::Destroy(Kind::Stream, 0x10),
+            Some(&ApiReply::cuStreamDestroy_v2(Default::default())),
         );
         h.apply(
-            Effect::EventDestroy(0x20),
-            &ApiReply::cuEventDestroy_v2(Default::default()),
+            Effect::Destroy(Kind::Event, 0x20),
+            Some(&ApiReply::cuEventDestroy_v2(Default::default())),
         );
         assert_eq!(admit(&h, sync(0x10)), Err(CUresult::INVALID_HANDLE));
         assert_eq!(
@@ -695,8 +779,8 @@ mod tests {
         h.add_function(0x201, CTX, FunctionSource::Module(0x200));
         assert_eq!(h.check(Kind::Function, 0x101), Ok(()));
         h.apply(
-            Effect::ModuleUnload(0x100),
-            &ApiReply::cuModuleUnload(Default::default()),
+            Effect::Destroy(Kind::Module, 0x100),
+            Some(&ApiReply::cuModuleUnload(Default::default())),
         );
         assert_eq!(
             h.check(Kind::Function, 0x101),
@@ -749,8 +833,8 @@ mod tests {
         assert!(h.loaded_modules().is_empty());
 
         h.apply(
-            Effect::LibraryUnload(0x300),
-            &ApiReply::cuLibraryUnload(Default::default()),
+            Effect::Destroy(Kind::Library, 0x300),
+            Some(&ApiReply::cuLibraryUnload(Default::default())),
         );
         for (kind, handle) in [
             (Kind::Library, 0x300),
@@ -798,8 +882,8 @@ mod tests {
         );
 
         h.apply(
-            Effect::CtxDestroy(OTHER_CTX),
-            &ApiReply::cuCtxDestroy_v2(Default::default()),
+            Effect::Destroy(Kind::Context, OTHER_CTX),
+            Some(&ApiReply::cuCtxDestroy_v2(Default::default())),
         );
         assert_eq!(
             h.check(Kind::Context, OTHER_CTX),
@@ -831,28 +915,28 @@ mod tests {
             pctx: CTX,
             dev: (),
         });
-        h.apply(Effect::PrimaryRetain(0), &retain);
+        h.apply(Effect::PrimaryRetain(0), Some(&retain));
         assert_eq!(h.primary_retains(), [(0, 2)]);
         stream(&mut h, CTX, 0x10);
 
         let reset = ApiReply::cuDevicePrimaryCtxReset_v2(Default::default());
-        h.apply(Effect::PrimaryReset(0), &reset);
+        h.apply(Effect::PrimaryReset(0), Some(&reset));
         assert_eq!(admit(&h, sync(0x10)), Err(CUresult::INVALID_HANDLE));
         assert_eq!(h.check(Kind::Context, CTX), Ok(()));
 
         stream(&mut h, CTX, 0x10);
         let release = ApiReply::cuDevicePrimaryCtxRelease_v2(Default::default());
-        h.apply(Effect::PrimaryRelease(0), &release);
+        h.apply(Effect::PrimaryRelease(0), Some(&release));
         assert_eq!(h.check(Kind::Context, CTX), Ok(()));
         assert_eq!(admit(&h, sync(0x10)), Ok(()));
-        h.apply(Effect::PrimaryRelease(0), &release);
+        h.apply(Effect::PrimaryRelease(0), Some(&release));
         assert_eq!(h.check(Kind::Context, CTX), Err(CUresult::INVALID_CONTEXT));
         assert_eq!(admit(&h, sync(0x10)), Err(CUresult::INVALID_HANDLE));
         assert!(h.primary_retains().is_empty());
         // A release without a retain changes nothing (the driver reports it).
-        h.apply(Effect::PrimaryRelease(0), &release);
+        h.apply(Effect::PrimaryRelease(0), Some(&release));
         // Retained again: alive again.
-        h.apply(Effect::PrimaryRetain(0), &retain);
+        h.apply(Effect::PrimaryRetain(0), Some(&retain));
         assert_eq!(h.check(Kind::Context, CTX), Ok(()));
         assert!(h.created_contexts().is_empty());
     }
@@ -885,7 +969,19 @@ mod tests {
         assert_eq!(h.check(Kind::Context, CTX), Err(CUresult::INVALID_CONTEXT));
     }
 
-    /// A listed call that destroys something must have an [`Effect`], or its handles would outlive it.
+    /// The listed calls that destroy handles (or may: a primary context release).
+    const DESTROYING: &[&str] = &[
+        "cuDevicePrimaryCtxRelease_v2",
+        "cuDevicePrimaryCtxReset_v2",
+        "cuCtxDestroy_v2",
+        "cuModuleUnload",
+        "cuLibraryUnload",
+        "cuStreamDestroy_v2",
+        "cuEventDestroy_v2",
+    ];
+
+    /// A listed call that destroys something must have an [`Effect`] (a tag in the declaration list), or
+    /// its handles would outlive it.
     #[test]
     fn every_destroying_call_has_an_effect() {
         for name in LISTED {
@@ -911,7 +1007,7 @@ mod tests {
         for call in &calls {
             assert_ne!(Effect::of(call), Effect::None, "{}", call.name());
         }
-        assert_eq!(Effect::of(&calls[5]), Effect::StreamDestroy(7));
+        assert_eq!(Effect::of(&calls[5]), Effect::Destroy(Kind::Stream, 7));
         assert_eq!(Effect::of(&calls[1]), Effect::PrimaryReset(1));
     }
 

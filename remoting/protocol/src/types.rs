@@ -385,6 +385,86 @@ pub type CUlibrary = *mut c_void;
 /// See [`CUcontext`].
 pub type CUkernel = *mut c_void;
 
+/// Opaque driver handles that Gleam passes through unchanged (identity on both sides of a session).
+macro_rules! opaque_handles {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        pub type $name = *mut c_void;
+    )*};
+}
+
+opaque_handles! {
+    /// `CUarray`.
+    CUarray;
+    /// `CUmipmappedArray`.
+    CUmipmappedArray;
+    /// `CUtexref` (legacy texture reference).
+    CUtexref;
+    /// `CUsurfref` (legacy surface reference).
+    CUsurfref;
+    /// `CUgraph`.
+    CUgraph;
+    /// `CUgraphNode`.
+    CUgraphNode;
+    /// `CUgraphExec`.
+    CUgraphExec;
+    /// `CUmemoryPool`.
+    CUmemoryPool;
+    /// `CUuserObject`.
+    CUuserObject;
+    /// `CUgraphicsResource`.
+    CUgraphicsResource;
+    /// `CUexternalMemory`.
+    CUexternalMemory;
+    /// `CUexternalSemaphore`.
+    CUexternalSemaphore;
+    /// `CUlinkState`.
+    CUlinkState;
+    /// `CUgreenCtx`.
+    CUgreenCtx;
+    /// `CUdevResourceDesc`.
+    CUdevResourceDesc;
+    /// `CUeglStreamConnection`.
+    CUeglStreamConnection;
+    /// `CUlogsCallbackHandle`.
+    CUlogsCallbackHandle;
+}
+
+/// `CUmemLocation`: where memory lives (a type and an id), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct CUmemLocation {
+    /// `CUmemLocationType`.
+    pub kind: u32,
+    /// Device ordinal, host NUMA node... depending on `kind`.
+    pub id: i32,
+}
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUipcMemHandle {
+    /// The driver's bytes.
+    pub reserved: [u8; 64],
+}
+
+/// `CUipcEventHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUipcEventHandle {
+    /// The driver's bytes.
+    pub reserved: [u8; 64],
+}
+
+/// `CUeglFrame`, passed by value to `cuEGLStreamProducerPresentFrame` (EGL interop is not offered across
+/// a network; only its size and alignment matter here).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug)]
+pub struct CUeglFrame {
+    /// The driver's bytes.
+    pub bytes: [u8; 64],
+}
+
 /// The legacy default stream handle (`CU_STREAM_LEGACY`).
 pub const CU_STREAM_LEGACY: u64 = 0x1;
 /// The per-thread default stream handle (`CU_STREAM_PER_THREAD`).

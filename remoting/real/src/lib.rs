@@ -8,7 +8,8 @@
 //! resolved on first use and cached.
 //!
 //! The driver dereferences whatever handle it is given, so a made-up one would crash the session process:
-//! every handle argument is first checked against the session's registry (`server::handles`) of the
+//! every handle argument is first checked by the session engine against the session's registry
+//! (`gleam_protocol::registry`) of the
 //! handles the driver returned and that are still alive, and an unknown one gets CUDA's
 //! `CUDA_ERROR_INVALID_HANDLE` (`CUDA_ERROR_INVALID_CONTEXT` for a context) without reaching the driver.
 //!
@@ -21,12 +22,12 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use tracing::{debug, warn};
 
-use gleam_protocol::api::{ApiCall, ApiReply, Arg, args, outs};
 use gleam_fatbin::ImageKind;
-use gleam_server::backend::{ApiBackend, Backend};
-use gleam_protocol::registry::{Admit, Effect, FunctionSource, Handles, Kind, Owner, Register};
+use gleam_protocol::api::{ApiCall, ApiReply, Arg, args, outs};
+use gleam_protocol::registry::{Effect, Handles, Kind};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
+use gleam_server::backend::{ApiBackend, Backend};
 
 /// One past the last `CUdevice_attribute` of CUDA 13.0 (`CU_DEVICE_ATTRIBUTE_MAX`).
 pub const DEVICE_ATTRIBUTE_END: i32 =
@@ -221,6 +222,7 @@ macro_rules! real_api {
         #[allow(non_snake_case)]
         impl ApiBackend for RealBackend {
             $(
+                #[allow(unused_variables)]
                 fn $name(&mut self, args: args::$name) -> Result<outs::$name, CUresult> {
                     let lib = self.driver.lib;
                     let f = *self.api.$name.get_or_init(|| {
@@ -234,18 +236,14 @@ macro_rules! real_api {
                         f
                     });
                     let f = f.ok_or(CUresult::NOT_SUPPORTED)?;
-                    // The driver does not validate handles: refuse unknown ones before it sees them.
-                    let mut owner = Owner::in_context(self.current.unwrap_or(0));
-                    args.admit(&self.handles, &mut owner)?;
                     $(let mut $arg = <$ty as Arg>::slot(args.$arg);)*
-                    // SAFETY: handles were checked against the registry above; other in-values are
-                    // plain integers from the client (the driver validates them); out-pointers point
-                    // into the slots above, which outlive the call.
+                    // SAFETY: the session engine checked every handle against the session's registry
+                    // (the driver does not validate handles); other in-values are plain integers from
+                    // the client (the driver validates them); out-pointers point into the slots above,
+                    // which outlive the call.
                     let result = unsafe { f($(<$ty as Arg>::slot_c(&mut $arg)),*) };
                     result.result()?;
-                    let out = outs::$name { $($arg: <$ty as Arg>::slot_reply($arg),)* };
-                    out.register(&mut self.handles, &owner);
-                    Ok(out)
+                    Ok(outs::$name { $($arg: <$ty as Arg>::slot_reply($arg),)* })
                 }
             )*
 
@@ -269,10 +267,6 @@ pub struct RealBackend {
     api: ApiFns,
     /// The context current on this (the only executing) thread, as far as we know; `None` = unknown.
     current: Option<u64>,
-    /// Every live handle the driver gave this session: checked before each call, and what is released
-    /// at shutdown (process exit would free it too, but a clean release keeps the driver's state tidy
-    /// while the process lingers).
-    handles: Handles,
 }
 
 impl RealBackend {
@@ -287,30 +281,18 @@ impl RealBackend {
             driver,
             api: ApiFns::default(),
             current: None,
-            handles: Handles::default(),
         })
     }
 
-    /// Bookkeeping after a listed call succeeded: the registry's cascades and the current context.
+    /// Bookkeeping after a listed call succeeded: the driver's current context.
     fn track(&mut self, effect: Effect, reply: &ApiReply) {
-        self.handles.apply(effect, reply);
         match (effect, reply) {
             // cuCtxCreate makes the new context current.
             (_, ApiReply::cuCtxCreate_v2(out)) => self.current = Some(out.pctx),
             // The driver's current context may have changed behind our back.
-            (Effect::CtxDestroy(_) | Effect::PrimaryReset(_), _) => self.current = None,
+            (Effect::Destroy(Kind::Context, _) | Effect::PrimaryReset(_), _) => self.current = None,
             _ => {}
         }
-    }
-
-    /// The context that handles created now belong to (0 = unknown).
-    fn owner_ctx(&self) -> u64 {
-        self.current.unwrap_or(0)
-    }
-
-    /// Checks an optional stream argument of a hand-written call.
-    fn check_stream(&self, stream: Option<u64>) -> Result<(), CUresult> {
-        stream.map_or(Ok(()), |s| self.handles.check(Kind::Stream, s))
     }
 
     fn device_info(&self, dev: c_int) -> Result<DeviceInfo, CUresult> {
@@ -400,15 +382,13 @@ impl Backend for RealBackend {
         if self.current == Some(ctx) {
             return Ok(());
         }
-        self.handles.check(Kind::Context, ctx)?;
-        // SAFETY: NULL or a live context of this session.
+        // SAFETY: NULL or a live context of this session (checked by the session engine).
         unsafe { (self.driver.ctx_set_current)(ctx as Ptr) }.result()?;
         self.current = Some(ctx);
         Ok(())
     }
 
     fn memcpy_htod(&mut self, dst: u64, data: &[u8], stream: Option<u64>) -> Result<(), CUresult> {
-        self.check_stream(stream)?;
         let d = &self.driver;
         // SAFETY: `data` is valid for its length and the stream is live; from pageable memory the async
         // copy returns only once the bytes are staged, so `data` may be freed after the call.
@@ -427,7 +407,6 @@ impl Backend for RealBackend {
         len: usize,
         stream: Option<u64>,
     ) -> Result<Vec<u8>, CUresult> {
-        self.check_stream(stream)?;
         let d = &self.driver;
         let mut out = vec![0u8; len];
         match stream {
@@ -450,7 +429,6 @@ impl Backend for RealBackend {
         // SAFETY: `checked_image` made sure the driver's reading (headers' extent, or up to the NUL)
         // stays inside the buffer.
         unsafe { (self.driver.module_load_data)(&mut module, image.as_ptr().cast()) }.result()?;
-        self.handles.add_module(module as u64, self.owner_ctx());
         Ok(module as u64)
     }
 
@@ -459,16 +437,11 @@ impl Backend for RealBackend {
         module: u64,
         name: &str,
     ) -> Result<(u64, FunctionInfo), CUresult> {
-        self.handles.check(Kind::Module, module)?;
         let name = std::ffi::CString::new(name).map_err(|_| CUresult::NOT_FOUND)?;
         let mut func: Ptr = std::ptr::null_mut();
         // SAFETY: valid out-pointer, NUL-terminated name and a live module.
         unsafe { (self.driver.module_get_function)(&mut func, module as Ptr, name.as_ptr()) }
             .result()?;
-        // Functions live in their module's context.
-        let ctx = self.handles.module_context(module);
-        self.handles
-            .add_function(func as u64, ctx, FunctionSource::Module(module));
         Ok((func as u64, self.function_info(func)))
     }
 
@@ -490,28 +463,17 @@ impl Backend for RealBackend {
             )
         }
         .result()?;
-        self.handles.add_library(library as u64);
         Ok(library as u64)
     }
 
     fn kernel_get_function(&mut self, kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
-        self.handles.check(Kind::Kernel, kernel)?;
         let mut func: Ptr = std::ptr::null_mut();
         // SAFETY: valid out-pointer and a live kernel.
         unsafe { (self.driver.kernel_get_function)(&mut func, kernel as Ptr) }.result()?;
-        // The function is the kernel's in the current context.
-        self.handles.add_function(
-            func as u64,
-            self.owner_ctx(),
-            FunctionSource::Kernel(kernel),
-        );
         Ok((func as u64, self.function_info(func)))
     }
 
     fn launch(&mut self, launch: &Launch) -> Result<(), CUresult> {
-        // A function, or a kernel standing for one.
-        self.handles.check(Kind::Function, launch.function)?;
-        self.handles.check(Kind::Stream, launch.stream)?;
         let [gx, gy, gz] = launch.grid;
         let [bx, by, bz] = launch.block;
         let mut len = launch.params.len();
@@ -549,11 +511,11 @@ impl Backend for RealBackend {
         .result()
     }
 
-    fn shutdown(&mut self) {
+    fn shutdown(&mut self, handles: &Handles) {
         let d = &self.driver;
-        let modules = self.handles.loaded_modules();
-        let libraries = self.handles.libraries();
-        let contexts = self.handles.created_contexts();
+        let modules = handles.loaded_modules();
+        let libraries = handles.libraries();
+        let contexts = handles.created_contexts();
         // Best effort: the process exits next, which frees whatever remains. Only live handles are
         // released: the registry dropped those that died with their context or library.
         for &m in &modules {
@@ -568,7 +530,7 @@ impl Backend for RealBackend {
             // SAFETY: a live context this session created.
             let _ = unsafe { (d.ctx_destroy)(c as Ptr) };
         }
-        for (dev, n) in self.handles.primary_retains() {
+        for (dev, n) in handles.primary_retains() {
             for _ in 0..n {
                 // SAFETY: releases a retain this session made.
                 let _ = unsafe { (d.primary_ctx_release)(dev) };
@@ -580,7 +542,6 @@ impl Backend for RealBackend {
             contexts = contexts.len(),
             "real backend released the session's resources"
         );
-        self.handles.clear();
         self.current = None;
     }
 }
@@ -660,10 +621,10 @@ mod tests {
     #[test]
     fn session_on_a_real_gpu() {
         use gleam_protocol::api::{ApiReply, args};
-        use gleam_server::session::Session;
         use gleam_protocol::wire::{
-            COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Payload, Reply, Request,
+            COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Reply, ReplyFrame, Request,
         };
+        use gleam_server::session::Session;
 
         let backend = match RealBackend::new() {
             Ok(b) => b,
@@ -673,16 +634,21 @@ mod tests {
             }
         };
         let mut s = Session::new(backend);
-        let mut seq = 0;
+        let seq = std::cell::Cell::new(0);
         let mut ctx = 0;
-        let mut call = |s: &mut Session<RealBackend>, ctx: u64, c: Call, reply: bool| {
-            seq += 1;
-            s.handle(Request {
-                seq,
-                ctx,
-                expects_reply: reply,
-                call: c,
-            })
+        let call_with =
+            |s: &mut Session<RealBackend>, ctx: u64, c: Call, reply: bool, bulk: &[u8]| {
+                seq.set(seq.get() + 1);
+                let request = Request {
+                    seq: seq.get(),
+                    ctx,
+                    expects_reply: reply,
+                    call: c,
+                };
+                s.handle(request, bulk)
+            };
+        let call = |s: &mut Session<RealBackend>, ctx: u64, c: Call, reply: bool| {
+            call_with(s, ctx, c, reply, &[]).map(|answer| -> ReplyFrame { answer.frame })
         };
         let r = call(
             &mut s,
@@ -759,29 +725,23 @@ mod tests {
         let input: Vec<u8> = (0..n).flat_map(|i| i.to_le_bytes()).collect();
         for (i, piece) in input.chunks(COPY_CHUNK).enumerate() {
             let last = (i + 1) * COPY_CHUNK >= input.len();
-            let r = call(
+            let r = call_with(
                 &mut s,
                 ctx,
                 Call::MemcpyHtoD {
                     dst: ptr + (i * COPY_CHUNK) as u64,
-                    data: Payload::Inline(piece.to_vec()),
                     stream: None,
                 },
                 last,
+                piece,
             );
             if let Some(r) = r {
-                assert_eq!(r.result, CUresult::SUCCESS);
+                assert_eq!(r.frame.result, CUresult::SUCCESS);
             }
         }
-        let r = call(
-            &mut s,
-            ctx,
-            Call::ModuleLoad {
-                image: Payload::Inline(ADD_ONE.as_bytes().to_vec()),
-            },
-            true,
-        )
-        .unwrap();
+        let r = call_with(&mut s, ctx, Call::ModuleLoad, true, ADD_ONE.as_bytes())
+            .unwrap()
+            .frame;
         let Reply::Module { handle: module } = r.reply else {
             panic!("{:?}", r.result)
         };
@@ -865,7 +825,7 @@ mod tests {
         let mut back = Vec::new();
         while back.len() < bytes {
             let len = (bytes - back.len()).min(COPY_CHUNK);
-            let r = call(
+            let r = call_with(
                 &mut s,
                 ctx,
                 Call::MemcpyDtoH {
@@ -874,12 +834,13 @@ mod tests {
                     stream: None,
                 },
                 true,
+                &[],
             )
             .unwrap();
-            let Reply::Data(d) = r.reply else {
-                panic!("{:?}", r.result)
+            let Reply::Data = r.frame.reply else {
+                panic!("{:?}", r.frame.result)
             };
-            back.extend(d);
+            back.extend(r.bulk);
         }
         for (i, w) in back.chunks_exact(4).enumerate() {
             assert_eq!(
@@ -904,17 +865,17 @@ mod tests {
             panic!("{:?}", r.result)
         };
         let stream = o.stream;
-        call(
+        call_with(
             &mut s,
             ctx,
             Call::MemcpyHtoD {
                 dst: ptr,
-                data: Payload::Inline(vec![7; 64]),
                 stream: Some(stream),
             },
             false,
+            &[7; 64],
         );
-        let r = call(
+        let r = call_with(
             &mut s,
             ctx,
             Call::MemcpyDtoH {
@@ -923,12 +884,13 @@ mod tests {
                 stream: Some(stream),
             },
             true,
+            &[],
         )
         .unwrap();
         assert!(
-            matches!(r.reply, Reply::Data(ref d) if d == &[7; 64]),
+            matches!(r.frame.reply, Reply::Data) && r.bulk == [7; 64],
             "{:?}",
-            r.result
+            r.frame.result
         );
 
         // Made-up and dead handles get CUDA's error codes instead of crashing the session process.

@@ -6,6 +6,7 @@
 //! [`ApiCall`]. [`Backend`] adds the calls written by hand.
 
 use gleam_protocol::api::{ApiCall, ApiReply, args, outs};
+use gleam_protocol::registry::{Died, Handles};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch};
 
@@ -38,6 +39,8 @@ gleam_protocol::cuda_api!(api_backend);
 ///
 /// Calls run in the session's order on one thread. Errors are CUDA's own codes; a sticky error (e.g.
 /// `CUDA_ERROR_ILLEGAL_ADDRESS` from a kernel) must keep being returned by later calls, as a real context does.
+/// The session engine has already checked every handle argument against the session's registry: a backend
+/// only ever sees handles it gave out and that are still alive.
 pub trait Backend: ApiBackend {
     /// Driver version (`cuDriverGetVersion`), backend name (`"cuda"`/`"emu"`) and the devices, once, at hello.
     fn describe(&mut self) -> Result<(i32, String, Vec<DeviceInfo>), CUresult>;
@@ -72,6 +75,12 @@ pub trait Backend: ApiBackend {
     }
     /// `cuLaunchKernel` with a packed parameter buffer.
     fn launch(&mut self, launch: &Launch) -> Result<(), CUresult>;
-    /// The session is over: free everything it holds (memory, modules, streams, events, contexts).
-    fn shutdown(&mut self);
+    /// These handles died (destroyed, or with what was destroyed, by CUDA's rules): drop what is kept for
+    /// them.
+    fn forget(&mut self, died: &Died) {
+        let _ = died;
+    }
+    /// The session is over: free everything it holds (memory, modules, streams, events, contexts);
+    /// `handles` are the live ones.
+    fn shutdown(&mut self, handles: &Handles);
 }

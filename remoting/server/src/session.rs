@@ -1,25 +1,40 @@
 //! The session engine: CUDA's rules for one client's ordered stream of requests, without any IO.
 //!
-//! [`Session`] turns each [`Request`] into calls on a [`Backend`] and, for requests that expect one, a
-//! [`ReplyFrame`]. It owns the rules every backend shares:
+//! [`Session`] turns each [`Request`] (with its frame's bulk bytes) into calls on a [`Backend`] and, for
+//! requests that expect one, an [`Answer`]: a [`ReplyFrame`] and its bulk bytes. It owns the rules every
+//! backend shares:
 //!
 //! * the first request must be [`Call::Hello`] with our [`PROTOCOL_VERSION`];
 //! * each request runs in the client thread's context ([`Request::ctx`]), switched only on change;
 //! * a fire-and-forget request that fails leaves its error *pending*; the next request that expects a reply
 //!   is not executed and returns that error instead, which is then cleared unless it is sticky;
 //! * a sticky error (from any call) is returned by every later request, and nothing more executes;
+//! * every handle a request names must be one the backend gave this session and that is still alive
+//!   ([`Handles`], the registry the shim keeps too): a made-up or dead one gets CUDA's own error code and
+//!   never reaches the backend, and what a call destroys takes with it what CUDA says dies with it
+//!   ([`Backend::forget`] hears of it);
 //! * [`Call::Goodbye`] frees everything ([`Backend::shutdown`]) and ends the session.
 
 use std::time::Instant;
 
 use tracing::{debug, info, warn};
 
-use gleam_protocol::api::ApiCall;
 use crate::backend::Backend;
+use gleam_protocol::api::ApiCall;
+use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
-    COPY_CHUNK, Call, PROTOCOL_VERSION, Payload, Reply, ReplyFrame, Request, ServerHello,
+    COPY_CHUNK, Call, PROTOCOL_VERSION, Reply, ReplyFrame, Request, ServerHello,
 };
+
+/// What the session sends back for a request that expects a reply.
+#[derive(Debug)]
+pub struct Answer {
+    /// The reply message.
+    pub frame: ReplyFrame,
+    /// Its bulk bytes (device-to-host data; empty otherwise).
+    pub bulk: Vec<u8>,
+}
 
 /// One client's session over a backend.
 pub struct Session<B: Backend> {
@@ -29,6 +44,8 @@ pub struct Session<B: Backend> {
     current_ctx: Option<u64>,
     /// The first error of a fire-and-forget request not yet reported, or a sticky error (kept forever).
     pending: Option<CUresult>,
+    /// Every live handle the backend gave this session.
+    handles: Handles,
     started: Instant,
     requests: u64,
 }
@@ -51,34 +68,31 @@ impl<B: Backend> Session<B> {
             state: State::Greeting,
             current_ctx: Some(0),
             pending: None,
+            handles: Handles::default(),
             started: Instant::now(),
             requests: 0,
         }
     }
 
-    /// Executes one request; returns its reply if the request expects one.
-    pub fn handle(&mut self, req: Request) -> Option<ReplyFrame> {
+    /// Executes one request (`bulk`: its frame's bulk bytes); returns the answer if the request expects
+    /// one.
+    pub fn handle(&mut self, req: Request, bulk: &[u8]) -> Option<Answer> {
         self.requests += 1;
         let seq = req.seq;
         let expects_reply = req.expects_reply;
-        let (result, reply) = self.execute(req);
+        let (result, reply, bulk) = match self.execute(req, bulk) {
+            Ok((reply, bulk)) => (CUresult::SUCCESS, reply, bulk),
+            Err(err) => (err, Reply::Empty, Vec::new()),
+        };
         if !expects_reply {
-            if let Err(err) = result {
-                debug!(seq, error = %err, "fire-and-forget request failed: error pending");
+            if !result.is_success() {
+                debug!(seq, error = %result, "fire-and-forget request failed: error pending");
             }
             return None;
         }
-        Some(match result {
-            Ok(()) => ReplyFrame {
-                seq,
-                result: CUresult::SUCCESS,
-                reply,
-            },
-            Err(err) => ReplyFrame {
-                seq,
-                result: err,
-                reply: Reply::Empty,
-            },
+        Some(Answer {
+            frame: ReplyFrame { seq, result, reply },
+            bulk,
         })
     }
 
@@ -92,11 +106,15 @@ impl<B: Backend> Session<B> {
         &mut self.backend
     }
 
+    /// The session's live handles.
+    pub fn handles(&self) -> &Handles {
+        &self.handles
+    }
+
     /// Ends the session if the client did not say goodbye (its connection ended): frees everything.
     pub fn finish(&mut self) {
         if self.state != State::Closed {
-            self.state = State::Closed;
-            self.backend.shutdown();
+            self.close();
         }
         info!(
             requests = self.requests,
@@ -107,51 +125,59 @@ impl<B: Backend> Session<B> {
 
     /// Runs a request under the pending-error rules. `Err` is what the request reports (its own failure
     /// or the pending error it returns instead of executing).
-    fn execute(&mut self, req: Request) -> (Result<(), CUresult>, Reply) {
+    fn execute(&mut self, req: Request, bulk: &[u8]) -> Result<(Reply, Vec<u8>), CUresult> {
         match (self.state, &req.call) {
             (State::Greeting, Call::Hello(_)) => {}
             (State::Greeting, _) => {
                 warn!(seq = req.seq, "request before hello: refused");
-                return (Err(CUresult::NOT_INITIALIZED), Reply::Empty);
+                return Err(CUresult::NOT_INITIALIZED);
             }
-            (State::Closed, _) => return (Err(CUresult::DEINITIALIZED), Reply::Empty),
+            (State::Closed, _) => return Err(CUresult::DEINITIALIZED),
             (State::Open, Call::Hello(_)) => {
                 warn!(seq = req.seq, "second hello in one session: refused");
-                return (Err(CUresult::ILLEGAL_STATE), Reply::Empty);
+                return Err(CUresult::ILLEGAL_STATE);
             }
             (State::Open, _) => {}
         }
 
         // Goodbye always runs: the client is leaving, and its resources must be freed regardless.
         if matches!(req.call, Call::Goodbye) {
-            self.state = State::Closed;
-            self.backend.shutdown();
-            return (Ok(()), Reply::Empty);
+            self.close();
+            return Ok((Reply::Empty, Vec::new()));
         }
 
         if let Some(err) = self.pending {
             if err.is_sticky() {
-                return (Err(err), Reply::Empty);
+                return Err(err);
             }
             if req.expects_reply {
                 // The sync call reports the earlier failure instead of running, as CUDA's next call does.
                 self.pending = None;
-                return (Err(err), Reply::Empty);
+                return Err(err);
             }
             // A later fire-and-forget call still runs; the first error stays the one reported.
         }
 
         if self.current_ctx != Some(req.ctx) && !matches!(req.call, Call::Hello(_)) {
-            match self.backend.set_current_context(req.ctx) {
+            let switched = self
+                .handles
+                .check(Kind::Context, req.ctx)
+                .and_then(|()| self.backend.set_current_context(req.ctx));
+            match switched {
                 Ok(()) => self.current_ctx = Some(req.ctx),
-                Err(err) => return (Err(self.failed(err, req.expects_reply)), Reply::Empty),
+                Err(err) => return Err(self.failed(err, req.expects_reply)),
             }
         }
 
-        match self.dispatch(req.call) {
-            Ok(reply) => (Ok(()), reply),
-            Err(err) => (Err(self.failed(err, req.expects_reply)), Reply::Empty),
-        }
+        self.dispatch(req.ctx, req.call, bulk)
+            .map_err(|err| self.failed(err, req.expects_reply))
+    }
+
+    /// Frees everything the session holds and refuses anything more.
+    fn close(&mut self) {
+        self.state = State::Closed;
+        self.backend.shutdown(&self.handles);
+        self.handles.clear();
     }
 
     /// Records a failure: sticky errors forever, a fire-and-forget failure until the next reply.
@@ -167,10 +193,19 @@ impl<B: Backend> Session<B> {
         err
     }
 
-    fn dispatch(&mut self, call: Call) -> Result<Reply, CUresult> {
-        match call {
-            Call::Hello(hello) => self.hello(hello.protocol, &hello.client),
+    /// Executes one call in context `ctx` (current on the backend by now).
+    fn dispatch(
+        &mut self,
+        ctx: u64,
+        call: Call,
+        bulk: &[u8],
+    ) -> Result<(Reply, Vec<u8>), CUresult> {
+        let in_ctx = Owner::in_context(ctx);
+        let reply = match call {
+            Call::Hello(hello) => self.hello(hello.protocol, &hello.client)?,
             Call::Api(call) => {
+                let mut owner = in_ctx;
+                call.admit(&self.handles, &mut owner)?;
                 // These change the driver's current context as a side effect: switch again next time.
                 if matches!(
                     call,
@@ -180,12 +215,19 @@ impl<B: Backend> Session<B> {
                 ) {
                     self.current_ctx = None;
                 }
-                self.backend.api(call).map(Reply::Api)
+                let effect = Effect::of(&call);
+                let reply = self.backend.api(call)?;
+                reply.register(&mut self.handles, &owner);
+                let died = self.handles.apply(effect, Some(&reply));
+                if !died.is_empty() {
+                    self.backend.forget(&died);
+                }
+                Reply::Api(reply)
             }
-            Call::MemcpyHtoD { dst, data, stream } => {
-                let Payload::Inline(bytes) = data;
-                self.backend.memcpy_htod(dst, &bytes, stream)?;
-                Ok(Reply::Empty)
+            Call::MemcpyHtoD { dst, stream } => {
+                self.check_stream(stream)?;
+                self.backend.memcpy_htod(dst, bulk, stream)?;
+                Reply::Empty
             }
             Call::MemcpyDtoH { src, len, stream } => {
                 // The reply must fit in a frame: the client splits larger copies.
@@ -193,33 +235,57 @@ impl<B: Backend> Session<B> {
                     .ok()
                     .filter(|&len| len <= COPY_CHUNK)
                     .ok_or(CUresult::INVALID_VALUE)?;
-                self.backend.memcpy_dtoh(src, len, stream).map(Reply::Data)
+                self.check_stream(stream)?;
+                let data = self.backend.memcpy_dtoh(src, len, stream)?;
+                return Ok((Reply::Data, data));
             }
-            Call::ModuleLoad { image } => {
-                let Payload::Inline(bytes) = image;
-                let handle = self.backend.module_load(&bytes)?;
-                Ok(Reply::Module { handle })
+            Call::ModuleLoad => {
+                let handle = self.backend.module_load(bulk)?;
+                self.handles.register(Kind::Module, handle, &in_ctx);
+                Reply::Module { handle }
             }
             Call::ModuleGetFunction { module, name } => {
+                self.handles.check(Kind::Module, module)?;
                 let (handle, info) = self.backend.module_get_function(module, &name)?;
-                Ok(Reply::Function { handle, info })
+                // Functions live in their module's context.
+                let owner = Owner {
+                    ctx: self.handles.module_context(module),
+                    module: Some(module),
+                    ..Owner::default()
+                };
+                self.handles.register(Kind::Function, handle, &owner);
+                Reply::Function { handle, info }
             }
-            Call::LibraryLoad { image } => {
-                let Payload::Inline(bytes) = image;
-                let handle = self.backend.library_load(&bytes)?;
-                Ok(Reply::Library { handle })
+            Call::LibraryLoad => {
+                let handle = self.backend.library_load(bulk)?;
+                self.handles
+                    .register(Kind::Library, handle, &Owner::default());
+                Reply::Library { handle }
             }
             Call::KernelGetFunction { kernel } => {
+                self.handles.check(Kind::Kernel, kernel)?;
                 let (handle, info) = self.backend.kernel_get_function(kernel)?;
-                Ok(Reply::Function { handle, info })
+                let owner = Owner {
+                    kernel: Some(kernel),
+                    ..in_ctx
+                };
+                self.handles.register(Kind::Function, handle, &owner);
+                Reply::Function { handle, info }
             }
             Call::LaunchKernel(launch) => {
+                self.handles.check(Kind::Function, launch.function)?;
+                self.handles.check(Kind::Stream, launch.stream)?;
                 self.backend.launch(&launch)?;
-                Ok(Reply::Empty)
+                Reply::Empty
             }
             // Handled before dispatch.
-            Call::Goodbye => Ok(Reply::Empty),
-        }
+            Call::Goodbye => Reply::Empty,
+        };
+        Ok((reply, Vec::new()))
+    }
+
+    fn check_stream(&self, stream: Option<u64>) -> Result<(), CUresult> {
+        stream.map_or(Ok(()), |s| self.handles.check(Kind::Stream, s))
     }
 
     fn hello(&mut self, protocol: u32, client: &str) -> Result<Reply, CUresult> {
@@ -262,8 +328,8 @@ fn server_description() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gleam_protocol::api::{ApiReply, args, outs};
     use crate::backend::ApiBackend;
+    use gleam_protocol::api::{ApiReply, args, outs};
     use gleam_protocol::wire::{ClientHello, DeviceInfo, FunctionInfo, Launch, ParamSlot};
 
     /// Records what the engine asks of it; fails where told to. Tests the engine's rules, not CUDA.
@@ -273,9 +339,25 @@ mod tests {
         fail_memset: Option<CUresult>,
         fail_launch: Option<CUresult>,
         shut_down: bool,
+        /// Contexts `cuCtxCreate` has handed out.
+        created: usize,
     }
 
+    /// The contexts the recorder creates, in order (the last one cannot be made current).
+    const CONTEXTS: [u64; 3] = [0x10, 0x20, 0xbad];
+
     impl ApiBackend for Recorder {
+        fn cuCtxCreate_v2(
+            &mut self,
+            _: args::cuCtxCreate_v2,
+        ) -> Result<outs::cuCtxCreate_v2, CUresult> {
+            let ctx = *CONTEXTS.get(self.created).ok_or(CUresult::OUT_OF_MEMORY)?;
+            self.created += 1;
+            Ok(outs::cuCtxCreate_v2 {
+                pctx: ctx,
+                ..Default::default()
+            })
+        }
         fn cuMemAlloc_v2(
             &mut self,
             a: args::cuMemAlloc_v2,
@@ -365,9 +447,20 @@ mod tests {
                 None => Ok(()),
             }
         }
-        fn shutdown(&mut self) {
+        fn shutdown(&mut self, _: &gleam_protocol::registry::Handles) {
             self.log.push("shutdown".into());
             self.shut_down = true;
+        }
+    }
+
+    /// A request without bulk bytes, its reply message only.
+    trait HandleReq {
+        fn handle_req(&mut self, req: Request) -> Option<ReplyFrame>;
+    }
+
+    impl HandleReq for Session<Recorder> {
+        fn handle_req(&mut self, req: Request) -> Option<ReplyFrame> {
+            self.handle(req, &[]).map(|answer| answer.frame)
         }
     }
 
@@ -410,17 +503,43 @@ mod tests {
         })
     }
 
+    /// A session after hello, holding the handles the tests use: the contexts in [`CONTEXTS`] and
+    /// function 0x88 of module 0x77. Its backend's log starts empty, with no context current.
     fn open(backend: Recorder) -> Session<Recorder> {
         let mut s = Session::new(backend);
-        let r = s.handle(req(1, 0, true, hello(PROTOCOL_VERSION))).unwrap();
+        let r = s
+            .handle_req(req(1, 0, true, hello(PROTOCOL_VERSION)))
+            .unwrap();
         assert_eq!(r.result, CUresult::SUCCESS);
+        let create = Call::Api(ApiCall::cuCtxCreate_v2(args::cuCtxCreate_v2 {
+            pctx: (),
+            flags: 0,
+            dev: 0,
+        }));
+        for _ in CONTEXTS {
+            let r = s.handle_req(req(1, 0, true, create.clone())).unwrap();
+            assert_eq!(r.result, CUresult::SUCCESS);
+        }
+        let r = s.handle(req(1, 0, true, Call::ModuleLoad), b"k").unwrap();
+        assert_eq!(r.frame.result, CUresult::SUCCESS);
+        let get = Call::ModuleGetFunction {
+            module: 0x77,
+            name: "k".into(),
+        };
+        assert_eq!(
+            s.handle_req(req(1, 0, true, get)).unwrap().result,
+            CUresult::SUCCESS
+        );
+        s.backend.log.clear();
         s
     }
 
     #[test]
     fn hello_describes_the_backend() {
         let mut s = Session::new(Recorder::default());
-        let r = s.handle(req(1, 0, true, hello(PROTOCOL_VERSION))).unwrap();
+        let r = s
+            .handle_req(req(1, 0, true, hello(PROTOCOL_VERSION)))
+            .unwrap();
         assert_eq!((r.seq, r.result), (1, CUresult::SUCCESS));
         let Reply::Hello(h) = r.reply else {
             panic!("not a hello: {:?}", r.reply)
@@ -436,11 +555,11 @@ mod tests {
     fn wrong_protocol_version_closes_the_session() {
         let mut s = Session::new(Recorder::default());
         let r = s
-            .handle(req(1, 0, true, hello(PROTOCOL_VERSION + 1)))
+            .handle_req(req(1, 0, true, hello(PROTOCOL_VERSION + 1)))
             .unwrap();
         assert_eq!(r.result, CUresult::SYSTEM_DRIVER_MISMATCH);
         assert!(s.is_closed());
-        let r = s.handle(req(2, 0, true, sync())).unwrap();
+        let r = s.handle_req(req(2, 0, true, sync())).unwrap();
         assert_eq!(r.result, CUresult::DEINITIALIZED);
         assert!(s.backend.log.is_empty(), "{:?}", s.backend.log);
     }
@@ -448,7 +567,7 @@ mod tests {
     #[test]
     fn calls_before_hello_are_refused() {
         let mut s = Session::new(Recorder::default());
-        let r = s.handle(req(1, 0, true, sync())).unwrap();
+        let r = s.handle_req(req(1, 0, true, sync())).unwrap();
         assert_eq!(r.result, CUresult::NOT_INITIALIZED);
         assert!(s.backend.log.is_empty());
     }
@@ -460,7 +579,7 @@ mod tests {
             dptr: (),
             bytesize: 4096,
         }));
-        let r = s.handle(req(42, 0, true, call)).unwrap();
+        let r = s.handle_req(req(42, 0, true, call)).unwrap();
         assert_eq!((r.seq, r.result), (42, CUresult::SUCCESS));
         assert!(matches!(
             r.reply,
@@ -471,7 +590,7 @@ mod tests {
         ));
         // A call the backend does not implement says so.
         let call = Call::Api(ApiCall::cuCtxGetFlags(args::cuCtxGetFlags { flags: () }));
-        let r = s.handle(req(43, 0, true, call)).unwrap();
+        let r = s.handle_req(req(43, 0, true, call)).unwrap();
         assert_eq!(r.result, CUresult::NOT_SUPPORTED);
         assert!(matches!(r.reply, Reply::Empty));
     }
@@ -479,10 +598,10 @@ mod tests {
     #[test]
     fn context_switches_only_on_change() {
         let mut s = open(Recorder::default());
-        s.handle(req(2, 0x10, false, memset(1)));
-        s.handle(req(3, 0x10, false, memset(2)));
-        s.handle(req(4, 0x20, false, memset(3)));
-        s.handle(req(5, 0x20, true, sync()));
+        s.handle_req(req(2, 0x10, false, memset(1)));
+        s.handle_req(req(3, 0x10, false, memset(2)));
+        s.handle_req(req(4, 0x20, false, memset(3)));
+        s.handle_req(req(5, 0x20, true, sync()));
         assert_eq!(
             s.backend.log,
             [
@@ -495,7 +614,11 @@ mod tests {
             ]
         );
         // A context that cannot be made current fails the call, which does not run.
-        let r = s.handle(req(6, 0xbad, true, sync())).unwrap();
+        let r = s.handle_req(req(6, 0xbad, true, sync())).unwrap();
+        assert_eq!(r.result, CUresult::INVALID_CONTEXT);
+        assert_eq!(s.backend.log.last().unwrap(), "ctx 0xbad");
+        // A context the backend never gave out does not even reach it.
+        let r = s.handle_req(req(7, 0x999, true, sync())).unwrap();
         assert_eq!(r.result, CUresult::INVALID_CONTEXT);
         assert_eq!(s.backend.log.last().unwrap(), "ctx 0xbad");
     }
@@ -506,14 +629,14 @@ mod tests {
             fail_memset: Some(CUresult::INVALID_VALUE),
             ..Default::default()
         });
-        assert!(s.handle(req(2, 0, false, memset(1))).is_none());
+        assert!(s.handle_req(req(2, 0, false, memset(1))).is_none());
         // Later fire-and-forget work still runs.
-        assert!(s.handle(req(3, 0, false, launch())).is_none());
-        let r = s.handle(req(4, 0, true, sync())).unwrap();
+        assert!(s.handle_req(req(3, 0, false, launch())).is_none());
+        let r = s.handle_req(req(4, 0, true, sync())).unwrap();
         assert_eq!((r.seq, r.result), (4, CUresult::INVALID_VALUE));
         // The sync call reported the error instead of running.
         assert_eq!(s.backend.log, ["memset 0x1", "launch 0x88"]);
-        let r = s.handle(req(5, 0, true, sync())).unwrap();
+        let r = s.handle_req(req(5, 0, true, sync())).unwrap();
         assert_eq!(r.result, CUresult::SUCCESS);
         assert_eq!(s.backend.log.last().unwrap(), "sync");
     }
@@ -525,9 +648,9 @@ mod tests {
             fail_launch: Some(CUresult::INVALID_HANDLE),
             ..Default::default()
         });
-        s.handle(req(2, 0, false, memset(1)));
-        s.handle(req(3, 0, false, launch()));
-        let r = s.handle(req(4, 0, true, sync())).unwrap();
+        s.handle_req(req(2, 0, false, memset(1)));
+        s.handle_req(req(3, 0, false, launch()));
+        let r = s.handle_req(req(4, 0, true, sync())).unwrap();
         assert_eq!(r.result, CUresult::INVALID_VALUE);
     }
 
@@ -537,9 +660,9 @@ mod tests {
             fail_memset: Some(CUresult::INVALID_VALUE),
             ..Default::default()
         });
-        let r = s.handle(req(2, 0, true, memset(1))).unwrap();
+        let r = s.handle_req(req(2, 0, true, memset(1))).unwrap();
         assert_eq!(r.result, CUresult::INVALID_VALUE);
-        let r = s.handle(req(3, 0, true, sync())).unwrap();
+        let r = s.handle_req(req(3, 0, true, sync())).unwrap();
         assert_eq!(r.result, CUresult::SUCCESS);
     }
 
@@ -549,15 +672,15 @@ mod tests {
             fail_launch: Some(CUresult::ILLEGAL_ADDRESS),
             ..Default::default()
         });
-        s.handle(req(2, 0, false, launch()));
-        s.handle(req(3, 0, false, memset(1)));
+        s.handle_req(req(2, 0, false, launch()));
+        s.handle_req(req(3, 0, false, memset(1)));
         for seq in 4..7 {
-            let r = s.handle(req(seq, 0, true, sync())).unwrap();
+            let r = s.handle_req(req(seq, 0, true, sync())).unwrap();
             assert_eq!((r.seq, r.result), (seq, CUresult::ILLEGAL_ADDRESS));
         }
         assert_eq!(s.backend.log, ["launch 0x88"]);
         // Goodbye still frees everything.
-        let r = s.handle(req(7, 0, true, Call::Goodbye)).unwrap();
+        let r = s.handle_req(req(7, 0, true, Call::Goodbye)).unwrap();
         assert_eq!(r.result, CUresult::SUCCESS);
         assert!(s.backend.shut_down && s.is_closed());
     }
@@ -568,9 +691,9 @@ mod tests {
             fail_launch: Some(CUresult::LAUNCH_FAILED),
             ..Default::default()
         });
-        let r = s.handle(req(2, 0, true, launch())).unwrap();
+        let r = s.handle_req(req(2, 0, true, launch())).unwrap();
         assert_eq!(r.result, CUresult::LAUNCH_FAILED);
-        let r = s.handle(req(3, 0, true, sync())).unwrap();
+        let r = s.handle_req(req(3, 0, true, sync())).unwrap();
         assert_eq!(r.result, CUresult::LAUNCH_FAILED);
     }
 
@@ -578,34 +701,40 @@ mod tests {
     fn copies_modules_and_functions() {
         let mut s = open(Recorder::default());
         let r = s
-            .handle(req(
-                2,
-                0,
-                true,
-                Call::MemcpyHtoD {
-                    dst: 0x1000,
-                    data: Payload::Inline(vec![1; 100]),
-                    stream: None,
-                },
-            ))
+            .handle(
+                req(
+                    2,
+                    0,
+                    true,
+                    Call::MemcpyHtoD {
+                        dst: 0x1000,
+                        stream: None,
+                    },
+                ),
+                &[1; 100],
+            )
             .unwrap();
-        assert_eq!(r.result, CUresult::SUCCESS);
+        assert_eq!(r.frame.result, CUresult::SUCCESS);
         let r = s
-            .handle(req(
-                3,
-                0,
-                true,
-                Call::MemcpyDtoH {
-                    src: 0x1000,
-                    len: 16,
-                    stream: None,
-                },
-            ))
+            .handle(
+                req(
+                    3,
+                    0,
+                    true,
+                    Call::MemcpyDtoH {
+                        src: 0x1000,
+                        len: 16,
+                        stream: None,
+                    },
+                ),
+                &[],
+            )
             .unwrap();
-        assert!(matches!(r.reply, Reply::Data(ref d) if d == &[0xab; 16]));
+        assert!(matches!(r.frame.reply, Reply::Data));
+        assert_eq!(r.bulk, [0xab; 16]);
         // Larger than one chunk: refused without touching the backend.
         let r = s
-            .handle(req(
+            .handle_req(req(
                 4,
                 0,
                 true,
@@ -618,18 +747,12 @@ mod tests {
             .unwrap();
         assert_eq!(r.result, CUresult::INVALID_VALUE);
         let r = s
-            .handle(req(
-                5,
-                0,
-                true,
-                Call::ModuleLoad {
-                    image: Payload::Inline(b".version 8.0\0".to_vec()),
-                },
-            ))
-            .unwrap();
+            .handle(req(5, 0, true, Call::ModuleLoad), b".version 8.0\0")
+            .unwrap()
+            .frame;
         assert!(matches!(r.reply, Reply::Module { handle: 0x77 }));
         let r = s
-            .handle(req(
+            .handle_req(req(
                 6,
                 0,
                 true,
@@ -643,11 +766,11 @@ mod tests {
             panic!("{:?}", r.reply)
         };
         assert_eq!((handle, info.params_bytes()), (0x88, 8));
-        // Library calls the backend does not implement.
+        // A kernel the backend never gave out is refused before it reaches the backend.
         let r = s
-            .handle(req(7, 0, true, Call::KernelGetFunction { kernel: 1 }))
+            .handle_req(req(7, 0, true, Call::KernelGetFunction { kernel: 1 }))
             .unwrap();
-        assert_eq!(r.result, CUresult::NOT_SUPPORTED);
+        assert_eq!(r.result, CUresult::INVALID_HANDLE);
         assert_eq!(
             s.backend.log,
             [
@@ -662,10 +785,10 @@ mod tests {
     #[test]
     fn goodbye_shuts_down_and_closes() {
         let mut s = open(Recorder::default());
-        let r = s.handle(req(2, 0, true, Call::Goodbye)).unwrap();
+        let r = s.handle_req(req(2, 0, true, Call::Goodbye)).unwrap();
         assert_eq!((r.seq, r.result), (2, CUresult::SUCCESS));
         assert!(s.is_closed() && s.backend.shut_down);
-        let r = s.handle(req(3, 0, true, sync())).unwrap();
+        let r = s.handle_req(req(3, 0, true, sync())).unwrap();
         assert_eq!(r.result, CUresult::DEINITIALIZED);
         // finish() after goodbye does not shut down twice.
         s.finish();

@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info};
 
+use gleam_protocol::frame::{self, FrameError};
+use gleam_protocol::wire::Request;
+
 use crate::backend::Backend;
-use crate::session::Session;
-use gleam_protocol::wire::{self, MAX_FRAME, Request, WireError};
+use crate::session::{Answer, Session};
 
 /// Read buffer: large enough to hold many small requests, so bursts are read in one syscall.
 const READ_BUFFER: usize = 1 << 20;
@@ -30,10 +32,10 @@ pub enum ExitReason {
     Ended,
     /// A frame did not decode as a request: the client is broken or hostile.
     #[error("malformed request: {0}")]
-    Malformed(#[source] postcard::Error),
-    /// A frame announced more than [`MAX_FRAME`] bytes.
-    #[error("request frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
-    FrameTooLarge(usize),
+    Malformed(#[source] FrameError),
+    /// A frame announced more than the frame limits allow.
+    #[error("request frame too large: {0}")]
+    FrameTooLarge(#[source] FrameError),
     /// Reading requests or writing replies failed (the parent went away).
     #[error("session pipe failed: {0}")]
     Io(#[source] io::Error),
@@ -65,7 +67,7 @@ impl ExitReason {
 
 /// Exit code: a request did not decode.
 pub const EXIT_MALFORMED: u8 = 3;
-/// Exit code: a request frame exceeded [`MAX_FRAME`].
+/// Exit code: a request frame exceeded the frame limits.
 pub const EXIT_FRAME_TOO_LARGE: u8 = 4;
 /// Exit code: stdin/stdout failed.
 pub const EXIT_IO: u8 = 5;
@@ -146,21 +148,24 @@ fn serve_loop<B: Backend, R: Read, W: Write>(
     output: &mut BufWriter<W>,
 ) -> ExitReason {
     let mut body = Vec::new();
-    let mut encoded = Vec::new();
+    let mut head = Vec::new();
     loop {
-        match wire::read_frame_body_blocking(input, &mut body) {
-            Ok(true) => {}
-            Ok(false) => return ExitReason::Ended,
-            Err(WireError::FrameTooLarge(len)) => return ExitReason::FrameTooLarge(len),
-            Err(WireError::Io(err)) => return ExitReason::Io(err),
-            Err(WireError::Malformed(err)) => return ExitReason::Malformed(err),
-        }
-        let request: Request = match postcard::from_bytes(&body) {
-            Ok(request) => request,
-            Err(err) => return ExitReason::Malformed(err),
+        let prefix = match frame::read_blocking(input, &mut body) {
+            Ok(Some(prefix)) => prefix,
+            Ok(None) => return ExitReason::Ended,
+            Err(err @ (FrameError::HeaderTooLarge(_) | FrameError::BulkTooLarge(_))) => {
+                return ExitReason::FrameTooLarge(err);
+            }
+            Err(FrameError::Io(err)) => return ExitReason::Io(err),
+            Err(err @ FrameError::Malformed(_)) => return ExitReason::Malformed(err),
         };
-        if let Some(reply) = session.handle(request)
-            && let Err(reason) = write_reply(reply, &mut encoded, output)
+        let (header, bulk) = body.split_at(prefix.header_len);
+        let request: Request = match postcard::from_bytes(header) {
+            Ok(request) => request,
+            Err(err) => return ExitReason::Malformed(err.into()),
+        };
+        if let Some(answer) = session.handle(request, bulk)
+            && let Err(reason) = write_answer(&answer, &mut head, output)
         {
             return reason;
         }
@@ -175,48 +180,31 @@ fn serve_loop<B: Backend, R: Read, W: Write>(
     }
 }
 
-/// Replies carrying at least this many bytes are written without copying the bytes into the frame.
-const DIRECT_DATA: usize = 64 << 10;
-
-/// Encodes `reply` and writes it out. A large [`Reply::Data`] is written as the frame of an empty one
-/// (whose encoding ends with the empty bytes' length, as `Data` is the last field) with that length
-/// replaced, followed by the bytes themselves: the same frame, one 4 MiB copy fewer per chunk.
-fn write_reply<W: Write>(
-    mut reply: wire::ReplyFrame,
-    encoded: &mut Vec<u8>,
+/// Writes an answer: its header, then its bulk bytes as they are (no copy into the frame).
+fn write_answer<W: Write>(
+    answer: &Answer,
+    head: &mut Vec<u8>,
     output: &mut BufWriter<W>,
 ) -> Result<(), ExitReason> {
-    encoded.clear();
-    let data = match &mut reply.reply {
-        wire::Reply::Data(data) if data.len() >= DIRECT_DATA => std::mem::take(data),
-        _ => Vec::new(),
-    };
-    if let Err(err) = wire::encode_frame(&reply, encoded) {
+    head.clear();
+    if let Err(err) = frame::encode_head(&answer.frame, answer.bulk.len(), head) {
         // Only an over-long reply can fail to encode; the session cannot answer: end it.
-        error!(seq = reply.seq, error = %err, "cannot encode reply");
+        error!(seq = answer.frame.seq, error = %err, "cannot encode reply");
         return Err(ExitReason::Io(io::Error::other(err.to_string())));
     }
-    if !data.is_empty() {
-        // The encoding ends with the varint 0 of the empty bytes: replace it by the real length.
-        encoded.pop();
-        gleam_protocol::frame::push_varint(encoded, data.len() as u64);
-        let body = encoded.len() - 4 + data.len();
-        if body > MAX_FRAME {
-            error!(seq = reply.seq, len = body, "reply too large");
-            return Err(ExitReason::Io(io::Error::other(
-                "reply exceeds the frame limit",
-            )));
-        }
-        encoded[..4].copy_from_slice(&(body as u32).to_le_bytes());
-    }
-    output.write_all(encoded).map_err(ExitReason::Io)?;
-    output.write_all(&data).map_err(ExitReason::Io)
+    output.write_all(head).map_err(ExitReason::Io)?;
+    output.write_all(&answer.bulk).map_err(ExitReason::Io)
 }
 
 /// Whether `buf` starts with a whole frame (so reading it will not block).
 fn complete_frame_buffered(buf: &[u8]) -> bool {
-    match buf.first_chunk::<4>() {
-        Some(len) => buf.len() - 4 >= u32::from_le_bytes(*len) as usize,
+    match buf
+        .first_chunk::<{ frame::PREFIX_LEN }>()
+        .map(|p| frame::Prefix::parse(*p))
+    {
+        Some(Ok(prefix)) => buf.len() >= prefix.frame_len(),
+        // A bad prefix: reading it fails at once, without blocking.
+        Some(Err(_)) => true,
         None => false,
     }
 }
@@ -238,12 +226,12 @@ fn raw_stdout() -> io::Result<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gleam_protocol::api::{ApiCall, args, outs};
     use crate::backend::ApiBackend;
+    use gleam_protocol::api::{ApiCall, args, outs};
+    use gleam_protocol::frame::{FrameReader, MAX_BULK};
     use gleam_protocol::types::CUresult;
     use gleam_protocol::wire::{
-        Call, ClientHello, DeviceInfo, FunctionInfo, Launch, PROTOCOL_VERSION, Payload, Reply,
-        ReplyFrame,
+        Call, ClientHello, DeviceInfo, FunctionInfo, Launch, PROTOCOL_VERSION, Reply, ReplyFrame,
     };
 
     /// A byte-array "device" at address 0x1000; enough to drive the loop.
@@ -294,10 +282,10 @@ mod tests {
         fn launch(&mut self, _: &Launch) -> Result<(), CUresult> {
             Err(CUresult::INVALID_HANDLE)
         }
-        fn shutdown(&mut self) {}
+        fn shutdown(&mut self, _: &gleam_protocol::registry::Handles) {}
     }
 
-    fn frame(seq: u64, expects_reply: bool, call: Call) -> Vec<u8> {
+    fn frame_with(seq: u64, expects_reply: bool, call: Call, bulk: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         let req = Request {
             seq,
@@ -305,16 +293,23 @@ mod tests {
             expects_reply,
             call,
         };
-        wire::encode_frame(&req, &mut out).unwrap();
+        frame::encode(&req, bulk, &mut out).unwrap();
         out
     }
 
-    fn replies(mut out: &[u8]) -> Vec<ReplyFrame> {
-        let mut body = Vec::new();
+    fn frame(seq: u64, expects_reply: bool, call: Call) -> Vec<u8> {
+        frame_with(seq, expects_reply, call, &[])
+    }
+
+    /// The replies written, each with its bulk bytes.
+    fn replies(out: &[u8]) -> Vec<(ReplyFrame, Vec<u8>)> {
+        let mut reader = FrameReader::new();
+        reader.feed(out);
         let mut all = Vec::new();
-        while wire::read_frame_body_blocking(&mut out, &mut body).unwrap() {
-            all.push(wire::decode(&body).unwrap());
+        while let Some(frame) = reader.next().unwrap() {
+            all.push((frame.decode().unwrap(), frame.bulk.to_vec()));
         }
+        assert!(!reader.is_mid_frame());
         all
     }
 
@@ -328,14 +323,14 @@ mod tests {
     #[test]
     fn serves_a_session_until_goodbye() {
         let mut input = frame(1, true, hello());
-        input.extend(frame(
+        input.extend(frame_with(
             2,
             false,
             Call::MemcpyHtoD {
                 dst: 0x1000,
-                data: Payload::Inline(b"gleam".to_vec()),
                 stream: None,
             },
+            b"gleam",
         ));
         // A failing fire-and-forget launch: its error comes back with the next reply.
         input.extend(frame(
@@ -371,18 +366,20 @@ mod tests {
         let reason = serve(Bytes(vec![0; 64]), &input[..], &mut output);
         assert!(matches!(reason, ExitReason::Ended), "{reason}");
         let r = replies(&output);
-        let seqs: Vec<u64> = r.iter().map(|r| r.seq).collect();
+        let seqs: Vec<u64> = r.iter().map(|(r, _)| r.seq).collect();
         assert_eq!(seqs, [1, 4, 5, 6]);
-        assert!(matches!(r[0].reply, Reply::Hello(ref h) if h.backend == "bytes"));
-        assert_eq!(r[1].result, CUresult::INVALID_HANDLE);
-        assert!(matches!(r[2].reply, Reply::Data(ref d) if d == b"gleam"));
-        assert_eq!(r[3].result, CUresult::SUCCESS);
+        assert!(matches!(r[0].0.reply, Reply::Hello(ref h) if h.backend == "bytes"));
+        assert_eq!(r[1].0.result, CUresult::INVALID_HANDLE);
+        assert!(matches!(r[2].0.reply, Reply::Data));
+        assert_eq!(r[2].1, b"gleam");
+        assert_eq!(r[3].0.result, CUresult::SUCCESS);
     }
 
     #[test]
     fn malformed_and_oversized_frames_end_the_session_with_distinct_codes() {
         let mut input = frame(1, true, hello());
         input.extend(3u32.to_le_bytes());
+        input.extend(0u32.to_le_bytes());
         input.extend([0xff, 0xff, 0xff]);
         let mut output = Vec::new();
         let reason = serve(Bytes(vec![0; 8]), &input[..], &mut output);
@@ -391,7 +388,8 @@ mod tests {
         assert_eq!(replies(&output).len(), 1);
 
         let mut input = frame(1, true, hello());
-        input.extend(((MAX_FRAME + 1) as u32).to_le_bytes());
+        input.extend(1u32.to_le_bytes());
+        input.extend(((MAX_BULK + 1) as u32).to_le_bytes());
         let reason = serve(Bytes(vec![0; 8]), &input[..], Vec::new());
         assert_eq!(reason.code(), EXIT_FRAME_TOO_LARGE, "{reason}");
 
@@ -403,21 +401,24 @@ mod tests {
     }
 
     #[test]
-    fn large_data_replies_are_framed_like_any_other() {
-        for len in [DIRECT_DATA - 1, DIRECT_DATA, 3 << 20] {
+    fn large_data_replies_carry_their_bytes_as_bulk() {
+        for len in [0, 1, 3 << 20] {
             let data: Vec<u8> = (0..len).map(|i| (i * 13 + 1) as u8).collect();
-            let reply = ReplyFrame {
-                seq: 1 << 33,
-                result: CUresult::SUCCESS,
-                reply: Reply::Data(data.clone()),
+            let answer = Answer {
+                frame: ReplyFrame {
+                    seq: 1 << 33,
+                    result: CUresult::SUCCESS,
+                    reply: Reply::Data,
+                },
+                bulk: data.clone(),
             };
-            let mut expected = Vec::new();
-            wire::encode_frame(&reply, &mut expected).unwrap();
             let mut out = BufWriter::new(Vec::new());
-            write_reply(reply, &mut Vec::new(), &mut out).unwrap();
+            write_answer(&answer, &mut Vec::new(), &mut out).unwrap();
             let written = out.into_inner().unwrap();
-            assert!(written == expected, "len {len}");
-            assert!(matches!(&replies(&written)[0].reply, Reply::Data(d) if *d == data));
+            let r = replies(&written);
+            assert_eq!(r.len(), 1);
+            assert!(matches!(r[0].0.reply, Reply::Data));
+            assert!(r[0].1 == data, "len {len}");
         }
     }
 
@@ -453,8 +454,8 @@ mod tests {
     fn complete_frames_are_detected_in_the_buffer() {
         assert!(!complete_frame_buffered(&[]));
         assert!(!complete_frame_buffered(&[1, 0, 0]));
-        assert!(!complete_frame_buffered(&[2, 0, 0, 0, 9]));
-        assert!(complete_frame_buffered(&[2, 0, 0, 0, 9, 9]));
-        assert!(complete_frame_buffered(&[0, 0, 0, 0]));
+        assert!(!complete_frame_buffered(&[2, 0, 0, 0, 1, 0, 0, 0, 9, 9]));
+        assert!(complete_frame_buffered(&[2, 0, 0, 0, 1, 0, 0, 0, 9, 9, 9]));
+        assert!(complete_frame_buffered(&[0; 8]));
     }
 }

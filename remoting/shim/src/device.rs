@@ -1,29 +1,29 @@
 //! `cuInit`, the driver version, device queries and error strings: answered locally, from what the server
 //! described at connect (every device attribute is fetched once, in the hello).
 
-use std::ffi::{CString, c_char};
+use std::ffi::{CString, c_char, c_void};
 use std::sync::OnceLock;
 
 use gleam_protocol::types::{CUresult, ERROR_NAMES};
 
-use crate::{export, put, state};
+use crate::{put, state};
 
 /// The driver version reported before a session exists: NVIDIA's 580 driver is CUDA 13.0.
 pub const OFFLINE_DRIVER_VERSION: i32 = 13000;
 
 // Attributes whose features the shim does not provide across the network, so it reports them absent
 // (a program then takes the paths Gleam supports).
-const CAN_MAP_HOST_MEMORY: i32 = 19;
-const MANAGED_MEMORY: i32 = 83;
-const PAGEABLE_MEMORY_ACCESS: i32 = 88;
-const CONCURRENT_MANAGED_ACCESS: i32 = 89;
-const HOST_REGISTER_SUPPORTED: i32 = 99;
-const MEMORY_POOLS_SUPPORTED: i32 = 115;
-const COMPUTE_CAPABILITY_MAJOR: i32 = 75;
-const COMPUTE_CAPABILITY_MINOR: i32 = 76;
+const CAN_MAP_HOST_MEMORY: u32 = 19;
+const MANAGED_MEMORY: u32 = 83;
+const PAGEABLE_MEMORY_ACCESS: u32 = 88;
+const CONCURRENT_MANAGED_ACCESS: u32 = 89;
+const HOST_REGISTER_SUPPORTED: u32 = 99;
+const MEMORY_POOLS_SUPPORTED: u32 = 115;
+const COMPUTE_CAPABILITY_MAJOR: u32 = 75;
+const COMPUTE_CAPABILITY_MINOR: u32 = 76;
 
 /// `cuDeviceGetAttribute` of device `dev`, with the overrides above.
-pub fn attribute(dev: i32, attrib: i32) -> Result<i32, CUresult> {
+pub fn attribute(dev: i32, attrib: u32) -> Result<i32, CUresult> {
     let info = state::device(dev)?;
     if matches!(
         attrib,
@@ -108,94 +108,115 @@ fn describe(code: u32) -> Option<&'static str> {
     })
 }
 
-export! {
-    fn cuInit(flags: u32) {
-        if flags != 0 {
-            return Err(CUresult::INVALID_VALUE);
+pub unsafe fn cuInit(flags: u32) -> Result<(), CUresult> {
+    if flags != 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    state::init()
+}
+
+pub unsafe fn cuDriverGetVersion(version: *mut i32) -> Result<(), CUresult> {
+    let v =
+        state::session_if_up().map_or(OFFLINE_DRIVER_VERSION, |s| s.client.hello().driver_version);
+    // SAFETY: the caller's out-pointer or buffer (NULL is refused).
+    unsafe { put(version, v) }
+}
+
+pub unsafe fn cuDeviceGet(device: *mut i32, ordinal: i32) -> Result<(), CUresult> {
+    state::device(ordinal)?;
+    // SAFETY: the caller's out-pointer or buffer (NULL is refused).
+    unsafe { put(device, ordinal) }
+}
+
+pub unsafe fn cuDeviceGetCount(count: *mut i32) -> Result<(), CUresult> {
+    let session = state::session()?;
+    // SAFETY: the caller's out-pointer or buffer (NULL is refused).
+    unsafe { put(count, session.client.hello().devices.len() as i32) }
+}
+
+pub unsafe fn cuDeviceGetName(name: *mut c_char, len: i32, dev: i32) -> Result<(), CUresult> {
+    // SAFETY: the caller's out-pointer or buffer (NULL is refused).
+    unsafe { put_str(name, len, &state::device(dev)?.name) }
+}
+
+pub unsafe fn cuDeviceGetUuid(uuid: *mut c_void, dev: i32) -> Result<(), CUresult> {
+    // SAFETY: a CUuuid (16 bytes) out-pointer, NULL refused by `put`.
+    unsafe { put(uuid.cast::<[u8; 16]>(), state::device(dev)?.uuid) }
+}
+
+pub unsafe fn cuDeviceGetUuid_v2(uuid: *mut c_void, dev: i32) -> Result<(), CUresult> {
+    // SAFETY: as above.
+    unsafe { put(uuid.cast::<[u8; 16]>(), state::device(dev)?.uuid) }
+}
+
+pub unsafe fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: i32) -> Result<(), CUresult> {
+    // SAFETY: the caller's out-pointer or buffer (NULL is refused).
+    unsafe { put(bytes, state::device(dev)?.total_mem as usize) }
+}
+
+pub unsafe fn cuDeviceGetAttribute(value: *mut i32, attrib: u32, dev: i32) -> Result<(), CUresult> {
+    let v = attribute(dev, attrib)?;
+    // SAFETY: the caller's out-pointer or buffer (NULL is refused).
+    unsafe { put(value, v) }
+}
+
+pub unsafe fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: i32, dev: i32) -> Result<(), CUresult> {
+    // SAFETY: the caller's out-pointer or buffer (NULL is refused).
+    unsafe { put_str(bus_id, len, &state::device(dev)?.pci_bus_id) }
+}
+
+pub unsafe fn cuDeviceComputeCapability(
+    major: *mut i32,
+    minor: *mut i32,
+    dev: i32,
+) -> Result<(), CUresult> {
+    let (ma, mi) = (
+        attribute(dev, COMPUTE_CAPABILITY_MAJOR)?,
+        attribute(dev, COMPUTE_CAPABILITY_MINOR)?,
+    );
+    // SAFETY: the caller's out-pointer or buffer (NULL is refused).
+    unsafe { put(major, ma)? };
+    // SAFETY: the caller's out-pointer or buffer (NULL is refused).
+    unsafe { put(minor, mi) }
+}
+
+pub unsafe fn cuDeviceGetProperties(prop: *mut c_void, dev: i32) -> Result<(), CUresult> {
+    // CUdevprop: maxThreadsPerBlock, maxThreadsDim[3], maxGridSize[3], sharedMemPerBlock,
+    // totalConstantMemory, SIMDWidth, memPitch, regsPerBlock, clockRate, textureAlign = attributes 1..=14.
+    let mut out = [0i32; 14];
+    for (i, slot) in out.iter_mut().enumerate() {
+        *slot = attribute(dev, i as u32 + 1)?;
+    }
+    // SAFETY: a CUdevprop (14 ints) out-pointer, NULL refused by `put`.
+    unsafe { put(prop.cast::<[i32; 14]>(), out) }
+}
+
+pub unsafe fn cuGetErrorName(error: u32, text: *mut *const c_char) -> Result<(), CUresult> {
+    if text.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    match error_strings().iter().find(|(code, _, _)| *code == error) {
+        // SAFETY: the caller's out-pointer, checked non-NULL.
+        Some((_, name, _)) => unsafe { put(text, name.as_ptr()) },
+        None => {
+            // SAFETY: the caller's out-pointer or buffer (NULL is refused).
+            unsafe { put(text, std::ptr::null())? };
+            Err(CUresult::INVALID_VALUE)
         }
-        state::init()
     }
+}
 
-    fn cuDriverGetVersion(version: *mut i32) {
-        let v = state::session_if_up()
-            .map_or(OFFLINE_DRIVER_VERSION, |s| s.client.hello().driver_version);
-        put(version, v)
+pub unsafe fn cuGetErrorString(error: u32, text: *mut *const c_char) -> Result<(), CUresult> {
+    if text.is_null() {
+        return Err(CUresult::INVALID_VALUE);
     }
-
-    fn cuDeviceGet(device: *mut i32, ordinal: i32) {
-        state::device(ordinal)?;
-        put(device, ordinal)
-    }
-
-    fn cuDeviceGetCount(count: *mut i32) {
-        let session = state::session()?;
-        put(count, session.client.hello().devices.len() as i32)
-    }
-
-    fn cuDeviceGetName(name: *mut c_char, len: i32, dev: i32) {
-        put_str(name, len, &state::device(dev)?.name)
-    }
-
-    fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: i32) {
-        put(uuid, state::device(dev)?.uuid)
-    }
-
-    fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: i32) {
-        put(uuid, state::device(dev)?.uuid)
-    }
-
-    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: i32) {
-        put(bytes, state::device(dev)?.total_mem as usize)
-    }
-
-    fn cuDeviceGetAttribute(value: *mut i32, attrib: i32, dev: i32) {
-        let v = attribute(dev, attrib)?;
-        put(value, v)
-    }
-
-    fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: i32, dev: i32) {
-        put_str(bus_id, len, &state::device(dev)?.pci_bus_id)
-    }
-
-    fn cuDeviceComputeCapability(major: *mut i32, minor: *mut i32, dev: i32) {
-        let (ma, mi) = (attribute(dev, COMPUTE_CAPABILITY_MAJOR)?, attribute(dev, COMPUTE_CAPABILITY_MINOR)?);
-        put(major, ma)?;
-        put(minor, mi)
-    }
-
-    fn cuDeviceGetProperties(prop: *mut [i32; 14], dev: i32) {
-        // CUdevprop: maxThreadsPerBlock, maxThreadsDim[3], maxGridSize[3], sharedMemPerBlock,
-        // totalConstantMemory, SIMDWidth, memPitch, regsPerBlock, clockRate, textureAlign = attributes 1..=14.
-        let mut out = [0i32; 14];
-        for (i, slot) in out.iter_mut().enumerate() {
-            *slot = attribute(dev, i as i32 + 1)?;
-        }
-        put(prop, out)
-    }
-
-    fn cuGetErrorName(error: u32, text: *mut *const c_char) {
-        if text.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        match error_strings().iter().find(|(code, _, _)| *code == error) {
-            Some((_, name, _)) => put(text, name.as_ptr()),
-            None => {
-                put(text, std::ptr::null())?;
-                Err(CUresult::INVALID_VALUE)
-            }
-        }
-    }
-
-    fn cuGetErrorString(error: u32, text: *mut *const c_char) {
-        if text.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        match error_strings().iter().find(|(code, _, _)| *code == error) {
-            Some((_, _, description)) => put(text, description.as_ptr()),
-            None => {
-                put(text, std::ptr::null())?;
-                Err(CUresult::INVALID_VALUE)
-            }
+    match error_strings().iter().find(|(code, _, _)| *code == error) {
+        // SAFETY: as above.
+        Some((_, _, description)) => unsafe { put(text, description.as_ptr()) },
+        None => {
+            // SAFETY: the caller's out-pointer or buffer (NULL is refused).
+            unsafe { put(text, std::ptr::null())? };
+            Err(CUresult::INVALID_VALUE)
         }
     }
 }

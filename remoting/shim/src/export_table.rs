@@ -20,7 +20,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use gleam_protocol::types::{CUcontext, CUmodule, CUresult};
 
-use crate::{context, export, module, put, state};
+use crate::{context, exports, put, state};
 
 /// A table: pointer-sized slots (slot 0 usually the table's byte size).
 #[repr(C)]
@@ -53,8 +53,8 @@ unsafe extern "C" fn get_module_from_cubin(
     module: *mut CUmodule,
     wrapper: *const c_void,
 ) -> CUresult {
-    // SAFETY: forwarded to the public call with the same contract.
-    unsafe { module::cuModuleLoadData(module, wrapper) }
+    // SAFETY: forwarded to the public (guarded) call with the same contract.
+    unsafe { exports::cuModuleLoadData(module, wrapper) }
 }
 
 unsafe extern "C" fn get_module_from_cubin_ext1(
@@ -91,12 +91,12 @@ unsafe fn load_without_extras(
         return CUresult::NOT_SUPPORTED;
     }
     // SAFETY: forwarded to the public call with the same contract.
-    unsafe { module::cuModuleLoadData(module, image) }
+    unsafe { exports::cuModuleLoadData(module, image) }
 }
 
 unsafe extern "C" fn primary_context(pctx: *mut CUcontext, dev: i32) -> CUresult {
     // SAFETY: as above.
-    unsafe { context::cuDevicePrimaryCtxRetain(pctx, dev) }
+    unsafe { exports::cuDevicePrimaryCtxRetain(pctx, dev) }
 }
 
 extern "C" fn noop_usize(_: usize) -> CUresult {
@@ -162,20 +162,46 @@ unsafe extern "C" fn cls_put(
     value: *mut c_void,
     dtor: Destructor,
 ) -> CUresult {
-    storage()
-        .get_or_insert_with(HashMap::new)
-        .insert((storage_ctx(ctx), key as u64), (value as usize, dtor));
-    CUresult::SUCCESS
+    crate::guard("context-local storage: put", || {
+        storage()
+            .get_or_insert_with(HashMap::new)
+            .insert((storage_ctx(ctx), key as u64), (value as usize, dtor));
+        Ok(())
+    })
+}
+
+/// `ctx` was destroyed or reset: its context-local values die, their destructors called as the driver
+/// calls them.
+pub fn context_emptied(ctx: u64) {
+    let dying: Vec<(u64, usize, Destructor)> = {
+        let mut storage = storage();
+        let Some(map) = storage.as_mut() else {
+            return;
+        };
+        let keys: Vec<(u64, u64)> = map.keys().filter(|(c, _)| *c == ctx).copied().collect();
+        keys.into_iter()
+            .filter_map(|k| map.remove(&k).map(|(value, dtor)| (k.1, value, dtor)))
+            .collect()
+    };
+    for (key, value, dtor) in dying {
+        if let Some(dtor) = dtor {
+            // SAFETY: the destructor cudart registered for this value, called once with its context,
+            // key and value, outside our lock (it may call back into the driver).
+            unsafe { dtor(ctx as CUcontext, key as *mut c_void, value as *mut c_void) };
+        }
+    }
 }
 
 unsafe extern "C" fn cls_delete(ctx: CUcontext, key: *mut c_void) -> CUresult {
-    match storage()
-        .as_mut()
-        .and_then(|m| m.remove(&(storage_ctx(ctx), key as u64)))
-    {
-        Some(_) => CUresult::SUCCESS,
-        None => CUresult::INVALID_HANDLE,
-    }
+    crate::guard("context-local storage: delete", || {
+        match storage()
+            .as_mut()
+            .and_then(|m| m.remove(&(storage_ctx(ctx), key as u64)))
+        {
+            Some(_) => Ok(()),
+            None => Err(CUresult::INVALID_HANDLE),
+        }
+    })
 }
 
 unsafe extern "C" fn cls_get(
@@ -183,20 +209,18 @@ unsafe extern "C" fn cls_get(
     ctx: CUcontext,
     key: *mut c_void,
 ) -> CUresult {
-    if value.is_null() {
-        return CUresult::INVALID_VALUE;
-    }
-    let found = storage()
-        .as_ref()
-        .and_then(|m| m.get(&(storage_ctx(ctx), key as u64)).map(|(v, _)| *v));
-    match found {
-        // SAFETY: checked non-NULL.
-        Some(v) => unsafe {
-            *value = v as *mut c_void;
-            CUresult::SUCCESS
-        },
-        None => CUresult::INVALID_HANDLE,
-    }
+    crate::guard("context-local storage: get", || {
+        if value.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let found = storage()
+            .as_ref()
+            .and_then(|m| m.get(&(storage_ctx(ctx), key as u64)).map(|(v, _)| *v))
+            .ok_or(CUresult::INVALID_HANDLE)?;
+        // SAFETY: cudart's out-pointer, checked non-NULL.
+        unsafe { *value = found as *mut c_void };
+        Ok(())
+    })
 }
 
 unsafe extern "C" fn context_check(
@@ -278,23 +302,26 @@ fn table_for(id: [u8; 16]) -> Option<*const c_void> {
 
 static REPORTED: Mutex<Option<HashSet<[u8; 16]>>> = Mutex::new(None);
 
-export! {
-    fn cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) {
-        state::init_logging();
-        if table.is_null() || id.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        let id = id.read_unaligned();
-        match table_for(id) {
-            Some(t) => put(table, t),
-            None => {
-                let mut reported = REPORTED.lock().unwrap_or_else(|e| e.into_inner());
-                if reported.get_or_insert_with(HashSet::new).insert(id) {
-                    let hex: String = id.iter().map(|b| format!("{b:02X}")).collect();
-                    tracing::warn!(uuid = %hex, "cuGetExportTable: unknown table requested; refused");
-                }
-                Err(CUresult::NOT_SUPPORTED)
+pub unsafe fn cuGetExportTable(
+    table: *mut *const c_void,
+    id: *const c_void,
+) -> Result<(), CUresult> {
+    state::init_logging();
+    if table.is_null() || id.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: a CUuuid (16 bytes), non-NULL.
+    let id = unsafe { id.cast::<[u8; 16]>().read_unaligned() };
+    match table_for(id) {
+        // SAFETY: the caller's out-pointer, non-NULL.
+        Some(t) => unsafe { put(table, t) },
+        None => {
+            let mut reported = REPORTED.lock().unwrap_or_else(|e| e.into_inner());
+            if reported.get_or_insert_with(HashSet::new).insert(id) {
+                let hex: String = id.iter().map(|b| format!("{b:02X}")).collect();
+                tracing::warn!(uuid = %hex, "cuGetExportTable: unknown table requested; refused");
             }
+            Err(CUresult::NOT_SUPPORTED)
         }
     }
 }

@@ -1,21 +1,23 @@
 //! Gleam's `libcuda.so.1`: the CUDA driver API of NVIDIA's 580 driver, executed on a peer's GPU.
 //!
 //! Built as `libgleamcuda.so` (SONAME `libcuda.so.1`, only `cu*` symbols exported); `gleam run` puts it in
-//! front of the program as `libcuda.so.1`, `libcuda.so` and `libcuda.so.13`. Every export is one of:
+//! front of the program as `libcuda.so.1`, `libcuda.so` and `libcuda.so.13`. [`exports`] generates one C
+//! export per entry point of the declaration list (`gleam-protocol`'s `driver-api.list`), each a
+//! [`guard`]ed call of:
 //!
-//! * **generated** from the declaration list [`gleam_protocol::cuda_api!`] ([`generated`]): the arguments
-//!   are marshalled through [`gleam_protocol::api::Arg`] and the call goes to the peer, `sync` ones waiting
-//!   for the reply, `deferred` ones fire-and-forget;
-//! * **hand-written**: answered locally from what the server said at connect ([`device`], [`context`],
-//!   [`proc`], [`export_table`]), or forwarded with judgement ([`memory`]: copies and the allocation table;
-//!   [`module`]: images, functions and launches; [`handles`]: streams and events checked locally);
-//! * a **stub** ([`stubs`], generated data) returning `CUDA_ERROR_NOT_SUPPORTED` and logging its name once.
+//! * a **forwarder** ([`forward`], generated): marshals the arguments, checks handles locally
+//!   ([`handles`]), sends the call; `sync` ones wait for the reply, `deferred` ones are fire-and-forget;
+//! * a **hand-written** function of the same name ([`hand`]): answered locally from what the server said
+//!   at connect ([`device`], [`context`], [`proc`], [`export_table`], [`occupancy`]), or forwarded with
+//!   judgement ([`memory`]: copies and the allocation table; [`module`]: images, functions and launches);
+//! * or **not supported yet** (`CUDA_ERROR_NOT_SUPPORTED`, the name logged once).
 //!
 //! The session itself ([`state::Session`], a [`gleam_client::Client`]) is opened by `cuInit` from
 //! `GLEAM_PEER` and `GLEAM_CONFIG_DIR`. No panic crosses the C ABI ([`guard`]); after the library's
 //! destructor ran every call returns `CUDA_ERROR_DEINITIALIZED`; a `fork()`ed child is refused, as NVIDIA's
 //! driver refuses it.
 
+// The CUDA names (functions and their parameters) are kept as NVIDIA spells them.
 #![allow(non_snake_case)]
 // Every export is `unsafe extern "C"` with the C contract of the CUDA function it implements.
 #![allow(clippy::missing_safety_doc)]
@@ -28,15 +30,46 @@ use gleam_protocol::types::CUresult;
 pub mod context;
 pub mod device;
 pub mod export_table;
-pub mod generated;
+pub mod exports;
+pub mod forward;
 pub mod handles;
 pub mod memory;
 pub mod module;
 pub mod occupancy;
 pub mod proc;
 pub mod state;
-#[rustfmt::skip] // generated data, compared byte for byte by `stubs_are_current`
-pub mod stubs;
+
+/// Every hand-written export (`local`, `hand` and `by-hand` in the declaration list), by its CUDA name.
+pub mod hand {
+    pub use crate::context::{
+        cuCtxCreate_v2, cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
+        cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
+    };
+    pub use crate::device::{
+        cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetCount,
+        cuDeviceGetName, cuDeviceGetPCIBusId, cuDeviceGetProperties, cuDeviceGetUuid,
+        cuDeviceGetUuid_v2, cuDeviceTotalMem_v2, cuDriverGetVersion, cuGetErrorName,
+        cuGetErrorString, cuInit,
+    };
+    pub use crate::export_table::cuGetExportTable;
+    pub use crate::memory::{
+        cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocHost_v2, cuMemAllocPitch_v2, cuMemFree_v2,
+        cuMemFreeAsync, cuMemFreeHost, cuMemGetAddressRange_v2, cuMemHostAlloc,
+        cuMemHostGetDevicePointer_v2, cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2,
+        cuMemcpyDtoHAsync_v2, cuMemcpyHtoD_v2, cuMemcpyHtoDAsync_v2, cuPointerGetAttribute,
+        cuPointerGetAttributes,
+    };
+    pub use crate::module::{
+        cuFuncGetAttribute, cuKernelGetFunction, cuLaunchCooperativeKernel, cuLaunchKernel,
+        cuLaunchKernelEx, cuLaunchKernelEx_ptsz, cuLibraryLoadData, cuLibraryLoadFromFile,
+        cuModuleGetFunction, cuModuleGetLoadingMode, cuModuleLoad, cuModuleLoadData,
+        cuModuleLoadDataEx, cuModuleLoadFatBinary, cuStreamIsCapturing,
+    };
+    pub use crate::occupancy::{
+        cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSizeWithFlags,
+    };
+    pub use crate::proc::{cuGetProcAddress, cuGetProcAddress_v2};
+}
 
 /// The server refuses to load a library exporting this symbol as "the real driver": finding it means the
 /// server inherited a client's `LD_LIBRARY_PATH` and would forward to itself.
@@ -70,41 +103,6 @@ pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> Result<(), CUresu
     }
 }
 
-/// Defines hand-written exports: `export! { fn cuName(a: T, ...) { body returning Result<(), CUresult> } }`.
-/// Each becomes a `#[no_mangle] unsafe extern "C" fn` whose body runs inside [`guard`]; the names are
-/// collected in the module's `EXPORTED` list (the stub generator and the export test read it).
-macro_rules! export {
-    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block)*) => {
-        $(
-            #[unsafe(no_mangle)]
-            #[allow(clippy::too_many_arguments, unused_unsafe)]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> gleam_protocol::types::CUresult {
-                $crate::guard(stringify!($name), move || -> Result<(), gleam_protocol::types::CUresult> {
-                    unsafe { $body }
-                })
-            }
-        )*
-        /// The exports this module defines by hand.
-        pub const EXPORTED: &[&str] = &[$(stringify!($name)),*];
-    };
-}
-pub(crate) use export;
-
-/// Every hand-written export, from each module's `EXPORTED` list.
-pub fn hand_written() -> Vec<&'static str> {
-    [
-        context::EXPORTED,
-        device::EXPORTED,
-        export_table::EXPORTED,
-        handles::EXPORTED,
-        memory::EXPORTED,
-        module::EXPORTED,
-        occupancy::EXPORTED,
-        proc::EXPORTED,
-    ]
-    .concat()
-}
-
 /// Writes `value` through `out` if it is not NULL; a NULL out-pointer is `CUDA_ERROR_INVALID_VALUE`.
 ///
 /// # Safety
@@ -134,71 +132,27 @@ static ON_UNLOAD: extern "C" fn() = on_unload;
 mod tests {
     use std::collections::BTreeSet;
 
-    /// The stub list is generated data: the driver's exports minus everything implemented.
-    /// `GLEAM_REGEN_STUBS=1 cargo test -p gleam-shim stubs_are_current` rewrites `src/stubs.rs`.
+    use gleam_protocol::api::EXPORTS;
+
+    /// The declaration list names exactly the exports of NVIDIA's 580 driver.
     #[test]
-    fn stubs_are_current() {
-        let implemented: BTreeSet<&str> = gleam_protocol::api::LISTED
-            .iter()
-            .copied()
-            .chain(super::hand_written())
-            .collect();
-        let exports: BTreeSet<&str> = super::proc::EXPORTS
+    fn every_driver_export_is_declared_once() {
+        let listed: BTreeSet<&str> = EXPORTS.iter().map(|(name, _)| *name).collect();
+        assert_eq!(listed.len(), EXPORTS.len(), "a name is listed twice");
+        let driver: BTreeSet<&str> = include_str!("../libcuda-580-exports.txt")
             .lines()
             .map(str::trim)
             .filter(|l| !l.is_empty())
             .collect();
-        let extra: Vec<_> = implemented.difference(&exports).collect();
-        assert!(
-            extra.is_empty(),
-            "implemented but not a 580 export: {extra:?}"
-        );
-        let stubs: Vec<&str> = exports.difference(&implemented).copied().collect();
-        let mut text = String::from(
-            "//! Every driver export Gleam does not implement yet: each returns `CUDA_ERROR_NOT_SUPPORTED` and\n\
-             //! logs its name once. GENERATED by `GLEAM_REGEN_STUBS=1 cargo test -p gleam-shim stubs_are_current`\n\
-             //! from `libcuda-580-exports.txt` minus the implemented calls; do not edit.\n\n\
-             use std::collections::HashSet;\nuse std::sync::Mutex;\n\n\
-             use gleam_protocol::types::CUresult;\n\n\
-             static LOGGED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);\n\n\
-             /// What every stub does.\n\
-             fn not_supported(name: &'static str) -> CUresult {\n\
-             \x20   let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());\n\
-             \x20   if logged.get_or_insert_with(HashSet::new).insert(name) {\n\
-             \x20       tracing::warn!(call = name, \"not supported by Gleam yet: returning CUDA_ERROR_NOT_SUPPORTED\");\n\
-             \x20   }\n\
-             \x20   CUresult::NOT_SUPPORTED\n\
-             }\n\n\
-             macro_rules! stubs {\n\
-             \x20   ($($name:ident)*) => {\n\
-             \x20       $(\n\
-             \x20           #[unsafe(no_mangle)]\n\
-             \x20           #[doc = concat!(\"`\", stringify!($name), \"`: not supported yet.\")]\n\
-             \x20           pub extern \"C\" fn $name() -> CUresult {\n\
-             \x20               not_supported(stringify!($name))\n\
-             \x20           }\n\
-             \x20       )*\n\
-             \x20       /// The stubbed names.\n\
-             \x20       pub const STUBS: &[&str] = &[$(stringify!($name)),*];\n\
-             \x20   };\n\
-             }\n\nstubs! {\n",
-        );
-        for name in &stubs {
-            text.push_str("    ");
-            text.push_str(name);
-            text.push('\n');
-        }
-        text.push_str("}\n");
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/stubs.rs");
-        let current = std::fs::read_to_string(path).unwrap_or_default();
-        if current != text {
-            if std::env::var_os("GLEAM_REGEN_STUBS").is_some() {
-                std::fs::write(path, &text).unwrap();
-            } else {
-                panic!(
-                    "src/stubs.rs is stale: run GLEAM_REGEN_STUBS=1 cargo test -p gleam-shim stubs_are_current"
-                );
-            }
+        let missing: Vec<_> = driver.difference(&listed).collect();
+        let extra: Vec<_> = listed.difference(&driver).collect();
+        assert!(missing.is_empty(), "not in driver-api.list: {missing:?}");
+        assert!(extra.is_empty(), "not exports of the 580 driver: {extra:?}");
+        for (name, _) in EXPORTS {
+            assert!(
+                super::exports::address(name).is_some(),
+                "{name} is not exported"
+            );
         }
     }
 }

@@ -10,10 +10,9 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
-use gleam_protocol::types::{CU_STREAM_PER_THREAD, CUresult, CUstream};
+use gleam_protocol::types::{CUresult, CUstream};
 
-use crate::generated::fwd;
-use crate::{context, export, handles, put, state};
+use crate::{context, forward, handles, put, state};
 
 /// What an address range of the table is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,13 +77,9 @@ fn unrecord(base: u64, device: bool) -> Result<Region, CUresult> {
     }
 }
 
-/// `NULL` (the legacy default stream in a `_ptsz` build) means the per-thread stream.
-pub(crate) fn per_thread(stream: CUstream) -> CUstream {
-    if stream.is_null() {
-        CU_STREAM_PER_THREAD as CUstream
-    } else {
-        stream
-    }
+/// `ctx` lost everything it held: its device allocations are gone (the server's driver freed them).
+pub fn context_emptied(ctx: u64) {
+    table().retain(|_, r| !(r.ctx == ctx && r.kind == Kind::Device));
 }
 
 /// Host bytes of a copy source (`n` may be 0, then `src` may be NULL).
@@ -119,7 +114,7 @@ pub unsafe fn htod(
 ) -> Result<(), CUresult> {
     let session = state::session()?;
     if let Some(s) = stream {
-        handles::check_stream(s as CUstream)?;
+        handles::check(gleam_protocol::registry::Kind::Stream, s)?;
     }
     // SAFETY: forwarded.
     let bytes = unsafe { host_slice(src, n)? };
@@ -143,7 +138,7 @@ pub unsafe fn dtoh(
 ) -> Result<(), CUresult> {
     let session = state::session()?;
     if let Some(s) = stream {
-        handles::check_stream(s as CUstream)?;
+        handles::check(gleam_protocol::registry::Kind::Stream, s)?;
     }
     // SAFETY: forwarded.
     let bytes = unsafe { host_slice_mut(dst, n)? };
@@ -164,8 +159,8 @@ unsafe fn unified(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> Res
     // SAFETY: forwarded; the table says which side each pointer lives on.
     unsafe {
         match (on_device(dst), on_device(src), stream) {
-            (true, true, None) => fwd::cuMemcpyDtoD_v2(dst, src, n),
-            (true, true, Some(s)) => fwd::cuMemcpyDtoDAsync_v2(dst, src, n, s),
+            (true, true, None) => forward::cuMemcpyDtoD_v2(dst, src, n),
+            (true, true, Some(s)) => forward::cuMemcpyDtoDAsync_v2(dst, src, n, s),
             (true, false, s) => htod(dst, src as *const c_void, n, s.map(|s| s as u64)),
             (false, true, s) => dtoh(dst as *mut c_void, src, n, s.map(|s| s as u64)),
             (false, false, _) => {
@@ -252,198 +247,221 @@ unsafe fn pointer_attribute(
     Ok(())
 }
 
-export! {
-    fn cuMemAlloc_v2(dptr: *mut u64, bytesize: usize) {
-        if bytesize == 0 {
-            return Err(CUresult::INVALID_VALUE);
+pub unsafe fn cuMemAlloc_v2(dptr: *mut u64, bytesize: usize) -> Result<(), CUresult> {
+    if bytesize == 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: forwarded under the same contract; `dptr` was written on success.
+    let base = unsafe {
+        forward::cuMemAlloc_v2(dptr, bytesize)?;
+        *dptr
+    };
+    record(base, bytesize as u64, Kind::Device);
+    Ok(())
+}
+
+pub unsafe fn cuMemAllocAsync(
+    dptr: *mut u64,
+    bytesize: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
+    // SAFETY: as above.
+    let base = unsafe {
+        forward::cuMemAllocAsync(dptr, bytesize, stream)?;
+        *dptr
+    };
+    record(base, bytesize as u64, Kind::Device);
+    Ok(())
+}
+
+pub unsafe fn cuMemAllocPitch_v2(
+    dptr: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: u32,
+) -> Result<(), CUresult> {
+    // SAFETY: as above; both out-pointers were written on success.
+    let (base, pitch) = unsafe {
+        forward::cuMemAllocPitch_v2(dptr, pitch, width, height, element_size)?;
+        (*dptr, *pitch)
+    };
+    record(
+        base,
+        (pitch as u64).saturating_mul(height as u64),
+        Kind::Device,
+    );
+    Ok(())
+}
+
+pub unsafe fn cuMemFree_v2(dptr: u64) -> Result<(), CUresult> {
+    state::session()?;
+    unrecord(dptr, true)?;
+    // SAFETY: plain values.
+    unsafe { forward::cuMemFree_v2(dptr) }
+}
+
+pub unsafe fn cuMemFreeAsync(dptr: u64, stream: CUstream) -> Result<(), CUresult> {
+    state::session()?;
+    unrecord(dptr, true)?;
+    // SAFETY: plain values (the stream is checked by the forwarder).
+    unsafe { forward::cuMemFreeAsync(dptr, stream) }
+}
+
+pub unsafe fn cuMemGetAddressRange_v2(
+    base: *mut u64,
+    size: *mut usize,
+    dptr: u64,
+) -> Result<(), CUresult> {
+    state::session()?;
+    let Some(region) = lookup(dptr).filter(|r| r.kind == Kind::Device) else {
+        // Not an allocation of this process's table (a module global, say): the server knows. Either
+        // out-pointer may be NULL here, as in CUDA.
+        let (mut b, mut n) = (0u64, 0usize);
+        // SAFETY: valid out-pointers to locals; the caller's, each NULL or writable.
+        unsafe {
+            forward::cuMemGetAddressRange_v2(&mut b, &mut n, dptr)?;
+            if !base.is_null() {
+                put(base, b)?;
+            }
+            if !size.is_null() {
+                put(size, n)?;
+            }
         }
-        fwd::cuMemAlloc_v2(dptr, bytesize)?;
-        record(*dptr, bytesize as u64, Kind::Device);
-        Ok(())
-    }
-
-    fn cuMemAllocAsync(dptr: *mut u64, bytesize: usize, stream: CUstream) {
-        fwd::cuMemAllocAsync(dptr, bytesize, stream)?;
-        record(*dptr, bytesize as u64, Kind::Device);
-        Ok(())
-    }
-
-    fn cuMemAllocAsync_ptsz(dptr: *mut u64, bytesize: usize, stream: CUstream) {
-        fwd::cuMemAllocAsync(dptr, bytesize, per_thread(stream))?;
-        record(*dptr, bytesize as u64, Kind::Device);
-        Ok(())
-    }
-
-    fn cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_size: u32) {
-        fwd::cuMemAllocPitch_v2(dptr, pitch, width, height, element_size)?;
-        record(*dptr, (*pitch as u64).saturating_mul(height as u64), Kind::Device);
-        Ok(())
-    }
-
-    fn cuMemFree_v2(dptr: u64) {
-        state::session()?;
-        unrecord(dptr, true)?;
-        fwd::cuMemFree_v2(dptr)
-    }
-
-    fn cuMemFreeAsync(dptr: u64, stream: CUstream) {
-        state::session()?;
-        unrecord(dptr, true)?;
-        fwd::cuMemFreeAsync(dptr, stream)
-    }
-
-    fn cuMemFreeAsync_ptsz(dptr: u64, stream: CUstream) {
-        state::session()?;
-        unrecord(dptr, true)?;
-        fwd::cuMemFreeAsync(dptr, per_thread(stream))
-    }
-
-    fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, dptr: u64) {
-        state::session()?;
-        let region = lookup(dptr).filter(|r| r.kind == Kind::Device).ok_or(CUresult::NOT_FOUND)?;
+        return Ok(());
+    };
+    // SAFETY: the caller's out-pointers, each NULL (not wanted) or writable.
+    unsafe {
         if !base.is_null() {
             put(base, region.base)?;
         }
         if !size.is_null() {
             put(size, region.size as usize)?;
         }
-        Ok(())
     }
+    Ok(())
+}
 
-    fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) {
-        state::session()?;
-        if pp.is_null() {
-            return Err(CUresult::INVALID_VALUE);
+pub unsafe fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    bytesize: usize,
+    flags: u32,
+) -> Result<(), CUresult> {
+    state::session()?;
+    if pp.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: the caller's out-pointer, non-NULL.
+    unsafe { put(pp, host_alloc(bytesize, flags)?) }
+}
+
+pub unsafe fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> Result<(), CUresult> {
+    state::session()?;
+    if pp.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: the caller's out-pointer, non-NULL.
+    unsafe { put(pp, host_alloc(bytesize, 0)?) }
+}
+
+pub unsafe fn cuMemFreeHost(p: *mut c_void) -> Result<(), CUresult> {
+    state::session()?;
+    let region = unrecord(p as u64, false)?;
+    // SAFETY: the mapping made by host_alloc for exactly this range.
+    unsafe { libc::munmap(p, region.size as usize) };
+    Ok(())
+}
+
+pub unsafe fn cuMemHostGetDevicePointer_v2(
+    pdptr: *mut u64,
+    p: *mut c_void,
+    flags: u32,
+) -> Result<(), CUresult> {
+    state::session()?;
+    if pdptr.is_null() || flags != 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    match lookup(p as u64) {
+        // Host memory is not mapped into the remote device (CAN_MAP_HOST_MEMORY = 0).
+        Some(r) if r.kind != Kind::Device => Err(CUresult::NOT_SUPPORTED),
+        _ => Err(CUresult::INVALID_VALUE),
+    }
+}
+
+pub unsafe fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: u32,
+    ptr: u64,
+) -> Result<(), CUresult> {
+    state::session()?;
+    // SAFETY: the caller's attribute buffer, as the C API requires.
+    unsafe { pointer_attribute(data, attribute, ptr, lookup(ptr), false) }
+}
+
+pub unsafe fn cuPointerGetAttributes(
+    count: u32,
+    attributes: *mut u32,
+    data: *mut *mut c_void,
+    ptr: u64,
+) -> Result<(), CUresult> {
+    state::session()?;
+    if count > 0 && (attributes.is_null() || data.is_null()) {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let region = lookup(ptr);
+    for i in 0..count as usize {
+        // SAFETY: `attributes` and `data` hold `count` entries each (checked non-NULL above).
+        let (attribute, out) = unsafe { (*attributes.add(i), *data.add(i)) };
+        if out.is_null() {
+            continue;
         }
-        put(pp, host_alloc(bytesize, flags)?)
+        // SAFETY: the caller's buffer for this attribute.
+        unsafe { pointer_attribute(out, attribute, ptr, region, true)? };
     }
+    Ok(())
+}
 
-    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) {
-        state::session()?;
-        if pp.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        put(pp, host_alloc(bytesize, 0)?)
-    }
+pub unsafe fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> Result<(), CUresult> {
+    // SAFETY: the application's source buffer, as the C API requires.
+    unsafe { htod(dst, src, n, None) }
+}
 
-    fn cuMemFreeHost(p: *mut c_void) {
-        state::session()?;
-        let region = unrecord(p as u64, false)?;
-        // SAFETY: the mapping made by host_alloc for exactly this range.
-        libc::munmap(p, region.size as usize);
-        Ok(())
-    }
+pub unsafe fn cuMemcpyHtoDAsync_v2(
+    dst: u64,
+    src: *const c_void,
+    n: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
+    // SAFETY: as above.
+    unsafe { htod(dst, src, n, Some(stream as u64)) }
+}
 
-    fn cuMemHostGetDevicePointer_v2(pdptr: *mut u64, p: *mut c_void, flags: u32) {
-        state::session()?;
-        if pdptr.is_null() || flags != 0 {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        match lookup(p as u64) {
-            // Host memory is not mapped into the remote device (CAN_MAP_HOST_MEMORY = 0).
-            Some(r) if r.kind != Kind::Device => Err(CUresult::NOT_SUPPORTED),
-            _ => Err(CUresult::INVALID_VALUE),
-        }
-    }
+pub unsafe fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> Result<(), CUresult> {
+    // SAFETY: the application's destination buffer, as the C API requires.
+    unsafe { dtoh(dst, src, n, None) }
+}
 
-    fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64) {
-        state::session()?;
-        pointer_attribute(data, attribute, ptr, lookup(ptr), false)
-    }
+pub unsafe fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: u64,
+    n: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
+    // SAFETY: as above.
+    unsafe { dtoh(dst, src, n, Some(stream as u64)) }
+}
 
-    fn cuPointerGetAttributes(count: u32, attributes: *const u32, data: *mut *mut c_void, ptr: u64) {
-        state::session()?;
-        if count > 0 && (attributes.is_null() || data.is_null()) {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        let region = lookup(ptr);
-        for i in 0..count as usize {
-            let out = *data.add(i);
-            if out.is_null() {
-                continue;
-            }
-            pointer_attribute(out, *attributes.add(i), ptr, region, true)?;
-        }
-        Ok(())
-    }
+pub unsafe fn cuMemcpy(dst: u64, src: u64, n: usize) -> Result<(), CUresult> {
+    // SAFETY: the application's buffers, as the C API requires.
+    unsafe { unified(dst, src, n, None) }
+}
 
-    fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) {
-        htod(dst, src, n, None)
-    }
-
-    fn cuMemcpyHtoD_v2_ptds(dst: u64, src: *const c_void, n: usize) {
-        htod(dst, src, n, None)
-    }
-
-    fn cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, n: usize, stream: CUstream) {
-        htod(dst, src, n, Some(stream as u64))
-    }
-
-    fn cuMemcpyHtoDAsync_v2_ptsz(dst: u64, src: *const c_void, n: usize, stream: CUstream) {
-        htod(dst, src, n, Some(per_thread(stream) as u64))
-    }
-
-    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) {
-        dtoh(dst, src, n, None)
-    }
-
-    fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: u64, n: usize) {
-        dtoh(dst, src, n, None)
-    }
-
-    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, n: usize, stream: CUstream) {
-        dtoh(dst, src, n, Some(stream as u64))
-    }
-
-    fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: u64, n: usize, stream: CUstream) {
-        dtoh(dst, src, n, Some(per_thread(stream) as u64))
-    }
-
-    fn cuMemcpyDtoD_v2_ptds(dst: u64, src: u64, n: usize) {
-        fwd::cuMemcpyDtoD_v2(dst, src, n)
-    }
-
-    fn cuMemcpyDtoDAsync_v2_ptsz(dst: u64, src: u64, n: usize, stream: CUstream) {
-        fwd::cuMemcpyDtoDAsync_v2(dst, src, n, per_thread(stream))
-    }
-
-    fn cuMemcpy(dst: u64, src: u64, n: usize) {
-        unified(dst, src, n, None)
-    }
-
-    fn cuMemcpy_ptds(dst: u64, src: u64, n: usize) {
-        unified(dst, src, n, None)
-    }
-
-    fn cuMemcpyAsync(dst: u64, src: u64, n: usize, stream: CUstream) {
-        unified(dst, src, n, Some(stream))
-    }
-
-    fn cuMemcpyAsync_ptsz(dst: u64, src: u64, n: usize, stream: CUstream) {
-        unified(dst, src, n, Some(per_thread(stream)))
-    }
-
-    fn cuMemsetD8_v2_ptds(dst: u64, value: u8, n: usize) {
-        fwd::cuMemsetD8_v2(dst, value, n)
-    }
-
-    fn cuMemsetD16_v2_ptds(dst: u64, value: u16, n: usize) {
-        fwd::cuMemsetD16_v2(dst, value, n)
-    }
-
-    fn cuMemsetD32_v2_ptds(dst: u64, value: u32, n: usize) {
-        fwd::cuMemsetD32_v2(dst, value, n)
-    }
-
-    fn cuMemsetD8Async_ptsz(dst: u64, value: u8, n: usize, stream: CUstream) {
-        fwd::cuMemsetD8Async(dst, value, n, per_thread(stream))
-    }
-
-    fn cuMemsetD16Async_ptsz(dst: u64, value: u16, n: usize, stream: CUstream) {
-        fwd::cuMemsetD16Async(dst, value, n, per_thread(stream))
-    }
-
-    fn cuMemsetD32Async_ptsz(dst: u64, value: u32, n: usize, stream: CUstream) {
-        fwd::cuMemsetD32Async(dst, value, n, per_thread(stream))
-    }
+pub unsafe fn cuMemcpyAsync(
+    dst: u64,
+    src: u64,
+    n: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
+    // SAFETY: as above.
+    unsafe { unified(dst, src, n, Some(stream)) }
 }

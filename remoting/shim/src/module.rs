@@ -6,28 +6,25 @@
 //! validated (handle, block and grid dimensions, dynamic shared memory) and sent fire-and-forget, and
 //! `cuFuncGetAttribute` needs no round trip.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gleam_fatbin as image;
+use gleam_protocol::registry::{Kind, Owner};
 use gleam_protocol::types::{
     CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END, CUfunction,
     CUkernel, CUlibrary, CUmodule, CUresult, CUstream,
 };
-use gleam_protocol::wire::{Call, FunctionInfo, Launch, Payload, Reply};
+use gleam_protocol::wire::{Call, FunctionInfo, Launch, Reply};
 
-use crate::generated::fwd;
-use crate::memory::per_thread;
-use crate::{context, device, export, handles, put, state};
+use crate::{context, device, forward, handles, put, state};
 
 #[derive(Default)]
 struct Caches {
     /// Layout and attributes of every function (and launched kernel) handle seen.
     functions: HashMap<u64, Arc<FunctionInfo>>,
-    /// Kernel handles from `cuLibraryGetKernel` (a `CUkernel` may be launched as a `CUfunction`).
-    kernels: HashSet<u64>,
 }
 
 static CACHES: Mutex<Option<Caches>> = Mutex::new(None);
@@ -42,48 +39,59 @@ fn with_caches<R>(f: impl FnOnce(&mut Caches) -> R) -> R {
 const FUNC_MAX_THREADS_PER_BLOCK: usize = 0;
 const FUNC_MAX_DYNAMIC_SHARED: usize = 8;
 // Device attribute ids of the launch limits.
-const MAX_BLOCK_DIM_X: i32 = 2;
-const MAX_GRID_DIM_X: i32 = 5;
+const MAX_BLOCK_DIM_X: u32 = 2;
+const MAX_GRID_DIM_X: u32 = 5;
 /// The largest `extra`/`kernelParams` buffer CUDA accepts (CUDA 12.1+, Volta+).
 const MAX_PARAM_BYTES: usize = 32_764;
 
 /// A synchronous call in the current context: the server's reply, once its result is a success.
 fn call(call: Call) -> Result<Reply, CUresult> {
+    call_with(call, &[])
+}
+
+/// [`call`] with bulk bytes (a module image).
+fn call_with(call: Call, bulk: &[u8]) -> Result<Reply, CUresult> {
     let session = state::session()?;
-    let (result, reply) = session
+    let answer = session
         .client
-        .call(context::current(), call)
+        .call_with(context::current(), call, bulk)
         .map_err(state::lost)?;
-    result.result()?;
-    Ok(reply)
+    answer.result.result()?;
+    Ok(answer.reply)
 }
 
 /// Ships a module image, returns the handle.
-fn load_module(bytes: Vec<u8>) -> Result<u64, CUresult> {
-    match call(Call::ModuleLoad {
-        image: Payload::Inline(bytes),
-    })? {
-        Reply::Module { handle } => Ok(handle),
+fn load_module(image: &[u8]) -> Result<u64, CUresult> {
+    match call_with(Call::ModuleLoad, image)? {
+        Reply::Module { handle } => {
+            handles::record(Kind::Module, handle, &Owner::in_context(context::current()));
+            Ok(handle)
+        }
         other => Err(state::mismatch("cuModuleLoadData", &other)),
     }
 }
 
-fn load_library(bytes: Vec<u8>) -> Result<u64, CUresult> {
-    match call(Call::LibraryLoad {
-        image: Payload::Inline(bytes),
-    })? {
-        Reply::Library { handle } => Ok(handle),
+fn load_library(image: &[u8]) -> Result<u64, CUresult> {
+    match call_with(Call::LibraryLoad, image)? {
+        Reply::Library { handle } => {
+            handles::record(Kind::Library, handle, &Owner::default());
+            Ok(handle)
+        }
         other => Err(state::mismatch("cuLibraryLoadData", &other)),
     }
 }
 
-/// Copies the image at `image` (a fatbin wrapper is followed to its fatbin).
-unsafe fn image_bytes(image: *const c_void) -> Result<Vec<u8>, CUresult> {
-    // SAFETY: the application passed a module image, as cuModuleLoadData requires.
+/// The bytes of the image at `image` (a fatbin wrapper is followed to its fatbin), sized on the client.
+///
+/// # Safety
+/// `image` is a module image as `cuModuleLoadData` requires; the slice is used before the call returns.
+unsafe fn image_bytes<'a>(image: *const c_void) -> Result<&'a [u8], CUresult> {
+    // SAFETY: the application passed a module image, as cuModuleLoadData requires; its extent is what
+    // its headers (or the PTX text's NUL) say.
     unsafe {
         let start = image::unwrap_fatbin_wrapper(image).map_err(bad_image)?;
         let len = image::image_size(start).map_err(bad_image)?;
-        Ok(std::slice::from_raw_parts(start.cast::<u8>(), len).to_vec())
+        Ok(std::slice::from_raw_parts(start.cast::<u8>(), len))
     }
 }
 
@@ -122,18 +130,30 @@ unsafe fn read_file(path: *const c_char) -> Result<Vec<u8>, CUresult> {
     })
 }
 
+/// Dead functions' layouts are dropped (a handle value may be reused for another function).
+pub fn forget_functions(died: &[(Kind, u64)]) {
+    with_caches(|c| {
+        for (kind, handle) in died {
+            if matches!(kind, Kind::Function | Kind::Kernel) {
+                c.functions.remove(handle);
+            }
+        }
+    });
+}
+
 fn cache_function(handle: u64, info: FunctionInfo) {
     with_caches(|c| c.functions.insert(handle, Arc::new(info)));
 }
 
 /// The layout of a launchable handle: a function, or a kernel (fetched once with `KernelGetFunction`).
 fn function_info(handle: u64) -> Result<Arc<FunctionInfo>, CUresult> {
+    // A dead or made-up handle is refused whatever the cache still holds.
+    handles::check(Kind::Function, handle)?;
     if let Some(info) = with_caches(|c| c.functions.get(&handle).cloned()) {
         return Ok(info);
     }
-    if !with_caches(|c| c.kernels.contains(&handle)) {
-        return Err(CUresult::INVALID_HANDLE);
-    }
+    // Only a kernel (from `cuLibraryGetKernel`) may be launched without its function fetched first.
+    handles::check(Kind::Kernel, handle)?;
     let (_, info) = kernel_get_function(handle)?;
     let info = Arc::new(info);
     with_caches(|c| c.functions.insert(handle, info.clone()));
@@ -148,15 +168,26 @@ pub(crate) fn max_threads_per_block(func: CUfunction) -> Result<i32, CUresult> {
         None => {
             let mut max = 0;
             // SAFETY: a valid out-pointer; forwarded as the listed call.
-            unsafe { fwd::cuFuncGetAttribute(&mut max, FUNC_MAX_THREADS_PER_BLOCK as i32, func) }?;
+            unsafe {
+                forward::cuFuncGetAttribute(&mut max, FUNC_MAX_THREADS_PER_BLOCK as i32, func)
+            }?;
             Ok(max)
         }
     }
 }
 
 fn kernel_get_function(kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
+    handles::check(Kind::Kernel, kernel)?;
     match call(Call::KernelGetFunction { kernel })? {
-        Reply::Function { handle, info } => Ok((handle, info)),
+        Reply::Function { handle, info } => {
+            let owner = Owner {
+                ctx: context::current(),
+                kernel: Some(kernel),
+                ..Owner::default()
+            };
+            handles::record(Kind::Function, handle, &owner);
+            Ok((handle, info))
+        }
         other => Err(state::mismatch("cuKernelGetFunction", &other)),
     }
 }
@@ -231,7 +262,7 @@ unsafe fn launch(
 ) -> Result<(), CUresult> {
     let session = state::session()?;
     let info = function_info(f as u64)?;
-    handles::check_stream(stream)?;
+    handles::check(Kind::Stream, stream as u64)?;
     if grid.contains(&0) || block.contains(&0) {
         return Err(CUresult::INVALID_VALUE);
     }
@@ -245,8 +276,8 @@ unsafe fn launch(
     }
     let dev = context::device_of(0).unwrap_or(0);
     for axis in 0..3 {
-        let limit = |base: i32| {
-            device::attribute(dev, base + axis as i32)
+        let limit = |base: u32| {
+            device::attribute(dev, base + axis as u32)
                 .ok()
                 .filter(|&v| v > 0)
         };
@@ -275,7 +306,7 @@ unsafe fn launch(
 
 /// Reads a `CUlaunchConfig` and refuses the attributes Gleam cannot honour (clusters).
 unsafe fn launch_ex(
-    config: *const LaunchConfig,
+    config: *const c_void,
     f: CUfunction,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
@@ -285,7 +316,7 @@ unsafe fn launch_ex(
         return Err(CUresult::INVALID_VALUE);
     }
     // SAFETY: a valid CUlaunchConfig, as the C API requires.
-    let c = unsafe { config.read_unaligned() };
+    let c = unsafe { config.cast::<LaunchConfig>().read_unaligned() };
     if c.num_attrs > 0 && c.attrs.is_null() {
         return Err(CUresult::INVALID_VALUE);
     }
@@ -313,7 +344,7 @@ unsafe fn launch_ex(
         }
     }
     let stream = if per_thread_stream {
-        per_thread(c.stream)
+        gleam_protocol::api::per_thread(c.stream)
     } else {
         c.stream
     };
@@ -352,158 +383,258 @@ pub struct LaunchAttribute {
     value: [u32; 16],
 }
 
-export! {
-    fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) {
-        if module.is_null() {
-            return Err(CUresult::INVALID_VALUE);
+pub unsafe fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> Result<(), CUresult> {
+    if module.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: a NUL-terminated path, as the C API requires.
+    let bytes = unsafe { read_file(fname)? };
+    let handle = load_module(&bytes)?;
+    // SAFETY: the caller's out-pointer, non-NULL.
+    unsafe { put(module, handle as CUmodule) }
+}
+
+pub unsafe fn cuModuleLoadData(
+    module: *mut CUmodule,
+    image: *const c_void,
+) -> Result<(), CUresult> {
+    // SAFETY: the application's image and out-pointer, as the C API requires.
+    unsafe { load_image(module, image) }
+}
+
+pub unsafe fn cuModuleLoadDataEx(
+    module: *mut CUmodule,
+    image: *const c_void,
+    num_options: u32,
+    options: *mut u32,
+    values: *mut *mut c_void,
+) -> Result<(), CUresult> {
+    // JIT options (log buffers, optimisation level) apply on the server's side; none is needed to
+    // load correctly, so they are not forwarded.
+    let _ = (num_options, options, values);
+    // SAFETY: as above.
+    unsafe { load_image(module, image) }
+}
+
+pub unsafe fn cuModuleLoadFatBinary(
+    module: *mut CUmodule,
+    fat_cubin: *const c_void,
+) -> Result<(), CUresult> {
+    // SAFETY: as above.
+    unsafe { load_image(module, fat_cubin) }
+}
+
+pub unsafe fn cuModuleGetFunction(
+    hfunc: *mut CUfunction,
+    hmod: CUmodule,
+    name: *const c_char,
+) -> Result<(), CUresult> {
+    if hfunc.is_null() || name.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    state::session()?;
+    let module = hmod as u64;
+    handles::check(Kind::Module, module)?;
+    // SAFETY: a NUL-terminated name, as the C API requires.
+    let name = unsafe { CStr::from_ptr(name) };
+    let name = name.to_str().map_err(|_| CUresult::NOT_FOUND)?.to_owned();
+    match call(Call::ModuleGetFunction { module, name })? {
+        Reply::Function { handle, info } => {
+            let owner = Owner {
+                ctx: handles::lock().module_context(module),
+                module: Some(module),
+                ..Owner::default()
+            };
+            handles::record(Kind::Function, handle, &owner);
+            cache_function(handle, info);
+            // SAFETY: the caller's out-pointer, non-NULL.
+            unsafe { put(hfunc, handle as CUfunction) }
         }
-        let bytes = read_file(fname)?;
-        put(module, load_module(bytes)? as CUmodule)
+        other => Err(state::mismatch("cuModuleGetFunction", &other)),
     }
+}
 
-    fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) {
-        load_image(module, image)
+pub unsafe fn cuModuleGetLoadingMode(mode: *mut u32) -> Result<(), CUresult> {
+    // CU_MODULE_LAZY_LOADING, the default of current drivers.
+    // SAFETY: the caller's out-pointer (NULL is refused).
+    unsafe { put(mode, 2) }
+}
+
+pub unsafe fn cuFuncGetAttribute(
+    value: *mut i32,
+    attrib: i32,
+    func: CUfunction,
+) -> Result<(), CUresult> {
+    if value.is_null() {
+        return Err(CUresult::INVALID_VALUE);
     }
-
-    fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, num_options: u32,
-                          options: *mut u32, values: *mut *mut c_void) {
-        // JIT options (log buffers, optimisation level) apply on the server's side; none is needed to
-        // load correctly, so they are not forwarded.
-        let _ = (num_options, options, values);
-        load_image(module, image)
+    let cached = with_caches(|c| c.functions.get(&(func as u64)).cloned());
+    let local = cached.and_then(|info| {
+        usize::try_from(attrib)
+            .ok()
+            .and_then(|i| info.attributes.get(i).copied())
+    });
+    match local {
+        // SAFETY: the caller's out-pointer, non-NULL.
+        Some(v) => unsafe { put(value, v) },
+        // SAFETY: forwarded under the same contract.
+        None => unsafe { forward::cuFuncGetAttribute(value, attrib, func) },
     }
+}
 
-    fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) {
-        load_image(module, fat_cubin)
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLibraryLoadData(
+    library: *mut CUlibrary,
+    code: *const c_void,
+    jit_options: *mut u32,
+    jit_values: *mut *mut c_void,
+    num_jit_options: u32,
+    library_options: *mut u32,
+    library_values: *mut *mut c_void,
+    num_library_options: u32,
+) -> Result<(), CUresult> {
+    let _ = (
+        jit_options,
+        jit_values,
+        num_jit_options,
+        library_options,
+        library_values,
+        num_library_options,
+    );
+    if library.is_null() {
+        return Err(CUresult::INVALID_VALUE);
     }
+    state::session()?;
+    // SAFETY: the application's image, as the C API requires.
+    let bytes = unsafe { image_bytes(code)? };
+    let handle = load_library(bytes)?;
+    // SAFETY: the caller's out-pointer, non-NULL.
+    unsafe { put(library, handle as CUlibrary) }
+}
 
-    fn cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) {
-        if hfunc.is_null() || name.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        state::session()?;
-        let name = CStr::from_ptr(name).to_str().map_err(|_| CUresult::NOT_FOUND)?.to_owned();
-        match call(Call::ModuleGetFunction { module: hmod as u64, name })? {
-            Reply::Function { handle, info } => {
-                cache_function(handle, info);
-                put(hfunc, handle as CUfunction)
-            }
-            other => Err(state::mismatch("cuModuleGetFunction", &other)),
-        }
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLibraryLoadFromFile(
+    library: *mut CUlibrary,
+    file_name: *const c_char,
+    jit_options: *mut u32,
+    jit_values: *mut *mut c_void,
+    num_jit_options: u32,
+    library_options: *mut u32,
+    library_values: *mut *mut c_void,
+    num_library_options: u32,
+) -> Result<(), CUresult> {
+    let _ = (
+        jit_options,
+        jit_values,
+        num_jit_options,
+        library_options,
+        library_values,
+        num_library_options,
+    );
+    if library.is_null() {
+        return Err(CUresult::INVALID_VALUE);
     }
+    state::session()?;
+    // SAFETY: a NUL-terminated path, as the C API requires.
+    let bytes = unsafe { read_file(file_name)? };
+    let handle = load_library(&bytes)?;
+    // SAFETY: the caller's out-pointer, non-NULL.
+    unsafe { put(library, handle as CUlibrary) }
+}
 
-    fn cuModuleGetLoadingMode(mode: *mut u32) {
-        // CU_MODULE_LAZY_LOADING, the default of current drivers.
-        put(mode, 2)
+pub unsafe fn cuKernelGetFunction(
+    pfunc: *mut CUfunction,
+    kernel: CUkernel,
+) -> Result<(), CUresult> {
+    if pfunc.is_null() {
+        return Err(CUresult::INVALID_VALUE);
     }
+    let (handle, info) = kernel_get_function(kernel as u64)?;
+    cache_function(handle, info);
+    // SAFETY: the caller's out-pointer, non-NULL.
+    unsafe { put(pfunc, handle as CUfunction) }
+}
 
-    fn cuFuncGetAttribute(value: *mut i32, attrib: i32, func: CUfunction) {
-        if value.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        let cached = with_caches(|c| c.functions.get(&(func as u64)).cloned());
-        let local = cached.and_then(|info| usize::try_from(attrib).ok().and_then(|i| info.attributes.get(i).copied()));
-        match local {
-            Some(v) => put(value, v),
-            None => fwd::cuFuncGetAttribute(value, attrib, func),
-        }
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLaunchKernel(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<(), CUresult> {
+    // SAFETY: the application's parameter arrays, as the C API requires.
+    unsafe {
+        launch(
+            f,
+            [gx, gy, gz],
+            [bx, by, bz],
+            shared_mem_bytes,
+            stream,
+            params,
+            extra,
+        )
     }
+}
 
-    fn cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void,
-                         jit_options: *mut u32, jit_values: *mut *mut c_void, num_jit_options: u32,
-                         library_options: *mut u32, library_values: *mut *mut c_void, num_library_options: u32) {
-        let _ = (jit_options, jit_values, num_jit_options, library_options, library_values, num_library_options);
-        if library.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        state::session()?;
-        let bytes = image_bytes(code)?;
-        put(library, load_library(bytes)? as CUlibrary)
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLaunchCooperativeKernel(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> Result<(), CUresult> {
+    let no_extra = std::ptr::null_mut();
+    // SAFETY: as above.
+    unsafe {
+        launch(
+            f,
+            [gx, gy, gz],
+            [bx, by, bz],
+            shared_mem_bytes,
+            stream,
+            params,
+            no_extra,
+        )
     }
+}
 
-    fn cuLibraryLoadFromFile(library: *mut CUlibrary, file_name: *const c_char,
-                             jit_options: *mut u32, jit_values: *mut *mut c_void, num_jit_options: u32,
-                             library_options: *mut u32, library_values: *mut *mut c_void, num_library_options: u32) {
-        let _ = (jit_options, jit_values, num_jit_options, library_options, library_values, num_library_options);
-        if library.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        state::session()?;
-        let bytes = read_file(file_name)?;
-        put(library, load_library(bytes)? as CUlibrary)
-    }
+pub unsafe fn cuLaunchKernelEx(
+    config: *const c_void,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<(), CUresult> {
+    // SAFETY: the application's launch configuration and parameters, as the C API requires.
+    unsafe { launch_ex(config, f, params, extra, false) }
+}
 
-    fn cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char) {
-        fwd::cuLibraryGetKernel(kernel, library, name)?;
-        let handle = *kernel as u64;
-        with_caches(|c| c.kernels.insert(handle));
-        Ok(())
-    }
+pub unsafe fn cuLaunchKernelEx_ptsz(
+    config: *const c_void,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<(), CUresult> {
+    // SAFETY: as above; the configuration's stream is the one mapped to the per-thread stream.
+    unsafe { launch_ex(config, f, params, extra, true) }
+}
 
-    fn cuKernelGetFunction(pfunc: *mut CUfunction, kernel: CUkernel) {
-        if pfunc.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        let (handle, info) = kernel_get_function(kernel as u64)?;
-        cache_function(handle, info);
-        put(pfunc, handle as CUfunction)
-    }
-
-    fn cuLaunchKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-                      shared_mem_bytes: u32, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch(f, [gx, gy, gz], [bx, by, bz], shared_mem_bytes, stream, params, extra)
-    }
-
-    fn cuLaunchKernel_ptsz(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-                           shared_mem_bytes: u32, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch(f, [gx, gy, gz], [bx, by, bz], shared_mem_bytes, per_thread(stream), params, extra)
-    }
-
-    fn cuLaunchCooperativeKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-                                 shared_mem_bytes: u32, stream: CUstream, params: *mut *mut c_void) {
-        launch(f, [gx, gy, gz], [bx, by, bz], shared_mem_bytes, stream, params, std::ptr::null_mut())
-    }
-
-    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-                                      shared_mem_bytes: u32, stream: CUstream, params: *mut *mut c_void) {
-        launch(f, [gx, gy, gz], [bx, by, bz], shared_mem_bytes, per_thread(stream), params, std::ptr::null_mut())
-    }
-
-    fn cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch_ex(config, f, params, extra, false)
-    }
-
-    fn cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch_ex(config, f, params, extra, true)
-    }
-
-    fn cuStreamIsCapturing(stream: CUstream, status: *mut u32) {
-        let _ = stream;
-        state::session()?;
-        // Capture is not forwarded yet, so no stream is ever capturing (CU_STREAM_CAPTURE_STATUS_NONE).
-        put(status, 0)
-    }
-
-    fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut u32) {
-        let _ = stream;
-        state::session()?;
-        put(status, 0)
-    }
-
-    fn cuStreamSynchronize_ptsz(stream: CUstream) {
-        fwd::cuStreamSynchronize(per_thread(stream))
-    }
-
-    fn cuStreamQuery_ptsz(stream: CUstream) {
-        fwd::cuStreamQuery(per_thread(stream))
-    }
-
-    fn cuStreamGetPriority_ptsz(stream: CUstream, priority: *mut i32) {
-        fwd::cuStreamGetPriority(per_thread(stream), priority)
-    }
-
-    fn cuStreamGetFlags_ptsz(stream: CUstream, flags: *mut u32) {
-        fwd::cuStreamGetFlags(per_thread(stream), flags)
-    }
-
+pub unsafe fn cuStreamIsCapturing(stream: CUstream, status: *mut u32) -> Result<(), CUresult> {
+    let _ = stream;
+    state::session()?;
+    // Capture is not forwarded yet, so no stream is ever capturing (CU_STREAM_CAPTURE_STATUS_NONE).
+    // SAFETY: the caller's out-pointer (NULL is refused).
+    unsafe { put(status, 0) }
 }

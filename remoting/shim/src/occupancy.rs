@@ -6,39 +6,72 @@
 //! (`cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`); the size with the most resident threads per
 //! multiprocessor wins, the largest on ties, as CUDA's own helper chooses.
 
+use std::ffi::c_void;
+
 use gleam_protocol::types::{CUfunction, CUresult};
 
-use crate::generated::fwd;
-use crate::{context, device, export, module, put};
+use crate::{context, device, forward, module, put};
 
 /// `CUoccupancyB2DSize`: dynamic shared memory bytes for a block size.
 type BlockSizeToSmem = Option<unsafe extern "C" fn(block_size: i32) -> usize>;
 
-const DEVICE_WARP_SIZE: i32 = 10;
-const DEVICE_MULTIPROCESSOR_COUNT: i32 = 16;
+/// The application's `CUoccupancyB2DSize` (a C function pointer, or NULL).
+///
+/// # Safety
+/// `callback` is NULL or a function with `CUoccupancyB2DSize`'s signature.
+unsafe fn block_size_to_smem(callback: *mut c_void) -> BlockSizeToSmem {
+    // SAFETY: a nullable C function pointer has the layout of `Option<fn>` (NULL is `None`); the caller
+    // vouches for the signature.
+    unsafe { std::mem::transmute::<*mut c_void, BlockSizeToSmem>(callback) }
+}
 
-export! {
-    fn cuOccupancyMaxPotentialBlockSize(
-        min_grid_size: *mut i32,
-        block_size: *mut i32,
-        func: CUfunction,
-        smem_of: BlockSizeToSmem,
-        dynamic_smem: usize,
-        block_size_limit: i32,
-    ) {
-        potential_block_size(min_grid_size, block_size, func, smem_of, dynamic_smem, block_size_limit, 0)
+const DEVICE_WARP_SIZE: u32 = 10;
+const DEVICE_MULTIPROCESSOR_COUNT: u32 = 16;
+
+pub unsafe fn cuOccupancyMaxPotentialBlockSize(
+    min_grid_size: *mut i32,
+    block_size: *mut i32,
+    func: CUfunction,
+    smem_of: *mut c_void,
+    dynamic_smem: usize,
+    block_size_limit: i32,
+) -> Result<(), CUresult> {
+    // SAFETY: the application's arguments, as the C API requires them.
+    unsafe {
+        let smem_of = block_size_to_smem(smem_of);
+        potential_block_size(
+            min_grid_size,
+            block_size,
+            func,
+            smem_of,
+            dynamic_smem,
+            block_size_limit,
+            0,
+        )
     }
+}
 
-    fn cuOccupancyMaxPotentialBlockSizeWithFlags(
-        min_grid_size: *mut i32,
-        block_size: *mut i32,
-        func: CUfunction,
-        smem_of: BlockSizeToSmem,
-        dynamic_smem: usize,
-        block_size_limit: i32,
-        flags: u32,
-    ) {
-        potential_block_size(min_grid_size, block_size, func, smem_of, dynamic_smem, block_size_limit, flags)
+pub unsafe fn cuOccupancyMaxPotentialBlockSizeWithFlags(
+    min_grid_size: *mut i32,
+    block_size: *mut i32,
+    func: CUfunction,
+    smem_of: *mut c_void,
+    dynamic_smem: usize,
+    block_size_limit: i32,
+    flags: u32,
+) -> Result<(), CUresult> {
+    // SAFETY: as above.
+    unsafe {
+        let smem_of = block_size_to_smem(smem_of);
+        potential_block_size(
+            min_grid_size,
+            block_size,
+            func,
+            smem_of,
+            dynamic_smem,
+            block_size_limit,
+            flags,
+        )
     }
 }
 
@@ -59,7 +92,7 @@ unsafe fn potential_block_size(
     let max_threads = module::max_threads_per_block(func)?;
     let mut dev = 0;
     // SAFETY: a valid out-pointer.
-    unsafe { context::cuCtxGetDevice(&mut dev) }.result()?;
+    unsafe { context::cuCtxGetDevice(&mut dev) }?;
     let warp = device::attribute(dev, DEVICE_WARP_SIZE)?.max(1);
     let sms = device::attribute(dev, DEVICE_MULTIPROCESSOR_COUNT)?;
 
@@ -82,7 +115,7 @@ unsafe fn potential_block_size(
         let mut blocks = 0;
         // SAFETY: a valid out-pointer; forwarded as the listed call.
         unsafe {
-            fwd::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+            forward::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
                 &mut blocks,
                 func,
                 candidate,

@@ -6,7 +6,7 @@
 //! breakpoint, holding until the next row of the same base and flags; symbol `-` = none yet) is generated
 //! from NVIDIA's driver on the GPU machine and compiled in. Without a table (a build before it existed),
 //! [`fallback`] answers: a rule plus the breakpoints known from public sources. The chosen symbol is then
-//! looked up among this library's own exports.
+//! looked up among this library's own exports ([`crate::exports::address`]).
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
@@ -14,10 +14,8 @@ use std::sync::OnceLock;
 
 use gleam_protocol::types::CUresult;
 
-use crate::{export, state};
+use crate::state;
 
-/// The exports of NVIDIA's 580 driver (the names this library exports).
-pub const EXPORTS: &str = include_str!("../libcuda-580-exports.txt");
 /// The generated table (empty until the GPU machine produced it).
 const TABLE: &str = include_str!(concat!(env!("OUT_DIR"), "/proc-table.tsv"));
 
@@ -26,7 +24,7 @@ const PER_THREAD: u64 = 2;
 
 /// `CUdriverProcAddressQueryResult`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(i32)]
+#[repr(u32)]
 pub enum Status {
     /// Found.
     Success = 0,
@@ -70,17 +68,9 @@ pub fn parse_table(text: &str) -> Rows {
     rows
 }
 
+/// Whether this library exports `name` (every export of NVIDIA's 580 driver).
 fn exported(name: &str) -> bool {
-    static NAMES: OnceLock<std::collections::HashSet<&'static str>> = OnceLock::new();
-    NAMES
-        .get_or_init(|| {
-            EXPORTS
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .collect()
-        })
-        .contains(name)
+    crate::exports::address(name).is_some()
 }
 
 /// The symbol for `base` at `version` with `flags`, from `rows` or else the fallback rule.
@@ -172,46 +162,17 @@ pub fn fallback(base: &str, version: i32, flags: u64) -> Result<String, Status> 
     Ok(chosen)
 }
 
-/// The address of this library's export `symbol`.
-fn resolve(symbol: &str) -> *mut c_void {
-    let Ok(name) = std::ffi::CString::new(symbol) else {
-        return std::ptr::null_mut();
-    };
-    // SAFETY: dlsym with a valid handle and a NUL-terminated name.
-    unsafe { libc::dlsym(self_handle(), name.as_ptr()) }
-}
-
-/// A `dlopen` handle of this very library (so its own exports are found, not another libcuda's); the
-/// process's global scope when linked statically into a program (tests).
-fn self_handle() -> *mut c_void {
-    static HANDLE: OnceLock<usize> = OnceLock::new();
-    *HANDLE.get_or_init(|| {
-        // SAFETY: dladdr on one of our own functions; dlopen with NOLOAD only returns an existing handle.
-        unsafe {
-            let mut info: libc::Dl_info = std::mem::zeroed();
-            let here = cuGetProcAddress_v2 as *const c_void;
-            if libc::dladdr(here, &mut info) != 0 && !info.dli_fname.is_null() {
-                let handle = libc::dlopen(info.dli_fname, libc::RTLD_LAZY | libc::RTLD_NOLOAD);
-                if !handle.is_null() {
-                    return handle as usize;
-                }
-            }
-            libc::RTLD_DEFAULT as usize
-        }
-    }) as *mut c_void
-}
-
 unsafe fn get_proc_address(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: i32,
     flags: u64,
-    status: *mut i32,
+    status: *mut u32,
 ) -> Result<(), CUresult> {
     let report = |s: Status| {
         if !status.is_null() {
             // SAFETY: the caller's symbolStatus out-pointer.
-            unsafe { status.write(s as i32) };
+            unsafe { status.write(s as u32) };
         }
     };
     let name = if symbol.is_null() {
@@ -224,14 +185,8 @@ unsafe fn get_proc_address(
         report(Status::SymbolNotFound);
         return Err(CUresult::NOT_FOUND);
     }
-    let found = select(table(), name, version, flags).and_then(|symbol| {
-        let address = resolve(&symbol);
-        if address.is_null() {
-            Err(Status::SymbolNotFound)
-        } else {
-            Ok(address)
-        }
-    });
+    let found = select(table(), name, version, flags)
+        .and_then(|symbol| crate::exports::address(&symbol).ok_or(Status::SymbolNotFound));
     match found {
         Ok(address) => {
             // SAFETY: checked non-NULL above.
@@ -249,17 +204,27 @@ unsafe fn get_proc_address(
     }
 }
 
-export! {
-    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: i32, flags: u64) {
-        state::init_logging();
-        get_proc_address(symbol, pfn, cuda_version, flags, std::ptr::null_mut())
-    }
+pub unsafe fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+) -> Result<(), CUresult> {
+    state::init_logging();
+    // SAFETY: the caller's arguments, as the C API requires them.
+    unsafe { get_proc_address(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
+}
 
-    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: i32, flags: u64,
-                           status: *mut i32) {
-        state::init_logging();
-        get_proc_address(symbol, pfn, cuda_version, flags, status)
-    }
+pub unsafe fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+    status: *mut u32,
+) -> Result<(), CUresult> {
+    state::init_logging();
+    // SAFETY: as above.
+    unsafe { get_proc_address(symbol, pfn, cuda_version, flags, status) }
 }
 
 #[cfg(test)]

@@ -3,9 +3,9 @@
 
 use gleam_emu::{EmuBackend, EmuConfig};
 use gleam_protocol::api::args;
-use gleam_server::backend::{ApiBackend, Backend};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{FunctionInfo, Launch};
+use gleam_server::backend::{ApiBackend, Backend};
 
 /// Hand-written PTX in nvcc's style (sm_75, ISA 8.0).
 pub const PTX: &str = r#"
