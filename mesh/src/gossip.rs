@@ -618,7 +618,7 @@ mod tests {
         while now < healed + Duration::from_secs(10) {
             now += Duration::from_millis(250);
             sim.run_until(now);
-            if (now - healed).as_millis() % 1000 == 0 {
+            if (now - healed).as_millis().is_multiple_of(1000) {
                 reannounce_over_links(&mut sim, 3);
                 for i in 1..=3 {
                     sim.publish(i, 2);
