@@ -139,9 +139,26 @@ pub const SYSTEM_SOCKET: &str = "/run/gleam/daemon.sock";
 /// that exists, else `preferred` (so the error names the place the user expects).
 pub fn socket_or_system(preferred: PathBuf) -> PathBuf {
     let system = Path::new(SYSTEM_SOCKET);
-    match preferred.exists() || !system.exists() {
+    // A socket we may not even look at is still the one to name: the error then says why.
+    let system_there = match std::fs::metadata(system) {
+        Ok(_) => true,
+        Err(err) => err.kind() == std::io::ErrorKind::PermissionDenied,
+    };
+    match preferred.exists() || !system_there {
         true => preferred,
         false => system.to_owned(),
+    }
+}
+
+/// What to do about a failed connection to the daemon's socket.
+fn connect_hint(path: &Path, err: &std::io::Error) -> &'static str {
+    match err.kind() {
+        std::io::ErrorKind::PermissionDenied if path.starts_with("/run/gleam") => {
+            "; the system service's socket is for group `gleam`: `sudo usermod -aG gleam $USER`, then log \
+             in again"
+        }
+        std::io::ErrorKind::PermissionDenied => "",
+        _ => " (is `gleam peer` running?)",
     }
 }
 
@@ -195,7 +212,7 @@ pub enum ControlError {
     #[error("the daemon closed the connection without answering")]
     Closed,
     /// No daemon listens on the socket.
-    #[error("cannot reach the Gleam daemon at {} (is `gleam peer` running?)", path.display())]
+    #[error("cannot reach the Gleam daemon at {}{}", path.display(), connect_hint(path, source))]
     Connect {
         path: PathBuf,
         source: std::io::Error,

@@ -1647,12 +1647,16 @@ fn canonical(addr: SocketAddr) -> SocketAddr {
     }
 }
 
+/// This host's name (`gethostname`, which needs no /proc: services may run with a restricted one).
 fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
-        .ok()
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "unknown".into())
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for its length; gethostname writes at most that many bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let len = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    match rc == 0 && len > 0 {
+        true => String::from_utf8_lossy(&buf[..len]).into_owned(),
+        false => "unknown".into(),
+    }
 }
 
 fn seed_bytes(id: PeerId) -> [u8; 8] {
