@@ -236,20 +236,25 @@ impl Prober {
 
     /// A probe ended (`None`: it failed after `cost`); charges its cost and updates the estimate.
     ///
-    /// The cost is the time the probe took, or the time its whole size takes at the rate it measured
-    /// when that is longer (bytes the receiver stopped still crossed the link).
+    /// The cost is the link time the probe took: its duration, or its whole size at the rate it measured
+    /// when that is longer (bytes the receiver stopped may still have been queued), with the headers
+    /// and ACKs that came with it.
     pub fn on_probe_done(&mut self, now: Instant, report: Option<ProbeReport>, cost: Duration) {
         self.refill(now);
         self.in_flight = false;
         self.due = now + self.interval;
+        // A probe the receiver stopped still had bytes queued at the bottleneck: count the whole probe
+        // at the rate it measured, but no more than half again its span (the sender resets the rest).
         let airtime = report
             .filter(|report| report.timed >= MIN_TIMED && report.timed_bytes > 0)
             .map_or(Duration::ZERO, |report| {
-                report
+                let whole = report
                     .timed
-                    .mul_f64(f64::from(self.last_size) / report.timed_bytes as f64)
+                    .mul_f64(f64::from(self.last_size) / report.timed_bytes as f64);
+                whole.min(cost.mul_f64(1.5))
             });
-        self.credit_us -= cost.max(airtime).as_micros().min(i64::MAX as u128) as i64;
+        let charged = cost.max(airtime).mul_f64(WIRE_OVERHEAD);
+        self.credit_us -= charged.as_micros().min(i64::MAX as u128) as i64;
         let Some(report) = report else { return };
         let sample = match report.timed {
             timed if timed >= MIN_TIMED && report.timed_bytes > 0 => Estimate {
@@ -366,6 +371,10 @@ pub enum ProbeError {
     #[error("probe: writing the stream failed")]
     Write(#[from] quinn::WriteError),
 }
+
+/// Bytes on the wire per probe byte: QUIC, UDP, IP and Ethernet headers on ~1200-byte packets, and the
+/// ACKs coming back.
+const WIRE_OVERHEAD: f64 = 1.1;
 
 /// The receiver's timing is trusted only when it spans at least this long (scheduling noise is
 /// tens of microseconds).
@@ -540,12 +549,17 @@ mod tests {
         let (_, _) = simulate(&mut prober, t0, at, 2, 20_000_000);
         let bps = prober.bandwidth_bps().unwrap();
         assert!((15_000_000..25_000_000).contains(&bps), "{bps}");
-        // And back up: the 100 ms the slow probe cost is paid back first (5 s at 2 %).
+        // And back up: once the ~160 ms of link time the cut probe cost is paid back (8 s at 2 %), a
+        // first quick probe shows "much faster" (a lower bound), the next ones time it properly.
+        let back = at + Duration::from_secs(2);
+        let (_, _) = simulate(&mut prober, t0, back, 9, 1_000_000_000);
+        let bps = prober.bandwidth_bps().unwrap();
+        assert!(bps > 100_000_000, "{bps}");
         let (_, _) = simulate(
             &mut prober,
             t0,
-            at + Duration::from_secs(2),
-            6,
+            back + Duration::from_secs(9),
+            3,
             1_000_000_000,
         );
         let bps = prober.bandwidth_bps().unwrap();
