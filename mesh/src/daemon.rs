@@ -45,6 +45,7 @@ use crate::select::{self, Candidate};
 use crate::state::{
     CacheDigest, GpuSummary, LinkQuality, LinkReport, Load, MeshView, PROTOCOL_VERSION, PeerState,
 };
+use gleam_auth::Chain;
 use gleam_auth::dial::{self, Pace};
 use gleam_auth::identity::{Identity, MeshSecret, PeerId};
 use gleam_auth::proof::{AuthError, authenticate_as_client, authenticate_as_server};
@@ -469,7 +470,7 @@ impl Actor {
         }
         info!("leaving the mesh");
         if let Err(err) = self.gossip.leave() {
-            debug!(%err, "leave");
+            debug!(error = %Chain(&err), "leave");
         }
         self.drain_gossip();
         // Give the leave packets a moment to go out before closing.
@@ -564,7 +565,7 @@ impl Actor {
                     .get(&peer)
                     .is_some_and(|link| link.conn.stable_id() == stable_id);
                 if current && let Err(err) = self.gossip.handle_data_from(peer, &data) {
-                    debug!(%err, "dropping a gossip packet");
+                    debug!(error = %Chain(&err), "dropping a gossip packet");
                 }
             }
             Event::Probed {
@@ -581,7 +582,7 @@ impl Actor {
             }
             Event::Timer(timer) => {
                 if let Err(err) = self.gossip.handle_timer(timer) {
-                    debug!(%err, "gossip timer");
+                    debug!(error = %Chain(&err), "gossip timer");
                 }
             }
         }
@@ -603,7 +604,7 @@ impl Actor {
         if due {
             self.last_publish = Some(now);
             if let Err(err) = self.gossip.publish(&self.own) {
-                warn!(%err, "cannot publish our state");
+                warn!(error = %Chain(&err), "cannot publish our state");
             }
         }
         for peer in self.view.expire(now) {
@@ -623,7 +624,7 @@ impl Actor {
                 match self.gossip.announce_if_absent(*peer) {
                     Ok(true) => debug!(%peer, "linked but not a member: announcing"),
                     Ok(false) => {}
-                    Err(err) => debug!(%err, "announce"),
+                    Err(err) => debug!(error = %Chain(&err), "announce"),
                 }
             }
         }
@@ -815,7 +816,7 @@ impl Actor {
         let config = match tls::client_config(&self.identity, peer, ALPN_MESH) {
             Ok(config) => config,
             Err(err) => {
-                warn!(%err, "cannot build a client config");
+                warn!(error = %Chain(&err), "cannot build a client config");
                 return;
             }
         };
@@ -833,7 +834,7 @@ impl Actor {
             };
             let outcome = match dial::dial(&endpoint, &config, peer, &addrs, pace).await {
                 Err(err) => {
-                    debug!(%peer, %err, "dial failed");
+                    debug!(%peer, error = %Chain(&err), "dial failed");
                     DialOutcome::Failed
                 }
                 Ok(dialed) => match authenticate_as_client(&dialed.conn, &secret).await {
@@ -849,14 +850,14 @@ impl Actor {
                         let addr = display_addr(&dialed.addr);
                         // A device of another mesh on the LAN: say so once, not every retry.
                         if refusals.should_warn(peer, Instant::now()) {
-                            warn!(%peer, %addr, %err, "cannot join this peer (it is in another mesh); retrying rarely");
+                            warn!(%peer, %addr, error = %Chain(&err), "cannot join this peer (it is in another mesh); retrying rarely");
                         } else {
-                            debug!(%peer, %addr, %err, "cannot join this peer");
+                            debug!(%peer, %addr, error = %Chain(&err), "cannot join this peer");
                         }
                         DialOutcome::Refused
                     }
                     Err(err) => {
-                        debug!(%peer, %err, "authentication failed");
+                        debug!(%peer, error = %Chain(&err), "authentication failed");
                         DialOutcome::Failed
                     }
                 },
@@ -954,7 +955,7 @@ impl Actor {
                 .close(CLOSE_DUPLICATE, b"replaced by a newer mesh link");
         }
         if let Err(err) = self.gossip.announce(peer) {
-            debug!(%err, "announce");
+            debug!(error = %Chain(&err), "announce");
         }
         self.last_publish = None;
     }
@@ -1130,7 +1131,7 @@ impl Actor {
                 let report = match result {
                     Ok(Ok(report)) => Some(report),
                     Ok(Err(err)) => {
-                        debug!(%peer, %err, "probe failed");
+                        debug!(%peer, error = %Chain(&err), "probe failed");
                         None
                     }
                     Err(_) => {
@@ -1382,7 +1383,7 @@ async fn accept_loop(
             let conn = match tokio::time::timeout(HANDSHAKE_TIMEOUT, incoming).await {
                 Ok(Ok(conn)) => conn,
                 Ok(Err(err)) => {
-                    info!(remote = %display_addr(&remote), %err, "handshake failed");
+                    info!(remote = %display_addr(&remote), error = %Chain(&err), "handshake failed");
                     return;
                 }
                 Err(_) => {
@@ -1403,9 +1404,11 @@ async fn accept_loop(
                     // Another mesh's device on the LAN keeps trying: say so once, then quietly.
                     match who {
                         Some(peer) if refusals.should_warn(peer, Instant::now()) => {
-                            warn!(%peer, remote = %display_addr(&remote), error = %err, "refusing peer");
+                            warn!(%peer, remote = %display_addr(&remote), error = %Chain(&err), "refusing peer");
                         }
-                        _ => debug!(remote = %display_addr(&remote), error = %err, "refusing peer"),
+                        _ => {
+                            debug!(remote = %display_addr(&remote), error = %Chain(&err), "refusing peer")
+                        }
                     }
                     return;
                 }
@@ -1532,7 +1535,7 @@ fn spawn_link_readers(conn: quinn::Connection, peer: PeerId, events: mpsc::Unbou
                             message,
                         },
                         Err(err) => {
-                            debug!(%peer, %err, "malformed link message");
+                            debug!(%peer, error = %Chain(&err), "malformed link message");
                             return;
                         }
                     },
@@ -1552,7 +1555,7 @@ fn spawn_link_readers(conn: quinn::Connection, peer: PeerId, events: mpsc::Unbou
                 match kind[0] {
                     STREAM_PROBE => {
                         if let Err(err) = probe::serve_probe(send, recv).await {
-                            debug!(%peer, %err, "serving a probe");
+                            debug!(%peer, error = %Chain(&err), "serving a probe");
                         }
                     }
                     STREAM_ECHO => {
@@ -1599,7 +1602,7 @@ async fn control_loop(listener: UnixListener, events: mpsc::UnboundedSender<Even
         let events = events.clone();
         tokio::spawn(async move {
             if let Err(err) = serve_control(stream, events).await {
-                debug!(%err, "control request");
+                debug!(error = %Chain(&err), "control request");
             }
         });
     }

@@ -243,16 +243,16 @@ impl std::fmt::Debug for Gossip {
 #[non_exhaustive]
 pub enum GossipError {
     /// A packet did not decode.
-    #[error("malformed gossip packet: {0}")]
+    #[error("malformed gossip packet")]
     Decode(#[source] postcard::Error),
     /// A packet on the link to one peer claimed to come from another.
     #[error("gossip packet on the link to {link} claims to come from {claimed}")]
     Spoofed { claimed: PeerId, link: PeerId },
     /// Our own state could not be encoded.
-    #[error("cannot encode peer state: {0}")]
+    #[error("cannot encode peer state")]
     Encode(#[source] postcard::Error),
     /// foca refused the input.
-    #[error("gossip: {0}")]
+    #[error("gossip state machine refused the input")]
     Foca(#[from] foca::Error),
 }
 

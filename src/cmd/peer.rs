@@ -89,7 +89,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let device: Arc<dyn DeviceInfo> = match BlobStore::open(dir.join("cache"), CACHE_BUDGET) {
         Ok(store) => Arc::new(WithCache::new(device, store)),
         Err(err) => {
-            warn!("content cache unavailable, advertising none: {err}");
+            warn!(
+                "content cache unavailable, advertising none: {}",
+                gleam_auth::Chain(&err)
+            );
             device
         }
     };
@@ -176,7 +179,7 @@ impl DeviceInfo for WithCache {
                 }
             }
             Err(err) => {
-                debug!("cannot read the content cache: {err}");
+                debug!("cannot read the content cache: {}", gleam_auth::Chain(&err));
                 CacheDigest::default()
             }
         };
@@ -244,7 +247,7 @@ impl DeviceInfo for EmulatedDevice {
         // Reading /proc/loadavg is cheap enough for the daemon's loop; a 1-minute average changes
         // slowly, so a failure (not Linux) just reports an idle device.
         let utilization = self.cpu.utilization().unwrap_or_else(|err| {
-            debug!(%err, "host CPU load");
+            debug!(error = %gleam_auth::Chain(&err), "host CPU load");
             0.0
         });
         DeviceLoad {
@@ -286,7 +289,7 @@ impl RealDevice {
                     info!(count = gpus.len(), "GPU facts from NVML");
                 }
                 let load = LoadSampler::spawn(SAMPLE_PERIOD, move || nvml.sample())
-                    .inspect_err(|err| warn!(%err, "GPU load will not be reported"))
+                    .inspect_err(|err| warn!(error = %gleam_auth::Chain(err), "GPU load will not be reported"))
                     .ok();
                 Self { gpus, load }
             }
@@ -294,7 +297,7 @@ impl RealDevice {
             Err(nvml_err) => match gleam_facts::driver_gpus() {
                 Ok(gpus) => {
                     warn!(
-                        %nvml_err,
+                        nvml_err = %gleam_auth::Chain(&nvml_err),
                         count = gpus.len(),
                         "GPU facts from the CUDA driver instead; GPU utilization and free memory \
                          will not be reported"
@@ -303,8 +306,8 @@ impl RealDevice {
                 }
                 Err(driver_err) => {
                     warn!(
-                        %nvml_err,
-                        %driver_err,
+                        nvml_err = %gleam_auth::Chain(&nvml_err),
+                        driver_err = %gleam_auth::Chain(&driver_err),
                         "no GPU facts: advertising no GPUs, and no GPU load"
                     );
                     Self {

@@ -90,7 +90,7 @@ pub async fn dial(
                     Ok(done) => done,
                     // An attempt task cannot panic on its own; treat a cancelled one as failed.
                     Err(err) => {
-                        debug!(%peer, %err, "dial attempt ended abnormally");
+                        debug!(%peer, error = %crate::Chain(&err), "dial attempt ended abnormally");
                         continue;
                     }
                 };

@@ -384,7 +384,7 @@ pub enum ConfigDirError {
 #[non_exhaustive]
 pub enum IdentityError {
     /// The certificate could not be made (or a fresh key generated).
-    #[error("cannot make the device certificate: {0}")]
+    #[error("cannot make the device certificate")]
     Certificate(#[source] rcgen::Error),
     /// The key file exists but is not a PKCS#8 PEM key rcgen understands.
     #[error("invalid identity key in {path} (move it away to make a new identity)")]
@@ -400,7 +400,7 @@ pub enum IdentityError {
     )]
     Missing { path: PathBuf },
     /// Our own certificate did not parse (a bug: rcgen and webpki disagree).
-    #[error("own certificate does not parse: {0}")]
+    #[error("own certificate does not parse (rcgen and webpki disagree)")]
     OwnCertificate(#[source] rustls::Error),
 }
 

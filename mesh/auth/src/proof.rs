@@ -51,7 +51,7 @@ pub async fn authenticate_as_server(
 #[non_exhaustive]
 pub enum AuthError {
     /// The connection failed for a reason other than authentication.
-    #[error("connection lost during authentication: {0}")]
+    #[error("connection lost during authentication")]
     ConnectionLost(#[source] ConnectionError),
     /// TLS keying material could not be exported (the handshake is not complete).
     #[error("cannot export TLS keying material")]

@@ -38,7 +38,7 @@ const UNKNOWN_MODEL: &str = "NVIDIA GPU";
 #[derive(Debug, thiserror::Error)]
 pub enum FactsError {
     /// NVML could not be loaded or initialised (no NVIDIA driver, or one without `libnvidia-ml.so.1`).
-    #[error("NVML (libnvidia-ml.so.1) unavailable: {0}")]
+    #[error("NVML (libnvidia-ml.so.1) unavailable")]
     NvmlInit(#[source] NvmlError),
     /// An NVML query failed.
     #[error("NVML {query} failed: {source}")]
@@ -68,7 +68,7 @@ pub enum FactsError {
     #[error("malformed /proc/loadavg: {0:?}")]
     LoadAvg(String),
     /// The background sampler thread could not be started.
-    #[error("starting the load sampler thread: {0}")]
+    #[error("cannot start the load sampler thread")]
     Thread(#[source] std::io::Error),
 }
 
@@ -328,6 +328,12 @@ impl LoadSampler {
 /// The host's CPU load, as the emulated device's utilization (its kernels run on these CPUs).
 pub struct HostCpu {
     cores: usize,
+}
+
+impl Default for HostCpu {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl HostCpu {
