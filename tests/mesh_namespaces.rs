@@ -777,6 +777,30 @@ fn a_peer_cut_off_comes_back_within_seconds_of_the_link_returning() {
         "came back only after {back:?}"
     );
 
+    // Throttled to a trickle until it is declared down (the field report: a 1 Mbit/s link full of
+    // probes), then the throttle goes: back within seconds.
+    lab.shape(2, "4kbit");
+    let throttled = Instant::now();
+    if wait_until_lists(&peers, &[0, 1], &rest, Duration::from_secs(15)).is_none() {
+        dump_logs(&peers);
+        panic!("the throttled peer was never declared down");
+    }
+    let dropped_after = throttled.elapsed();
+    lab.unshape(2);
+    let back = wait_until_lists(&peers, &[0, 1, 2], &all, Duration::from_secs(15));
+    let Some(back) = back else {
+        dump_logs(&peers);
+        panic!("the peer did not come back within 15 s of the throttle's removal");
+    };
+    eprintln!(
+        "throttled to 4 kbit/s: declared down after {dropped_after:?}; back in every list {back:?} after \
+         the throttle was removed"
+    );
+    assert!(
+        back <= Duration::from_secs(5),
+        "came back only after {back:?}"
+    );
+
     // A longer cut (6 s: its links time out after 5 s of silence): back within seconds too.
     lab.partition(2);
     let cut = Instant::now();
