@@ -330,6 +330,12 @@ pub struct HostCpu {
     cores: usize,
 }
 
+impl Default for HostCpu {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl HostCpu {
     const LOADAVG: &'static str = "/proc/loadavg";
 

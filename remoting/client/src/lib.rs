@@ -374,7 +374,7 @@ impl Client {
                 .map_err(|e| ClientError::Lost(e.to_string()))?;
             let mut reader = FrameReader::new();
             let frame: ReplyFrame = loop {
-                if let Some(frame) = reader.next().map_err(lost_frame)? {
+                if let Some(frame) = reader.next_frame().map_err(lost_frame)? {
                     break frame
                         .decode()
                         .map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -729,7 +729,7 @@ async fn reader(
 ) {
     let err = 'session: loop {
         loop {
-            let frame = match frames.next() {
+            let frame = match frames.next_frame() {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
                 Err(err) => break 'session ClientError::Protocol(err.to_string()),

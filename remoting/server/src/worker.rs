@@ -306,7 +306,7 @@ mod tests {
         let mut reader = FrameReader::new();
         reader.feed(out);
         let mut all = Vec::new();
-        while let Some(frame) = reader.next().unwrap() {
+        while let Some(frame) = reader.next_frame().unwrap() {
             all.push((frame.decode().unwrap(), frame.bulk.to_vec()));
         }
         assert!(!reader.is_mid_frame());
