@@ -108,7 +108,7 @@ async fn add_one_on_cuda_when_a_gpu_is_present() {
     match gleam_real::probe() {
         Ok(_) => add_one_on("cuda").await,
         Err(why) => {
-            eprintln!("no GPU here ({why}): the cuda backend is exercised on the GPU machine")
+            eprintln!("no GPU here ({why}): the cuda backend is exercised on the GPU machine");
         }
     }
 }

@@ -349,7 +349,10 @@ mod tests {
         huge_bulk.extend_from_slice(&u32::MAX.to_le_bytes());
         let mut reader = FrameReader::new();
         reader.feed(&huge_bulk);
-        assert!(matches!(reader.next_frame(), Err(FrameError::BulkTooLarge(_))));
+        assert!(matches!(
+            reader.next_frame(),
+            Err(FrameError::BulkTooLarge(_))
+        ));
         assert!(reader.buf.capacity() < 1 << 16, "nothing reserved for it");
         let mut scanner = Scanner::new();
         assert!(matches!(

@@ -117,7 +117,7 @@ fn readable_now(file: &std::fs::File) -> bool {
         revents: 0,
     };
     // SAFETY: one valid pollfd, a zero timeout; nothing is retained after the call.
-    let rc = unsafe { libc::poll(&mut pollfd, 1, 0) };
+    let rc = unsafe { libc::poll(&raw mut pollfd, 1, 0) };
     // On a poll failure, stop spinning and let the blocking read report whatever is wrong.
     rc != 0
 }
