@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use gleam_cache::{BlobStore, Codec, Compression, ContentId, Decoder, Encoded, Encoder, Manifest};
+use gleam_cache::{BlobStore, Codec, Compression, ContentId, Decoder, Encoder, Manifest};
 
 const MIB: usize = 1 << 20;
 
