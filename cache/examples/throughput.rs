@@ -19,7 +19,7 @@ fn main() {
     let len = mib * MIB;
     println!(
         "cores: {}",
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
     );
 
     let weights = fp16_weights(len / 2);

@@ -10,14 +10,19 @@ use std::thread;
 /// `f` applied to every item, on up to as many threads as there are cores; results in item order.
 pub(crate) fn map<I: Send, T: Send>(items: Vec<I>, f: impl Fn(I) -> T + Sync) -> Vec<T> {
     let threads = thread::available_parallelism()
-        .map_or(1, |n| n.get())
+        .map_or(1, std::num::NonZero::get)
         .min(items.len());
     if threads <= 1 {
         return items.into_iter().map(f).collect();
     }
     let n = items.len();
     let queue = Mutex::new(items.into_iter().enumerate());
-    let next = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+    let next = || {
+        queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .next()
+    };
     let mut done: Vec<(usize, T)> = thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {

@@ -103,7 +103,10 @@ impl StateFile {
 
     /// Waits for the lock.
     pub fn lock(&self) -> Result<Locked<'_>, CacheError> {
-        let file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let file = self
+            .file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         file.lock().map_err(CacheError::io("locking", &self.path))?;
         Ok(Locked {
             file,
