@@ -26,8 +26,9 @@ pub enum Command {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = args.config.path().join("cache");
-    match args.command {
+    let super::WithConfigDir { config, command } = args;
+    let dir = config.path().join("cache");
+    match command {
         Command::Stats { json } => {
             let stats = stats(&dir)?;
             if json {
