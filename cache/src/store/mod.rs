@@ -43,6 +43,14 @@ pub const DEFAULT_LIMIT: u64 = 64 << 30;
 /// * When a commit takes the store over its limit, the least recently used blobs (by file mtime,
 ///   which every read and re-put refreshes) are evicted until the store is back to 90% of the limit,
 ///   so that a full store does not rescan its directory on every commit.
+/// * A blob's data is synced before its rename, its directory entry is not: a power loss may forget
+///   the last blobs committed, never expose a torn one.
+/// * [`plan`](Self::plan) and [`contains`](Self::contains) are advisory: another process may evict
+///   a blob, or find it corrupt, between them and the read. Reads report that as a miss; a caller
+///   fetches what a read misses.
+///
+/// Costs measured on the 2-core development VM (the `throughput` example): a commit is dominated by
+/// its `fsync` (~4-5 ms on that disk), a read by BLAKE3 (~3-7 GB/s per core); opening is ~60 µs.
 #[derive(Debug)]
 pub struct BlobStore {
     root: PathBuf,
