@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install NVIDIA's CUDA 13.0 compiler (nvcc, cicc, ptxas, fatbinary, nvlink), the static CUDA runtime
-# (libcudart_static.a) and the runtime headers from PyPI, on a machine with no GPU and no driver.
+# (libcudart_static.a), the runtime headers and CCCL (needed by cuda_fp16.h and friends) from PyPI, on a machine with no GPU and no driver.
 # Idempotent: a complete install is reused. Prints the path of nvcc on its last line (stdout).
 #
 #   bash scripts/ci/install-cuda-toolchain.sh [DIR]
@@ -21,7 +21,8 @@ PYTHON=${PYTHON:-python3}
 complete() {
     [ -x "$CU/bin/nvcc" ] && [ -x "$CU/bin/ptxas" ] && [ -x "$CU/nvvm/bin/cicc" ] &&
         [ -f "$CU/lib/libcudart_static.a" ] && [ -f "$CU/include/cuda_runtime.h" ] &&
-        [ -f "$CU/include/crt/host_config.h" ] && [ -f "$DIR/.gleam-complete" ]
+        [ -f "$CU/include/crt/host_config.h" ] && [ -e "$CU/include/nv/target" ] &&
+        [ -f "$DIR/.gleam-complete-v2" ]
 }
 
 if ! complete; then
@@ -33,10 +34,10 @@ if ! complete; then
     "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
         --target "$STAGE" \
         "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-crt==13.0.*" \
-        "nvidia-nvvm==13.0.*" >&2
+        "nvidia-nvvm==13.0.*" "nvidia-cuda-cccl==13.0.*" >&2
     rm -rf "$DIR/nvidia"
     mv "$STAGE/nvidia" "$DIR/nvidia"
-    touch "$DIR/.gleam-complete"
+    touch "$DIR/.gleam-complete-v2"
     if ! complete; then
         echo "install-cuda-toolchain: the install in $DIR is incomplete (missing nvcc, cicc, ptxas or cudart)" >&2
         exit 1
