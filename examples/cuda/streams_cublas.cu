@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -44,6 +45,32 @@ static uint64_t fnv1a(const void *data, size_t n) {
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
     return h;
+}
+
+// With GLEAM_PRINT_MAPS=1: one "maps: PATH" line on stderr per mapped driver library (libcuda.so*,
+// libgleamcuda*, libnvidia-*), as the PyTorch examples print (scripts/gpu/compare-pytorch.sh checks them).
+static void print_driver_maps() {
+    const char *flag = std::getenv("GLEAM_PRINT_MAPS");
+    if (!flag || std::strcmp(flag, "1") != 0) return;
+    FILE *maps = std::fopen("/proc/self/maps", "r");
+    if (!maps) return;
+    char line[4096];
+    std::vector<std::string> seen;
+    while (std::fgets(line, sizeof line, maps)) {
+        char *path = std::strchr(line, '/');
+        if (!path) continue;
+        path[std::strcspn(path, "\n")] = 0;
+        const char *base = std::strrchr(path, '/') + 1;
+        bool driver = std::strncmp(base, "libcuda.so", 10) == 0 || std::strncmp(base, "libgleamcuda", 12) == 0 ||
+                      std::strncmp(base, "libnvidia-", 10) == 0;
+        bool known = false;
+        for (auto &s : seen) known |= s == path;
+        if (driver && !known) {
+            seen.emplace_back(path);
+            std::fprintf(stderr, "maps: %s\n", path);
+        }
+    }
+    std::fclose(maps);
 }
 
 // Column-major C = A * B, A is m x k, B is k x n, in double.
@@ -164,6 +191,7 @@ int main() {
     CUDA_OK(cudaFreeHost(pa));
     CUDA_OK(cudaFreeHost(pb));
     for (void *p : {(void *)da, (void *)db, (void *)dc, (void *)dah, (void *)dbh, (void *)dch}) CUDA_OK(cudaFree(p));
+    print_driver_maps();
     std::printf("%s streams_cublas\n", bad ? "FAIL" : "PASS");
     return bad ? 1 : 0;
 }
