@@ -85,6 +85,7 @@ static void reference(int m, int n, int k, const std::vector<float> &a, const st
 }
 
 int main() {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);  // results survive a crash in the driver's teardown
     const int m = 256, n = 192, k = 128, reps = 10;
     uint32_t state = 12345;
     std::vector<float> a(m * k), b(k * n);

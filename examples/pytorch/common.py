@@ -20,6 +20,8 @@ import time
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 STARTED = time.perf_counter()
+# Results survive a crash at exit (in the driver's teardown) even when stdout is a file.
+sys.stdout.reconfigure(line_buffering=True)
 # The driver (NVIDIA's libcuda.so.1 -> libcuda.so.580..., or Gleam's shim) and NVIDIA's helper libraries;
 # not the runtime (libcudart).
 DRIVER_LIBRARY = re.compile(r"^(libcuda\.so|libgleamcuda|libnvidia-)")

@@ -9,6 +9,8 @@
 #   bash scripts/gpu/build-carry.sh                       # on the development machine: .carry/{gleam,libgleamcuda.so}
 #   OUT=/some/folder bash scripts/gpu/compare-pytorch.sh  # on the GPU machine, carrying .carry
 #
+# Also runs the CI runtime-API programs (tests/cuda/*.cu, cases cuda_NAME), whose local output shows what
+# NVIDIA's driver answers to the error cases they check.
 # Env: CASES (space-separated case names, default all; see `cases` below), CARRY (default .carry),
 # RUN_TIMEOUT (s per run, default 300), LOCAL_RUNS (default 2), PYTHON (default python3).
 # $OUT afterwards: compare-pytorch.log (summary) and compare-pytorch.tgz (every output and log).
@@ -43,6 +45,11 @@ gpt2_fp16|PY examples/pytorch/gpt2.py --dtype fp16 --new-tokens 16
 item_latency|PY examples/pytorch/item_latency.py --n 1000
 streams_cublas|BIN/streams_cublas
 CASES
+    # The CI runtime-API programs: their local output is the ground truth for the error codes they check.
+    for src in tests/cuda/*.cu; do
+        n=$(basename "$src" .cu)
+        echo "cuda_$n|BIN/$n"
+    done
 }
 
 server_pid=""
@@ -72,6 +79,13 @@ if ! "$NVCC" -O2 -gencode arch=compute_90,code=[sm_90,compute_90] -o "$BIN/strea
         examples/cuda/streams_cublas.cu -L"$wheel/lib" -l:libcublas.so.13 -Xlinker -rpath="$wheel/lib" \
         >> "$LOGS/streams_cublas.build.log" 2>&1 || say "streams_cublas: did not build (see the tgz)"
 fi
+
+# The CI programs (tests/cuda), as CI builds them (PTX only: the driver JIT-compiles it) and natively.
+for src in tests/cuda/*.cu; do
+    n=$(basename "$src" .cu)
+    "$NVCC" -O2 -gencode arch=compute_75,code=compute_75 -o "$BIN/$n" "$src" > "$LOGS/$n.build.log" 2>&1 ||
+        say "$n: did not build (see the tgz)"
+done
 
 command_of() { # expands PY and BIN in a case's command
     local cmd=$1

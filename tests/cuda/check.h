@@ -6,6 +6,9 @@
 
 static int g_failures = 0;
 
+// Line-buffered stdout: a crash at exit (in the driver's teardown) must not swallow the results printed.
+static const int g_line_buffered = std::setvbuf(stdout, nullptr, _IOLBF, 0);
+
 // A CUDA call that must succeed.
 #define CUDA_OK(call)                                                                               \
     do {                                                                                            \
