@@ -12,7 +12,8 @@
 # Also runs the CI runtime-API programs (tests/cuda/*.cu, cases cuda_NAME), whose local output shows what
 # NVIDIA's driver answers to the error cases they check.
 # Env: CASES (space-separated case names, default all; see `cases` below), CARRY (default .carry),
-# RUN_TIMEOUT (s per run, default 300), LOCAL_RUNS (default 2), PYTHON (default python3).
+# RUN_TIMEOUT (s per run, default 300), LOCAL_RUNS (default 2), PYTHON (default python3),
+# BACKEND (default cuda; emu checks the script itself on a machine without a GPU).
 # $OUT afterwards: compare-pytorch.log (summary) and compare-pytorch.tgz (every output and log).
 # Exit 1 if any result differs from the local one, a run fails, or a Gleam run mapped NVIDIA's libcuda.
 set -u -o pipefail
@@ -20,6 +21,7 @@ set -u -o pipefail
 
 CARRY=${CARRY:-.carry}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
+BACKEND=${BACKEND:-cuda}
 LOCAL_RUNS=${LOCAL_RUNS:-2}
 PYTHON=${PYTHON:-python3}
 LOGS="$WORK/compare-pytorch"
@@ -83,7 +85,8 @@ fi
 # The CI programs (tests/cuda), as CI builds them (PTX only: the driver JIT-compiles it) and natively.
 for src in tests/cuda/*.cu; do
     n=$(basename "$src" .cu)
-    "$NVCC" -O2 -gencode arch=compute_75,code=compute_75 -o "$BIN/$n" "$src" > "$LOGS/$n.build.log" 2>&1 ||
+    "$NVCC" -O2 -gencode arch=compute_75,code=compute_75 -L"$CUDA_HOME/lib" -o "$BIN/$n" "$src" \
+        > "$LOGS/$n.build.log" 2>&1 ||
         say "$n: did not build (see the tgz)"
 done
 
@@ -124,7 +127,7 @@ if [ -x "$GLEAM" ] && [ -f "$(dirname "$GLEAM")/libgleamcuda.so" ]; then
     mkdir -p "$cfg"
     env -i PATH="$PATH" HOME="$HOME" "${KEEP_ENV[@]}" \
         ${SYSTEM_LD_LIBRARY_PATH:+LD_LIBRARY_PATH="$SYSTEM_LD_LIBRARY_PATH"} GLEAM_LOG="${GLEAM_LOG:-info}" \
-        "$GLEAM" serve 127.0.0.1:0 --backend cuda --config-dir "$cfg" > "$LOGS/serve.out" 2> "$LOGS/serve.err" &
+        "$GLEAM" serve 127.0.0.1:0 --backend "$BACKEND" --config-dir "$cfg" > "$LOGS/serve.out" 2> "$LOGS/serve.err" &
     server_pid=$!
     for _ in $(seq 1 300); do
         PEER=$(sed -n 's/^gleam serve: listening on \([^ ]*\) as \([^ ]*\).*/\2@\1/p' "$LOGS/serve.out" 2>/dev/null | head -n 1)
@@ -133,11 +136,11 @@ if [ -x "$GLEAM" ] && [ -f "$(dirname "$GLEAM")/libgleamcuda.so" ]; then
         sleep 0.1
     done
     if [ -z "$PEER" ]; then
-        say "gleam serve --backend cuda did not start:"
+        say "gleam serve --backend $BACKEND did not start:"
         tail -n 5 "$LOGS/serve.err" | sed 's/^/    /' | tee -a "$SUMMARY"
         problems=$((problems + 1))
     else
-        say "gleam serve --backend cuda: $PEER"
+        say "gleam serve --backend $BACKEND: $PEER"
     fi
 else
     say "warning: $CARRY/gleam or $CARRY/libgleamcuda.so missing: local runs only"
