@@ -16,8 +16,9 @@
 //! For remoting, the devices are the serving peer's (its UUIDs and PCI ids, fetched at init), while the
 //! addresses, pid and thread are the client process's own: the runtime hashes what it sees locally.
 //!
-//! `tools/gpu/integrity_probe.c` records NVIDIA's answers with every input; the fixture test below replays
-//! them through [`digest`].
+//! Wired into a scratch build of the shim, this digest was accepted by the CUDA 13.0 runtime (static and
+//! torch's dynamic one; `docs/pytorch-local.md`). `tools/gpu/integrity_probe.c` records NVIDIA's own answers
+//! with every input; the fixture test below replays them through [`digest`].
 
 /// One device as the hash sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
