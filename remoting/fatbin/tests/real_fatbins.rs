@@ -241,3 +241,47 @@ fn corrupted_real_fatbins_never_panic() {
         }
     }
 }
+
+/// An `-rdc` program: its wrapper (version 2) holds an empty fatbin of its own and, in the NULL-terminated
+/// prelinked list, one relocatable fatbin per object (PTX whose entry header is 96 bytes), which the driver
+/// links at load time. Built here in memory the way the registration code lays it out.
+#[test]
+fn version_2_wrapper_lists_the_objects_fatbins() {
+    let own: Vec<u8> = {
+        let mut v = Vec::new();
+        v.extend_from_slice(&gleam_fatbin::FATBIN_MAGIC.to_le_bytes());
+        v.extend_from_slice(&1u16.to_le_bytes());
+        v.extend_from_slice(&16u16.to_le_bytes());
+        v.extend_from_slice(&0u64.to_le_bytes());
+        v
+    };
+    let a = fixture("rdc_a.fatbin");
+    let b = fixture("rdc_b.fatbin");
+    let list: [*const u8; 3] = [a.as_ptr(), b.as_ptr(), std::ptr::null()];
+    let mut wrapper = Vec::new();
+    wrapper.extend_from_slice(&gleam_fatbin::FATBIN_WRAPPER_MAGIC.to_le_bytes());
+    wrapper.extend_from_slice(&2u32.to_le_bytes());
+    wrapper.extend_from_slice(&(own.as_ptr() as u64).to_le_bytes());
+    wrapper.extend_from_slice(&(list.as_ptr() as u64).to_le_bytes());
+    // SAFETY: the wrapper, the fatbins and the list are alive and laid out as the runtime lays them.
+    let read = unsafe { gleam_fatbin::read_wrapper(wrapper.as_ptr().cast()) }.unwrap();
+    assert_eq!(read.version, 2);
+    assert_eq!(read.prelinked.len(), 2);
+    assert!(Fatbin::parse(&own).unwrap().entries.is_empty());
+    let mut texts = Vec::new();
+    for (ptr, bytes) in read.prelinked.iter().zip([&a, &b]) {
+        assert_eq!(*ptr, bytes.as_ptr());
+        // SAFETY: points at a whole fatbin.
+        let size = unsafe { gleam_fatbin::image_size(ptr.cast()) }.unwrap();
+        assert_eq!(size, bytes.len());
+        let fatbin = Fatbin::parse(bytes).unwrap();
+        assert_eq!(fatbin.entries.len(), 1);
+        let entry = &fatbin.entries[0];
+        assert_eq!(entry.kind, EntryKind::Ptx);
+        assert_eq!(entry.raw.len(), 96 + entry.payload.len().div_ceil(8) * 8);
+        texts.push(ptx_text(&entry.decompressed(BUDGET).unwrap()).to_owned());
+    }
+    // The caller's object declares what the other defines: only linking both makes a module.
+    assert!(texts[0].contains(".extern .func") && texts[0].contains("helper"));
+    assert!(texts[1].contains(".visible .func") && texts[1].contains("helper"));
+}
