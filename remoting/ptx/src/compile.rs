@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use crate::ops::{self, AtomOp, CvtSpec, F1, F2, F3, F4, Rnd};
 use crate::parse::{Ast, Func, Instr, Operand, Stmt, Ty, VarDecl};
-use crate::{ExecError, GlobalVar, Kernel, Module, Param, StateSpace};
+use crate::{ExecError, GlobalVar, Kernel, Limits, Module, Param, ParseError, StateSpace};
 
 /// A register slot index.
 pub type R = u32;
@@ -275,15 +275,16 @@ pub struct Program {
     pub local_bytes: usize,
 }
 
-pub fn build_module(ast: &Ast) -> Module {
+pub fn build_module(ast: &Ast, limits: &Limits) -> Result<Module, ParseError> {
     let globals = ast
         .vars
         .iter()
         .filter(|v| v.space == "global" || v.space == "const")
         .map(|v| {
             let size = v.size.unwrap_or(0);
+            // Only the initialised prefix is stored (the parser dropped trailing zeros).
             let mut init = v.init.clone().unwrap_or_default();
-            init.resize(size, 0);
+            init.truncate(size);
             GlobalVar {
                 name: v.name.clone(),
                 space: if v.space == "const" {
@@ -297,13 +298,151 @@ pub fn build_module(ast: &Ast) -> Module {
             }
         })
         .collect();
-    let kernels = ast
-        .funcs
-        .iter()
-        .filter(|f| f.is_entry && f.body.is_some())
-        .map(|f| build_kernel(ast, f))
-        .collect();
-    Module { kernels, globals }
+    let inlined = Inlined::analyse(ast);
+    let mut total = 0u64;
+    let mut kernels = Vec::new();
+    let mut kernel_index = HashMap::new();
+    for (i, f) in ast.funcs.iter().enumerate() {
+        if !f.is_entry || f.body.is_none() {
+            continue;
+        }
+        let mut estimate = 0;
+        let program = match inlined.check(i, limits) {
+            Err(why) => Err(ExecError::Unsupported {
+                instruction: why,
+                line: f.line,
+            }),
+            Ok(cost) => {
+                estimate = cost as usize;
+                total = total.saturating_add(cost);
+                if total > limits.max_module_instructions as u64 {
+                    return Err(ParseError {
+                        line: f.line,
+                        expected: format!(
+                            "at most {} instructions after inlining in all kernels together \
+                             (Limits::max_module_instructions)",
+                            limits.max_module_instructions
+                        ),
+                        found: format!("{total} by kernel {}", f.name),
+                    });
+                }
+                Ok(())
+            }
+        };
+        kernel_index.insert(f.name.clone(), kernels.len());
+        kernels.push(build_kernel(ast, f, program, estimate, limits));
+    }
+    Ok(Module {
+        kernels,
+        kernel_index,
+        globals,
+    })
+}
+
+/// Deepest chain of nested calls the inliner accepts (deeper means recursion, in practice).
+const MAX_CALL_DEPTH: u32 = 16;
+
+/// What inlining each function would cost, found before inlining anything: per function, the
+/// instructions its body amounts to with every call expanded (saturating), and the deepest chain of
+/// calls below it (`u32::MAX` through recursion). Linear in the module's size whatever its call graph.
+struct Inlined {
+    cost: Vec<u64>,
+    depth: Vec<u32>,
+}
+
+impl Inlined {
+    fn analyse(ast: &Ast) -> Inlined {
+        let n = ast.funcs.len();
+        let mut own = vec![0u64; n];
+        let mut callees: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, f) in ast.funcs.iter().enumerate() {
+            for s in f.body.iter().flatten() {
+                own[i] = own[i].saturating_add(match s {
+                    // Each declared register is a slot and a scope entry to make.
+                    Stmt::Reg { names, .. } => names.len().max(1) as u64,
+                    Stmt::Instr(ins) if ins.opcode() == "call" => {
+                        if let Some(g) = call_target(ins).and_then(|t| ast.func_position(t))
+                            && ast.funcs[g].body.is_some()
+                        {
+                            callees[i].push(g);
+                        }
+                        // The call plus a spill per argument.
+                        1 + ins.operands.len() as u64
+                    }
+                    _ => 1,
+                });
+            }
+        }
+        let mut cost = vec![0u64; n];
+        let mut depth = vec![0u32; n];
+        // 0: not visited, 1: on the DFS stack, 2: done. Iterative: call chains can be arbitrarily long.
+        let mut state = vec![0u8; n];
+        let mut stack: Vec<(usize, usize)> = Vec::new();
+        for root in 0..n {
+            if state[root] != 0 {
+                continue;
+            }
+            state[root] = 1;
+            stack.push((root, 0));
+            while let Some((f, k)) = stack.last_mut() {
+                let f = *f;
+                if let Some(&g) = callees[f].get(*k) {
+                    *k += 1;
+                    if state[g] == 0 {
+                        state[g] = 1;
+                        stack.push((g, 0));
+                    }
+                    continue;
+                }
+                let mut c = own[f];
+                let mut d = 0u32;
+                for &g in &callees[f] {
+                    if state[g] == 2 {
+                        c = c.saturating_add(cost[g]);
+                        d = d.max(depth[g].saturating_add(1));
+                    } else {
+                        // `g` is still on the stack: `f` is part of a recursion.
+                        c = u64::MAX;
+                        d = u32::MAX;
+                    }
+                }
+                cost[f] = c;
+                depth[f] = d;
+                state[f] = 2;
+                stack.pop();
+            }
+        }
+        Inlined { cost, depth }
+    }
+
+    /// Function `i`'s instructions after inlining, or why it cannot be compiled.
+    fn check(&self, i: usize, limits: &Limits) -> Result<u64, String> {
+        if self.depth[i] > MAX_CALL_DEPTH {
+            return Err(format!(
+                "call depth over {MAX_CALL_DEPTH} (recursion is not supported)"
+            ));
+        }
+        let max = limits.max_kernel_instructions as u64;
+        if self.cost[i] > max {
+            return Err(format!(
+                "kernel of {} instructions after inlining (limit {max}, Limits::max_kernel_instructions)",
+                if self.cost[i] == u64::MAX {
+                    "over 2^64".to_string()
+                } else {
+                    self.cost[i].to_string()
+                }
+            ));
+        }
+        Ok(self.cost[i])
+    }
+}
+
+/// The callee named by a `call` (its first plain name operand), as `Cx::call` reads it.
+fn call_target(ins: &Instr) -> Option<&str> {
+    ins.operands.iter().find_map(|o| match o {
+        Operand::Reg(n) => Some(&**n),
+        _ => None,
+    })
 }
 
 fn align_up(v: usize, a: usize) -> usize {
@@ -311,7 +450,14 @@ fn align_up(v: usize, a: usize) -> usize {
     v.div_ceil(a) * a
 }
 
-fn build_kernel(ast: &Ast, f: &Func) -> Kernel {
+/// Compiles kernel `f`, unless `checked` says why not; `estimate` is its size after inlining.
+fn build_kernel(
+    ast: &Ast,
+    f: &Func,
+    checked: Result<(), ExecError>,
+    estimate: usize,
+    limits: &Limits,
+) -> Kernel {
     let mut params = Vec::new();
     let mut off = 0;
     for p in &f.params {
@@ -336,8 +482,12 @@ fn build_kernel(ast: &Ast, f: &Func) -> Kernel {
             _ => 0,
         })
         .sum();
-    let mut cx = Cx::new(ast);
-    let program = cx.kernel(f, &params);
+    let program = checked.and_then(|()| {
+        let mut cx = Cx::new(ast, limits);
+        // Sized once: the estimate bounds the instructions from above (give or take a few).
+        cx.code.reserve_exact(estimate + 1);
+        cx.kernel(f, &params)
+    });
     Kernel {
         name: f.name.clone(),
         param_bytes: off,
@@ -360,12 +510,15 @@ enum Sym {
 
 struct Cx<'a> {
     ast: &'a Ast,
+    /// Instructions the program may reach (a backstop behind the inlining estimate).
+    max_code: usize,
     code: Vec<Inst>,
     nregs: u32,
     consts: Vec<(R, ConstVal)>,
     const_map: HashMap<ConstKey, R>,
     specials: Vec<(R, Special)>,
     global_syms: Vec<String>,
+    global_idx: HashMap<String, usize>,
     shared: HashMap<String, u64>,
     shared_bytes: usize,
     local_bytes: usize,
@@ -387,11 +540,7 @@ enum ConstKey {
 }
 
 fn unsupported(ins: &Instr, why: &str) -> ExecError {
-    let mut text = ins.opcode.clone();
-    for m in &ins.mods {
-        text.push('.');
-        text.push_str(m);
-    }
+    let mut text = ins.text.to_string();
     if !why.is_empty() {
         text.push_str(" (");
         text.push_str(why);
@@ -440,15 +589,17 @@ fn ignorable(m: &str) -> bool {
 }
 
 impl<'a> Cx<'a> {
-    fn new(ast: &'a Ast) -> Self {
+    fn new(ast: &'a Ast, limits: &Limits) -> Self {
         let mut cx = Cx {
             ast,
+            max_code: limits.max_kernel_instructions,
             code: Vec::new(),
             nregs: 0,
             consts: Vec::new(),
             const_map: HashMap::new(),
             specials: Vec::new(),
             global_syms: Vec::new(),
+            global_idx: HashMap::new(),
             shared: HashMap::new(),
             shared_bytes: 0,
             local_bytes: 0,
@@ -579,12 +730,14 @@ impl<'a> Cx<'a> {
             Some(Sym::Shared(o)) => Some((self.imm(o.wrapping_add(off as u64)), Space::Shared)),
             Some(Sym::KParam(o)) => Some((self.imm(o.wrapping_add(off as u64)), Space::Param)),
             None => {
-                let v = self.ast.vars.iter().find(|v| v.name == name)?;
+                let v = self.ast.var(name)?;
                 match v.space.as_str() {
                     "global" | "const" => {
-                        let idx = match self.global_syms.iter().position(|s| s == name) {
-                            Some(i) => i,
+                        let idx = match self.global_idx.get(name) {
+                            Some(&i) => i,
                             None => {
+                                self.global_idx
+                                    .insert(name.to_string(), self.global_syms.len());
                                 self.global_syms.push(name.to_string());
                                 self.global_syms.len() - 1
                             }
@@ -632,10 +785,13 @@ impl<'a> Cx<'a> {
 
     fn emit(&mut self, ins: &Instr, op: Op) -> Res<()> {
         // Inlining can multiply code; refuse absurd sizes instead of exhausting memory.
-        if self.code.len() >= 4 << 20 {
+        if self.code.len() >= self.max_code {
             return Err(unsupported(
                 ins,
-                "program over 4M instructions after inlining",
+                &format!(
+                    "program over {} instructions after inlining (Limits::max_kernel_instructions)",
+                    self.max_code
+                ),
             ));
         }
         let (guard, gneg) = match &ins.guard {
@@ -694,6 +850,8 @@ impl<'a> Cx<'a> {
             gneg: false,
             line: f.line as u32,
         });
+        self.code.shrink_to_fit();
+        self.consts.shrink_to_fit();
         Ok(Program {
             code: std::mem::take(&mut self.code),
             nregs: self.nregs,
@@ -778,7 +936,7 @@ impl<'a> Cx<'a> {
                 if let Some(r) = self.special(n) {
                     return Ok(r);
                 }
-                if n == "WARP_SZ" {
+                if &**n == "WARP_SZ" {
                     return Ok(self.imm(32));
                 }
                 if let Some((r, _)) = self.sym_addr(n, 0) {
@@ -892,7 +1050,7 @@ impl<'a> Cx<'a> {
         labels: &HashMap<String, usize>,
         ret_label: Option<usize>,
     ) -> Res<()> {
-        let mods: Vec<&str> = ins.mods.iter().map(String::as_str).collect();
+        let mods: Vec<&str> = ins.mods().collect();
         let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::from_name(m)).collect();
         let ty = types.last().copied();
         let has = |m: &str| mods.contains(&m);
@@ -920,7 +1078,7 @@ impl<'a> Cx<'a> {
                 Ok(())
             }
         };
-        let op_name = ins.opcode.as_str();
+        let op_name = ins.opcode();
         match op_name {
             "mov" => {
                 need(2)?;
@@ -939,7 +1097,7 @@ impl<'a> Cx<'a> {
                         self.emit(ins, Op::Pack { d, n, bits, src })
                     }
                     (_, Operand::Reg(r))
-                        if matches!(r.as_str(), "%clock" | "%clock64" | "%globaltimer") =>
+                        if matches!(&**r, "%clock" | "%clock64" | "%globaltimer") =>
                     {
                         let d = self.dst(ins, &ops[0])?;
                         self.emit(ins, Op::Clock { d })
@@ -1069,7 +1227,7 @@ impl<'a> Cx<'a> {
                 let Operand::Reg(l) = &ops[0] else {
                     return Err(unsupported(ins, "branch target"));
                 };
-                let Some(&id) = labels.get(l) else {
+                let Some(&id) = labels.get(&**l) else {
                     return Err(unsupported(ins, &format!("unknown label {l}")));
                 };
                 self.fixups.push((self.code.len(), id));
@@ -1142,9 +1300,9 @@ impl<'a> Cx<'a> {
                     return Err(unsupported(ins, "shfl without .sync"));
                 }
                 let (d, dp) = match &ops[0] {
-                    Operand::Pair(a, b) => {
-                        let d = self.dst(ins, &Operand::Reg(a.clone()))?;
-                        (d, self.dst(ins, &Operand::Reg(b.clone()))?)
+                    Operand::Pair(p) => {
+                        let d = self.dst(ins, &Operand::Reg(p.0.clone()))?;
+                        (d, self.dst(ins, &Operand::Reg(p.1.clone()))?)
                     }
                     o => (self.dst(ins, o)?, NONE),
                 };
@@ -1192,9 +1350,9 @@ impl<'a> Cx<'a> {
                     _ => return Err(unsupported(ins, "match type")),
                 };
                 let (d, dp) = match &ops[0] {
-                    Operand::Pair(a, b) => {
-                        let d = self.dst(ins, &Operand::Reg(a.clone()))?;
-                        (d, self.dst(ins, &Operand::Reg(b.clone()))?)
+                    Operand::Pair(p) => {
+                        let d = self.dst(ins, &Operand::Reg(p.0.clone()))?;
+                        (d, self.dst(ins, &Operand::Reg(p.1.clone()))?)
                     }
                     o => (self.dst(ins, o)?, NONE),
                 };
@@ -1343,7 +1501,7 @@ impl<'a> Cx<'a> {
         }
         let size = ty.size() as u8;
         let signed = ty.is_signed();
-        if ins.opcode == "st" {
+        if ins.opcode() == "st" {
             let (base, off, space) = self.addr(ins, &ins.operands[0], space)?;
             let (n, src) = self.vec_regs(ins, &ins.operands[1], ty, false)?;
             if space == Space::Param {
@@ -1417,7 +1575,7 @@ impl<'a> Cx<'a> {
         if matches!(op, AtomOp::Min | AtomOp::Max) && ty.is_float() {
             return Err(unsupported(ins, "float atomic min/max"));
         }
-        let red = ins.opcode == "red";
+        let red = ins.opcode() == "red";
         let o = &ins.operands;
         let first = if red { 0 } else { 1 };
         if o.len() < first + 2 {
@@ -1457,7 +1615,7 @@ impl<'a> Cx<'a> {
     fn setp(&mut self, ins: &Instr, mods: &[&str], types: &[Ty]) -> Res<()> {
         let o = &ins.operands;
         // set.<cmp>[.bool].dtype.stype / setp.<cmp>[.bool].type
-        let is_set = ins.opcode == "set";
+        let is_set = ins.opcode() == "set";
         let sty = *types
             .last()
             .ok_or_else(|| unsupported(ins, "missing type"))?;
@@ -1532,9 +1690,9 @@ impl<'a> Cx<'a> {
             );
         }
         let (d, dn) = match &o[0] {
-            Operand::Pair(a, b) => {
-                let d = self.dst(ins, &Operand::Reg(a.clone()))?;
-                (d, self.dst(ins, &Operand::Reg(b.clone()))?)
+            Operand::Pair(p) => {
+                let d = self.dst(ins, &Operand::Reg(p.0.clone()))?;
+                (d, self.dst(ins, &Operand::Reg(p.1.clone()))?)
             }
             x => (self.dst(ins, x)?, NONE),
         };
@@ -1563,7 +1721,7 @@ impl<'a> Cx<'a> {
 
     fn arith(&mut self, ins: &Instr, mods: &[&str], ty: Option<Ty>, rnd: Rnd, fl: u8) -> Res<()> {
         let ty = ty.ok_or_else(|| unsupported(ins, ""))?;
-        let op = ins.opcode.as_str();
+        let op = ins.opcode();
         // The operation name plus a mode modifier, e.g. "mul.wide", "mad.lo", "add.sat".
         let mode = mods
             .iter()
@@ -1760,14 +1918,14 @@ impl<'a> Cx<'a> {
             return Err(unsupported(ins, "indirect call"));
         }
         let ast = self.ast;
-        let Some(f) = ast.funcs.iter().find(|f| f.name == name) else {
+        let Some(f) = ast.func(&name) else {
             return Err(unsupported(
                 ins,
                 &format!("call to unknown function {name}"),
             ));
         };
         let Some(body) = &f.body else {
-            return match name.as_str() {
+            return match &*name {
                 // printf output is not modelled; it returns 0 like a successful vprintf.
                 "vprintf" => {
                     if let Some(Operand::Reg(r)) = rets.first()

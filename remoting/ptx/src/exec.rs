@@ -5,12 +5,14 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
 use crate::compile::{ConstVal, FL_FTZ, FL_SAT, Inst, NONE, Op, Program, R, Space, Special};
 use crate::ops::{self, AtomOp};
+use crate::tex::{self, Coords, SurfaceAccess, TexError};
 use crate::{
     ExecError, GlobalMemory, LOCAL_WINDOW, LaunchConfig, LaunchStats, Module, PARAM_WINDOW,
-    SHARED_WINDOW, WINDOW_SIZE,
+    SHARED_WINDOW, StopReason, SurfaceDesc, TextureDesc, TextureResolver, WINDOW_SIZE,
 };
 
 /// Warp steps a warp runs before the block scheduler moves on to the next warp.
@@ -20,10 +22,13 @@ const SLICE_STEPS: u64 = 4096;
 /// a turn (forward progress for intra-warp spin locks).
 const STARVE_LIMIT: u32 = 1_000;
 
+/// Thread-instructions a worker executes between two checks of the stop conditions (about 0.1 ms).
+const CHECK_EVERY: u64 = 1 << 15;
+
 /// Shared memory a block may use (static plus dynamic), as on sm_90.
 const MAX_SHARED: usize = 227 * 1024;
 
-/// Runs `kernel` of `module` over the grid in `cfg`.
+/// Runs `kernel` of `module` over the grid in `cfg`, to the end.
 ///
 /// `params` is the packed parameter buffer laid out per [`crate::Kernel::params`]; `symbols` gives the device
 /// address of every module `.global`/`.const` variable the kernel uses.
@@ -34,6 +39,57 @@ pub fn launch(
     params: &[u8],
     symbols: &HashMap<String, u64>,
     mem: &dyn GlobalMemory,
+) -> Result<LaunchStats, ExecError> {
+    launch_with(
+        module,
+        kernel,
+        cfg,
+        params,
+        symbols,
+        mem,
+        &LaunchOptions::default(),
+    )
+}
+
+/// What a launch may use besides its arguments, and when it must stop.
+///
+/// Every worker checks the stop conditions after each warp time slice once it has executed 32768
+/// thread-instructions since its last check (about 0.1 ms), so a launch stops within a millisecond or so of
+/// the flag or deadline, and overshoots its budget by at most that much (plus one slice) per worker. The
+/// checks cost well under 1% of the interpreter's time.
+#[derive(Clone, Copy, Default)]
+pub struct LaunchOptions<'a> {
+    /// Set (from any thread) to stop the launch: [`StopReason::Cancelled`].
+    pub cancel: Option<&'a AtomicBool>,
+    /// The launch stops when this instant passes: [`StopReason::Deadline`].
+    pub deadline: Option<Instant>,
+    /// Thread-instructions (as [`LaunchStats::thread_instructions`] counts them) the launch may execute:
+    /// [`StopReason::Budget`].
+    pub max_thread_instructions: Option<u64>,
+    /// Resolves the texture and surface object handles the kernel uses.
+    pub textures: Option<&'a dyn TextureResolver>,
+}
+
+impl std::fmt::Debug for LaunchOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchOptions")
+            .field("cancel", &self.cancel)
+            .field("deadline", &self.deadline)
+            .field("max_thread_instructions", &self.max_thread_instructions)
+            .field("textures", &self.textures.is_some())
+            .finish()
+    }
+}
+
+/// [`launch`] with [`LaunchOptions`]: a way to stop it early, and texture and surface objects.
+pub fn launch_with(
+    module: &Module,
+    kernel: &str,
+    cfg: &LaunchConfig,
+    params: &[u8],
+    symbols: &HashMap<String, u64>,
+    mem: &dyn GlobalMemory,
+    opts: &LaunchOptions,
 ) -> Result<LaunchStats, ExecError> {
     let k = module
         .kernel(kernel)
@@ -88,6 +144,7 @@ pub fn launch(
         consts.push((*r, v));
     }
     let nblocks = gx as u64 * gy as u64 * gz as u64;
+    let failed = AtomicBool::new(false);
     let ctx = Ctx {
         prog,
         cfg,
@@ -96,13 +153,20 @@ pub fn launch(
         consts,
         nthreads: nthreads as usize,
         shared_total,
+        textures: opts.textures,
+        stop: Stop {
+            failed: &failed,
+            cancel: opts.cancel,
+            deadline: opts.deadline,
+            budget: opts.max_thread_instructions,
+            executed: AtomicU64::new(0),
+        },
     };
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(nblocks as usize)
         .max(1);
     let next = AtomicU64::new(0);
-    let failed = AtomicBool::new(false);
     let first_err: Mutex<Option<(u64, ExecError)>> = Mutex::new(None);
     let total = Mutex::new(LaunchStats::default());
     let work = || {
@@ -162,6 +226,44 @@ struct Ctx<'a> {
     consts: Vec<(R, u64)>,
     nthreads: usize,
     shared_total: usize,
+    textures: Option<&'a dyn TextureResolver>,
+    stop: Stop<'a>,
+}
+
+/// When workers must stop early: another worker failed, or a [`LaunchOptions`] condition holds.
+struct Stop<'a> {
+    failed: &'a AtomicBool,
+    cancel: Option<&'a AtomicBool>,
+    deadline: Option<Instant>,
+    budget: Option<u64>,
+    /// Thread-instructions executed by all workers (kept only when there is a budget).
+    executed: AtomicU64,
+}
+
+impl Stop<'_> {
+    /// Called between time slices with the thread-instructions the slice executed. `Ok(true)`: stop quietly
+    /// (another worker failed and reports its own error).
+    fn check(&self, slice_instructions: u64) -> Result<bool, ExecError> {
+        if self.failed.load(Ordering::Relaxed) {
+            return Ok(true);
+        }
+        if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(ExecError::Stopped(StopReason::Cancelled));
+        }
+        if let Some(max) = self.budget {
+            let done = self
+                .executed
+                .fetch_add(slice_instructions, Ordering::Relaxed)
+                .saturating_add(slice_instructions);
+            if done > max {
+                return Err(ExecError::Stopped(StopReason::Budget(max)));
+            }
+        }
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(ExecError::Stopped(StopReason::Deadline));
+        }
+        Ok(false)
+    }
 }
 
 /// Per-worker state, reused across blocks.
@@ -178,6 +280,8 @@ struct Block {
     /// `bar.red` accumulators of the barrier being gathered (popc, and, or) and of the last one released.
     red_acc: [u64; 3],
     red_last: [u64; 3],
+    /// Thread-instructions since the stop conditions were last checked.
+    unchecked: u64,
 }
 
 /// What a warp touches besides its registers.
@@ -350,6 +454,7 @@ impl Block {
             clock: 0,
             red_acc: [0, 1, 0],
             red_last: [0; 3],
+            unchecked: 0,
         }
     }
 
@@ -409,7 +514,16 @@ impl Block {
             for w in 0..nwarps {
                 if self.alive[w] & !self.waiting[w] != 0 {
                     ran = true;
+                    let before = stats.thread_instructions;
                     self.run_warp(ctx, w, ctaid, stats)?;
+                    // Every slice executes at least one instruction, so this check comes around.
+                    self.unchecked += stats.thread_instructions - before;
+                    if self.unchecked >= CHECK_EVERY {
+                        let n = std::mem::take(&mut self.unchecked);
+                        if ctx.stop.check(n)? {
+                            return Ok(());
+                        }
+                    }
                 }
             }
             if ran {
