@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use crate::ops::{self, AtomOp, CvtSpec, F1, F2, F3, F4, Rnd};
+use crate::tex::{Clamp, Geom, Query, TexType};
 use crate::parse::{Ast, Func, Instr, Operand, Stmt, Ty, VarDecl};
 use crate::{ExecError, GlobalVar, Kernel, Limits, Module, Param, ParseError, StateSpace};
 
@@ -254,6 +255,45 @@ pub enum Op {
     },
     /// `bar.warp.sync`: nothing to do in lockstep, but a point a starvation-relief group must not pass.
     WarpSync,
+    /// A texture or surface instruction: `Program::tex[i]`.
+    Tex {
+        i: u32,
+    },
+}
+
+/// What a texture or surface instruction does.
+#[derive(Debug, Clone, Copy)]
+pub enum TexKind {
+    /// `tex`
+    Sample(TexType),
+    /// `tld4` of one component.
+    Gather(TexType, u8),
+    /// `suld.b`
+    Load(Clamp),
+    /// `sust.b`
+    Store(Clamp),
+    /// `txq`
+    TexQuery(Query),
+    /// `suq`
+    SurfQuery(Query),
+}
+
+/// A texture or surface instruction, kept out of [`Op`] so that the common instructions stay small.
+#[derive(Debug, Clone, Copy)]
+pub struct TexInst {
+    pub kind: TexKind,
+    pub geom: Geom,
+    /// `.s32` texture coordinates (else `.f32`).
+    pub int_coords: bool,
+    /// The register holding the object handle.
+    pub handle: R,
+    /// Coordinates, the layer first for layered geometries (`NONE` past the last).
+    pub coords: [R; 4],
+    /// Destinations (tex, tld4, suld, queries) or sources (sust).
+    pub regs: [R; 4],
+    pub n: u8,
+    /// Bytes per register moved by suld/sust.
+    pub size: u8,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -267,6 +307,7 @@ pub struct Inst {
 #[derive(Debug)]
 pub struct Program {
     pub code: Vec<Inst>,
+    pub tex: Vec<TexInst>,
     pub nregs: u32,
     pub consts: Vec<(R, ConstVal)>,
     pub specials: Vec<(R, Special)>,
@@ -510,6 +551,7 @@ enum Sym {
 
 struct Cx<'a> {
     ast: &'a Ast,
+    tex: Vec<TexInst>,
     /// Instructions the program may reach (a backstop behind the inlining estimate).
     max_code: usize,
     code: Vec<Inst>,
@@ -592,6 +634,7 @@ impl<'a> Cx<'a> {
     fn new(ast: &'a Ast, limits: &Limits) -> Self {
         let mut cx = Cx {
             ast,
+            tex: Vec::new(),
             max_code: limits.max_kernel_instructions,
             code: Vec::new(),
             nregs: 0,
@@ -854,6 +897,7 @@ impl<'a> Cx<'a> {
         self.consts.shrink_to_fit();
         Ok(Program {
             code: std::mem::take(&mut self.code),
+            tex: std::mem::take(&mut self.tex),
             nregs: self.nregs,
             consts: std::mem::take(&mut self.consts),
             specials: std::mem::take(&mut self.specials),
@@ -1279,6 +1323,8 @@ impl<'a> Cx<'a> {
                     }
                 }
             }
+            "tex" | "tld4" | "suld" | "sust" | "txq" | "suq" | "sured" | "suatom" | "tld"
+            | "istypep" | "texmode" => self.texture(ins, &mods),
             "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" | "discard" => {
                 self.emit(ins, Op::Nop)
             }
@@ -1896,6 +1942,219 @@ impl<'a> Cx<'a> {
             _ => {}
         }
         Err(unsupported(ins, ""))
+    }
+
+    /// `tex`, `tld4`, `suld.b`, `sust.b`, `txq`, `suq` on object handles held in registers.
+    fn texture(&mut self, ins: &Instr, mods: &[&str]) -> Res<()> {
+        let op = ins.opcode();
+        let ops = &ins.operands;
+        let has = |m: &str| mods.contains(&m);
+        // The `[handle]` or `[handle, coords]` operand.
+        let bracket = |i: usize| -> Res<(&str, Option<&Operand>)> {
+            match ops.get(i) {
+                Some(Operand::Addr(Some(h), 0)) => Ok((&**h, None)),
+                Some(Operand::Bracket(v)) if v.len() == 2 => match &v[0] {
+                    Operand::Reg(h) => Ok((&**h, Some(&v[1]))),
+                    _ => Err(unsupported(ins, "texture operand")),
+                },
+                Some(Operand::Bracket(_)) => Err(unsupported(
+                    ins,
+                    "explicit samplers (independent texture mode)",
+                )),
+                _ => Err(unsupported(ins, "texture operand")),
+            }
+        };
+        let handle_reg = |cx: &mut Self, name: &str| -> Res<R> {
+            match cx.lookup(name) {
+                Some(Sym::Reg(r)) => Ok(r),
+                _ => Err(unsupported(
+                    ins,
+                    "texture or surface references (.texref/.surfref); only object handles in registers",
+                )),
+            }
+        };
+        let query = |cx: &mut Self, surface: bool| -> Res<()> {
+            let q = mods
+                .iter()
+                .find_map(|m| Query::parse(m))
+                .ok_or_else(|| unsupported(ins, "this query"))?;
+            if mods.len() != 2 || ops.len() != 2 {
+                return Err(unsupported(ins, "this query form"));
+            }
+            let d = cx.dst(ins, &ops[0])?;
+            let (h, coords) = bracket(1)?;
+            if coords.is_some() {
+                return Err(unsupported(ins, "query operand"));
+            }
+            let handle = handle_reg(cx, h)?;
+            let kind = if surface {
+                TexKind::SurfQuery(q)
+            } else {
+                TexKind::TexQuery(q)
+            };
+            cx.emit_tex(
+                ins,
+                TexInst {
+                    kind,
+                    geom: Geom::D1,
+                    int_coords: true,
+                    handle,
+                    coords: [NONE; 4],
+                    regs: [d, NONE, NONE, NONE],
+                    n: 1,
+                    size: 4,
+                },
+            )
+        };
+        match op {
+            "txq" => return query(self, false),
+            "suq" => return query(self, true),
+            "tex" | "tld4" | "suld" | "sust" => {}
+            _ => return Err(unsupported(ins, "")),
+        }
+        let geom = mods
+            .iter()
+            .find_map(|m| Geom::parse(m))
+            .ok_or_else(|| unsupported(ins, "this geometry (cubemaps and multisample textures)"))?;
+        let coords_at = if op == "sust" { 0 } else { 1 };
+        let (h, coords) = bracket(coords_at)?;
+        let coords = coords.ok_or_else(|| unsupported(ins, "missing coordinates"))?;
+        let handle = handle_reg(self, h)?;
+        if ops.len() != 2 {
+            return Err(unsupported(
+                ins,
+                "texel offsets, depth compare or level-of-detail operands",
+            ));
+        }
+        let list: Vec<Operand> = match coords {
+            Operand::Vec(v) => v.clone(),
+            o => vec![o.clone()],
+        };
+        let need = geom.dims() + geom.layered() as usize;
+        if list.len() < need || list.len() > 4 {
+            return Err(unsupported(ins, "coordinate count for this geometry"));
+        }
+        let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::from_name(m)).collect();
+        let is_tex = op == "tex" || op == "tld4";
+        // tex/tld4: `.dtype.ctype`; surfaces: `.bN` data and `.s32` coordinates.
+        let int_coords = if is_tex {
+            match types.as_slice() {
+                [_, Ty::S32] => true,
+                [_, Ty::F32] => false,
+                _ => return Err(unsupported(ins, "texture result or coordinate type")),
+            }
+        } else {
+            true
+        };
+        let mut cregs = [NONE; 4];
+        for (k, o) in list.iter().take(need).enumerate() {
+            let ty = if geom.layered() && k == 0 {
+                Ty::U32
+            } else if int_coords {
+                Ty::S32
+            } else {
+                Ty::F32
+            };
+            cregs[k] = self.src(ins, o, ty)?;
+        }
+        if is_tex {
+            if mods
+                .iter()
+                .any(|m| matches!(*m, "base" | "level" | "grad"))
+            {
+                return Err(unsupported(ins, "mipmap level-of-detail forms"));
+            }
+            if !has("v4") {
+                return Err(unsupported(ins, "texture results other than .v4"));
+            }
+            let ty = match types[0] {
+                Ty::F32 => TexType::F32,
+                Ty::S32 => TexType::S32,
+                Ty::U32 => TexType::U32,
+                _ => return Err(unsupported(ins, "texture result type")),
+            };
+            let kind = if op == "tld4" {
+                let comp = ["r", "g", "b", "a"]
+                    .iter()
+                    .position(|c| has(c))
+                    .ok_or_else(|| unsupported(ins, "tld4 component"))?;
+                TexKind::Gather(ty, comp as u8)
+            } else {
+                TexKind::Sample(ty)
+            };
+            let (n, regs) = self.vec_regs(ins, &ops[0], Ty::B32, true)?;
+            if n != 4 {
+                return Err(unsupported(ins, "texture results other than 4 registers"));
+            }
+            return self.emit_tex(
+                ins,
+                TexInst {
+                    kind,
+                    geom,
+                    int_coords,
+                    handle,
+                    coords: cregs,
+                    regs,
+                    n,
+                    size: 4,
+                },
+            );
+        }
+        // suld.b / sust.b
+        if !has("b") {
+            return Err(unsupported(ins, "formatted surface access (.p)"));
+        }
+        let clamp = if has("clamp") {
+            Clamp::Clamp
+        } else if has("zero") {
+            Clamp::Zero
+        } else {
+            Clamp::Trap
+        };
+        let data = match types.as_slice() {
+            [t] if matches!(t, Ty::B8 | Ty::B16 | Ty::B32 | Ty::B64) => *t,
+            _ => return Err(unsupported(ins, "surface data type")),
+        };
+        let vec = if has("v4") {
+            4
+        } else if has("v2") {
+            2
+        } else {
+            1
+        };
+        let (kind, (n, regs)) = if op == "suld" {
+            (
+                TexKind::Load(clamp),
+                self.vec_regs(ins, &ops[0], data, true)?,
+            )
+        } else {
+            (
+                TexKind::Store(clamp),
+                self.vec_regs(ins, &ops[1], data, false)?,
+            )
+        };
+        if n != vec {
+            return Err(unsupported(ins, "register count does not match the vector size"));
+        }
+        self.emit_tex(
+            ins,
+            TexInst {
+                kind,
+                geom,
+                int_coords,
+                handle,
+                coords: cregs,
+                regs,
+                n,
+                size: data.size() as u8,
+            },
+        )
+    }
+
+    fn emit_tex(&mut self, ins: &Instr, t: TexInst) -> Res<()> {
+        let i = self.tex.len() as u32;
+        self.tex.push(t);
+        self.emit(ins, Op::Tex { i })
     }
 
     fn call(&mut self, ins: &Instr) -> Res<()> {

@@ -7,7 +7,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::compile::{ConstVal, FL_FTZ, FL_SAT, Inst, NONE, Op, Program, R, Space, Special};
+use crate::compile::{
+    ConstVal, FL_FTZ, FL_SAT, Inst, NONE, Op, Program, R, Space, Special, TexInst, TexKind,
+};
 use crate::ops::{self, AtomOp};
 use crate::tex::{self, Coords, SurfaceAccess, TexError};
 use crate::{
@@ -282,6 +284,165 @@ struct Block {
     red_last: [u64; 3],
     /// Thread-instructions since the stop conditions were last checked.
     unchecked: u64,
+    /// Texture and surface descriptors resolved so far.
+    objects: Objects,
+}
+
+/// Descriptors of the texture and surface handles a worker has met (a launch uses a handful; a hostile
+/// kernel inventing handles only makes the resolver answer more often).
+#[derive(Default)]
+struct Objects {
+    textures: Vec<(u64, Option<TextureDesc>)>,
+    surfaces: Vec<(u64, Option<SurfaceDesc>)>,
+}
+
+const MAX_CACHED_OBJECTS: usize = 64;
+
+fn cached<T: Copy>(
+    list: &mut Vec<(u64, Option<T>)>,
+    handle: u64,
+    resolve: impl FnOnce() -> Option<T>,
+) -> Option<T> {
+    if let Some((_, d)) = list.iter().find(|(h, _)| *h == handle) {
+        return *d;
+    }
+    if list.len() >= MAX_CACHED_OBJECTS {
+        list.clear();
+    }
+    let d = resolve();
+    list.push((handle, d));
+    d
+}
+
+impl Objects {
+    fn texture(&mut self, ctx: &Ctx, handle: u64, line: usize) -> Result<TextureDesc, ExecError> {
+        cached(&mut self.textures, handle, || {
+            ctx.textures.and_then(|t| t.texture(handle))
+        })
+        .ok_or(ExecError::InvalidHandle {
+            kind: "texture",
+            handle,
+            line,
+        })
+    }
+
+    fn surface(&mut self, ctx: &Ctx, handle: u64, line: usize) -> Result<SurfaceDesc, ExecError> {
+        cached(&mut self.surfaces, handle, || {
+            ctx.textures.and_then(|t| t.surface(handle))
+        })
+        .ok_or(ExecError::InvalidHandle {
+            kind: "surface",
+            handle,
+            line,
+        })
+    }
+}
+
+/// Runs texture or surface instruction `t` for lane `l` of a warp whose registers are `regs`.
+fn tex_lane(
+    ctx: &Ctx,
+    objects: &mut Objects,
+    t: &TexInst,
+    regs: &mut [u64],
+    l: usize,
+    line: usize,
+) -> Result<(), ExecError> {
+    let rd = |regs: &[u64], r: R| regs[r as usize * 32 + l];
+    let handle = rd(regs, t.handle);
+    let what = match t.kind {
+        TexKind::Sample(_) => "tex",
+        TexKind::Gather(..) => "tld4",
+        TexKind::Load(_) => "suld.b",
+        TexKind::Store(_) => "sust.b",
+        TexKind::TexQuery(_) => "txq",
+        TexKind::SurfQuery(_) => "suq",
+    };
+    let space = if what.starts_with('s') {
+        "surface"
+    } else {
+        "texture"
+    };
+    let fail = |e: TexError| match e {
+        TexError::Unsupported(why) => ExecError::Unsupported {
+            instruction: format!("{what} ({why})"),
+            line,
+        },
+        TexError::Fault(f) => ExecError::MemoryFault {
+            space,
+            addr: f.addr,
+            len: f.len,
+            line,
+        },
+        TexError::Misaligned { x, len } => ExecError::Misaligned {
+            addr: x as u64,
+            len,
+            line,
+        },
+    };
+    let coords = |regs: &[u64]| t.coords.map(|r| if r == NONE { 0 } else { rd(regs, r) });
+    match t.kind {
+        TexKind::Sample(ty) | TexKind::Gather(ty, _) => {
+            let desc = objects.texture(ctx, handle, line)?;
+            let c = coords(regs);
+            let (layer, xyz) = if t.geom.layered() {
+                (c[0] as u32, &c[1..])
+            } else {
+                (0, &c[..3])
+            };
+            let at = Coords {
+                layer,
+                c: [xyz[0] as u32, xyz[1] as u32, xyz[2] as u32],
+                int: t.int_coords,
+            };
+            let v = match t.kind {
+                TexKind::Gather(_, comp) => {
+                    tex::gather(&desc, t.geom, comp as usize, &at, ty, ctx.mem)
+                }
+                _ => tex::sample(&desc, t.geom, &at, ty, ctx.mem),
+            }
+            .map_err(fail)?;
+            for (k, &r) in t.regs.iter().enumerate().take(t.n as usize) {
+                regs[r as usize * 32 + l] = v[k] as u64;
+            }
+        }
+        TexKind::Load(clamp) | TexKind::Store(clamp) => {
+            let desc = objects.surface(ctx, handle, line)?;
+            let c = coords(regs).map(|v| v as u32 as i32);
+            let size = t.size as usize;
+            let len = size * t.n as usize;
+            let access = SurfaceAccess {
+                desc: &desc,
+                geom: t.geom,
+                coords: c,
+                len,
+                clamp,
+            };
+            let mut buf = [0u8; 32];
+            if let TexKind::Load(_) = t.kind {
+                access.load(ctx.mem, &mut buf[..len]).map_err(fail)?;
+                for (k, &r) in t.regs.iter().enumerate().take(t.n as usize) {
+                    let mut w = [0u8; 8];
+                    w[..size].copy_from_slice(&buf[k * size..k * size + size]);
+                    regs[r as usize * 32 + l] = u64::from_le_bytes(w);
+                }
+            } else {
+                for (k, &r) in t.regs.iter().enumerate().take(t.n as usize) {
+                    let v = rd(regs, r).to_le_bytes();
+                    buf[k * size..k * size + size].copy_from_slice(&v[..size]);
+                }
+                access.store(ctx.mem, &buf[..len]).map_err(fail)?;
+            }
+        }
+        TexKind::TexQuery(q) => {
+            let desc = objects.texture(ctx, handle, line)?;
+            regs[t.regs[0] as usize * 32 + l] = q.answer(&desc.resource) as u64;
+        }
+        TexKind::SurfQuery(q) => {
+            let desc = objects.surface(ctx, handle, line)?;
+            regs[t.regs[0] as usize * 32 + l] = q.answer(&desc.resource) as u64;
+        }
+    }
+    Ok(())
 }
 
 /// What a warp touches besides its registers.
@@ -455,6 +616,7 @@ impl Block {
             red_acc: [0, 1, 0],
             red_last: [0; 3],
             unchecked: 0,
+            objects: Objects::default(),
         }
     }
 
@@ -1003,6 +1165,21 @@ impl Block {
                     }
                 }
                 Op::Nop | Op::WarpSync => {}
+                Op::Tex { i } => {
+                    let t = &ctx.prog.tex[i as usize];
+                    let objects = &mut self.objects;
+                    let mut err = None;
+                    lanes(em, |l| {
+                        if err.is_none()
+                            && let Err(e) = tex_lane(ctx, objects, t, regs, l, line)
+                        {
+                            err = Some(e);
+                        }
+                    });
+                    if let Some(e) = err {
+                        break Err(e);
+                    }
+                }
                 Op::Shfl {
                     mode,
                     d,

@@ -295,15 +295,6 @@ impl Geom {
     pub fn layered(self) -> bool {
         matches!(self, Geom::A1 | Geom::A2)
     }
-
-    /// Coordinate operands the instruction takes (3D and layered 2D use a 4-vector).
-    pub fn operands(self) -> usize {
-        match self {
-            Geom::D1 => 1,
-            Geom::D2 | Geom::A1 => 2,
-            Geom::D3 | Geom::A2 => 4,
-        }
-    }
 }
 
 /// The result type of `tex`/`tld4`.
