@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 
 use crate::ops::{self, AtomOp, CvtSpec, F1, F2, F3, F4, Rnd};
-use crate::tex::{Clamp, Geom, Query, TexType};
 use crate::parse::{Ast, Func, Instr, Operand, Stmt, Ty, VarDecl};
+use crate::tex::{Geom, OutOfRange, Query, TexType};
 use crate::{ExecError, GlobalVar, Kernel, Limits, Module, Param, ParseError, StateSpace};
 
 /// A register slot index.
@@ -269,9 +269,9 @@ pub enum TexKind {
     /// `tld4` of one component.
     Gather(TexType, u8),
     /// `suld.b`
-    Load(Clamp),
+    Load(OutOfRange),
     /// `sust.b`
-    Store(Clamp),
+    Store(OutOfRange),
     /// `txq`
     TexQuery(Query),
     /// `suq`
@@ -2058,10 +2058,7 @@ impl<'a> Cx<'a> {
             cregs[k] = self.src(ins, o, ty)?;
         }
         if is_tex {
-            if mods
-                .iter()
-                .any(|m| matches!(*m, "base" | "level" | "grad"))
-            {
+            if mods.iter().any(|m| matches!(*m, "base" | "level" | "grad")) {
                 return Err(unsupported(ins, "mipmap level-of-detail forms"));
             }
             if !has("v4") {
@@ -2105,11 +2102,11 @@ impl<'a> Cx<'a> {
             return Err(unsupported(ins, "formatted surface access (.p)"));
         }
         let clamp = if has("clamp") {
-            Clamp::Clamp
+            OutOfRange::Clamp
         } else if has("zero") {
-            Clamp::Zero
+            OutOfRange::Zero
         } else {
-            Clamp::Trap
+            OutOfRange::Trap
         };
         let data = match types.as_slice() {
             [t] if matches!(t, Ty::B8 | Ty::B16 | Ty::B32 | Ty::B64) => *t,
@@ -2134,7 +2131,10 @@ impl<'a> Cx<'a> {
             )
         };
         if n != vec {
-            return Err(unsupported(ins, "register count does not match the vector size"));
+            return Err(unsupported(
+                ins,
+                "register count does not match the vector size",
+            ));
         }
         self.emit_tex(
             ins,

@@ -26,8 +26,8 @@
 //! rounded (computed with error-free transformations in f64); `.approx` instructions are computed in f64
 //! and rounded, which is well inside PTX's documented error; `.ftz` and `.sat` are honoured for f32.
 //! Textures and surfaces: `tex`, `tld4`, `suld.b`, `sust.b`, `txq` and `suq` on texture and surface
-//! objects, resolved through the caller's [`TextureResolver`] (see the `tex` module documentation for
-//! the exact semantics and what is refused).
+//! objects, resolved through the caller's [`TextureResolver`] (whose documentation gives the exact
+//! semantics and what is refused).
 //!
 //! Limits: [`Module::parse_with`] takes [`Limits`] on what a module may cost (tokens, kernels, module data,
 //! instructions after inlining), and [`launch_with`] takes [`LaunchOptions`] (a cancel flag, a deadline,

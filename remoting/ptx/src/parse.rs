@@ -661,7 +661,9 @@ fn parse_var(p: &mut P, max_init: u64) -> R<VarDecl> {
     let mut init = None;
     if p.eat_punct('=') {
         let cap = if unsized_dim {
-            usize::try_from(max_init).unwrap_or(usize::MAX).min(MAX_VAR_BYTES)
+            usize::try_from(max_init)
+                .unwrap_or(usize::MAX)
+                .min(MAX_VAR_BYTES)
         } else {
             size.unwrap_or(0)
         };

@@ -1,30 +1,7 @@
 //! Textures and surfaces: the descriptors a caller resolves object handles to ([`TextureResolver`]), and the
 //! sampling rules of `tex`, `tld4`, `suld.b` and `sust.b`, as pure functions over [`GlobalMemory`].
 //!
-//! Semantics (CUDA's, as its programming guide states them):
-//! - Texel coordinates: unnormalized coordinates address texel `i` over `[i, i + 1)`; normalized ones are
-//!   multiplied by the dimension's size first. Point filtering takes texel `floor(x)`. Linear filtering takes
-//!   `xb = x - 0.5`, converts it to fixed point with 8 fractional bits (rounded to nearest), and blends
-//!   texels `floor(xb)` and `floor(xb) + 1` with weights `1 - a` and `a` (so `a` is a multiple of 1/256,
-//!   1.0 included), per dimension (2 taps in 1D, 4 in 2D, 8 in 3D), in f64 rounded once to f32.
-//! - Address modes act on texel indices: clamp to `[0, n - 1]`; border gives the border colour for a tap
-//!   outside; wrap takes the index modulo `n`; mirror reflects with period `2n`. Wrap and mirror exist only
-//!   with normalized coordinates: with unnormalized ones they act as clamp, as on the hardware.
-//! - Read modes: 8- and 16-bit integer formats read as normalized floats (`u/255`, `u/65535`,
-//!   `max(s/127, -1)`, `max(s/32767, -1)`) unless `read_as_integer`; 32-bit integers are never promoted;
-//!   f16 and f32 read as f32. Channels missing from the format read as 0, alpha as 1.
-//! - Integer coordinates (`.s32`): texel indices, point-sampled; on linear memory (`tex1Dfetch`) an index
-//!   outside the buffer reads zero.
-//! - `tld4` returns one component of the four texels of the bilinear footprint, counter-clockwise from the
-//!   lower left: `(i0, j1), (i1, j1), (i1, j0), (i0, j0)`.
-//! - Surfaces (`suld.b`/`sust.b`): the x coordinate is a byte offset (a multiple of the access size), y and z
-//!   are rows and slices. Out of range: `.trap` faults, `.clamp` clamps each coordinate into the surface,
-//!   `.zero` loads zero and drops stores.
-//! - Layered geometries (`a1d`, `a2d`): the first coordinate is the layer, clamped to the layers present.
-//!
-//! Refused as [`crate::ExecError::Unsupported`] rather than answered wrongly: mipmapped resources and LOD
-//! forms, cubemaps, sRGB, linear filtering of integer reads, float coordinates on linear memory, a result type
-//! that does not match the texture's read mode, and formatted surface stores (`sust.p`).
+//! The exact semantics are documented on [`TextureResolver`].
 
 use crate::{GlobalMemory, MemoryFault};
 
@@ -255,7 +232,39 @@ pub struct SurfaceDesc {
 }
 
 /// Resolves the texture and surface object handles a kernel receives (as `.u64` parameters) to their
-/// descriptors. [`crate::launch_with`] asks once per distinct handle per worker thread.
+/// descriptors. [`crate::launch_with`] asks once per distinct handle per worker thread; a handle it does not
+/// know (`None`) fails the launch with [`crate::ExecError::InvalidHandle`].
+///
+/// Semantics (CUDA's, as its programming guide states them):
+/// - Texel coordinates: unnormalized coordinates address texel `i` over `[i, i + 1)`; normalized ones are
+///   multiplied by the dimension's size first. Point filtering takes texel `floor(x)`. Linear filtering takes
+///   `xb = x - 0.5`, converts it to fixed point with 8 fractional bits (rounded to nearest), and blends
+///   texels `floor(xb)` and `floor(xb) + 1` with weights `1 - a` and `a` (so `a` is a multiple of 1/256,
+///   1.0 included), per dimension (2 taps in 1D, 4 in 2D, 8 in 3D), in f64 rounded once to f32.
+/// - Address modes act on texel indices: clamp to `[0, n - 1]`; border gives the border colour for a tap
+///   outside; wrap takes the index modulo `n`; mirror reflects with period `2n`. Wrap and mirror exist only
+///   with normalized coordinates: with unnormalized ones they act as clamp, as on the hardware.
+/// - Read modes: 8- and 16-bit integer formats read as normalized floats (`u/255`, `u/65535`,
+///   `max(s/127, -1)`, `max(s/32767, -1)`) unless `read_as_integer`; 32-bit integers are never promoted;
+///   f16 and f32 read as f32. Channels missing from the format read as 0, alpha as 1.
+/// - Integer coordinates (`.s32`): texel indices, point-sampled; on linear memory (`tex1Dfetch`) an index
+///   outside the buffer reads zero.
+/// - `tld4` returns one component of the four texels of the bilinear footprint, counter-clockwise from the
+///   lower left: `(i0, j1), (i1, j1), (i1, j0), (i0, j0)`.
+/// - Surfaces (`suld.b`/`sust.b`): the x coordinate is a byte offset (a multiple of the access size), y and z
+///   are rows and slices. Out of range: `.trap` faults, `.clamp` clamps each coordinate into the surface,
+///   `.zero` loads zero and drops stores.
+/// - Layered geometries (`a1d`, `a2d`): the first coordinate is the layer, clamped to the layers present.
+/// - `txq`/`suq` answer `width`, `height`, `depth` (in texels; 1 for a dimension the resource lacks) and
+///   `array_size`; other queries are refused.
+///
+/// The points no document settles (the rounding of the fixed-point weights, missing channels, border colour
+/// of integer reads, what the queries return for absent dimensions) are exercised by the conformance cases
+/// recorded on a GPU (`conformance/cases/tex*`, `tld4*`, `surf*`).
+///
+/// Refused as [`crate::ExecError::Unsupported`] rather than answered wrongly: mipmapped resources and LOD
+/// forms, cubemaps, sRGB, linear filtering of integer reads, float coordinates on linear memory, a result type
+/// that does not match the texture's read mode, and formatted surface stores (`sust.p`).
 pub trait TextureResolver: Sync {
     fn texture(&self, handle: u64) -> Option<TextureDesc>;
     fn surface(&self, handle: u64) -> Option<SurfaceDesc>;
@@ -307,7 +316,7 @@ pub enum TexType {
 
 /// Out-of-range policy of `suld.b`/`sust.b`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Clamp {
+pub enum OutOfRange {
     Trap,
     Clamp,
     Zero,
@@ -319,7 +328,10 @@ pub enum TexError {
     Unsupported(String),
     /// A texel outside the memory behind the resource, or a `.trap` surface access out of range.
     Fault(MemoryFault),
-    Misaligned { x: i64, len: usize },
+    Misaligned {
+        x: i64,
+        len: usize,
+    },
 }
 
 impl From<MemoryFault> for TexError {
@@ -524,10 +536,7 @@ pub fn sample(
         texel(desc, mem, at3, layer)
     };
     if at.int {
-        let mut idx = [0i64; 3];
-        for d in 0..dims {
-            idx[d] = at.c[d] as i32 as i64;
-        }
+        let idx = [0, 1, 2].map(|d| at.c[d] as i32 as i64);
         return Ok(bits(tap(idx)?));
     }
     let x: Vec<f32> = (0..dims)
@@ -626,7 +635,7 @@ pub struct SurfaceAccess<'a> {
     pub geom: Geom,
     pub coords: [i32; 4],
     pub len: usize,
-    pub clamp: Clamp,
+    pub clamp: OutOfRange,
 }
 
 impl SurfaceAccess<'_> {
@@ -669,14 +678,14 @@ impl SurfaceAccess<'_> {
         outside |= layer < 0 || layer > top_layer;
         if outside {
             match self.clamp {
-                Clamp::Zero => return Ok(None),
-                Clamp::Trap => {
+                OutOfRange::Zero => return Ok(None),
+                OutOfRange::Trap => {
                     return Err(TexError::Fault(MemoryFault {
                         addr: r.base,
                         len: self.len,
                     }));
                 }
-                Clamp::Clamp => {
+                OutOfRange::Clamp => {
                     if hi[0] < 0 {
                         // Narrower than one access: nothing to clamp into.
                         return Err(TexError::Fault(MemoryFault {
@@ -912,23 +921,23 @@ mod tests {
             len: 4,
             clamp,
         };
-        acc(12, 1, Clamp::Trap)
+        acc(12, 1, OutOfRange::Trap)
             .store(&mem, &7u32.to_le_bytes())
             .unwrap();
         let mut out = [0u8; 4];
-        acc(100, 5, Clamp::Clamp).load(&mem, &mut out).unwrap();
+        acc(100, 5, OutOfRange::Clamp).load(&mem, &mut out).unwrap();
         assert_eq!(u32::from_le_bytes(out), 7);
-        acc(16, 1, Clamp::Zero).load(&mem, &mut out).unwrap();
+        acc(16, 1, OutOfRange::Zero).load(&mem, &mut out).unwrap();
         assert_eq!(out, [0; 4]);
-        acc(16, 1, Clamp::Zero)
+        acc(16, 1, OutOfRange::Zero)
             .store(&mem, &[9, 9, 9, 9])
             .unwrap();
         assert!(matches!(
-            acc(16, 1, Clamp::Trap).load(&mem, &mut out),
+            acc(16, 1, OutOfRange::Trap).load(&mem, &mut out),
             Err(TexError::Fault(_))
         ));
         assert!(matches!(
-            acc(2, 0, Clamp::Trap).load(&mem, &mut out),
+            acc(2, 0, OutOfRange::Trap).load(&mem, &mut out),
             Err(TexError::Misaligned { .. })
         ));
     }
@@ -967,7 +976,7 @@ mod tests {
                 geom: Geom::D3,
                 coords: [x, x, x, 0],
                 len: 16,
-                clamp: Clamp::Clamp,
+                clamp: OutOfRange::Clamp,
             };
             let mut out = [0u8; 16];
             let _ = acc.load(&mem, &mut out);

@@ -10,7 +10,9 @@ mod common;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use common::case::{Case, Check, Elem, ParamSpec, compare, generated_inputs, mismatch, parse_case, setup};
+use common::case::{
+    Case, Check, Elem, ParamSpec, compare, generated_inputs, mismatch, parse_case, setup,
+};
 use gleam_ptx::{LaunchConfig, LaunchOptions, Module};
 
 fn conformance_dir() -> PathBuf {
@@ -40,8 +42,10 @@ fn run_case(c: &Case, data: &Path) -> Result<Vec<String>, String> {
         textures: Some(&s.objects),
         ..LaunchOptions::default()
     };
-    gleam_ptx::launch_with(&module, &c.kernel, &cfg, &s.params, &s.symbols, &s.mem, &opts)
-        .map_err(|e| format!("launch: {e}"))?;
+    gleam_ptx::launch_with(
+        &module, &c.kernel, &cfg, &s.params, &s.symbols, &s.mem, &opts,
+    )
+    .map_err(|e| format!("launch: {e}"))?;
     let expected = |name: &str| -> Result<Vec<u8>, String> {
         std::fs::read(data.join(format!("{name}.out"))).map_err(|e| format!("{name}.out: {e}"))
     };
@@ -106,7 +110,11 @@ fn gpu_recorded_cases() {
     let dir = conformance_dir();
     let filter = std::env::var("GLEAM_PTX_CASE").ok();
     let names = case_names();
-    assert!(!names.is_empty(), "no cases in {}", dir.join("cases").display());
+    assert!(
+        !names.is_empty(),
+        "no cases in {}",
+        dir.join("cases").display()
+    );
     let (mut passed, mut skipped, mut failed) = (Vec::new(), Vec::new(), Vec::new());
     let mut log = String::new();
     for name in &names {
@@ -221,7 +229,13 @@ fn case_files_parse() {
         p => panic!("{p:?}"),
     }
     // Surfaces need an array made for them; textures a resource declared before.
-    assert!(parse_case("t", "ptx t\nkernel k\nresource b linear f32 1 4 init=zero\nparam surf b\n").is_err());
+    assert!(
+        parse_case(
+            "t",
+            "ptx t\nkernel k\nresource b linear f32 1 4 init=zero\nparam surf b\n"
+        )
+        .is_err()
+    );
     assert!(parse_case("t", "ptx t\nkernel k\nparam tex nothing\n").is_err());
     assert!(!mismatch(
         Elem::F32,

@@ -13,9 +13,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use common::{Arg, Gpu, fixture};
-use gleam_ptx::{
-    ExecError, FlatMemory, LaunchConfig, LaunchOptions, Limits, Module, StopReason,
-};
+use gleam_ptx::{ExecError, FlatMemory, LaunchConfig, LaunchOptions, Limits, Module, StopReason};
 
 struct Counting;
 
@@ -88,7 +86,11 @@ fn exponential_inlining_is_refused_without_expanding() {
     let m = m.expect("the module parses; its kernel is refused");
     let why = m.kernel("k").unwrap().unsupported().expect("refused");
     assert!(why.to_string().contains("after inlining"), "{why}");
-    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
     assert!(peak < 1 << 20, "peak {peak} bytes");
     // The same tree, small enough, still inlines (8^3 calls).
     let m = Module::parse(&call_tree(3, 8)).unwrap();
@@ -106,7 +108,13 @@ fn recursion_is_refused_without_expanding() {
     src.push_str(" ret;\n}\n.visible .entry k()\n{\n call r;\n ret;\n}\n");
     let start = Instant::now();
     let (m, _) = bounded(16 << 20, || Module::parse(&src));
-    let why = m.unwrap().kernel("k").unwrap().unsupported().cloned().unwrap();
+    let why = m
+        .unwrap()
+        .kernel("k")
+        .unwrap()
+        .unsupported()
+        .cloned()
+        .unwrap();
     assert!(why.to_string().contains("recursion"), "{why}");
     assert!(start.elapsed() < Duration::from_secs(2));
 }
@@ -116,7 +124,9 @@ fn module_instruction_budget_is_shared_by_kernels() {
     // Each kernel alone fits; together they do not.
     let mut src = call_tree(3, 8);
     for i in 0..4 {
-        src.push_str(&format!(".visible .entry k{i}()\n{{\n call f0;\n ret;\n}}\n"));
+        src.push_str(&format!(
+            ".visible .entry k{i}()\n{{\n call f0;\n ret;\n}}\n"
+        ));
     }
     let limits = Limits {
         max_module_instructions: 3000,
@@ -176,7 +186,9 @@ fn initializers_longer_than_the_variable_are_errors() {
 fn many_kernels(n: usize) -> String {
     let mut s = String::from(HEAD);
     for i in 0..n {
-        s.push_str(&format!(".visible .entry k{i}(.param .u32 p)\n{{\n ret;\n}}\n"));
+        s.push_str(&format!(
+            ".visible .entry k{i}(.param .u32 p)\n{{\n ret;\n}}\n"
+        ));
     }
     s
 }
@@ -239,9 +251,16 @@ fn parser_memory_is_proportional_to_the_input() {
     let (m, peak) = bounded(512 << 20, || Module::parse(&src));
     m.unwrap();
     let ratio = peak as f64 / src.len() as f64;
-    println!("{} bytes of PTX: peak {peak} bytes ({ratio:.1}x)", src.len());
+    println!(
+        "{} bytes of PTX: peak {peak} bytes ({ratio:.1}x)",
+        src.len()
+    );
     // Tokens are not stored: what remains is the syntax tree and the compiled program.
-    assert!(ratio < 14.0, "peak {peak} bytes for {} bytes of PTX", src.len());
+    assert!(
+        ratio < 14.0,
+        "peak {peak} bytes for {} bytes of PTX",
+        src.len()
+    );
 }
 
 #[test]
@@ -310,7 +329,9 @@ fn token_mutations_under_tight_limits_error_without_panics() {
     let tokens: Vec<&str> = text
         .split_inclusive(|c: char| c.is_whitespace() || ",;[]{}()".contains(c))
         .collect();
-    let replacements = ["", "}", "{", "call f;", "[", ".func", "=", "{1,2}", "-1", "é"];
+    let replacements = [
+        "", "}", "{", "call f;", "[", ".func", "=", "{1,2}", "-1", "é",
+    ];
     let limits = Limits {
         max_tokens: 400,
         max_kernels: 2,

@@ -13,8 +13,8 @@ use common::case::{
     setup,
 };
 use gleam_ptx::{
-    AddressMode, ChannelFormat, ExecError, FilterMode, FlatMemory, LaunchConfig,
-    LaunchOptions, Module, Resource, ResourceKind, SurfaceDesc, TextureDesc, TextureResolver,
+    AddressMode, ChannelFormat, ExecError, FilterMode, FlatMemory, LaunchConfig, LaunchOptions,
+    Module, Resource, ResourceKind, SurfaceDesc, TextureDesc, TextureResolver,
 };
 
 fn conformance(path: &str) -> std::path::PathBuf {
@@ -364,7 +364,10 @@ fn reference(c: &Case, inputs: &HashMap<String, Vec<u8>>) -> HashMap<String, Vec
     match c.kernel.as_str() {
         "surf2d_roundtrip" => {
             let src = texels("src");
-            let dst: Vec<u32> = src.iter().map(|v| v.wrapping_mul(3).wrapping_add(1)).collect();
+            let dst: Vec<u32> = src
+                .iter()
+                .map(|v| v.wrapping_mul(3).wrapping_add(1))
+                .collect();
             out.insert("dst".into(), words(&dst));
         }
         "surf1d_roundtrip" => {
@@ -373,7 +376,10 @@ fn reference(c: &Case, inputs: &HashMap<String, Vec<u8>>) -> HashMap<String, Vec
                 .chunks_exact(2)
                 .flat_map(|v| [v[1] * 2.0, v[0] + 1.0])
                 .collect();
-            out.insert("dst".into(), dst.iter().flat_map(|v| v.to_le_bytes()).collect());
+            out.insert(
+                "dst".into(),
+                dst.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            );
         }
         "surf3d_roundtrip" => {
             let src = &inputs["src"];
@@ -394,12 +400,20 @@ fn reference(c: &Case, inputs: &HashMap<String, Vec<u8>>) -> HashMap<String, Vec
                     d.copy_from_slice(&[s[0], -s[1], s[2] * 0.5, s[3]]);
                 }
             }
-            out.insert("dst".into(), dst.iter().flat_map(|v| v.to_le_bytes()).collect());
+            out.insert(
+                "dst".into(),
+                dst.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            );
         }
         "surf2d_read_oob" => {
             let s = texels("s");
             let (w, h) = (6i32, 5i32);
-            let (x0, y0, nx, ny) = (s32_param(c, 2), s32_param(c, 3), s32_param(c, 4), s32_param(c, 5));
+            let (x0, y0, nx, ny) = (
+                s32_param(c, 2),
+                s32_param(c, 3),
+                s32_param(c, 4),
+                s32_param(c, 5),
+            );
             let mut o = Vec::new();
             for j in 0..ny {
                 for i in 0..nx {
@@ -446,9 +460,9 @@ fn texture_and_surface_cases_match_the_cpu_reference() {
             textures: Some(&s.objects),
             ..LaunchOptions::default()
         };
-        if let Err(e) =
-            gleam_ptx::launch_with(&module, &c.kernel, &cfg, &s.params, &s.symbols, &s.mem, &opts)
-        {
+        if let Err(e) = gleam_ptx::launch_with(
+            &module, &c.kernel, &cfg, &s.params, &s.symbols, &s.mem, &opts,
+        ) {
             report.push(format!("{}: launch: {e}", c.name));
             continue;
         }
@@ -540,12 +554,20 @@ fn image(mem: &mut FlatMemory) -> Resource {
 #[test]
 fn surface_trap_mode_faults_out_of_range() {
     let mut mem = FlatMemory::new(4096);
-    let res = One(None, Some(SurfaceDesc { resource: image(&mut mem) }));
+    let res = One(
+        None,
+        Some(SurfaceDesc {
+            resource: image(&mut mem),
+        }),
+    );
     let params = |x: u32| [7u64.to_le_bytes().as_slice(), &x.to_le_bytes()].concat();
     assert_eq!(run(SURF_PTX, &params(4), &res, &mem), Ok(()));
     assert!(matches!(
         run(SURF_PTX, &params(16), &res, &mem),
-        Err(ExecError::MemoryFault { space: "surface", .. })
+        Err(ExecError::MemoryFault {
+            space: "surface",
+            ..
+        })
     ));
     assert!(matches!(
         run(SURF_PTX, &params(2), &res, &mem),
@@ -561,10 +583,19 @@ fn unknown_handles_and_missing_resolvers_are_errors() {
     assert_eq!(run(TEX_PTX, &7u64.to_le_bytes(), &res, &mem), Ok(()));
     assert!(matches!(
         run(TEX_PTX, &8u64.to_le_bytes(), &res, &mem),
-        Err(ExecError::InvalidHandle { kind: "texture", handle: 8, .. })
+        Err(ExecError::InvalidHandle {
+            kind: "texture",
+            handle: 8,
+            ..
+        })
     ));
     // A surface handle is not a texture handle.
-    let res = One(None, Some(SurfaceDesc { resource: d.resource }));
+    let res = One(
+        None,
+        Some(SurfaceDesc {
+            resource: d.resource,
+        }),
+    );
     assert!(matches!(
         run(TEX_PTX, &7u64.to_le_bytes(), &res, &mem),
         Err(ExecError::InvalidHandle { .. })
@@ -586,7 +617,10 @@ fn unsupported_corners_are_refused_not_guessed() {
     let base = TextureDesc::new(image(&mut mem));
     let refused = |d: TextureDesc| {
         let r = run(TEX_PTX, &7u64.to_le_bytes(), &One(Some(d), None), &mem);
-        assert!(matches!(r, Err(ExecError::Unsupported { .. })), "{d:?}: {r:?}");
+        assert!(
+            matches!(r, Err(ExecError::Unsupported { .. })),
+            "{d:?}: {r:?}"
+        );
     };
     let mut d = base;
     d.srgb = true;

@@ -152,9 +152,17 @@ pub enum ParamSpec {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ResKind {
     /// A CUDA array: width, height, depth (0 where absent) and layers (0: not layered).
-    Array { dims: [u64; 3], layers: u64 },
-    Linear { count: u64 },
-    Pitch2d { width: u64, height: u64 },
+    Array {
+        dims: [u64; 3],
+        layers: u64,
+    },
+    Linear {
+        count: u64,
+    },
+    Pitch2d {
+        width: u64,
+        height: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -205,7 +213,10 @@ pub struct Case {
 
 impl Case {
     pub fn resource(&self, name: &str) -> Option<(usize, &ResourceSpec)> {
-        self.resources.iter().enumerate().find(|(_, r)| r.name == name)
+        self.resources
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.name == name)
     }
     /// Whether the case uses texture or surface objects.
     pub fn uses_objects(&self) -> bool {
@@ -303,7 +314,7 @@ fn parse_resource(w: &[&str]) -> Result<ResourceSpec, String> {
             sizes.push(parse_num::<u64>(kv, "size")?);
         }
     }
-    if sizes.iter().any(|s| *s == 0) {
+    if sizes.contains(&0) {
         return Err("sizes must be positive".into());
     }
     let kind = match (w[2], sizes.as_slice()) {
@@ -379,8 +390,8 @@ fn parse_tex(w: &[&str]) -> Result<TexSpec, String> {
             if c.len() != 4 {
                 return Err(format!("border needs 4 values: `{v}`"));
             }
-            for k in 0..4 {
-                t.border[k] = parse_num(c[k], "border")?;
+            for (b, v) in t.border.iter_mut().zip(&c) {
+                *b = parse_num(v, "border")?;
             }
         } else {
             return Err(format!("unknown texture setting `{kv}`"));
@@ -726,7 +737,11 @@ pub fn setup(
             _ => 0,
         })
         .sum::<usize>()
-        + case.resources.iter().map(|r| padded(r) + 512).sum::<usize>()
+        + case
+            .resources
+            .iter()
+            .map(|r| padded(r) + 512)
+            .sum::<usize>()
         + module.globals().iter().map(|g| g.size + 512).sum::<usize>()
         + 4096;
     let mut mem = FlatMemory::new(total);
