@@ -525,8 +525,9 @@ fn build_kernel(
         .sum();
     let program = checked.and_then(|()| {
         let mut cx = Cx::new(ast, limits);
-        // Sized once: the estimate bounds the instructions from above (give or take a few).
-        cx.code.reserve_exact(estimate + 1);
+        // Sized once: the estimate bounds the instructions from above (give or take a few); it also
+        // counts register declarations, so past a million the vector grows as needed instead.
+        cx.code.reserve_exact(estimate.min(1 << 20) + 1);
         cx.kernel(f, &params)
     });
     Kernel {

@@ -59,6 +59,11 @@ use std::collections::HashMap;
 /// before the memory it bounds is allocated, and going over it is a [`ParseError`] (or, for one kernel,
 /// [`Kernel::unsupported`]), never an abort. The defaults accept every real module seen so far; a caller
 /// such as the emu backend tightens them from its own budgets (for example its device-memory size).
+///
+/// Memory: parsing and compiling hold 4 to 13 bytes per byte of PTX text as nvcc writes it (the syntax
+/// tree plus the compiled kernels; tokens are not stored), so the default 32M tokens (some 130 MiB of PTX)
+/// bound a module's compile-time footprint to about 1.5 GiB; module data is not materialised beyond its
+/// initialisers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// PTX tokens in the module text (bounds the parser's memory, which is proportional to it).
@@ -78,7 +83,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
-            max_tokens: 1 << 26,
+            max_tokens: 1 << 25,
             max_kernels: 1 << 17,
             max_global_bytes: 1 << 30,
             max_kernel_instructions: 1 << 22,

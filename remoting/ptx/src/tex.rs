@@ -413,10 +413,18 @@ fn texel_addr(r: &Resource, x: u64, y: u64, z: u64, layer: u64) -> TexResult<u64
     }))
 }
 
+/// Sizes beyond this are treated as this (no GPU has a texture near it), so index arithmetic never
+/// overflows whatever a descriptor claims.
+const MAX_EXTENT: u64 = 1 << 48;
+
+/// A size as a signed extent in `[1, MAX_EXTENT]`.
+fn extent(v: u64) -> i64 {
+    v.clamp(1, MAX_EXTENT) as i64
+}
+
 /// Texture size along each dimension (at least 1).
 fn sizes(r: &Resource) -> [i64; 3] {
-    let clamp = |v: u64| v.clamp(1, i64::MAX as u64) as i64;
-    [clamp(r.width), clamp(r.height), clamp(r.depth)]
+    [extent(r.width), extent(r.height), extent(r.depth)]
 }
 
 /// Maps texel index `i` of a dimension of `n` texels into range, or `None` for a border tap.
@@ -660,20 +668,16 @@ impl SurfaceAccess<'_> {
         if x.rem_euclid(len) != 0 {
             return Err(TexError::Misaligned { x, len: self.len });
         }
-        let width_bytes = (r.width as i64).saturating_mul(r.elem_bytes() as i64);
+        let width_bytes = extent(r.width) * r.elem_bytes() as i64;
         // Valid ranges: x bytes, then rows, slices, layers.
-        let hi = [
-            width_bytes - len,
-            r.height.max(1) as i64 - 1,
-            r.depth.max(1) as i64 - 1,
-        ];
+        let hi = [width_bytes - len, extent(r.height) - 1, extent(r.depth) - 1];
         let mut at = [0i64; 3];
         let mut outside = false;
         for d in 0..dims {
             at[d] = xyz[d] as i64;
             outside |= at[d] < 0 || at[d] > hi[d];
         }
-        let top_layer = r.layers.max(1) as i64 - 1;
+        let top_layer = extent(r.layers) - 1;
         let mut layer = layer;
         outside |= layer < 0 || layer > top_layer;
         if outside {
@@ -948,6 +952,8 @@ mod tests {
         let mut r = Resource::array(0, ChannelFormat::F32, 4, [u64::MAX, u64::MAX, 3], 0);
         r.base = u64::MAX - 3;
         let mut d = TextureDesc::new(r);
+        let mut layered = r;
+        layered.layers = u64::MAX;
         for filter in [FilterMode::Point, FilterMode::Linear] {
             for mode in [
                 AddressMode::Wrap,
@@ -966,20 +972,28 @@ mod tests {
                     };
                     let _ = sample(&d, Geom::D3, &c, TexType::F32, &mem);
                     let _ = gather(&d, Geom::D2, 3, &c, TexType::F32, &mem);
+                    let mut dl = d;
+                    dl.resource = layered;
+                    let _ = sample(&dl, Geom::A2, &c, TexType::F32, &mem);
                 }
             }
         }
-        let sd = SurfaceDesc { resource: r };
-        for x in [i32::MIN, -4, 0, i32::MAX - 3] {
-            let acc = SurfaceAccess {
-                desc: &sd,
-                geom: Geom::D3,
-                coords: [x, x, x, 0],
-                len: 16,
-                clamp: OutOfRange::Clamp,
-            };
-            let mut out = [0u8; 16];
-            let _ = acc.load(&mem, &mut out);
+        for (resource, geom) in [(r, Geom::D3), (layered, Geom::A2)] {
+            let sd = SurfaceDesc { resource };
+            for x in [i32::MIN, -4, 0, i32::MAX - 3] {
+                for clamp in [OutOfRange::Clamp, OutOfRange::Zero, OutOfRange::Trap] {
+                    let acc = SurfaceAccess {
+                        desc: &sd,
+                        geom,
+                        coords: [x, x, x, x],
+                        len: 16,
+                        clamp,
+                    };
+                    let mut out = [0u8; 16];
+                    let _ = acc.load(&mem, &mut out);
+                    let _ = acc.store(&mem, &out);
+                }
+            }
         }
         assert!(r.span_bytes().is_none());
     }

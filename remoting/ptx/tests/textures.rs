@@ -670,3 +670,129 @@ fn generated_case_inputs_are_deterministic_and_sized() {
         }
     }
 }
+
+/// Descriptors no sane driver would make: the interpreter must answer with errors, never panic.
+struct Hostile(Vec<Resource>);
+
+impl TextureResolver for Hostile {
+    fn texture(&self, h: u64) -> Option<TextureDesc> {
+        let r = *self.0.get(h as usize % self.0.len())?;
+        let mut d = TextureDesc::new(r);
+        d.filter = if h & 1 == 0 {
+            FilterMode::Point
+        } else {
+            FilterMode::Linear
+        };
+        d.normalized_coords = h & 2 != 0;
+        d.address = if h & 8 == 0 {
+            [AddressMode::Wrap, AddressMode::Mirror, AddressMode::Border]
+        } else {
+            [AddressMode::Mirror, AddressMode::Clamp, AddressMode::Wrap]
+        };
+        d.read_as_integer = h & 4 != 0;
+        Some(d)
+    }
+    fn surface(&self, h: u64) -> Option<SurfaceDesc> {
+        Some(SurfaceDesc {
+            resource: *self.0.get(h as usize % self.0.len())?,
+        })
+    }
+}
+
+#[test]
+fn mutated_texture_kernels_and_hostile_descriptors_error_without_panics() {
+    let mut mem = FlatMemory::new(1 << 16);
+    let buf = mem.alloc(4096).unwrap();
+    let huge = Resource::array(buf, ChannelFormat::F32, 4, [u64::MAX, 1 << 40, 3], 0);
+    let mut layered = Resource::array(buf, ChannelFormat::U8, 2, [7, 5, 0], u64::MAX);
+    layered.row_pitch = u64::MAX;
+    let mut high = Resource::pitch2d(u64::MAX - 8, ChannelFormat::S16, 1, 9, 9, 3);
+    high.slice_pitch = u64::MAX;
+    let odd = Resource::array(buf, ChannelFormat::F16, 3, [0, 0, 0], 0);
+    let linear = Resource::linear(buf, ChannelFormat::S8, 4, 4096);
+    let resolver = Hostile(vec![huge, layered, high, odd, linear]);
+    let mut seed: u64 = 0x0DDB_1A5E_5BAD_5EED;
+    let mut launched = 0;
+    for file in ["textures.ptx", "surfaces.ptx"] {
+        let text = std::fs::read_to_string(conformance("ptx").join(file)).unwrap();
+        let tokens: Vec<&str> = text
+            .split_inclusive(|c: char| c.is_whitespace() || ",;[]{}()".contains(c))
+            .collect();
+        let replacements = [
+            "",
+            "{",
+            "}",
+            "[",
+            "]",
+            "%rd1",
+            "%f1",
+            "%r1",
+            ".a2d",
+            ".3d",
+            "-1",
+            "0f7FC00000",
+            ".v2",
+            ".b64",
+            ".zero",
+            "_",
+            "tex.1d.v4.s32.f32",
+            "suld.b.1d.b8.clamp",
+        ];
+        for _ in 0..200 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let at = (seed >> 33) as usize % tokens.len();
+            let with = replacements[(seed >> 20) as usize % replacements.len()];
+            let mutated: String = tokens
+                .iter()
+                .enumerate()
+                .map(|(i, t)| if i == at { with } else { *t })
+                .collect();
+            let Ok(m) = Module::parse(&mutated) else {
+                continue;
+            };
+            for k in m.kernels() {
+                if k.unsupported().is_some() {
+                    continue;
+                }
+                // Handles pick the hostile descriptors; pointers point at the small buffer.
+                let mut params = vec![0u8; k.param_bytes()];
+                for (i, p) in k.params().iter().enumerate() {
+                    let v: u64 = if p.size == 8 {
+                        if i == 0 || i == 1 && k.name().starts_with("surf") {
+                            seed >> (i * 7) & 0xff
+                        } else {
+                            buf
+                        }
+                    } else {
+                        (seed >> (i * 5)) & 0x1f
+                    };
+                    params[p.offset..p.offset + p.size.min(8)]
+                        .copy_from_slice(&v.to_le_bytes()[..p.size.min(8)]);
+                }
+                let cfg = LaunchConfig {
+                    grid: [1, 2, 1],
+                    block: [4, 4, 2],
+                    dynamic_shared_bytes: 0,
+                };
+                let opts = LaunchOptions {
+                    textures: Some(&resolver),
+                    max_thread_instructions: Some(1 << 20),
+                    ..LaunchOptions::default()
+                };
+                let _ = gleam_ptx::launch_with(
+                    &m,
+                    k.name(),
+                    &cfg,
+                    &params,
+                    &HashMap::new(),
+                    &mem,
+                    &opts,
+                );
+                launched += 1;
+            }
+        }
+    }
+    assert!(launched > 100, "{launched} launches");
+}
