@@ -338,6 +338,27 @@ impl Objects {
     }
 }
 
+/// Runs texture or surface instruction `Program::tex[i]` for the lanes in `em`.
+#[cold]
+#[inline(never)]
+fn tex_warp(
+    ctx: &Ctx,
+    objects: &mut Objects,
+    i: u32,
+    regs: &mut [u64],
+    em: u32,
+    line: usize,
+) -> Result<(), ExecError> {
+    let t = &ctx.prog.tex[i as usize];
+    let mut err = Ok(());
+    lanes(em, |l| {
+        if err.is_ok() {
+            err = tex_lane(ctx, objects, t, regs, l, line);
+        }
+    });
+    err
+}
+
 /// Runs texture or surface instruction `t` for lane `l` of a warp whose registers are `regs`.
 fn tex_lane(
     ctx: &Ctx,
@@ -714,6 +735,7 @@ impl Block {
         let stride = ctx.prog.nregs as usize * 32;
         let regs = &mut self.regs[w * stride..(w + 1) * stride];
         let pcs = &mut self.pcs[w];
+        let objects = &mut self.objects;
         let mut alive = self.alive[w];
         let mut waiting = self.waiting[w];
         let mut mem = Mem {
@@ -1166,17 +1188,8 @@ impl Block {
                 }
                 Op::Nop | Op::WarpSync => {}
                 Op::Tex { i } => {
-                    let t = &ctx.prog.tex[i as usize];
-                    let objects = &mut self.objects;
-                    let mut err = None;
-                    lanes(em, |l| {
-                        if err.is_none()
-                            && let Err(e) = tex_lane(ctx, objects, t, regs, l, line)
-                        {
-                            err = Some(e);
-                        }
-                    });
-                    if let Some(e) = err {
+                    // Out of line: texture code inlined here slows every other instruction.
+                    if let Err(e) = tex_warp(ctx, objects, i, regs, em, line) {
                         break Err(e);
                     }
                 }
