@@ -365,6 +365,7 @@ pub fn build_module(ast: &Ast, limits: &Limits) -> Result<Module, ParseError> {
                             limits.max_module_instructions
                         ),
                         found: format!("{total} by kernel {}", f.name),
+                        limit: Some("max_module_instructions"),
                     });
                 }
                 Ok(())

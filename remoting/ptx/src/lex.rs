@@ -67,6 +67,7 @@ impl<'s> Lexer<'s> {
             line,
             expected: expected.into(),
             found,
+            limit: None,
         };
         let i = &mut self.pos;
         let line = &mut self.line;
@@ -109,11 +110,14 @@ impl<'s> Lexer<'s> {
             }
         }
         if self.produced >= self.max_tokens {
-            return Err(err(
-                *line,
-                &format!("at most {} tokens (Limits::max_tokens)", self.max_tokens),
-                "a longer module".into(),
-            ));
+            return Err(ParseError {
+                limit: Some("max_tokens"),
+                ..err(
+                    *line,
+                    &format!("at most {} tokens (Limits::max_tokens)", self.max_tokens),
+                    "a longer module".into(),
+                )
+            });
         }
         self.produced += 1;
         let c = b[*i];
@@ -239,6 +243,7 @@ mod tests {
         assert!(lx.next_token().unwrap().is_some());
         let e = lx.next_token().unwrap_err();
         assert!(e.expected.contains("max_tokens"), "{e}");
+        assert_eq!(e.limit, Some("max_tokens"));
         // Trailing whitespace and comments are not tokens.
         let mut lx = Lexer::new("a b  // c\n", 2);
         while lx.next_token().unwrap().is_some() {}

@@ -254,13 +254,16 @@ pub struct LaunchStats {
     pub blocks: u64,
 }
 
-/// A syntax error in PTX text.
+/// A syntax error in PTX text, or a module over one of its [`Limits`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("PTX line {line}: expected {expected}, found {found}")]
 pub struct ParseError {
     pub line: usize,
     pub expected: String,
     pub found: String,
+    /// The [`Limits`] field the module went over (`"max_tokens"`, ...), `None` for a syntax error: a
+    /// caller may report the two differently (out of resources versus invalid PTX).
+    pub limit: Option<&'static str>,
 }
 
 /// Why a launch failed.

@@ -262,6 +262,7 @@ impl<'s> P<'s> {
             line: self.line(),
             expected: expected.into(),
             found,
+            limit: None,
         })
     }
     fn next(&mut self) -> Option<Tok<'s>> {
@@ -421,6 +422,7 @@ fn parse_module(p: &mut P, limits: &Limits) -> R<Ast> {
                                 limits.max_kernels
                             ),
                             found: format!("kernel {}", f.name),
+                            limit: Some("max_kernels"),
                         });
                     }
                 }
@@ -453,6 +455,7 @@ fn parse_module(p: &mut P, limits: &Limits) -> R<Ast> {
                                 limits.max_global_bytes
                             ),
                             found: format!("{data_bytes} bytes up to {}", v.name),
+                            limit: Some("max_global_bytes"),
                         });
                     }
                 }

@@ -134,6 +134,7 @@ fn module_instruction_budget_is_shared_by_kernels() {
     };
     let e = Module::parse_with(&src, &limits).unwrap_err();
     assert!(e.expected.contains("max_module_instructions"), "{e}");
+    assert_eq!(e.limit, Some("max_module_instructions"));
     assert!(Module::parse(&src).is_ok());
     let per_kernel = Limits {
         max_kernel_instructions: 100,
@@ -153,6 +154,7 @@ fn large_initialized_globals_are_budgeted_before_allocation() {
     let (r, peak) = bounded(64 << 20, || Module::parse(&src));
     let e = r.unwrap_err();
     assert!(e.expected.contains("max_global_bytes"), "{e}");
+    assert_eq!(e.limit, Some("max_global_bytes"));
     assert!(peak < 1 << 20, "peak {peak} bytes");
     // Allowed by a larger budget, the data is still not materialised: only the initialised prefix is kept.
     let limits = Limits {
@@ -171,7 +173,7 @@ fn large_initialized_globals_are_budgeted_before_allocation() {
 #[test]
 fn initializers_longer_than_the_variable_are_errors() {
     let src = format!("{HEAD}.global .b32 x[2] = {{1, 2, 3}};\n");
-    assert!(Module::parse(&src).is_err());
+    assert_eq!(Module::parse(&src).unwrap_err().limit, None);
     let src = format!("{HEAD}.global .b32 x[] = {{1, 2, 3}};\n");
     let m = Module::parse(&src).unwrap();
     assert_eq!(m.globals()[0].size, 12);
@@ -224,6 +226,7 @@ fn many_kernels_parse_in_linear_time() {
     )
     .unwrap_err();
     assert!(e.expected.contains("max_kernels"), "{e}");
+    assert_eq!(e.limit, Some("max_kernels"));
 }
 
 /// A kernel body of `lines` instructions in nvcc's style.
@@ -273,6 +276,7 @@ fn token_limit_is_an_error() {
     let (r, peak) = bounded(16 << 20, || Module::parse_with(&src, &limits));
     let e = r.unwrap_err();
     assert!(e.expected.contains("max_tokens"), "{e}");
+    assert_eq!(e.limit, Some("max_tokens"));
     assert!(peak < 256 << 10, "peak {peak}");
     // Junk is refused at its first token, whatever follows.
     let junk = "a,".repeat(1 << 20);
