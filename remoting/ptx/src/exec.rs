@@ -55,10 +55,10 @@ pub fn launch(
 
 /// What a launch may use besides its arguments, and when it must stop.
 ///
-/// Every worker checks the stop conditions after each warp time slice once it has executed 32768
-/// thread-instructions since its last check (about 0.1 ms), so a launch stops within a millisecond or so of
-/// the flag or deadline, and overshoots its budget by at most that much (plus one slice) per worker. The
-/// checks cost well under 1% of the interpreter's time.
+/// Every worker checks the stop conditions before each block, and after each warp time slice once it has
+/// executed 32768 thread-instructions since its last check (about 0.1 ms), so a launch stops within a
+/// millisecond or so of the flag or deadline, and overshoots its budget by at most that much (plus one
+/// slice) per worker. The checks cost well under 1% of the interpreter's time.
 #[derive(Clone, Copy, Default)]
 pub struct LaunchOptions<'a> {
     /// Set (from any thread) to stop the launch: [`StopReason::Cancelled`].
@@ -187,7 +187,10 @@ pub fn launch_with(
                 ((id / gx as u64) % gy as u64) as u32,
                 (id / (gx as u64 * gy as u64)) as u32,
             ];
-            if let Err(e) = b.run(&ctx, ctaid, &mut stats) {
+            // Blocks whose setup outweighs their instructions may never add up to a check inside
+            // `run`: check between blocks too.
+            let stop = ctx.stop.check(0).map(|_| ());
+            if let Err(e) = stop.and_then(|()| b.run(&ctx, ctaid, &mut stats)) {
                 failed.store(true, Ordering::Relaxed);
                 if let Ok(mut slot) = first_err.lock() {
                     // Report the error of the lowest block for determinism.
@@ -252,7 +255,7 @@ impl Stop<'_> {
         if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Err(ExecError::Stopped(StopReason::Cancelled));
         }
-        if let Some(max) = self.budget {
+        if let Some(max) = self.budget.filter(|_| slice_instructions > 0) {
             let done = self
                 .executed
                 .fetch_add(slice_instructions, Ordering::Relaxed)

@@ -459,3 +459,30 @@ fn a_budget_the_kernel_fits_in_changes_nothing() {
     );
     let _ = FlatMemory::new(0);
 }
+
+#[test]
+fn a_grid_of_many_tiny_blocks_stops_at_its_deadline() {
+    let src = format!("{HEAD}.visible .entry tiny()\n{{\n ret;\n}}\n");
+    let m = Module::parse(&src).unwrap();
+    let g = Gpu::new(&m);
+    let cfg = LaunchConfig {
+        grid: [i32::MAX as u32, 65535, 1],
+        block: [1, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    let t = Instant::now();
+    let r = gleam_ptx::launch_with(
+        &m,
+        "tiny",
+        &cfg,
+        &[],
+        &g.symbols,
+        &g.mem,
+        &LaunchOptions {
+            deadline: Some(Instant::now() + Duration::from_millis(100)),
+            ..LaunchOptions::default()
+        },
+    );
+    assert_eq!(r.unwrap_err(), ExecError::Stopped(StopReason::Deadline));
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
