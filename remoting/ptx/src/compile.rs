@@ -2032,7 +2032,7 @@ impl<'a> Cx<'a> {
             Operand::Vec(v) => v.clone(),
             o => vec![o.clone()],
         };
-        let need = geom.dims() + geom.layered() as usize;
+        let need = geom.dims() + usize::from(geom.layered());
         if list.len() < need || list.len() > 4 {
             return Err(unsupported(ins, "coordinate count for this geometry"));
         }

@@ -426,7 +426,7 @@ fn tex_lane(
             }
             .map_err(fail)?;
             for (k, &r) in t.regs.iter().enumerate().take(t.n as usize) {
-                regs[r as usize * 32 + l] = v[k] as u64;
+                regs[r as usize * 32 + l] = u64::from(v[k]);
             }
         }
         TexKind::Load(clamp) | TexKind::Store(clamp) => {
@@ -459,11 +459,11 @@ fn tex_lane(
         }
         TexKind::TexQuery(q) => {
             let desc = objects.texture(ctx, handle, line)?;
-            regs[t.regs[0] as usize * 32 + l] = q.answer(&desc.resource) as u64;
+            regs[t.regs[0] as usize * 32 + l] = u64::from(q.answer(&desc.resource));
         }
         TexKind::SurfQuery(q) => {
             let desc = objects.surface(ctx, handle, line)?;
-            regs[t.regs[0] as usize * 32 + l] = q.answer(&desc.resource) as u64;
+            regs[t.regs[0] as usize * 32 + l] = u64::from(q.answer(&desc.resource));
         }
     }
     Ok(())

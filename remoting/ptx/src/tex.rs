@@ -82,7 +82,7 @@ pub struct Resource {
 impl Resource {
     /// A linear buffer of `bytes` bytes (`tex1Dfetch`); partial texels at the end are not addressable.
     pub fn linear(base: u64, format: ChannelFormat, channels: u8, bytes: u64) -> Resource {
-        let elem = format.size() as u64 * channels as u64;
+        let elem = format.size() as u64 * u64::from(channels);
         Resource {
             kind: ResourceKind::Linear,
             base,
@@ -134,7 +134,7 @@ impl Resource {
         [width, height, depth]: [u64; 3],
         layers: u64,
     ) -> Resource {
-        let elem = format.size() as u64 * channels as u64;
+        let elem = format.size() as u64 * u64::from(channels);
         let (width, height, depth) = (width.max(1), height.max(1), depth.max(1));
         let row_pitch = width.saturating_mul(elem);
         Resource {
@@ -154,7 +154,7 @@ impl Resource {
 
     /// Bytes of one texel.
     pub fn elem_bytes(&self) -> u64 {
-        self.format.size() as u64 * self.channels as u64
+        self.format.size() as u64 * u64::from(self.channels)
     }
 
     /// Bytes from one layer to the next.
@@ -371,23 +371,23 @@ fn texel(
     for c in 0..r.channels as usize {
         let b = &raw[c * size..c * size + size];
         let bits = match size {
-            1 => b[0] as u32,
-            2 => u16::from_le_bytes([b[0], b[1]]) as u32,
+            1 => u32::from(b[0]),
+            2 => u32::from(u16::from_le_bytes([b[0], b[1]])),
             _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         };
         use ChannelFormat as C;
         f[c] = match r.format {
             C::U8 => bits as f32 / 255.0,
             C::U16 => bits as f32 / 65535.0,
-            C::S8 => (bits as u8 as i8 as f32 / 127.0).max(-1.0),
-            C::S16 => (bits as u16 as i16 as f32 / 32767.0).max(-1.0),
+            C::S8 => (f32::from(bits as u8 as i8) / 127.0).max(-1.0),
+            C::S16 => (f32::from(bits as u16 as i16) / 32767.0).max(-1.0),
             C::F16 => half::f16::from_bits(bits as u16).to_f32(),
             C::F32 => f32::from_bits(bits),
             C::U32 | C::S32 => 0.0,
         };
         i[c] = match r.format {
-            C::S8 => bits as u8 as i8 as i32 as u32,
-            C::S16 => bits as u16 as i16 as i32 as u32,
+            C::S8 => i32::from(bits as u8 as i8) as u32,
+            C::S16 => i32::from(bits as u16 as i16) as u32,
             _ => bits,
         };
     }
@@ -452,7 +452,7 @@ fn texel_coord(c: f32, n: i64, normalized: bool) -> f32 {
 
 /// `xb = x - 0.5` in fixed point with 8 fractional bits, rounded to nearest: `(floor, weight/256)`.
 fn linear_split(x: f32) -> (i64, i64) {
-    let fixed = ((x as f64 - 0.5) * 256.0).round() as i64;
+    let fixed = ((f64::from(x) - 0.5) * 256.0).round() as i64;
     (fixed >> 8, fixed & 255)
 }
 
@@ -498,7 +498,7 @@ fn prepare(desc: &TextureDesc, geom: Geom, at: &Coords, ty: TexType) -> TexResul
         });
     }
     Ok(if geom.layered() {
-        (at.layer as u64).min(r.layers - 1)
+        u64::from(at.layer).min(r.layers - 1)
     } else {
         0
     })
@@ -518,7 +518,7 @@ pub fn sample(
     let n = sizes(r);
     if r.kind == ResourceKind::Linear {
         // tex1Dfetch: no address mode, zero outside the buffer.
-        let i = at.c[0] as i32 as i64;
+        let i = i64::from(at.c[0] as i32);
         if !(0..n[0]).contains(&i) {
             return Ok([0; 4]);
         }
@@ -544,7 +544,7 @@ pub fn sample(
         texel(desc, mem, at3, layer)
     };
     if at.int {
-        let idx = [0, 1, 2].map(|d| at.c[d] as i32 as i64);
+        let idx = [0, 1, 2].map(|d| i64::from(at.c[d] as i32));
         return Ok(bits(tap(idx)?));
     }
     let x: Vec<f32> = (0..dims)
@@ -571,7 +571,7 @@ pub fn sample(
         let mut w = 1f64;
         for d in 0..dims {
             let hi = corner >> d & 1 == 1;
-            idx[d] = base[d].saturating_add(hi as i64);
+            idx[d] = base[d].saturating_add(i64::from(hi));
             let a = frac[d] as f64 / 256.0;
             w *= if hi { a } else { 1.0 - a };
         }
@@ -582,7 +582,7 @@ pub fn sample(
             return unsupported("linear filtering of integer texels");
         };
         for c in 0..4 {
-            acc[c] += w * v[c] as f64;
+            acc[c] += w * f64::from(v[c]);
         }
     }
     Ok(acc.map(|v| (v as f32).to_bits()))
@@ -658,13 +658,13 @@ impl SurfaceAccess<'_> {
             return unsupported("surface geometry does not match the surface's layering");
         }
         let (layer, xyz) = if layered {
-            (self.coords[0] as i64, &self.coords[1..])
+            (i64::from(self.coords[0]), &self.coords[1..])
         } else {
             (0, &self.coords[..])
         };
         let dims = self.geom.dims();
         let len = self.len as i64;
-        let x = xyz[0] as i64;
+        let x = i64::from(xyz[0]);
         if x.rem_euclid(len) != 0 {
             return Err(TexError::Misaligned { x, len: self.len });
         }
@@ -674,7 +674,7 @@ impl SurfaceAccess<'_> {
         let mut at = [0i64; 3];
         let mut outside = false;
         for d in 0..dims {
-            at[d] = xyz[d] as i64;
+            at[d] = i64::from(xyz[d]);
             outside |= at[d] < 0 || at[d] > hi[d];
         }
         let top_layer = extent(r.layers) - 1;
@@ -765,7 +765,7 @@ impl Query {
             Query::Depth => r.depth,
             Query::ArraySize => r.layers,
         };
-        v.min(u32::MAX as u64) as u32
+        u32::try_from(v).unwrap_or(u32::MAX)
     }
 }
 

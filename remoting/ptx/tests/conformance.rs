@@ -87,7 +87,7 @@ fn case_names() -> Vec<String> {
         return Vec::new();
     };
     let mut names: Vec<String> = entries
-        .filter_map(|e| e.ok())
+        .filter_map(Result::ok)
         .filter_map(|e| {
             e.file_name()
                 .to_str()
@@ -240,14 +240,14 @@ fn case_files_parse() {
     assert!(!mismatch(
         Elem::F32,
         Check::Ulp(1),
-        1f32.to_bits() as u64,
-        1.0000001f32.to_bits() as u64
+        u64::from(1f32.to_bits()),
+        u64::from(1.0000001f32.to_bits())
     ));
     assert!(mismatch(
         Elem::F32,
         Check::Ulp(1),
-        1f32.to_bits() as u64,
-        1.0000005f32.to_bits() as u64
+        u64::from(1f32.to_bits()),
+        u64::from(1.0000005f32.to_bits())
     ));
     assert!(mismatch(Elem::U32, Check::Abs(10.0), 1, 2));
 }

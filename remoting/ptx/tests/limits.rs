@@ -24,6 +24,8 @@ thread_local! {
     static CAP: Cell<usize> = const { Cell::new(0) };
 }
 
+// SAFETY: every allocation is delegated to `System` unchanged; the wrapper only counts sizes (and may
+// refuse, returning null as the contract allows).
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let live = LIVE.with(Cell::get).saturating_add(layout.size());
@@ -31,6 +33,7 @@ unsafe impl GlobalAlloc for Counting {
         if cap != 0 && live > cap {
             return std::ptr::null_mut();
         }
+        // SAFETY: the caller's `layout` contract is passed on as is.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             LIVE.with(|l| l.set(live));
@@ -40,6 +43,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this `layout` (see `alloc`).
         unsafe { System.dealloc(ptr, layout) };
         LIVE.with(|l| l.set(l.get().saturating_sub(layout.size())));
     }

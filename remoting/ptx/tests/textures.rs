@@ -101,7 +101,7 @@ impl RefTexture<'_> {
         }
         if self.floats() {
             // What the texture unit returns is an f32.
-            Value::F(f.map(|v| v as f32 as f64))
+            Value::F(f.map(|v| f64::from(v as f32)))
         } else {
             Value::I(i)
         }
@@ -127,7 +127,7 @@ impl RefTexture<'_> {
 
     fn border(&self) -> Value {
         if self.floats() {
-            Value::F(self.spec.border.map(|v| v as f64))
+            Value::F(self.spec.border.map(f64::from))
         } else {
             Value::I(self.spec.border.map(|v| v as i64))
         }
@@ -146,15 +146,15 @@ impl RefTexture<'_> {
     }
 
     fn layer(&self, layer: Option<i64>) -> i64 {
-        layer.map_or(0, |l| (l as u32 as i64).min(self.layers() - 1))
+        layer.map_or(0, |l| i64::from(l as u32).min(self.layers() - 1))
     }
 
     /// Texel-space coordinate of `c` along dimension `d`.
     fn scaled(&self, c: f32, d: usize) -> f64 {
         if self.spec.normalized {
-            (c * self.dims()[d] as f32) as f64
+            f64::from(c * self.dims()[d] as f32)
         } else {
-            c as f64
+            f64::from(c)
         }
     }
 
@@ -183,7 +183,7 @@ impl RefTexture<'_> {
             let mut idx = [0i64; 3];
             for d in 0..dims {
                 let up = corner >> d & 1 == 1;
-                idx[d] = lo[d] + up as i64;
+                idx[d] = lo[d] + i64::from(up);
                 w *= if up { a[d] } else { 1.0 - a[d] };
             }
             let Value::F(v) = self.tap(idx, dims, layer) else {
@@ -315,7 +315,7 @@ fn reference(c: &Case, inputs: &HashMap<String, Vec<u8>>) -> HashMap<String, Vec
                     for i in 0..nx {
                         let (x, y) = (coord(f[0], f[1], i), coord(f[2], f[3], j));
                         let v = if layered {
-                            t.sample(&[x, y], Some(k as i64))
+                            t.sample(&[x, y], Some(i64::from(k)))
                         } else {
                             t.sample(&[x, y, coord(f[4], f[5], k)], None)
                         };
@@ -328,7 +328,7 @@ fn reference(c: &Case, inputs: &HashMap<String, Vec<u8>>) -> HashMap<String, Vec
             let t = tex();
             let (first, n) = (s32_param(c, 2), s32_param(c, 3));
             for i in 0..n {
-                push(&mut buf, t.fetch((first + i) as i64));
+                push(&mut buf, t.fetch(i64::from(first + i)));
             }
         }
         "tex_query" => {

@@ -63,13 +63,13 @@ impl Elem {
     pub fn value(self, bits: u64) -> f64 {
         match self {
             Elem::U8 | Elem::U16 | Elem::U32 | Elem::U64 => bits as f64,
-            Elem::S8 => bits as u8 as i8 as f64,
-            Elem::S16 => bits as u16 as i16 as f64,
-            Elem::S32 => bits as u32 as i32 as f64,
+            Elem::S8 => f64::from(bits as u8 as i8),
+            Elem::S16 => f64::from(bits as u16 as i16),
+            Elem::S32 => f64::from(bits as u32 as i32),
             Elem::S64 => bits as i64 as f64,
             Elem::F16 => half::f16::from_bits(bits as u16).to_f64(),
             Elem::Bf16 => half::bf16::from_bits(bits as u16).to_f64(),
-            Elem::F32 => f32::from_bits(bits as u32) as f64,
+            Elem::F32 => f64::from(f32::from_bits(bits as u32)),
             Elem::F64 => f64::from_bits(bits),
         }
     }
@@ -80,7 +80,11 @@ impl Elem {
             Elem::F32 => (bits & 0x7fff_ffff, bits & 0x8000_0000 != 0),
             _ => (bits & !(1 << 63), bits >> 63 != 0),
         };
-        if sign { -(mag as i128) } else { mag as i128 }
+        if sign {
+            -i128::from(mag)
+        } else {
+            i128::from(mag)
+        }
     }
     pub fn of_format(f: ChannelFormat) -> Elem {
         match f {
@@ -507,14 +511,17 @@ pub fn mismatch(elem: Elem, check: Check, exp: u64, got: u64) -> bool {
             if e.is_nan() || g.is_nan() {
                 return true;
             }
-            (elem.ordinal(exp) - elem.ordinal(got)).unsigned_abs() > n as u128
+            (elem.ordinal(exp) - elem.ordinal(got)).unsigned_abs() > u128::from(n)
         }
         // An unordered (NaN) difference fails.
-        Check::Abs(x) => (e - g).abs().partial_cmp(&x).is_none_or(|o| o.is_gt()),
+        Check::Abs(x) => (e - g)
+            .abs()
+            .partial_cmp(&x)
+            .is_none_or(std::cmp::Ordering::is_gt),
         Check::Rel(x) => (e - g)
             .abs()
             .partial_cmp(&(x * e.abs()))
-            .is_none_or(|o| o.is_gt()),
+            .is_none_or(std::cmp::Ordering::is_gt),
     }
 }
 
@@ -563,7 +570,7 @@ fn splitmix64(state: &mut u64) -> u64 {
 fn fnv1a(s: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in s.bytes() {
-        h ^= b as u64;
+        h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
