@@ -5,12 +5,16 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
-use crate::compile::{ConstVal, FL_FTZ, FL_SAT, Inst, NONE, Op, Program, R, Space, Special};
+use crate::compile::{
+    ConstVal, FL_FTZ, FL_SAT, Inst, NONE, Op, Program, R, Space, Special, TexInst, TexKind,
+};
 use crate::ops::{self, AtomOp};
+use crate::tex::{self, Coords, SurfaceAccess, TexError};
 use crate::{
     ExecError, GlobalMemory, LOCAL_WINDOW, LaunchConfig, LaunchStats, Module, PARAM_WINDOW,
-    SHARED_WINDOW, WINDOW_SIZE,
+    SHARED_WINDOW, StopReason, SurfaceDesc, TextureDesc, TextureResolver, WINDOW_SIZE,
 };
 
 /// Warp steps a warp runs before the block scheduler moves on to the next warp.
@@ -20,10 +24,13 @@ const SLICE_STEPS: u64 = 4096;
 /// a turn (forward progress for intra-warp spin locks).
 const STARVE_LIMIT: u32 = 1_000;
 
+/// Thread-instructions a worker executes between two checks of the stop conditions (about 0.1 ms).
+const CHECK_EVERY: u64 = 1 << 15;
+
 /// Shared memory a block may use (static plus dynamic), as on sm_90.
 const MAX_SHARED: usize = 227 * 1024;
 
-/// Runs `kernel` of `module` over the grid in `cfg`.
+/// Runs `kernel` of `module` over the grid in `cfg`, to the end.
 ///
 /// `params` is the packed parameter buffer laid out per [`crate::Kernel::params`]; `symbols` gives the device
 /// address of every module `.global`/`.const` variable the kernel uses.
@@ -34,6 +41,57 @@ pub fn launch(
     params: &[u8],
     symbols: &HashMap<String, u64>,
     mem: &dyn GlobalMemory,
+) -> Result<LaunchStats, ExecError> {
+    launch_with(
+        module,
+        kernel,
+        cfg,
+        params,
+        symbols,
+        mem,
+        &LaunchOptions::default(),
+    )
+}
+
+/// What a launch may use besides its arguments, and when it must stop.
+///
+/// Every worker checks the stop conditions before each block, and after each warp time slice once it has
+/// executed 32768 thread-instructions since its last check (about 0.1 ms), so a launch stops within a
+/// millisecond or so of the flag or deadline, and overshoots its budget by at most that much (plus one
+/// slice) per worker. The checks cost well under 1% of the interpreter's time.
+#[derive(Clone, Copy, Default)]
+pub struct LaunchOptions<'a> {
+    /// Set (from any thread) to stop the launch: [`StopReason::Cancelled`].
+    pub cancel: Option<&'a AtomicBool>,
+    /// The launch stops when this instant passes: [`StopReason::Deadline`].
+    pub deadline: Option<Instant>,
+    /// Thread-instructions (as [`LaunchStats::thread_instructions`] counts them) the launch may execute:
+    /// [`StopReason::Budget`].
+    pub max_thread_instructions: Option<u64>,
+    /// Resolves the texture and surface object handles the kernel uses.
+    pub textures: Option<&'a dyn TextureResolver>,
+}
+
+impl std::fmt::Debug for LaunchOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchOptions")
+            .field("cancel", &self.cancel)
+            .field("deadline", &self.deadline)
+            .field("max_thread_instructions", &self.max_thread_instructions)
+            .field("textures", &self.textures.is_some())
+            .finish()
+    }
+}
+
+/// [`launch`] with [`LaunchOptions`]: a way to stop it early, and texture and surface objects.
+pub fn launch_with(
+    module: &Module,
+    kernel: &str,
+    cfg: &LaunchConfig,
+    params: &[u8],
+    symbols: &HashMap<String, u64>,
+    mem: &dyn GlobalMemory,
+    opts: &LaunchOptions,
 ) -> Result<LaunchStats, ExecError> {
     let k = module
         .kernel(kernel)
@@ -88,6 +146,7 @@ pub fn launch(
         consts.push((*r, v));
     }
     let nblocks = gx as u64 * gy as u64 * gz as u64;
+    let failed = AtomicBool::new(false);
     let ctx = Ctx {
         prog,
         cfg,
@@ -96,13 +155,20 @@ pub fn launch(
         consts,
         nthreads: nthreads as usize,
         shared_total,
+        textures: opts.textures,
+        stop: Stop {
+            failed: &failed,
+            cancel: opts.cancel,
+            deadline: opts.deadline,
+            budget: opts.max_thread_instructions,
+            executed: AtomicU64::new(0),
+        },
     };
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(nblocks as usize)
         .max(1);
     let next = AtomicU64::new(0);
-    let failed = AtomicBool::new(false);
     let first_err: Mutex<Option<(u64, ExecError)>> = Mutex::new(None);
     let total = Mutex::new(LaunchStats::default());
     let work = || {
@@ -121,7 +187,10 @@ pub fn launch(
                 ((id / gx as u64) % gy as u64) as u32,
                 (id / (gx as u64 * gy as u64)) as u32,
             ];
-            if let Err(e) = b.run(&ctx, ctaid, &mut stats) {
+            // Blocks whose setup outweighs their instructions may never add up to a check inside
+            // `run`: check between blocks too.
+            let stop = ctx.stop.check(0).map(|_| ());
+            if let Err(e) = stop.and_then(|()| b.run(&ctx, ctaid, &mut stats)) {
                 failed.store(true, Ordering::Relaxed);
                 if let Ok(mut slot) = first_err.lock() {
                     // Report the error of the lowest block for determinism.
@@ -162,6 +231,44 @@ struct Ctx<'a> {
     consts: Vec<(R, u64)>,
     nthreads: usize,
     shared_total: usize,
+    textures: Option<&'a dyn TextureResolver>,
+    stop: Stop<'a>,
+}
+
+/// When workers must stop early: another worker failed, or a [`LaunchOptions`] condition holds.
+struct Stop<'a> {
+    failed: &'a AtomicBool,
+    cancel: Option<&'a AtomicBool>,
+    deadline: Option<Instant>,
+    budget: Option<u64>,
+    /// Thread-instructions executed by all workers (kept only when there is a budget).
+    executed: AtomicU64,
+}
+
+impl Stop<'_> {
+    /// Called between time slices with the thread-instructions the slice executed. `Ok(true)`: stop quietly
+    /// (another worker failed and reports its own error).
+    fn check(&self, slice_instructions: u64) -> Result<bool, ExecError> {
+        if self.failed.load(Ordering::Relaxed) {
+            return Ok(true);
+        }
+        if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(ExecError::Stopped(StopReason::Cancelled));
+        }
+        if let Some(max) = self.budget.filter(|_| slice_instructions > 0) {
+            let done = self
+                .executed
+                .fetch_add(slice_instructions, Ordering::Relaxed)
+                .saturating_add(slice_instructions);
+            if done > max {
+                return Err(ExecError::Stopped(StopReason::Budget(max)));
+            }
+        }
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(ExecError::Stopped(StopReason::Deadline));
+        }
+        Ok(false)
+    }
 }
 
 /// Per-worker state, reused across blocks.
@@ -178,6 +285,188 @@ struct Block {
     /// `bar.red` accumulators of the barrier being gathered (popc, and, or) and of the last one released.
     red_acc: [u64; 3],
     red_last: [u64; 3],
+    /// Thread-instructions since the stop conditions were last checked.
+    unchecked: u64,
+    /// Texture and surface descriptors resolved so far.
+    objects: Objects,
+}
+
+/// Descriptors of the texture and surface handles a worker has met (a launch uses a handful; a hostile
+/// kernel inventing handles only makes the resolver answer more often).
+#[derive(Default)]
+struct Objects {
+    textures: Vec<(u64, Option<TextureDesc>)>,
+    surfaces: Vec<(u64, Option<SurfaceDesc>)>,
+}
+
+const MAX_CACHED_OBJECTS: usize = 64;
+
+fn cached<T: Copy>(
+    list: &mut Vec<(u64, Option<T>)>,
+    handle: u64,
+    resolve: impl FnOnce() -> Option<T>,
+) -> Option<T> {
+    if let Some((_, d)) = list.iter().find(|(h, _)| *h == handle) {
+        return *d;
+    }
+    if list.len() >= MAX_CACHED_OBJECTS {
+        list.clear();
+    }
+    let d = resolve();
+    list.push((handle, d));
+    d
+}
+
+impl Objects {
+    fn texture(&mut self, ctx: &Ctx, handle: u64, line: usize) -> Result<TextureDesc, ExecError> {
+        cached(&mut self.textures, handle, || {
+            ctx.textures.and_then(|t| t.texture(handle))
+        })
+        .ok_or(ExecError::InvalidHandle {
+            kind: "texture",
+            handle,
+            line,
+        })
+    }
+
+    fn surface(&mut self, ctx: &Ctx, handle: u64, line: usize) -> Result<SurfaceDesc, ExecError> {
+        cached(&mut self.surfaces, handle, || {
+            ctx.textures.and_then(|t| t.surface(handle))
+        })
+        .ok_or(ExecError::InvalidHandle {
+            kind: "surface",
+            handle,
+            line,
+        })
+    }
+}
+
+/// Runs texture or surface instruction `Program::tex[i]` for the lanes in `em`.
+#[cold]
+#[inline(never)]
+fn tex_warp(
+    ctx: &Ctx,
+    objects: &mut Objects,
+    i: u32,
+    regs: &mut [u64],
+    em: u32,
+    line: usize,
+) -> Result<(), ExecError> {
+    let t = &ctx.prog.tex[i as usize];
+    let mut err = Ok(());
+    lanes(em, |l| {
+        if err.is_ok() {
+            err = tex_lane(ctx, objects, t, regs, l, line);
+        }
+    });
+    err
+}
+
+/// Runs texture or surface instruction `t` for lane `l` of a warp whose registers are `regs`.
+fn tex_lane(
+    ctx: &Ctx,
+    objects: &mut Objects,
+    t: &TexInst,
+    regs: &mut [u64],
+    l: usize,
+    line: usize,
+) -> Result<(), ExecError> {
+    let rd = |regs: &[u64], r: R| regs[r as usize * 32 + l];
+    let handle = rd(regs, t.handle);
+    let what = match t.kind {
+        TexKind::Sample(_) => "tex",
+        TexKind::Gather(..) => "tld4",
+        TexKind::Load(_) => "suld.b",
+        TexKind::Store(_) => "sust.b",
+        TexKind::TexQuery(_) => "txq",
+        TexKind::SurfQuery(_) => "suq",
+    };
+    let space = if what.starts_with('s') {
+        "surface"
+    } else {
+        "texture"
+    };
+    let fail = |e: TexError| match e {
+        TexError::Unsupported(why) => ExecError::Unsupported {
+            instruction: format!("{what} ({why})"),
+            line,
+        },
+        TexError::Fault(f) => ExecError::MemoryFault {
+            space,
+            addr: f.addr,
+            len: f.len,
+            line,
+        },
+        TexError::Misaligned { x, len } => ExecError::Misaligned {
+            addr: x as u64,
+            len,
+            line,
+        },
+    };
+    let coords = |regs: &[u64]| t.coords.map(|r| if r == NONE { 0 } else { rd(regs, r) });
+    match t.kind {
+        TexKind::Sample(ty) | TexKind::Gather(ty, _) => {
+            let desc = objects.texture(ctx, handle, line)?;
+            let c = coords(regs);
+            let (layer, xyz) = if t.geom.layered() {
+                (c[0] as u32, &c[1..])
+            } else {
+                (0, &c[..3])
+            };
+            let at = Coords {
+                layer,
+                c: [xyz[0] as u32, xyz[1] as u32, xyz[2] as u32],
+                int: t.int_coords,
+            };
+            let v = match t.kind {
+                TexKind::Gather(_, comp) => {
+                    tex::gather(&desc, t.geom, comp as usize, &at, ty, ctx.mem)
+                }
+                _ => tex::sample(&desc, t.geom, &at, ty, ctx.mem),
+            }
+            .map_err(fail)?;
+            for (k, &r) in t.regs.iter().enumerate().take(t.n as usize) {
+                regs[r as usize * 32 + l] = u64::from(v[k]);
+            }
+        }
+        TexKind::Load(clamp) | TexKind::Store(clamp) => {
+            let desc = objects.surface(ctx, handle, line)?;
+            let c = coords(regs).map(|v| v as u32 as i32);
+            let size = t.size as usize;
+            let len = size * t.n as usize;
+            let access = SurfaceAccess {
+                desc: &desc,
+                geom: t.geom,
+                coords: c,
+                len,
+                clamp,
+            };
+            let mut buf = [0u8; 32];
+            if let TexKind::Load(_) = t.kind {
+                access.load(ctx.mem, &mut buf[..len]).map_err(fail)?;
+                for (k, &r) in t.regs.iter().enumerate().take(t.n as usize) {
+                    let mut w = [0u8; 8];
+                    w[..size].copy_from_slice(&buf[k * size..k * size + size]);
+                    regs[r as usize * 32 + l] = u64::from_le_bytes(w);
+                }
+            } else {
+                for (k, &r) in t.regs.iter().enumerate().take(t.n as usize) {
+                    let v = rd(regs, r).to_le_bytes();
+                    buf[k * size..k * size + size].copy_from_slice(&v[..size]);
+                }
+                access.store(ctx.mem, &buf[..len]).map_err(fail)?;
+            }
+        }
+        TexKind::TexQuery(q) => {
+            let desc = objects.texture(ctx, handle, line)?;
+            regs[t.regs[0] as usize * 32 + l] = u64::from(q.answer(&desc.resource));
+        }
+        TexKind::SurfQuery(q) => {
+            let desc = objects.surface(ctx, handle, line)?;
+            regs[t.regs[0] as usize * 32 + l] = u64::from(q.answer(&desc.resource));
+        }
+    }
+    Ok(())
 }
 
 /// What a warp touches besides its registers.
@@ -350,6 +639,8 @@ impl Block {
             clock: 0,
             red_acc: [0, 1, 0],
             red_last: [0; 3],
+            unchecked: 0,
+            objects: Objects::default(),
         }
     }
 
@@ -409,7 +700,16 @@ impl Block {
             for w in 0..nwarps {
                 if self.alive[w] & !self.waiting[w] != 0 {
                     ran = true;
+                    let before = stats.thread_instructions;
                     self.run_warp(ctx, w, ctaid, stats)?;
+                    // Every slice executes at least one instruction, so this check comes around.
+                    self.unchecked += stats.thread_instructions - before;
+                    if self.unchecked >= CHECK_EVERY {
+                        let n = std::mem::take(&mut self.unchecked);
+                        if ctx.stop.check(n)? {
+                            return Ok(());
+                        }
+                    }
                 }
             }
             if ran {
@@ -438,6 +738,7 @@ impl Block {
         let stride = ctx.prog.nregs as usize * 32;
         let regs = &mut self.regs[w * stride..(w + 1) * stride];
         let pcs = &mut self.pcs[w];
+        let objects = &mut self.objects;
         let mut alive = self.alive[w];
         let mut waiting = self.waiting[w];
         let mut mem = Mem {
@@ -889,6 +1190,12 @@ impl Block {
                     }
                 }
                 Op::Nop | Op::WarpSync => {}
+                Op::Tex { i } => {
+                    // Out of line: texture code inlined here slows every other instruction.
+                    if let Err(e) = tex_warp(ctx, objects, i, regs, em, line) {
+                        break Err(e);
+                    }
+                }
                 Op::Shfl {
                     mode,
                     d,
