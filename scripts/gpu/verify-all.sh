@@ -24,7 +24,7 @@ for t in "$C"/tests/*; do
         *) filter= ;;
     esac
     echo "-- $(basename "$t") $filter"
-    "$t" $filter 2>&1 | grep -E '^test |test result' | tail -25
+    "$t" --include-ignored $filter 2>&1 | grep -E '^test |test result' | tail -25
 done
 
 echo "== gleam peer on the real GPU"
