@@ -20,7 +20,7 @@ for t in "$C"/tests/*; do
     [ -x "$t" ] || continue
     case "$(basename "$t")" in
         gleam_real-*) filter= ;;
-        gleam-*) filter=device_facts ;;
+        gleam_facts-*) filter= ;;
         *) filter= ;;
     esac
     echo "-- $(basename "$t") $filter"
