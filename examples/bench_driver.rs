@@ -48,14 +48,16 @@ fn main() {
     let launches = env_usize("GLEAM_BENCH_LAUNCHES", 20_000);
     let syncs = env_usize("GLEAM_BENCH_SYNCS", 2_000);
 
+    // SAFETY: raw driver calls with valid out-pointers and buffers that outlive each call; every result
+    // is checked before the next call relies on it.
     unsafe {
         check("cuInit", sys::cuInit(0));
         let mut dev = 0;
-        check("cuDeviceGet", sys::cuDeviceGet(&mut dev, 0));
+        check("cuDeviceGet", sys::cuDeviceGet(&raw mut dev, 0));
         let mut ctx = std::ptr::null_mut();
         check(
             "cuDevicePrimaryCtxRetain",
-            sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+            sys::cuDevicePrimaryCtxRetain(&raw mut ctx, dev),
         );
         check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx));
 
@@ -72,7 +74,7 @@ fn main() {
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
         let mean_rtt = samples.iter().sum::<f64>() / samples.len() as f64;
-        samples.sort_by(|a, b| a.total_cmp(b));
+        samples.sort_by(f64::total_cmp);
         let median_rtt = samples[samples.len() / 2];
 
         // 2. Launch rate.
@@ -80,16 +82,16 @@ fn main() {
         let ptx = CString::new(EMPTY_PTX).expect("no NUL in PTX");
         check(
             "cuModuleLoadData",
-            sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void),
+            sys::cuModuleLoadData(&raw mut module, ptx.as_ptr().cast::<c_void>()),
         );
         let mut func = std::ptr::null_mut();
         let name = CString::new("empty").expect("no NUL");
         check(
             "cuModuleGetFunction",
-            sys::cuModuleGetFunction(&mut func, module, name.as_ptr()),
+            sys::cuModuleGetFunction(&raw mut func, module, name.as_ptr()),
         );
         let mut arg: u64 = 0;
-        let mut params = [&mut arg as *mut u64 as *mut c_void];
+        let mut params = [(&raw mut arg).cast::<c_void>()];
         let mut launch = |n: usize| {
             for _ in 0..n {
                 check(
@@ -121,21 +123,21 @@ fn main() {
         let host: Vec<u8> = (0..bytes).map(|i| (i * 7 + 3) as u8).collect();
         let mut back = vec![0u8; bytes];
         let mut dptr = 0;
-        check("cuMemAlloc", sys::cuMemAlloc_v2(&mut dptr, bytes));
+        check("cuMemAlloc", sys::cuMemAlloc_v2(&raw mut dptr, bytes));
         check(
             "cuMemcpyHtoD",
-            sys::cuMemcpyHtoD_v2(dptr, host.as_ptr() as *const c_void, bytes),
+            sys::cuMemcpyHtoD_v2(dptr, host.as_ptr().cast::<c_void>(), bytes),
         );
         let t = Instant::now();
         check(
             "cuMemcpyHtoD",
-            sys::cuMemcpyHtoD_v2(dptr, host.as_ptr() as *const c_void, bytes),
+            sys::cuMemcpyHtoD_v2(dptr, host.as_ptr().cast::<c_void>(), bytes),
         );
         let htod_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         check(
             "cuMemcpyDtoH",
-            sys::cuMemcpyDtoH_v2(back.as_mut_ptr() as *mut c_void, dptr, bytes),
+            sys::cuMemcpyDtoH_v2(back.as_mut_ptr().cast::<c_void>(), dptr, bytes),
         );
         let dtoh_s = t.elapsed().as_secs_f64();
         if back != host {

@@ -27,6 +27,15 @@ fn main() {
         false => println!("cargo:rerun-if-changed={}", manifest.display()),
     }
     println!("cargo:rerun-if-changed=build.rs");
+
+    // The integrity-check fixture is recorded on the GPU machine (tools/gpu/integrity_probe.c); its replay
+    // test runs once the file exists and shows as ignored until then.
+    println!("cargo:rustc-check-cfg=cfg(gleam_integrity_fixture)");
+    let fixtures = manifest.join("tests/fixtures");
+    println!("cargo:rerun-if-changed={}", fixtures.display());
+    if fixtures.join("integrity-fixture.txt").exists() {
+        println!("cargo:rustc-cfg=gleam_integrity_fixture");
+    }
     let text = std::fs::read_to_string(&table).unwrap_or_default();
     std::fs::write(out.join("proc-table.tsv"), text).expect("write the proc table");
 }

@@ -2,13 +2,18 @@
 # Record PTX-interpreter conformance data on a machine with a real GPU.
 #
 #   OUT=/some/folder bash scripts/gpu/record-conformance.sh
+#   OUT=/some/folder CASES='tex* tld4* surf*' bash scripts/gpu/record-conformance.sh
+#
+# CASES (optional): space-separated case names or shell patterns; only those cases are recorded and
+# only their data folders replaced (default: every case, with the data folder rebuilt from scratch).
 #
 # 1. nvcc -ptx every kernel: remoting/ptx/conformance/kernels/*.cu -> remoting/ptx/conformance/ptx/
 #    and examples/kernels/*.cu -> examples/kernels/ (same base name, .ptx).
 # 2. Builds remoting/ptx/conformance/harness.c against the driver API.
-# 3. Runs every remoting/ptx/conformance/cases/*.case, writing
-#    remoting/ptx/conformance/data/<case>/p<i>.{in,out}. A failing case is reported and its
-#    data folder removed; the others go on.
+# 3. Runs every remoting/ptx/conformance/cases/*.case (or those CASES selects), writing
+#    remoting/ptx/conformance/data/<case>/p<i>.{in,out} and, for cases with texture or surface
+#    resources, <resource>.{in,out}. A failing case is reported and its data folder removed; the
+#    others go on.
 # 4. $OUT/conformance.tgz: the PTX files and the data folder, paths relative to the repo root
 #    (untar in place: tar xzf conformance.tgz). $OUT/conformance.log: the full log.
 # Exit status: 0 if everything compiled and every case ran, 1 otherwise.
@@ -74,12 +79,27 @@ else
 fi
 
 # ---- 3. cases ----
-rm -rf "$CONF/data"
+selected() {
+    [ -z "${CASES:-}" ] && return 0
+    local pattern
+    for pattern in $CASES; do
+        # shellcheck disable=SC2053
+        [[ $1 == $pattern ]] && return 0
+    done
+    return 1
+}
+if [ -z "${CASES:-}" ]; then
+    rm -rf "$CONF/data"
+else
+    log "recording only: $CASES"
+fi
 mkdir -p "$CONF/data"
 total=0
 passed=0
 for case in "$CONF"/cases/*.case; do
     name=$(basename "$case" .case)
+    selected "$name" || continue
+    rm -rf "${CONF:?}/data/$name"
     total=$((total + 1))
     if timeout 300 "$HARNESS" "$case" "$CONF/ptx" "$CONF/data/$name" > "$WORK/case.log" 2>&1; then
         passed=$((passed + 1))

@@ -8,6 +8,7 @@ use gleam_auth::identity;
 use gleam_mesh::control;
 
 pub mod backend;
+pub mod cache;
 pub mod linkemu;
 pub mod mesh;
 pub mod peer;
@@ -42,6 +43,8 @@ pub enum Command {
     Run(run::Args),
     /// Relay UDP between two addresses through an emulated link (rate, delay, jitter, loss).
     Linkemu(linkemu::Args),
+    /// Look at or empty this device's content cache (weights and modules clients sent before).
+    Cache(cache::Args),
     /// Internal: one client's session, in its own process (started by `serve`/`peer`).
     #[command(hide = true)]
     Session(session::Args),
@@ -55,6 +58,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args),
         Command::Run(args) => run::run(args),
         Command::Linkemu(args) => linkemu::run(args),
+        Command::Cache(args) => cache::run(args),
         Command::Session(args) => session::run(args),
     }
 }

@@ -162,7 +162,10 @@ impl DeviceInfo for WithCache {
     }
 
     fn cache(&self) -> CacheDigest {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((at, digest)) = &*last
             && at.elapsed() < CACHE_DIGEST_PERIOD
         {

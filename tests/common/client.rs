@@ -138,7 +138,7 @@ impl Client {
     /// Reads the next reply (its bulk bytes go to `last_bulk`); `Err` when the session ends first.
     pub async fn reply(&mut self) -> Result<ReplyFrame, String> {
         loop {
-            if let Some(frame) = self.frames.next().map_err(|e| e.to_string())? {
+            if let Some(frame) = self.frames.next_frame().map_err(|e| e.to_string())? {
                 self.last_bulk = frame.bulk.to_vec();
                 return frame.decode().map_err(|e| e.to_string());
             }

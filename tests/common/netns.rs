@@ -61,7 +61,7 @@ impl Lab {
         }
         let serial = SERIAL
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = NEXT_LAB.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("gl{}x{n}", std::process::id());
         let hub = format!("{prefix}hub");

@@ -181,7 +181,10 @@ impl Slot {
     /// [`Waiters::pending`] delivers it); a second delivery is ignored.
     fn deliver(&self, outcome: Outcome) {
         {
-            let mut slot = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
+            let mut slot = self
+                .outcome
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if slot.is_some() {
                 return;
             }
@@ -197,7 +200,7 @@ impl Slot {
     fn take(&self) -> Option<Outcome> {
         self.outcome
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
     }
 
@@ -245,11 +248,15 @@ impl Slot {
 impl Shared {
     fn waiters(&self) -> MutexGuard<'_, Waiters> {
         // A poisoned lock only means a thread panicked while holding it; the map is still consistent.
-        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+        self.waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Ends the session: every pending and later call fails with `err` (the first reason wins).
@@ -274,6 +281,12 @@ impl Shared {
 #[must_use = "a pending request must be waited for"]
 pub struct Pending {
     slot: Arc<Slot>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").finish_non_exhaustive()
+    }
 }
 
 impl Pending {
@@ -394,7 +407,7 @@ impl Client {
                 .map_err(|e| ClientError::Lost(e.to_string()))?;
             let mut reader = FrameReader::new();
             let frame: ReplyFrame = loop {
-                if let Some(frame) = reader.next().map_err(lost_frame)? {
+                if let Some(frame) = reader.next_frame().map_err(lost_frame)? {
                     break frame
                         .decode()
                         .map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -666,6 +679,17 @@ impl Client {
     }
 }
 
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("server", &self.hello.server)
+            .field("remote", &self.connection.remote_address())
+            .field("blocking", &self.blocking)
+            .field("lost", &self.is_lost())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Client {
     fn drop(&mut self) {
         self.shared
@@ -766,7 +790,7 @@ async fn reader(
 ) {
     let err = 'session: loop {
         loop {
-            let frame = match frames.next() {
+            let frame = match frames.next_frame() {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
                 Err(err) => break 'session ClientError::Protocol(err.to_string()),

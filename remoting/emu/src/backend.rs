@@ -122,6 +122,12 @@ pub struct EmuBackend {
     next_handle: u64,
 }
 
+impl std::fmt::Debug for EmuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmuBackend").finish_non_exhaustive()
+    }
+}
+
 impl EmuBackend {
     /// A fresh device with `config.memory_bytes` of memory and only the primary context.
     pub fn new(config: EmuConfig) -> Self {
@@ -318,7 +324,7 @@ impl EmuBackend {
             globals.insert(g.name.clone(), (addr, g.size as u64));
         }
         let handle = self.handle(kind::MODULE);
-        let kernels: Vec<&str> = ptx.kernels().map(|k| k.name()).collect();
+        let kernels: Vec<&str> = ptx.kernels().map(gleam_ptx::Kernel::name).collect();
         tracing::debug!(
             module = handle,
             ?kernels,
@@ -835,6 +841,24 @@ impl ApiBackend for EmuBackend {
         self.streams.synchronize_all();
         self.shared.mem.free(a.dptr)?;
         Ok(Default::default())
+    }
+
+    fn cuDeviceGetExecAffinitySupport(
+        &mut self,
+        a: args::cuDeviceGetExecAffinitySupport,
+    ) -> Result<outs::cuDeviceGetExecAffinitySupport, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        // CU_EXEC_AFFINITY_TYPE_SM_COUNT is the only affinity type; the interpreter's "multiprocessors"
+        // cannot be partitioned, so it is not supported.
+        const SM_COUNT: u32 = 0;
+        if a.type_ != SM_COUNT {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(outs::cuDeviceGetExecAffinitySupport {
+            pi: 0,
+            ..Default::default()
+        })
     }
 
     fn cuMemGetInfo_v2(

@@ -193,6 +193,12 @@ pub struct DeviceMemory {
     generation: AtomicU64,
 }
 
+impl std::fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceMemory").finish_non_exhaustive()
+    }
+}
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
@@ -438,11 +444,15 @@ impl DeviceMemory {
     fn read_table(&self) -> std::sync::RwLockReadGuard<'_, Table> {
         // A panic while holding the lock cannot leave the table inconsistent in a way that matters more
         // than losing the session, so a poisoned lock is used as is.
-        self.table.read().unwrap_or_else(|e| e.into_inner())
+        self.table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn write_table(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
-        self.table.write().unwrap_or_else(|e| e.into_inner())
+        self.table
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

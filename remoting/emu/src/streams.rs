@@ -29,6 +29,12 @@ pub struct Signal {
     changed: Condvar,
 }
 
+impl std::fmt::Debug for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signal").finish_non_exhaustive()
+    }
+}
+
 impl Signal {
     /// The current value.
     pub fn value(&self) -> u64 {
@@ -54,13 +60,18 @@ impl Signal {
     pub fn wait_for(&self, target: u64) {
         let mut state = self.lock();
         while state.0 < target {
-            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Option<Instant>)> {
         // Workers never panic while holding it (jobs run outside the lock), so poison is harmless.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -93,6 +104,12 @@ pub struct Stream {
     submitted: u64,
     done: Arc<Signal>,
     worker: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream").finish_non_exhaustive()
+    }
 }
 
 impl Stream {
@@ -161,6 +178,12 @@ pub struct Streams {
     streams: HashMap<StreamKey, Stream>,
     /// Workers of destroyed streams, still draining; joined at shutdown.
     retired: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Streams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streams").finish_non_exhaustive()
+    }
 }
 
 impl Streams {
@@ -361,6 +384,12 @@ pub struct Event {
     pub records: u64,
     /// Advanced by the recording streams.
     pub signal: Arc<Signal>,
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event").finish_non_exhaustive()
+    }
 }
 
 impl Event {

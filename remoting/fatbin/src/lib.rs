@@ -11,10 +11,19 @@
 //! * otherwise PTX text: up to and including the terminating NUL.
 //!
 //! [`Fatbin::parse`] reads the entries of a fatbin held in a byte slice (kind, SM architecture, flags
-//! including compression), without trusting any length in it: the emu backend uses it to pick the PTX
-//! entry. Entries are not decompressed here.
+//! including compression), without trusting any length in it. [`FatbinEntry::decompressed`] inflates an
+//! LZ4- or ZSTD-compressed entry within a caller-given byte budget, [`Fatbin::select`] picks what a GPU of a
+//! given compute capability runs (its SASS, else the best PTX: [`arch`]), and [`Fatbin::rebuild`] writes a
+//! fatbin holding only chosen entries. [`read_wrapper`] reads a `__fatBinC_Wrapper_t` of either version,
+//! including the prelinked fatbin list of version 2 (`-rdc` programs).
 
+use std::borrow::Cow;
 use std::ffi::c_void;
+use std::io::Read;
+
+pub mod arch;
+
+pub use arch::{ArchVariant, ComputeCapability, SmArch};
 
 /// Magic of `__fatBinC_Wrapper_t` (the structure `__cudaRegisterFatBinary` receives).
 pub const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
@@ -30,6 +39,21 @@ pub const FLAG_COMPRESSED_LZ4: u64 = 0x2000;
 pub const FLAG_COMPRESSED_ZSTD: u64 = 0x8000;
 /// Entry flag: 64-bit code.
 pub const FLAG_64BIT: u64 = 0x1;
+/// Entry flag: debug information.
+pub const FLAG_DEBUG: u64 = 0x2;
+/// Entry flag: built for Linux.
+pub const FLAG_LINUX: u64 = 0x10;
+/// Entry flag: an architecture-specific target (`sm_90a`, `compute_100a`): runs on exactly that SM.
+pub const FLAG_ARCH_SPECIFIC: u64 = 0x10_0000;
+/// Entry flag: a family-specific target (`sm_100f`): runs on that SM and later minors of the same major.
+pub const FLAG_FAMILY_SPECIFIC: u64 = 0x20_0000;
+
+/// Most entries [`Fatbin::parse`] accepts (every entry takes at least 16 bytes, so this only bounds memory).
+pub const MAX_ENTRIES: usize = 1 << 16;
+/// Most prelinked fatbins [`read_wrapper`] follows in a version-2 wrapper.
+pub const MAX_PRELINKED: usize = 1 << 12;
+/// Largest entry header accepted (current toolkits write 64, 80 or 112 bytes).
+pub const MAX_ENTRY_HEADER_BYTES: u64 = 4096;
 
 /// Upper bound on an image the client will ship (a larger claimed size is treated as corrupt).
 pub const MAX_IMAGE_BYTES: u64 = 4 << 30;
@@ -57,6 +81,22 @@ pub enum ImageError {
     /// The wrapper's version is not 1 or 2, or its data pointer is NULL.
     #[error("unsupported fatbin wrapper: {0}")]
     Wrapper(&'static str),
+    /// Decompressing an entry would exceed the caller's byte budget.
+    #[error("a fatbin entry decompresses to {needed} bytes, over the budget of {budget}")]
+    OverBudget {
+        /// Bytes the entry claims or produced (at least).
+        needed: u64,
+        /// The budget given.
+        budget: u64,
+    },
+    /// A compressed entry is corrupt, or does not inflate to the size it claims.
+    #[error("cannot decompress a fatbin entry ({codec}): {reason}")]
+    Decompress {
+        /// `lz4` or `zstd`.
+        codec: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// What kind of image the first bytes announce.
@@ -87,7 +127,8 @@ pub fn classify(head: &[u8]) -> ImageKind {
 
 /// If `image` is a fatbin wrapper, the pointer to the fatbin header it holds; else `image` unchanged.
 ///
-/// Only version 1 wrappers (and version 2 wrappers, whose prelinked list is ignored) are followed.
+/// Only version 1 wrappers (and version 2 wrappers, whose prelinked list is ignored: see [`read_wrapper`])
+/// are followed.
 ///
 /// # Safety
 /// `image` must point to a valid module image as `cuModuleLoadData` requires.
@@ -194,7 +235,7 @@ pub fn image_size_in(bytes: &[u8]) -> Result<usize, ImageError> {
 }
 
 fn fatbin_size(header: &[u8]) -> Result<usize, ImageError> {
-    let header_size = read_u16(header, 6).ok_or(ImageError::Truncated("header"))? as u64;
+    let header_size = u64::from(read_u16(header, 6).ok_or(ImageError::Truncated("header"))?);
     let fat_size = read_u64(header, 8).ok_or(ImageError::Truncated("header"))?;
     if header_size < FATBIN_HEADER_BYTES as u64 {
         return Err(ImageError::NotFatbin("header size below 16"));
@@ -281,17 +322,65 @@ pub enum Compression {
 pub struct FatbinEntry<'a> {
     /// PTX or ELF.
     pub kind: EntryKind,
-    /// SM architecture, e.g. 90 for `sm_90`.
+    /// SM architecture, e.g. 90 for `sm_90` (10 * major + minor).
     pub sm_arch: u32,
-    /// Raw flags (64-bit, debug, compression...).
+    /// Raw flags (64-bit, debug, compression, arch- or family-specific...).
     pub flags: u64,
     /// Size of the payload once decompressed (as the entry claims; 0 when not recorded).
     pub uncompressed_size: u64,
+    /// The entry's format version (major, minor): the PTX ISA version for PTX (e.g. (9, 0)), the cubin
+    /// format for ELF.
+    pub version: (u16, u16),
     /// The payload as stored (compressed if [`FatbinEntry::compression`] says so).
     pub payload: &'a [u8],
+    /// The whole entry as stored: its header, payload and padding (what [`Fatbin::rebuild`] copies).
+    pub raw: &'a [u8],
 }
 
-impl FatbinEntry<'_> {
+impl<'a> FatbinEntry<'a> {
+    /// The architecture this entry targets.
+    pub fn arch(&self) -> SmArch {
+        SmArch::from_entry(self.sm_arch, self.flags)
+    }
+
+    /// Whether a GPU of compute capability `cc` can run this entry (an ELF without recompiling, PTX through
+    /// the driver's JIT), per CUDA's compatibility rules ([`arch`]).
+    pub fn runs_on(&self, cc: ComputeCapability) -> bool {
+        match self.kind {
+            EntryKind::Elf => self.arch().cubin_runs_on(cc),
+            EntryKind::Ptx => self.arch().ptx_runs_on(cc),
+            EntryKind::Other(_) => false,
+        }
+    }
+
+    /// The payload, decompressed if it is stored compressed, producing at most `budget` bytes (a corrupt or
+    /// hostile entry cannot make this allocate more). Uncompressed payloads are borrowed as stored (PTX keeps
+    /// its NUL padding).
+    pub fn decompressed(&self, budget: usize) -> Result<Cow<'a, [u8]>, ImageError> {
+        let claimed = self.uncompressed_size;
+        if claimed > budget as u64 {
+            return Err(ImageError::OverBudget {
+                needed: claimed,
+                budget: budget as u64,
+            });
+        }
+        let out = match self.compression() {
+            Compression::None => return Ok(Cow::Borrowed(self.payload)),
+            Compression::Zstd => zstd_frame(self.payload, claimed as usize, budget)?,
+            Compression::Lz4 => lz4_block(self.payload, claimed as usize, budget)?,
+        };
+        if claimed != 0 && out.len() as u64 != claimed {
+            return Err(ImageError::Decompress {
+                codec: match self.compression() {
+                    Compression::Lz4 => "lz4",
+                    _ => "zstd",
+                },
+                reason: format!("{} bytes out, the entry claims {claimed}", out.len()),
+            });
+        }
+        Ok(Cow::Owned(out))
+    }
+
     /// How the payload is compressed.
     pub fn compression(&self) -> Compression {
         if self.flags & FLAG_COMPRESSED_ZSTD != 0 {
@@ -344,10 +433,13 @@ impl<'a> Fatbin<'a> {
         let mut at = header_size;
         // Entries are back to back; a zero-sized tail (padding) ends the list.
         while at + 16 <= end {
+            if entries.len() == MAX_ENTRIES {
+                return Err(ImageError::Implausible(MAX_ENTRIES as u64));
+            }
             let entry = &bytes[at..end];
             let kind = read_u16(entry, 0).ok_or(ImageError::Truncated("entry header"))?;
             let entry_header =
-                read_u32(entry, 4).ok_or(ImageError::Truncated("entry header"))? as u64;
+                u64::from(read_u32(entry, 4).ok_or(ImageError::Truncated("entry header"))?);
             let payload_size = read_u64(entry, 8).ok_or(ImageError::Truncated("entry header"))?;
             if kind == 0 && entry_header == 0 {
                 break;
@@ -355,9 +447,16 @@ impl<'a> Fatbin<'a> {
             if entry_header < 16 {
                 return Err(ImageError::Truncated("entry header size below 16"));
             }
+            if entry_header > MAX_ENTRY_HEADER_BYTES {
+                return Err(ImageError::Implausible(entry_header));
+            }
             let compressed = read_u32(entry, 16).map_or(0, u64::from);
             let sm_arch = read_u32(entry, 28).unwrap_or(0);
             let flags = read_u64(entry, 40).unwrap_or(0);
+            let version = (
+                read_u16(entry, 26).unwrap_or(0),
+                read_u16(entry, 24).unwrap_or(0),
+            );
             let uncompressed_size = read_u64(entry, 56).unwrap_or(0);
             let compressed_flag = flags & (FLAG_COMPRESSED_LZ4 | FLAG_COMPRESSED_ZSTD) != 0;
             // A compressed payload is `compressed_size` bytes; the stride covers whichever is larger.
@@ -384,7 +483,9 @@ impl<'a> Fatbin<'a> {
                 sm_arch,
                 flags,
                 uncompressed_size,
+                version,
                 payload: &entry[payload_start as usize..payload_end as usize],
+                raw: &entry[..next.min(entry.len() as u64) as usize],
             });
             if next > entry.len() as u64 {
                 break;
@@ -394,7 +495,50 @@ impl<'a> Fatbin<'a> {
         Ok(Self { entries })
     }
 
+    /// What a GPU of compute capability `cc` runs from this fatbin: the cubin for its SM (or a compatible
+    /// one), else the PTX of the highest virtual architecture it can JIT ([`arch`] gives the rules). `None`
+    /// when nothing fits (the driver's `CUDA_ERROR_NO_BINARY_FOR_GPU`).
+    pub fn select(&self, cc: ComputeCapability) -> Option<Selected<'_, 'a>> {
+        let best = |kind: EntryKind| {
+            self.entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.kind == kind && e.runs_on(cc))
+                .max_by_key(|(_, e)| e.arch().preference())
+        };
+        let (index, entry) = best(EntryKind::Elf).or_else(|| best(EntryKind::Ptx))?;
+        Some(Selected { index, entry })
+    }
+
+    /// Every entry a GPU of compute capability `cc` can run, in file order (to let the serving driver make
+    /// its own choice among them).
+    pub fn runnable(&self, cc: ComputeCapability) -> Vec<usize> {
+        (0..self.entries.len())
+            .filter(|&i| self.entries[i].runs_on(cc))
+            .collect()
+    }
+
+    /// A fatbin holding only the entries at `indices` (in the order given), each copied as stored.
+    /// Out-of-range indices are skipped.
+    pub fn rebuild(&self, indices: &[usize]) -> Vec<u8> {
+        let body: usize = indices
+            .iter()
+            .filter_map(|&i| self.entries.get(i))
+            .map(|e| e.raw.len())
+            .sum();
+        let mut out = Vec::with_capacity(FATBIN_HEADER_BYTES + body);
+        out.extend_from_slice(&FATBIN_MAGIC.to_le_bytes());
+        out.extend_from_slice(&1u16.to_le_bytes());
+        out.extend_from_slice(&(FATBIN_HEADER_BYTES as u16).to_le_bytes());
+        out.extend_from_slice(&(body as u64).to_le_bytes());
+        for e in indices.iter().filter_map(|&i| self.entries.get(i)) {
+            out.extend_from_slice(e.raw);
+        }
+        out
+    }
+
     /// The PTX entry with the highest SM architecture not above `max_sm` (any PTX entry if none is).
+    /// Unlike [`Fatbin::select`] it ignores CUDA's compatibility rules: the emu backend interprets any PTX.
     pub fn best_ptx(&self, max_sm: u32) -> Option<&FatbinEntry<'a>> {
         let ptx = self.entries.iter().filter(|e| e.kind == EntryKind::Ptx);
         ptx.clone()
@@ -402,6 +546,117 @@ impl<'a> Fatbin<'a> {
             .max_by_key(|e| e.sm_arch)
             .or_else(|| ptx.min_by_key(|e| e.sm_arch))
     }
+}
+
+/// The entry [`Fatbin::select`] picked.
+#[derive(Clone, Copy, Debug)]
+pub struct Selected<'f, 'a> {
+    /// Its position in [`Fatbin::entries`].
+    pub index: usize,
+    /// The entry.
+    pub entry: &'f FatbinEntry<'a>,
+}
+
+/// What a `__fatBinC_Wrapper_t` (the argument of `__cudaRegisterFatBinary`) holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wrapper {
+    /// 1, or 2 for programs built with relocatable device code (`-rdc`).
+    pub version: u32,
+    /// The wrapper's own fatbin (for version 2, the device-linked image, possibly with no entries).
+    pub fatbin: *const u8,
+    /// Version 2 only: the fatbins of the separately compiled objects (`__cudaPrelinkedFatbins`, filled by
+    /// the registration code before `__cudaRegisterFatBinary` runs), which the driver links together at load
+    /// time. Empty for version 1 (whose last field is an offline file name, or NULL).
+    pub prelinked: Vec<*const u8>,
+}
+
+/// Reads the wrapper at `wrapper`, following a version-2 wrapper's NULL-terminated prelinked list (at most
+/// [`MAX_PRELINKED`] entries).
+///
+/// # Safety
+/// `wrapper` must point to a readable 24-byte wrapper (its magic is checked before more is read) and, for
+/// version 2, its list pointer to a readable NULL-terminated pointer array.
+pub unsafe fn read_wrapper(wrapper: *const c_void) -> Result<Wrapper, ImageError> {
+    if wrapper.is_null() {
+        return Err(ImageError::Null);
+    }
+    // SAFETY: the caller guarantees the first bytes are readable.
+    let head = unsafe { std::slice::from_raw_parts(wrapper.cast::<u8>(), 4) };
+    if classify(head) != ImageKind::FatbinWrapper {
+        return Err(ImageError::Wrapper("wrong magic"));
+    }
+    // SAFETY: a wrapper is 24 bytes: magic u32, version u32, data u64, filename_or_fatbins u64.
+    let bytes = unsafe { std::slice::from_raw_parts(wrapper.cast::<u8>(), 24) };
+    let version = read_u32(bytes, 4).unwrap_or(0);
+    let fatbin = read_u64(bytes, 8).unwrap_or(0) as *const u8;
+    let list = read_u64(bytes, 16).unwrap_or(0) as *const *const u8;
+    if version != 1 && version != 2 {
+        return Err(ImageError::Wrapper("version is neither 1 nor 2"));
+    }
+    if fatbin.is_null() {
+        return Err(ImageError::Wrapper("NULL data pointer"));
+    }
+    let mut prelinked = Vec::new();
+    if version == 2 && !list.is_null() {
+        loop {
+            // SAFETY: the list is NULL-terminated (caller's contract); we stop at the terminator.
+            let next = unsafe { list.add(prelinked.len()).read_unaligned() };
+            if next.is_null() {
+                break;
+            }
+            if prelinked.len() == MAX_PRELINKED {
+                return Err(ImageError::Wrapper("more prelinked fatbins than supported"));
+            }
+            prelinked.push(next);
+        }
+    }
+    Ok(Wrapper {
+        version,
+        fatbin,
+        prelinked,
+    })
+}
+
+/// One ZSTD frame (the stored payload may carry zero padding after it), producing at most `budget` bytes.
+fn zstd_frame(input: &[u8], claimed: usize, budget: usize) -> Result<Vec<u8>, ImageError> {
+    let fail = |reason: String| ImageError::Decompress {
+        codec: "zstd",
+        reason,
+    };
+    let decoder = zstd::stream::read::Decoder::with_buffer(input)
+        .map_err(|e| fail(e.to_string()))?
+        .single_frame();
+    // Reserve what the entry claims (already within budget), never more than the budget.
+    let mut out = Vec::with_capacity(claimed.min(budget));
+    decoder
+        .take(budget as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| fail(e.to_string()))?;
+    if out.len() > budget {
+        return Err(ImageError::OverBudget {
+            needed: out.len() as u64,
+            budget: budget as u64,
+        });
+    }
+    Ok(out)
+}
+
+/// One raw LZ4 block (no frame). Without a claimed size the output is bounded by LZ4's largest ratio.
+fn lz4_block(input: &[u8], claimed: usize, budget: usize) -> Result<Vec<u8>, ImageError> {
+    let capacity = if claimed > 0 {
+        claimed
+    } else {
+        // A block inflates at most about 255 times (one match byte per 255 output bytes).
+        budget.min(input.len().saturating_mul(255).saturating_add(16))
+    };
+    let mut out = vec![0u8; capacity];
+    let n =
+        lz4_flex::block::decompress_into(input, &mut out).map_err(|e| ImageError::Decompress {
+            codec: "lz4",
+            reason: e.to_string(),
+        })?;
+    out.truncate(n);
+    Ok(out)
 }
 
 fn read_u16(b: &[u8], at: usize) -> Option<u16> {
@@ -421,6 +676,7 @@ pub mod synth {
     use super::*;
 
     /// One entry to put in a synthetic fatbin.
+    #[derive(Debug)]
     pub struct Entry<'a> {
         /// 1 = PTX, 2 = ELF.
         pub kind: u16,
@@ -493,10 +749,8 @@ mod tests {
         text.extend_from_slice(b"garbage after the NUL");
         assert_eq!(image_size_in(&text).unwrap(), PTX.len() + 1);
         // SAFETY: NUL-terminated.
-        assert_eq!(
-            unsafe { image_size(text.as_ptr().cast()) }.unwrap(),
-            PTX.len() + 1
-        );
+        let size = unsafe { image_size(text.as_ptr().cast()) };
+        assert_eq!(size.unwrap(), PTX.len() + 1);
     }
 
     #[test]
@@ -556,6 +810,47 @@ mod tests {
         // SAFETY: as above.
         let bad = unsafe { unwrap_fatbin_wrapper(wrapper.as_ptr().cast()) };
         assert!(matches!(bad, Err(ImageError::Wrapper(_))));
+    }
+
+    #[test]
+    fn wrappers_of_both_versions_are_read() {
+        let own = fatbin(&[]);
+        let a = fatbin(&[Entry {
+            kind: 1,
+            sm_arch: 75,
+            flags: 0,
+            payload: PTX,
+        }]);
+        let b = fatbin(&[Entry {
+            kind: 1,
+            sm_arch: 75,
+            flags: 0,
+            payload: PTX,
+        }]);
+        // -rdc: the wrapper's own fatbin is empty; the objects' fatbins come through the NULL-ended list.
+        let list: [*const u8; 3] = [a.as_ptr(), b.as_ptr(), std::ptr::null()];
+        let mut wrapper = Vec::new();
+        wrapper.extend_from_slice(&FATBIN_WRAPPER_MAGIC.to_le_bytes());
+        wrapper.extend_from_slice(&2u32.to_le_bytes());
+        wrapper.extend_from_slice(&(own.as_ptr() as u64).to_le_bytes());
+        wrapper.extend_from_slice(&(list.as_ptr() as u64).to_le_bytes());
+        // SAFETY: the wrapper, its fatbin and its list are alive.
+        let read = unsafe { read_wrapper(wrapper.as_ptr().cast()) }.unwrap();
+        assert_eq!(read.version, 2);
+        assert_eq!(read.fatbin, own.as_ptr());
+        assert_eq!(read.prelinked, vec![a.as_ptr(), b.as_ptr()]);
+        assert_eq!(Fatbin::parse(&own).unwrap().entries.len(), 0);
+        // Version 1: the last field is a file name (or NULL), never followed.
+        wrapper[4] = 1;
+        // SAFETY: as above.
+        let read = unsafe { read_wrapper(wrapper.as_ptr().cast()) }.unwrap();
+        assert!(read.prelinked.is_empty());
+        wrapper[0] = 0;
+        // SAFETY: as above.
+        assert!(unsafe { read_wrapper(wrapper.as_ptr().cast()) }.is_err());
+        // SAFETY: NULL is checked first.
+        let null = unsafe { read_wrapper(std::ptr::null()) };
+        assert_eq!(null, Err(ImageError::Null));
     }
 
     #[test]

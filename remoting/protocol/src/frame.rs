@@ -111,25 +111,21 @@ pub fn encode_head<T: Serialize>(
     if bulk_len > MAX_BULK {
         return Err(FrameError::BulkTooLarge(bulk_len));
     }
-    let start = out.len();
-    out.extend_from_slice(&[0; PREFIX_LEN]);
-    let encoded = postcard::to_extend(header, std::mem::take(out));
-    *out = match encoded {
-        Ok(out) => out,
-        Err(err) => return Err(err.into()),
-    };
-    let header_len = out.len() - start - PREFIX_LEN;
-    if header_len > MAX_HEADER {
-        out.truncate(start);
-        return Err(FrameError::HeaderTooLarge(header_len));
+    // Headers are small: encoding into a vector of their own costs little and leaves `out` untouched on
+    // failure.
+    let encoded = postcard::to_stdvec(header)?;
+    if encoded.len() > MAX_HEADER {
+        return Err(FrameError::HeaderTooLarge(encoded.len()));
     }
     // Both fit in u32: the limits above are far below 4 GiB.
-    out[start..start + 4].copy_from_slice(&(header_len as u32).to_le_bytes());
-    out[start + 4..start + PREFIX_LEN].copy_from_slice(&(bulk_len as u32).to_le_bytes());
+    out.reserve(PREFIX_LEN + encoded.len() + bulk_len);
+    out.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(bulk_len as u32).to_le_bytes());
+    out.extend_from_slice(&encoded);
     Ok(())
 }
 
-/// A sans-IO frame reader: bytes in ([`FrameReader::feed`]), whole frames out ([`FrameReader::next`]).
+/// A sans-IO frame reader: bytes in ([`FrameReader::feed`]), whole frames out ([`FrameReader::next_frame`]).
 ///
 /// Frames come out as [`Bytes`] views of the reader's buffer, so taking one costs no copy. A prefix over
 /// the limits is an error at once; memory for a frame grows only as its bytes arrive.
@@ -150,7 +146,7 @@ impl FrameReader {
     }
 
     /// The next complete frame, if one has arrived.
-    pub fn next(&mut self) -> Result<Option<Frame>, FrameError> {
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
         let Some(prefix) = self.buf.first_chunk::<PREFIX_LEN>() else {
             return Ok(None);
         };
@@ -171,7 +167,7 @@ impl FrameReader {
         !self.buf.is_empty()
     }
 
-    /// Whether a whole frame is buffered (so [`FrameReader::next`] returns one without more input).
+    /// Whether a whole frame is buffered (so [`FrameReader::next_frame`] returns one without more input).
     pub fn has_frame(&self) -> bool {
         match self
             .buf
@@ -293,7 +289,7 @@ mod tests {
             let mut frames = Vec::new();
             for piece in stream.chunks(split) {
                 reader.feed(piece);
-                while let Some(frame) = reader.next().unwrap() {
+                while let Some(frame) = reader.next_frame().unwrap() {
                     frames.push(frame);
                 }
             }
@@ -341,10 +337,10 @@ mod tests {
         big.extend_from_slice(&((MAX_HEADER as u32) + 1).to_le_bytes());
         big.extend_from_slice(&0u32.to_le_bytes());
         assert!(matches!(
-            FrameReader::new().next().map(|_| ()).and_then(|()| {
+            FrameReader::new().next_frame().map(|_| ()).and_then(|()| {
                 let mut r = FrameReader::new();
                 r.feed(&big);
-                r.next().map(|_| ())
+                r.next_frame().map(|_| ())
             }),
             Err(FrameError::HeaderTooLarge(_))
         ));
@@ -353,7 +349,10 @@ mod tests {
         huge_bulk.extend_from_slice(&u32::MAX.to_le_bytes());
         let mut reader = FrameReader::new();
         reader.feed(&huge_bulk);
-        assert!(matches!(reader.next(), Err(FrameError::BulkTooLarge(_))));
+        assert!(matches!(
+            reader.next_frame(),
+            Err(FrameError::BulkTooLarge(_))
+        ));
         assert!(reader.buf.capacity() < 1 << 16, "nothing reserved for it");
         let mut scanner = Scanner::new();
         assert!(matches!(
@@ -398,7 +397,7 @@ mod tests {
         encode(&[0xffu8; 3], b"", &mut stream).unwrap();
         let mut reader = FrameReader::new();
         reader.feed(&stream);
-        let frame = reader.next().unwrap().unwrap();
+        let frame = reader.next_frame().unwrap().unwrap();
         assert!(matches!(
             frame.decode::<Msg>(),
             Err(FrameError::Malformed(_))

@@ -644,26 +644,26 @@ mod tests {
         args::cuStreamSynchronize { stream }
     }
 
-    fn admit<A: Admit>(h: &Handles, a: A) -> Result<(), CUresult> {
+    fn admit<A: Admit>(h: &Handles, a: &A) -> Result<(), CUresult> {
         a.admit(h, &mut Owner::in_context(CTX))
     }
 
     #[test]
     fn unknown_handles_are_refused_with_cudas_codes() {
         let h = primed();
-        assert_eq!(admit(&h, sync(0xdead)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(admit(&h, &sync(0xdead)), Err(CUresult::INVALID_HANDLE));
         assert_eq!(
-            admit(&h, args::cuEventQuery { event: 0xdead }),
+            admit(&h, &args::cuEventQuery { event: 0xdead }),
             Err(CUresult::INVALID_HANDLE)
         );
         assert_eq!(
-            admit(&h, args::cuModuleUnload { module: 0xdead }),
+            admit(&h, &args::cuModuleUnload { module: 0xdead }),
             Err(CUresult::INVALID_HANDLE)
         );
         assert_eq!(
             admit(
                 &h,
-                args::cuFuncGetAttribute {
+                &args::cuFuncGetAttribute {
                     value: (),
                     attrib: 0,
                     func: 0xdead
@@ -672,13 +672,13 @@ mod tests {
             Err(CUresult::INVALID_HANDLE)
         );
         assert_eq!(
-            admit(&h, args::cuLibraryUnload { library: 0xdead }),
+            admit(&h, &args::cuLibraryUnload { library: 0xdead }),
             Err(CUresult::INVALID_HANDLE)
         );
         assert_eq!(
             admit(
                 &h,
-                args::cuKernelGetAttribute {
+                &args::cuKernelGetAttribute {
                     value: (),
                     attrib: 0,
                     kernel: 0xdead,
@@ -688,19 +688,19 @@ mod tests {
             Err(CUresult::INVALID_HANDLE)
         );
         assert_eq!(
-            admit(&h, args::cuCtxDestroy_v2 { ctx: 0xdead }),
+            admit(&h, &args::cuCtxDestroy_v2 { ctx: 0xdead }),
             Err(CUresult::INVALID_CONTEXT)
         );
         // NULL is never a module, event, ...
         assert_eq!(
-            admit(&h, args::cuEventQuery { event: 0 }),
+            admit(&h, &args::cuEventQuery { event: 0 }),
             Err(CUresult::INVALID_HANDLE)
         );
         // Plain values, strings and out-pointers are not checked; device pointers are the driver's.
         assert_eq!(
             admit(
                 &h,
-                args::cuMemsetD8_v2 {
+                &args::cuMemsetD8_v2 {
                     dst: 0xdead,
                     value: 1,
                     n: 4
@@ -714,12 +714,12 @@ mod tests {
     fn stream_sentinels_and_null_context_are_always_valid() {
         let h = Handles::default();
         for s in [0, STREAM_LEGACY, STREAM_PER_THREAD] {
-            assert_eq!(admit(&h, sync(s)), Ok(()), "stream {s}");
+            assert_eq!(admit(&h, &sync(s)), Ok(()), "stream {s}");
         }
-        assert_eq!(admit(&h, sync(3)), Err(CUresult::INVALID_HANDLE));
-        assert_eq!(admit(&h, args::cuCtxSynchronize_v2 { ctx: 0 }), Ok(()));
+        assert_eq!(admit(&h, &sync(3)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(admit(&h, &args::cuCtxSynchronize_v2 { ctx: 0 }), Ok(()));
         assert_eq!(
-            admit(&h, args::cuCtxSynchronize_v2 { ctx: CTX }),
+            admit(&h, &args::cuCtxSynchronize_v2 { ctx: CTX }),
             Err(CUresult::INVALID_CONTEXT)
         );
     }
@@ -734,15 +734,15 @@ mod tests {
             event,
             flags: 0,
         };
-        assert_eq!(admit(&h, wait(0x10, 0x20)), Ok(()));
-        assert_eq!(admit(&h, wait(0x11, 0x20)), Err(CUresult::INVALID_HANDLE));
-        assert_eq!(admit(&h, wait(0x10, 0x21)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(admit(&h, &wait(0x10, 0x20)), Ok(()));
+        assert_eq!(admit(&h, &wait(0x11, 0x20)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(admit(&h, &wait(0x10, 0x21)), Err(CUresult::INVALID_HANDLE));
         // Kinds are not interchangeable: an event is not a stream.
-        assert_eq!(admit(&h, wait(0x20, 0x10)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(admit(&h, &wait(0x20, 0x10)), Err(CUresult::INVALID_HANDLE));
         let elapsed = |start, end| args::cuEventElapsedTime { ms: (), start, end };
-        assert_eq!(admit(&h, elapsed(0x20, 0x20)), Ok(()));
+        assert_eq!(admit(&h, &elapsed(0x20, 0x20)), Ok(()));
         assert_eq!(
-            admit(&h, elapsed(0x20, 0x21)),
+            admit(&h, &elapsed(0x20, 0x21)),
             Err(CUresult::INVALID_HANDLE)
         );
     }
@@ -760,14 +760,14 @@ mod tests {
             Effect::Destroy(Kind::Event, 0x20),
             Some(&ApiReply::cuEventDestroy_v2(Default::default())),
         );
-        assert_eq!(admit(&h, sync(0x10)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(admit(&h, &sync(0x10)), Err(CUresult::INVALID_HANDLE));
         assert_eq!(
-            admit(&h, args::cuEventQuery { event: 0x20 }),
+            admit(&h, &args::cuEventQuery { event: 0x20 }),
             Err(CUresult::INVALID_HANDLE)
         );
         // The driver may hand the same value out again: it is valid again.
         stream(&mut h, CTX, 0x10);
-        assert_eq!(admit(&h, sync(0x10)), Ok(()));
+        assert_eq!(admit(&h, &sync(0x10)), Ok(()));
     }
 
     #[test]
@@ -921,17 +921,17 @@ mod tests {
 
         let reset = ApiReply::cuDevicePrimaryCtxReset_v2(Default::default());
         h.apply(Effect::PrimaryReset(0), Some(&reset));
-        assert_eq!(admit(&h, sync(0x10)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(admit(&h, &sync(0x10)), Err(CUresult::INVALID_HANDLE));
         assert_eq!(h.check(Kind::Context, CTX), Ok(()));
 
         stream(&mut h, CTX, 0x10);
         let release = ApiReply::cuDevicePrimaryCtxRelease_v2(Default::default());
         h.apply(Effect::PrimaryRelease(0), Some(&release));
         assert_eq!(h.check(Kind::Context, CTX), Ok(()));
-        assert_eq!(admit(&h, sync(0x10)), Ok(()));
+        assert_eq!(admit(&h, &sync(0x10)), Ok(()));
         h.apply(Effect::PrimaryRelease(0), Some(&release));
         assert_eq!(h.check(Kind::Context, CTX), Err(CUresult::INVALID_CONTEXT));
-        assert_eq!(admit(&h, sync(0x10)), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(admit(&h, &sync(0x10)), Err(CUresult::INVALID_HANDLE));
         assert!(h.primary_retains().is_empty());
         // A release without a retain changes nothing (the driver reports it).
         h.apply(Effect::PrimaryRelease(0), Some(&release));

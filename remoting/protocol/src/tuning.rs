@@ -27,7 +27,7 @@ pub fn spin_budget() -> Duration {
         match configured {
             Some(us) => Duration::from_micros(us.min(1_000_000)),
             None => {
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
                 if cores >= SPIN_MIN_CORES {
                     DEFAULT_SPIN
                 } else {

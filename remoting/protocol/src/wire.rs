@@ -235,7 +235,7 @@ mod tests {
         frame::encode(&req, &[1, 2, 3], &mut out).unwrap();
         let mut reader = FrameReader::new();
         reader.feed(&out);
-        let frame = reader.next().unwrap().unwrap();
+        let frame = reader.next_frame().unwrap().unwrap();
         let back: Request = frame.decode().unwrap();
         assert_eq!(back.seq, 7);
         assert!(matches!(

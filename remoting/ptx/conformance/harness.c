@@ -10,6 +10,13 @@
  * Buffers are raw little-endian element arrays. <i> is the 0-based index of the parameter in
  * declaration order (scalars count too).
  *
+ * Resources (`resource` directives): CUDA arrays (cuArray3DCreate, with the layered and surface
+ * flags the case asks for), linear memory and pitched 2D memory, filled from their init= rule
+ * (random stream 1000 + k for the k-th resource) and written to <data dir>/<name>.in as dense
+ * texels (row-major: x, then rows, then slices, then layers); after the launch, resources with a
+ * check= are read back into <data dir>/<name>.out. `param tex` and `param surf` create texture and
+ * surface objects over them (cuTexObjectCreate / cuSurfObjectCreate) and pass the handles.
+ *
  * random init: a splitmix64 stream seeded by FNV-1a(case name) ^ (index * golden ratio);
  * integers take the low bits of each draw (uniform over the type's range), f32/f64 are uniform
  * in [-1, 1) (multiples of 2^-23 / 2^-52), f16 are k/1024 and bf16 k/128 for uniform integer k
@@ -30,21 +37,55 @@
 #include <sys/types.h>
 
 #define MAX_PARAMS 32
+#define MAX_RESOURCES 8
 #define MAX_LINE 1024
 #define MAX_BUFFER_BYTES (64u * 1024u * 1024u)
+#define MAX_RESOURCE_BYTES (16u * 1024u * 1024u)
 
 enum elem {
-    E_U8, E_U16, E_U32, E_S32, E_U64, E_S64, E_F16, E_BF16, E_F32, E_F64, E_INVALID
+    E_U8, E_U16, E_U32, E_S32, E_U64, E_S64, E_F16, E_BF16, E_F32, E_F64, E_S8, E_S16, E_INVALID
 };
 
 static const char *const ELEM_NAMES[] = {
-    "u8", "u16", "u32", "s32", "u64", "s64", "f16", "bf16", "f32", "f64",
+    "u8", "u16", "u32", "s32", "u64", "s64", "f16", "bf16", "f32", "f64", "s8", "s16",
 };
-static const size_t ELEM_SIZES[] = {1, 2, 4, 4, 8, 8, 2, 2, 4, 8};
+static const size_t ELEM_SIZES[] = {1, 2, 4, 4, 8, 8, 2, 2, 4, 8, 1, 2};
 
 enum init { I_ZERO, I_IOTA, I_RANDOM };
 
+enum param_kind { P_SCALAR, P_PTR, P_TEX, P_SURF };
+
+enum resource_kind { R_ARRAY, R_LINEAR, R_PITCH2D };
+
+struct resource {
+    char name[64];
+    enum resource_kind kind;
+    enum elem elem; /* channel type: u8 u16 u32 s8 s16 s32 f16 f32 */
+    unsigned channels;
+    size_t width, height, depth, layers; /* height/depth 0 where absent, layers 0 if not layered */
+    int surface;
+    enum init init;
+    int checked;
+    void *host; /* dense texels */
+    size_t bytes;
+    CUarray array;
+    CUdeviceptr alloc; /* linear / pitch2d allocation */
+    CUdeviceptr dev;   /* its (aligned) start */
+    size_t pitch;
+};
+
+/* Sampling state of a `param tex`. */
+struct tex_spec {
+    int resource;
+    CUfilter_mode filter;
+    CUaddress_mode address[3];
+    int normalized;
+    int read_as_integer;
+    float border[4];
+};
+
 struct param {
+    enum param_kind kind;
     int is_ptr;
     enum elem elem;
     /* ptr */
@@ -53,6 +94,10 @@ struct param {
     int checked;
     void *host;
     CUdeviceptr dev;
+    /* tex / surf */
+    struct tex_spec tex;
+    CUtexObject tex_obj;
+    CUsurfObject surf_obj;
     /* scalar: storage whose address goes into kernelParams */
     union {
         uint32_t u32;
@@ -62,6 +107,7 @@ struct param {
         float f32;
         double f64;
         CUdeviceptr ptr;
+        unsigned long long handle;
     } value;
 };
 
@@ -74,6 +120,8 @@ struct test_case {
     unsigned shared;
     int nparams;
     struct param params[MAX_PARAMS];
+    int nresources;
+    struct resource resources[MAX_RESOURCES];
 };
 
 static const char *case_path = "?";
@@ -172,6 +220,204 @@ static void parse_dim3(char **tok, int ntok, unsigned out[3], int line)
     }
 }
 
+static int find_resource(const struct test_case *tc, const char *name)
+{
+    for (int i = 0; i < tc->nresources; i++) {
+        if (strcmp(tc->resources[i].name, name) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static enum init parse_init_rule(const char *s, int line)
+{
+    if (strcmp(s, "init=zero") == 0) {
+        return I_ZERO;
+    }
+    if (strcmp(s, "init=iota") == 0) {
+        return I_IOTA;
+    }
+    if (strcmp(s, "init=random") == 0) {
+        return I_RANDOM;
+    }
+    fail(1, "line %d: bad init '%s'", line, s);
+}
+
+/* resource <name> <array|linear|pitch2d> <format> <channels> <sizes..> [layers=N] [surface] init=.. [check=..] */
+static void parse_resource(struct test_case *tc, char **tok, int ntok, int line)
+{
+    if (tc->nresources == MAX_RESOURCES) {
+        fail(1, "line %d: too many resources", line);
+    }
+    if (ntok < 6) {
+        fail(1, "line %d: resource <name> <kind> <format> <channels> <sizes..> init=..", line);
+    }
+    struct resource *r = &tc->resources[tc->nresources];
+    memset(r, 0, sizeof *r);
+    if (strlen(tok[1]) >= sizeof r->name || strspn(tok[1], "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(tok[1])) {
+        fail(1, "line %d: resource name '%s': use [a-z0-9_]", line, tok[1]);
+    }
+    if (find_resource(tc, tok[1]) >= 0) {
+        fail(1, "line %d: resource '%s' declared twice", line, tok[1]);
+    }
+    snprintf(r->name, sizeof r->name, "%s", tok[1]);
+    if (strcmp(tok[2], "array") == 0) {
+        r->kind = R_ARRAY;
+    } else if (strcmp(tok[2], "linear") == 0) {
+        r->kind = R_LINEAR;
+    } else if (strcmp(tok[2], "pitch2d") == 0) {
+        r->kind = R_PITCH2D;
+    } else {
+        fail(1, "line %d: unknown resource kind '%s'", line, tok[2]);
+    }
+    r->elem = parse_elem(tok[3]);
+    switch (r->elem) {
+    case E_U8: case E_U16: case E_U32: case E_S8: case E_S16: case E_S32: case E_F16: case E_F32: break;
+    default: fail(1, "line %d: unknown channel format '%s'", line, tok[3]);
+    }
+    unsigned long long ch = parse_uint(tok[4], line);
+    if (ch != 1 && ch != 2 && ch != 4) {
+        fail(1, "line %d: %llu channels: use 1, 2 or 4", line, ch);
+    }
+    r->channels = (unsigned)ch;
+    size_t sizes[3] = {0, 0, 0};
+    int nsizes = 0;
+    int have_init = 0;
+    for (int i = 5; i < ntok; i++) {
+        if (strncmp(tok[i], "layers=", 7) == 0) {
+            r->layers = (size_t)parse_uint(tok[i] + 7, line);
+        } else if (strcmp(tok[i], "surface") == 0) {
+            r->surface = 1;
+        } else if (strncmp(tok[i], "init=", 5) == 0) {
+            r->init = parse_init_rule(tok[i], line);
+            have_init = 1;
+        } else if (strncmp(tok[i], "check=", 6) == 0) {
+            r->checked = 1;
+        } else {
+            if (nsizes == 3) {
+                fail(1, "line %d: too many sizes", line);
+            }
+            unsigned long long v = parse_uint(tok[i], line);
+            if (v == 0 || v > 65536) {
+                fail(1, "line %d: size out of range", line);
+            }
+            sizes[nsizes++] = (size_t)v;
+        }
+    }
+    if (!have_init || nsizes == 0) {
+        fail(1, "line %d: resource needs sizes and init=", line);
+    }
+    if (r->kind == R_LINEAR && (nsizes != 1 || r->layers || r->surface)) {
+        fail(1, "line %d: linear <format> <channels> <count>", line);
+    }
+    if (r->kind == R_PITCH2D && (nsizes != 2 || r->layers || r->surface)) {
+        fail(1, "line %d: pitch2d <format> <channels> <width> <height>", line);
+    }
+    if (r->kind == R_ARRAY && r->layers && nsizes == 3) {
+        fail(1, "line %d: layered arrays are 1D or 2D", line);
+    }
+    r->width = sizes[0];
+    r->height = sizes[1];
+    r->depth = sizes[2];
+    size_t texels = r->width * (r->height ? r->height : 1) * (r->depth ? r->depth : 1) * (r->layers ? r->layers : 1);
+    r->bytes = texels * r->channels * ELEM_SIZES[r->elem];
+    if (r->bytes > MAX_RESOURCE_BYTES) {
+        fail(1, "line %d: resource too large", line);
+    }
+    tc->nresources++;
+}
+
+static CUaddress_mode parse_address_mode(const char *s, size_t n, int line)
+{
+    if (n == 4 && strncmp(s, "wrap", 4) == 0) {
+        return CU_TR_ADDRESS_MODE_WRAP;
+    }
+    if (n == 5 && strncmp(s, "clamp", 5) == 0) {
+        return CU_TR_ADDRESS_MODE_CLAMP;
+    }
+    if (n == 6 && strncmp(s, "mirror", 6) == 0) {
+        return CU_TR_ADDRESS_MODE_MIRROR;
+    }
+    if (n == 6 && strncmp(s, "border", 6) == 0) {
+        return CU_TR_ADDRESS_MODE_BORDER;
+    }
+    fail(1, "line %d: unknown address mode '%.*s'", line, (int)n, s);
+}
+
+/* param tex <resource> [filter=..] [address=m[,m[,m]]] [normalized] [read=element|normalized] [border=r,g,b,a]
+ * param surf <resource> */
+static void parse_object_param(struct test_case *tc, struct param *p, char **tok, int ntok, int line)
+{
+    int surf = strcmp(tok[1], "surf") == 0;
+    p->kind = surf ? P_SURF : P_TEX;
+    p->tex.resource = find_resource(tc, tok[2]);
+    if (p->tex.resource < 0) {
+        fail(1, "line %d: no resource '%s' declared before", line, tok[2]);
+    }
+    if (surf) {
+        const struct resource *r = &tc->resources[p->tex.resource];
+        if (ntok != 3 || r->kind != R_ARRAY || !r->surface) {
+            fail(1, "line %d: param surf <array resource declared with `surface`>", line);
+        }
+        return;
+    }
+    p->tex.filter = CU_TR_FILTER_MODE_POINT;
+    for (int d = 0; d < 3; d++) {
+        p->tex.address[d] = CU_TR_ADDRESS_MODE_CLAMP;
+    }
+    for (int i = 3; i < ntok; i++) {
+        const char *t = tok[i];
+        if (strcmp(t, "filter=point") == 0) {
+            p->tex.filter = CU_TR_FILTER_MODE_POINT;
+        } else if (strcmp(t, "filter=linear") == 0) {
+            p->tex.filter = CU_TR_FILTER_MODE_LINEAR;
+        } else if (strcmp(t, "normalized") == 0) {
+            p->tex.normalized = 1;
+        } else if (strcmp(t, "read=element") == 0) {
+            p->tex.read_as_integer = 1;
+        } else if (strcmp(t, "read=normalized") == 0) {
+            p->tex.read_as_integer = 0;
+        } else if (strncmp(t, "address=", 8) == 0) {
+            const char *m = t + 8;
+            int d = 0;
+            while (*m) {
+                if (d == 3) {
+                    fail(1, "line %d: at most 3 address modes", line);
+                }
+                size_t n = strcspn(m, ",");
+                p->tex.address[d++] = parse_address_mode(m, n, line);
+                m += n;
+                if (*m == ',') {
+                    m++;
+                }
+            }
+            if (d == 0) {
+                fail(1, "line %d: empty address=", line);
+            }
+            for (; d < 3; d++) {
+                p->tex.address[d] = p->tex.address[d - 1];
+            }
+        } else if (strncmp(t, "border=", 7) == 0) {
+            char buf[128];
+            snprintf(buf, sizeof buf, "%s", t + 7);
+            char *save = NULL;
+            int k = 0;
+            for (char *v = strtok_r(buf, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
+                if (k == 4) {
+                    fail(1, "line %d: border needs 4 values", line);
+                }
+                p->tex.border[k++] = (float)parse_float(v, line);
+            }
+            if (k != 4) {
+                fail(1, "line %d: border needs 4 values", line);
+            }
+        } else {
+            fail(1, "line %d: unknown texture setting '%s'", line, t);
+        }
+    }
+}
+
 static void parse_param(struct test_case *tc, char **tok, int ntok, int line)
 {
     if (tc->nparams == MAX_PARAMS) {
@@ -182,7 +428,10 @@ static void parse_param(struct test_case *tc, char **tok, int ntok, int line)
     if (ntok < 3) {
         fail(1, "line %d: param needs a type and a value", line);
     }
-    if (strcmp(tok[1], "ptr") == 0) {
+    if (strcmp(tok[1], "tex") == 0 || strcmp(tok[1], "surf") == 0) {
+        parse_object_param(tc, p, tok, ntok, line);
+    } else if (strcmp(tok[1], "ptr") == 0) {
+        p->kind = P_PTR;
         if (ntok < 5 || ntok > 6) {
             fail(1, "line %d: param ptr <elem> <count> init=<..> [check=<..>]", line);
         }
@@ -211,6 +460,7 @@ static void parse_param(struct test_case *tc, char **tok, int ntok, int line)
             p->checked = 1;
         }
     } else {
+        p->kind = P_SCALAR;
         if (ntok != 3) {
             fail(1, "line %d: param <type> <value>", line);
         }
@@ -292,6 +542,8 @@ static void parse_case(const char *path, struct test_case *tc)
                 fail(1, "line %d: shared out of range", line);
             }
             tc->shared = (unsigned)v;
+        } else if (strcmp(tok[0], "resource") == 0) {
+            parse_resource(tc, tok, ntok, line);
         } else if (strcmp(tok[0], "param") == 0) {
             parse_param(tc, tok, ntok, line);
         } else {
@@ -375,22 +627,26 @@ static uint16_t f32_to_bf16(float f)
     return (uint16_t)(x >> 16);
 }
 
-static void fill(const struct test_case *tc, int index, struct param *p)
+/* Fills `count` elements of `elem` at `host` per `init`, from random stream `index` of the case. */
+static void fill_elems(const struct test_case *tc, int index, enum elem elem, size_t count, enum init init,
+                       void *host)
 {
-    size_t size = ELEM_SIZES[p->elem];
+    size_t size = ELEM_SIZES[elem];
     uint64_t state = fnv1a(tc->name) ^ ((uint64_t)(index + 1) * 0x9e3779b97f4a7c15ull);
-    unsigned char *out = (unsigned char *)p->host;
-    for (size_t i = 0; i < p->count; i++) {
+    unsigned char *out = (unsigned char *)host;
+    for (size_t i = 0; i < count; i++) {
         unsigned char *dst = out + i * size;
-        if (p->init == I_ZERO) {
+        if (init == I_ZERO) {
             memset(dst, 0, size);
             continue;
         }
-        uint64_t r = p->init == I_RANDOM ? splitmix64(&state) : (uint64_t)i;
-        int random = p->init == I_RANDOM;
-        switch (p->elem) {
-        case E_U8: { uint8_t v = (uint8_t)r; memcpy(dst, &v, 1); break; }
-        case E_U16: { uint16_t v = (uint16_t)r; memcpy(dst, &v, 2); break; }
+        uint64_t r = init == I_RANDOM ? splitmix64(&state) : (uint64_t)i;
+        int random = init == I_RANDOM;
+        switch (elem) {
+        case E_U8:
+        case E_S8: { uint8_t v = (uint8_t)r; memcpy(dst, &v, 1); break; }
+        case E_U16:
+        case E_S16: { uint16_t v = (uint16_t)r; memcpy(dst, &v, 2); break; }
         case E_U32:
         case E_S32: { uint32_t v = (uint32_t)r; memcpy(dst, &v, 4); break; }
         case E_U64:
@@ -422,12 +678,17 @@ static void fill(const struct test_case *tc, int index, struct param *p)
     }
 }
 
+static void fill(const struct test_case *tc, int index, struct param *p)
+{
+    fill_elems(tc, index, p->elem, p->count, p->init, p->host);
+}
+
 /* ---- files ---- */
 
-static void write_file(const char *dir, int index, const char *ext, const void *data, size_t len)
+static void write_named(const char *dir, const char *name, const char *ext, const void *data, size_t len)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/p%d.%s", dir, index, ext);
+    snprintf(path, sizeof path, "%s/%s.%s", dir, name, ext);
     FILE *f = fopen(path, "wb");
     if (!f) {
         fail(1, "cannot create %s: %s", path, strerror(errno));
@@ -438,6 +699,201 @@ static void write_file(const char *dir, int index, const char *ext, const void *
     if (fclose(f) != 0) {
         fail(1, "cannot close %s: %s", path, strerror(errno));
     }
+}
+
+static void write_file(const char *dir, int index, const char *ext, const void *data, size_t len)
+{
+    char name[32];
+    snprintf(name, sizeof name, "p%d", index);
+    write_named(dir, name, ext, data, len);
+}
+
+/* ---- resources and objects ---- */
+
+static CUarray_format array_format(enum elem e)
+{
+    switch (e) {
+    case E_U8: return CU_AD_FORMAT_UNSIGNED_INT8;
+    case E_U16: return CU_AD_FORMAT_UNSIGNED_INT16;
+    case E_U32: return CU_AD_FORMAT_UNSIGNED_INT32;
+    case E_S8: return CU_AD_FORMAT_SIGNED_INT8;
+    case E_S16: return CU_AD_FORMAT_SIGNED_INT16;
+    case E_S32: return CU_AD_FORMAT_SIGNED_INT32;
+    case E_F16: return CU_AD_FORMAT_HALF;
+    case E_F32: return CU_AD_FORMAT_FLOAT;
+    default: fail(1, "internal: bad channel format");
+    }
+}
+
+static size_t texel_bytes(const struct resource *r)
+{
+    return r->channels * ELEM_SIZES[r->elem];
+}
+
+/* The cuMemcpy3D between a dense host buffer and the array of `r`. */
+static void array_copy(struct resource *r, int to_array)
+{
+    CUDA_MEMCPY3D c;
+    memset(&c, 0, sizeof c);
+    size_t row = r->width * texel_bytes(r);
+    size_t rows = r->height ? r->height : 1;
+    if (to_array) {
+        c.srcMemoryType = CU_MEMORYTYPE_HOST;
+        c.srcHost = r->host;
+        c.srcPitch = row;
+        c.srcHeight = rows;
+        c.dstMemoryType = CU_MEMORYTYPE_ARRAY;
+        c.dstArray = r->array;
+    } else {
+        c.srcMemoryType = CU_MEMORYTYPE_ARRAY;
+        c.srcArray = r->array;
+        c.dstMemoryType = CU_MEMORYTYPE_HOST;
+        c.dstHost = r->host;
+        c.dstPitch = row;
+        c.dstHeight = rows;
+    }
+    c.WidthInBytes = row;
+    c.Height = rows;
+    /* Layers follow the slices: a layered 1D array is `layers` rows of one slice each. */
+    c.Depth = r->layers ? r->layers : (r->depth ? r->depth : 1);
+    check_cu(cuMemcpy3D(&c), to_array ? "cuMemcpy3D (to array)" : "cuMemcpy3D (from array)");
+}
+
+static void pitch_copy(struct resource *r, int to_device)
+{
+    CUDA_MEMCPY2D c;
+    memset(&c, 0, sizeof c);
+    size_t row = r->width * texel_bytes(r);
+    if (to_device) {
+        c.srcMemoryType = CU_MEMORYTYPE_HOST;
+        c.srcHost = r->host;
+        c.srcPitch = row;
+        c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+        c.dstDevice = r->dev;
+        c.dstPitch = r->pitch;
+    } else {
+        c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+        c.srcDevice = r->dev;
+        c.srcPitch = r->pitch;
+        c.dstMemoryType = CU_MEMORYTYPE_HOST;
+        c.dstHost = r->host;
+        c.dstPitch = row;
+    }
+    c.WidthInBytes = row;
+    c.Height = r->height;
+    check_cu(cuMemcpy2D(&c), to_device ? "cuMemcpy2D (to device)" : "cuMemcpy2D (from device)");
+}
+
+static void create_resource(struct test_case *tc, int k, const char *data_dir)
+{
+    struct resource *r = &tc->resources[k];
+    r->host = calloc(r->bytes ? r->bytes : 1, 1);
+    if (!r->host) {
+        fail(1, "out of memory");
+    }
+    fill_elems(tc, 1000 + k, r->elem, r->bytes / ELEM_SIZES[r->elem], r->init, r->host);
+    write_named(data_dir, r->name, "in", r->host, r->bytes);
+    switch (r->kind) {
+    case R_ARRAY: {
+        CUDA_ARRAY3D_DESCRIPTOR d;
+        memset(&d, 0, sizeof d);
+        d.Width = r->width;
+        d.Height = r->height;
+        d.Depth = r->layers ? r->layers : r->depth;
+        d.Format = array_format(r->elem);
+        d.NumChannels = r->channels;
+        d.Flags = (r->layers ? CUDA_ARRAY3D_LAYERED : 0) | (r->surface ? CUDA_ARRAY3D_SURFACE_LDST : 0);
+        check_cu(cuArray3DCreate(&r->array, &d), "cuArray3DCreate");
+        array_copy(r, 1);
+        break;
+    }
+    case R_LINEAR:
+        /* Over-allocated so the start can honour the texture alignment (512 bytes covers every GPU). */
+        check_cu(cuMemAlloc(&r->alloc, r->bytes + 512), "cuMemAlloc (linear texture)");
+        r->dev = (r->alloc + 511) & ~(CUdeviceptr)511;
+        check_cu(cuMemcpyHtoD(r->dev, r->host, r->bytes), "cuMemcpyHtoD (linear texture)");
+        break;
+    case R_PITCH2D: {
+        size_t tb = texel_bytes(r);
+        unsigned elem_size = tb >= 16 ? 16 : tb >= 8 ? 8 : 4;
+        check_cu(cuMemAllocPitch(&r->alloc, &r->pitch, r->width * tb, r->height, elem_size), "cuMemAllocPitch");
+        r->dev = r->alloc;
+        pitch_copy(r, 1);
+        break;
+    }
+    }
+}
+
+static void resource_desc(const struct resource *r, CUDA_RESOURCE_DESC *rd)
+{
+    memset(rd, 0, sizeof *rd);
+    switch (r->kind) {
+    case R_ARRAY:
+        rd->resType = CU_RESOURCE_TYPE_ARRAY;
+        rd->res.array.hArray = r->array;
+        break;
+    case R_LINEAR:
+        rd->resType = CU_RESOURCE_TYPE_LINEAR;
+        rd->res.linear.devPtr = r->dev;
+        rd->res.linear.format = array_format(r->elem);
+        rd->res.linear.numChannels = r->channels;
+        rd->res.linear.sizeInBytes = r->bytes;
+        break;
+    case R_PITCH2D:
+        rd->resType = CU_RESOURCE_TYPE_PITCH2D;
+        rd->res.pitch2D.devPtr = r->dev;
+        rd->res.pitch2D.format = array_format(r->elem);
+        rd->res.pitch2D.numChannels = r->channels;
+        rd->res.pitch2D.width = r->width;
+        rd->res.pitch2D.height = r->height;
+        rd->res.pitch2D.pitchInBytes = r->pitch;
+        break;
+    }
+}
+
+static void create_object(const struct test_case *tc, struct param *p)
+{
+    const struct resource *r = &tc->resources[p->tex.resource];
+    CUDA_RESOURCE_DESC rd;
+    resource_desc(r, &rd);
+    if (p->kind == P_SURF) {
+        check_cu(cuSurfObjectCreate(&p->surf_obj, &rd), "cuSurfObjectCreate");
+        p->value.handle = (unsigned long long)p->surf_obj;
+        return;
+    }
+    CUDA_TEXTURE_DESC td;
+    memset(&td, 0, sizeof td);
+    for (int d = 0; d < 3; d++) {
+        td.addressMode[d] = p->tex.address[d];
+    }
+    td.filterMode = p->tex.filter;
+    td.flags = (p->tex.read_as_integer ? CU_TRSF_READ_AS_INTEGER : 0) |
+               (p->tex.normalized ? CU_TRSF_NORMALIZED_COORDINATES : 0);
+    for (int k = 0; k < 4; k++) {
+        td.borderColor[k] = p->tex.border[k];
+    }
+    check_cu(cuTexObjectCreate(&p->tex_obj, &rd, &td, NULL), "cuTexObjectCreate");
+    p->value.handle = (unsigned long long)p->tex_obj;
+}
+
+static void read_back_resource(struct resource *r, const char *data_dir)
+{
+    switch (r->kind) {
+    case R_ARRAY: array_copy(r, 0); break;
+    case R_LINEAR: check_cu(cuMemcpyDtoH(r->host, r->dev, r->bytes), "cuMemcpyDtoH (resource)"); break;
+    case R_PITCH2D: pitch_copy(r, 0); break;
+    }
+    write_named(data_dir, r->name, "out", r->host, r->bytes);
+}
+
+static void destroy_resource(struct resource *r)
+{
+    if (r->kind == R_ARRAY) {
+        check_cu(cuArrayDestroy(r->array), "cuArrayDestroy");
+    } else {
+        check_cu(cuMemFree(r->alloc), "cuMemFree (resource)");
+    }
+    free(r->host);
 }
 
 static char *read_text(const char *path, size_t *len_out)
@@ -519,10 +975,15 @@ int main(int argc, char **argv)
     }
     check_cu(r, "cuModuleGetFunction");
 
+    for (int k = 0; k < tc.nresources; k++) {
+        create_resource(&tc, k, data_dir);
+    }
     void *kernel_params[MAX_PARAMS];
     for (int i = 0; i < tc.nparams; i++) {
         struct param *p = &tc.params[i];
-        if (p->is_ptr) {
+        if (p->kind == P_TEX || p->kind == P_SURF) {
+            create_object(&tc, p);
+        } else if (p->is_ptr) {
             size_t bytes = p->count * ELEM_SIZES[p->elem];
             p->host = calloc(bytes ? bytes : 1, 1);
             if (!p->host) {
@@ -559,16 +1020,29 @@ int main(int argc, char **argv)
         }
         write_file(data_dir, i, "out", p->host, bytes);
     }
+    for (int k = 0; k < tc.nresources; k++) {
+        if (tc.resources[k].checked) {
+            read_back_resource(&tc.resources[k], data_dir);
+        }
+    }
     for (int i = 0; i < tc.nparams; i++) {
         if (tc.params[i].is_ptr) {
             check_cu(cuMemFree(tc.params[i].dev), "cuMemFree");
             free(tc.params[i].host);
+        } else if (tc.params[i].kind == P_TEX) {
+            check_cu(cuTexObjectDestroy(tc.params[i].tex_obj), "cuTexObjectDestroy");
+        } else if (tc.params[i].kind == P_SURF) {
+            check_cu(cuSurfObjectDestroy(tc.params[i].surf_obj), "cuSurfObjectDestroy");
         }
+    }
+    for (int k = 0; k < tc.nresources; k++) {
+        destroy_resource(&tc.resources[k]);
     }
     check_cu(cuModuleUnload(module), "cuModuleUnload");
     check_cu(cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease");
     free(ptx);
-    printf("ok %s: %s<<<(%u,%u,%u),(%u,%u,%u),%u>>> %d params\n", tc.name, tc.kernel, tc.grid[0],
-           tc.grid[1], tc.grid[2], tc.block[0], tc.block[1], tc.block[2], tc.shared, tc.nparams);
+    printf("ok %s: %s<<<(%u,%u,%u),(%u,%u,%u),%u>>> %d params, %d resources\n", tc.name, tc.kernel,
+           tc.grid[0], tc.grid[1], tc.grid[2], tc.block[0], tc.block[1], tc.block[2], tc.shared, tc.nparams,
+           tc.nresources);
     return 0;
 }

@@ -1,12 +1,16 @@
 //! Runs a 256x256 tiled f32 matmul (16x16 tiles in shared memory, PTX in nvcc 13 style) through the
 //! interpreter and prints the throughput in thread-instructions per second.
 //!
-//! `cargo run --release -p gleam-ptx --example matmul_bench [N] [repeats]`
+//! `cargo run --release -p gleam-ptx --example matmul_bench [N] [repeats] [watchdog]`
+//!
+//! With `watchdog`, every launch runs under a cancel flag, a deadline and an instruction budget (none of
+//! which fires), to measure what checking them costs.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
 
-use gleam_ptx::{FlatMemory, GlobalMemory, LaunchConfig, Module};
+use gleam_ptx::{FlatMemory, GlobalMemory, LaunchConfig, LaunchOptions, Module};
 
 const PTX: &str = include_str!("../tests/fixtures/matmul.ptx");
 
@@ -14,6 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(256);
     let repeats: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(3);
+    let watchdog = args.next().is_some_and(|a| a == "watchdog");
     if n == 0 || !n.is_multiple_of(16) {
         return Err("N must be a positive multiple of 16".into());
     }
@@ -47,9 +52,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let symbols = HashMap::new();
     let mut best = f64::MAX;
     let mut stats = Default::default();
+    let cancel = AtomicBool::new(false);
     for _ in 0..repeats.max(1) {
+        let opts = if watchdog {
+            LaunchOptions {
+                cancel: Some(&cancel),
+                deadline: Some(Instant::now() + Duration::from_secs(3600)),
+                max_thread_instructions: Some(u64::MAX / 2),
+                textures: None,
+            }
+        } else {
+            LaunchOptions::default()
+        };
         let start = Instant::now();
-        stats = gleam_ptx::launch(&module, "matmul", &cfg, &params, &symbols, &mem)?;
+        stats = gleam_ptx::launch_with(&module, "matmul", &cfg, &params, &symbols, &mem, &opts)?;
         best = best.min(start.elapsed().as_secs_f64());
     }
     // Spot-check one element against the CPU.
@@ -61,7 +77,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let ok = f32::from_le_bytes(c0) == s;
     println!(
-        "matmul {n}x{n}: {} thread-instructions, {} warp steps, best of {repeats}: {:.3} s, {:.1} M thread-instr/s, check {}",
+        "matmul {n}x{n}{}: {} thread-instructions, {} warp steps, best of {repeats}: {:.3} s, {:.1} M thread-instr/s, check {}",
+        if watchdog { " (watchdog)" } else { "" },
         stats.thread_instructions,
         stats.warp_steps,
         best,

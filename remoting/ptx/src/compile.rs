@@ -7,7 +7,8 @@ use std::collections::HashMap;
 
 use crate::ops::{self, AtomOp, CvtSpec, F1, F2, F3, F4, Rnd};
 use crate::parse::{Ast, Func, Instr, Operand, Stmt, Ty, VarDecl};
-use crate::{ExecError, GlobalVar, Kernel, Module, Param, StateSpace};
+use crate::tex::{Geom, OutOfRange, Query, TexType};
+use crate::{ExecError, GlobalVar, Kernel, Limits, Module, Param, ParseError, StateSpace};
 
 /// A register slot index.
 pub type R = u32;
@@ -254,6 +255,45 @@ pub enum Op {
     },
     /// `bar.warp.sync`: nothing to do in lockstep, but a point a starvation-relief group must not pass.
     WarpSync,
+    /// A texture or surface instruction: `Program::tex[i]`.
+    Tex {
+        i: u32,
+    },
+}
+
+/// What a texture or surface instruction does.
+#[derive(Debug, Clone, Copy)]
+pub enum TexKind {
+    /// `tex`
+    Sample(TexType),
+    /// `tld4` of one component.
+    Gather(TexType, u8),
+    /// `suld.b`
+    Load(OutOfRange),
+    /// `sust.b`
+    Store(OutOfRange),
+    /// `txq`
+    TexQuery(Query),
+    /// `suq`
+    SurfQuery(Query),
+}
+
+/// A texture or surface instruction, kept out of [`Op`] so that the common instructions stay small.
+#[derive(Debug, Clone, Copy)]
+pub struct TexInst {
+    pub kind: TexKind,
+    pub geom: Geom,
+    /// `.s32` texture coordinates (else `.f32`).
+    pub int_coords: bool,
+    /// The register holding the object handle.
+    pub handle: R,
+    /// Coordinates, the layer first for layered geometries (`NONE` past the last).
+    pub coords: [R; 4],
+    /// Destinations (tex, tld4, suld, queries) or sources (sust).
+    pub regs: [R; 4],
+    pub n: u8,
+    /// Bytes per register moved by suld/sust.
+    pub size: u8,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -267,6 +307,7 @@ pub struct Inst {
 #[derive(Debug)]
 pub struct Program {
     pub code: Vec<Inst>,
+    pub tex: Vec<TexInst>,
     pub nregs: u32,
     pub consts: Vec<(R, ConstVal)>,
     pub specials: Vec<(R, Special)>,
@@ -275,15 +316,16 @@ pub struct Program {
     pub local_bytes: usize,
 }
 
-pub fn build_module(ast: &Ast) -> Module {
+pub fn build_module(ast: &Ast, limits: &Limits) -> Result<Module, ParseError> {
     let globals = ast
         .vars
         .iter()
         .filter(|v| v.space == "global" || v.space == "const")
         .map(|v| {
             let size = v.size.unwrap_or(0);
+            // Only the initialised prefix is stored (the parser dropped trailing zeros).
             let mut init = v.init.clone().unwrap_or_default();
-            init.resize(size, 0);
+            init.truncate(size);
             GlobalVar {
                 name: v.name.clone(),
                 space: if v.space == "const" {
@@ -297,13 +339,152 @@ pub fn build_module(ast: &Ast) -> Module {
             }
         })
         .collect();
-    let kernels = ast
-        .funcs
-        .iter()
-        .filter(|f| f.is_entry && f.body.is_some())
-        .map(|f| build_kernel(ast, f))
-        .collect();
-    Module { kernels, globals }
+    let inlined = Inlined::analyse(ast);
+    let mut total = 0u64;
+    let mut kernels = Vec::new();
+    let mut kernel_index = HashMap::new();
+    for (i, f) in ast.funcs.iter().enumerate() {
+        if !f.is_entry || f.body.is_none() {
+            continue;
+        }
+        let mut estimate = 0;
+        let program = match inlined.check(i, limits) {
+            Err(why) => Err(ExecError::Unsupported {
+                instruction: why,
+                line: f.line,
+            }),
+            Ok(cost) => {
+                estimate = cost as usize;
+                total = total.saturating_add(cost);
+                if total > limits.max_module_instructions as u64 {
+                    return Err(ParseError {
+                        line: f.line,
+                        expected: format!(
+                            "at most {} instructions after inlining in all kernels together \
+                             (Limits::max_module_instructions)",
+                            limits.max_module_instructions
+                        ),
+                        found: format!("{total} by kernel {}", f.name),
+                        limit: Some("max_module_instructions"),
+                    });
+                }
+                Ok(())
+            }
+        };
+        kernel_index.insert(f.name.clone(), kernels.len());
+        kernels.push(build_kernel(ast, f, program, estimate, limits));
+    }
+    Ok(Module {
+        kernels,
+        kernel_index,
+        globals,
+    })
+}
+
+/// Deepest chain of nested calls the inliner accepts (deeper means recursion, in practice).
+const MAX_CALL_DEPTH: u32 = 16;
+
+/// What inlining each function would cost, found before inlining anything: per function, the
+/// instructions its body amounts to with every call expanded (saturating), and the deepest chain of
+/// calls below it (`u32::MAX` through recursion). Linear in the module's size whatever its call graph.
+struct Inlined {
+    cost: Vec<u64>,
+    depth: Vec<u32>,
+}
+
+impl Inlined {
+    fn analyse(ast: &Ast) -> Inlined {
+        let n = ast.funcs.len();
+        let mut own = vec![0u64; n];
+        let mut callees: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, f) in ast.funcs.iter().enumerate() {
+            for s in f.body.iter().flatten() {
+                own[i] = own[i].saturating_add(match s {
+                    // Each declared register is a slot and a scope entry to make.
+                    Stmt::Reg { names, .. } => names.len().max(1) as u64,
+                    Stmt::Instr(ins) if ins.opcode() == "call" => {
+                        if let Some(g) = call_target(ins).and_then(|t| ast.func_position(t))
+                            && ast.funcs[g].body.is_some()
+                        {
+                            callees[i].push(g);
+                        }
+                        // The call plus a spill per argument.
+                        1 + ins.operands.len() as u64
+                    }
+                    _ => 1,
+                });
+            }
+        }
+        let mut cost = vec![0u64; n];
+        let mut depth = vec![0u32; n];
+        // 0: not visited, 1: on the DFS stack, 2: done. Iterative: call chains can be arbitrarily long.
+        let mut state = vec![0u8; n];
+        let mut stack: Vec<(usize, usize)> = Vec::new();
+        for root in 0..n {
+            if state[root] != 0 {
+                continue;
+            }
+            state[root] = 1;
+            stack.push((root, 0));
+            while let Some((f, k)) = stack.last_mut() {
+                let f = *f;
+                if let Some(&g) = callees[f].get(*k) {
+                    *k += 1;
+                    if state[g] == 0 {
+                        state[g] = 1;
+                        stack.push((g, 0));
+                    }
+                    continue;
+                }
+                let mut c = own[f];
+                let mut d = 0u32;
+                for &g in &callees[f] {
+                    if state[g] == 2 {
+                        c = c.saturating_add(cost[g]);
+                        d = d.max(depth[g].saturating_add(1));
+                    } else {
+                        // `g` is still on the stack: `f` is part of a recursion.
+                        c = u64::MAX;
+                        d = u32::MAX;
+                    }
+                }
+                cost[f] = c;
+                depth[f] = d;
+                state[f] = 2;
+                stack.pop();
+            }
+        }
+        Inlined { cost, depth }
+    }
+
+    /// Function `i`'s instructions after inlining, or why it cannot be compiled.
+    fn check(&self, i: usize, limits: &Limits) -> Result<u64, String> {
+        if self.depth[i] > MAX_CALL_DEPTH {
+            return Err(format!(
+                "call depth over {MAX_CALL_DEPTH} (recursion is not supported)"
+            ));
+        }
+        let max = limits.max_kernel_instructions as u64;
+        if self.cost[i] > max {
+            return Err(format!(
+                "kernel of {} instructions after inlining (limit {max}, Limits::max_kernel_instructions)",
+                if self.cost[i] == u64::MAX {
+                    "over 2^64".to_string()
+                } else {
+                    self.cost[i].to_string()
+                }
+            ));
+        }
+        Ok(self.cost[i])
+    }
+}
+
+/// The callee named by a `call` (its first plain name operand), as `Cx::call` reads it.
+fn call_target(ins: &Instr) -> Option<&str> {
+    ins.operands.iter().find_map(|o| match o {
+        Operand::Reg(n) => Some(&**n),
+        _ => None,
+    })
 }
 
 fn align_up(v: usize, a: usize) -> usize {
@@ -311,7 +492,14 @@ fn align_up(v: usize, a: usize) -> usize {
     v.div_ceil(a) * a
 }
 
-fn build_kernel(ast: &Ast, f: &Func) -> Kernel {
+/// Compiles kernel `f`, unless `checked` says why not; `estimate` is its size after inlining.
+fn build_kernel(
+    ast: &Ast,
+    f: &Func,
+    checked: Result<(), ExecError>,
+    estimate: usize,
+    limits: &Limits,
+) -> Kernel {
     let mut params = Vec::new();
     let mut off = 0;
     for p in &f.params {
@@ -336,8 +524,13 @@ fn build_kernel(ast: &Ast, f: &Func) -> Kernel {
             _ => 0,
         })
         .sum();
-    let mut cx = Cx::new(ast);
-    let program = cx.kernel(f, &params);
+    let program = checked.and_then(|()| {
+        let mut cx = Cx::new(ast, limits);
+        // Sized once: the estimate bounds the instructions from above (give or take a few); it also
+        // counts register declarations, so past a million the vector grows as needed instead.
+        cx.code.reserve_exact(estimate.min(1 << 20) + 1);
+        cx.kernel(f, &params)
+    });
     Kernel {
         name: f.name.clone(),
         param_bytes: off,
@@ -360,12 +553,16 @@ enum Sym {
 
 struct Cx<'a> {
     ast: &'a Ast,
+    tex: Vec<TexInst>,
+    /// Instructions the program may reach (a backstop behind the inlining estimate).
+    max_code: usize,
     code: Vec<Inst>,
     nregs: u32,
     consts: Vec<(R, ConstVal)>,
     const_map: HashMap<ConstKey, R>,
     specials: Vec<(R, Special)>,
     global_syms: Vec<String>,
+    global_idx: HashMap<String, usize>,
     shared: HashMap<String, u64>,
     shared_bytes: usize,
     local_bytes: usize,
@@ -387,11 +584,7 @@ enum ConstKey {
 }
 
 fn unsupported(ins: &Instr, why: &str) -> ExecError {
-    let mut text = ins.opcode.clone();
-    for m in &ins.mods {
-        text.push('.');
-        text.push_str(m);
-    }
+    let mut text = ins.text.to_string();
     if !why.is_empty() {
         text.push_str(" (");
         text.push_str(why);
@@ -440,15 +633,18 @@ fn ignorable(m: &str) -> bool {
 }
 
 impl<'a> Cx<'a> {
-    fn new(ast: &'a Ast) -> Self {
+    fn new(ast: &'a Ast, limits: &Limits) -> Self {
         let mut cx = Cx {
             ast,
+            tex: Vec::new(),
+            max_code: limits.max_kernel_instructions,
             code: Vec::new(),
             nregs: 0,
             consts: Vec::new(),
             const_map: HashMap::new(),
             specials: Vec::new(),
             global_syms: Vec::new(),
+            global_idx: HashMap::new(),
             shared: HashMap::new(),
             shared_bytes: 0,
             local_bytes: 0,
@@ -579,12 +775,14 @@ impl<'a> Cx<'a> {
             Some(Sym::Shared(o)) => Some((self.imm(o.wrapping_add(off as u64)), Space::Shared)),
             Some(Sym::KParam(o)) => Some((self.imm(o.wrapping_add(off as u64)), Space::Param)),
             None => {
-                let v = self.ast.vars.iter().find(|v| v.name == name)?;
+                let v = self.ast.var(name)?;
                 match v.space.as_str() {
                     "global" | "const" => {
-                        let idx = match self.global_syms.iter().position(|s| s == name) {
-                            Some(i) => i,
+                        let idx = match self.global_idx.get(name) {
+                            Some(&i) => i,
                             None => {
+                                self.global_idx
+                                    .insert(name.to_string(), self.global_syms.len());
                                 self.global_syms.push(name.to_string());
                                 self.global_syms.len() - 1
                             }
@@ -632,10 +830,13 @@ impl<'a> Cx<'a> {
 
     fn emit(&mut self, ins: &Instr, op: Op) -> Res<()> {
         // Inlining can multiply code; refuse absurd sizes instead of exhausting memory.
-        if self.code.len() >= 4 << 20 {
+        if self.code.len() >= self.max_code {
             return Err(unsupported(
                 ins,
-                "program over 4M instructions after inlining",
+                &format!(
+                    "program over {} instructions after inlining (Limits::max_kernel_instructions)",
+                    self.max_code
+                ),
             ));
         }
         let (guard, gneg) = match &ins.guard {
@@ -694,8 +895,11 @@ impl<'a> Cx<'a> {
             gneg: false,
             line: f.line as u32,
         });
+        self.code.shrink_to_fit();
+        self.consts.shrink_to_fit();
         Ok(Program {
             code: std::mem::take(&mut self.code),
+            tex: std::mem::take(&mut self.tex),
             nregs: self.nregs,
             consts: std::mem::take(&mut self.consts),
             specials: std::mem::take(&mut self.specials),
@@ -778,7 +982,7 @@ impl<'a> Cx<'a> {
                 if let Some(r) = self.special(n) {
                     return Ok(r);
                 }
-                if n == "WARP_SZ" {
+                if &**n == "WARP_SZ" {
                     return Ok(self.imm(32));
                 }
                 if let Some((r, _)) = self.sym_addr(n, 0) {
@@ -792,7 +996,7 @@ impl<'a> Cx<'a> {
             },
             Operand::Int(v) => {
                 let bits = match ty {
-                    Ty::F32 => (*v as f32).to_bits() as u64,
+                    Ty::F32 => u64::from((*v as f32).to_bits()),
                     Ty::F64 => (*v as f64).to_bits(),
                     _ => *v as u64,
                 };
@@ -801,19 +1005,19 @@ impl<'a> Cx<'a> {
             Operand::F32(b) => {
                 let f = f32::from_bits(*b);
                 let bits = match ty {
-                    Ty::F64 => (f as f64).to_bits(),
+                    Ty::F64 => f64::from(f).to_bits(),
                     Ty::F16 => ops::f2h(f),
                     Ty::Bf16 => ops::f2b(f),
-                    _ => *b as u64,
+                    _ => u64::from(*b),
                 };
                 Ok(self.imm(bits))
             }
             Operand::F64(b) => {
                 let f = f64::from_bits(*b);
                 let bits = match ty {
-                    Ty::F32 => (f as f32).to_bits() as u64,
-                    Ty::F16 => half::f16::from_f64(f).to_bits() as u64,
-                    Ty::Bf16 => half::bf16::from_f64(f).to_bits() as u64,
+                    Ty::F32 => u64::from((f as f32).to_bits()),
+                    Ty::F16 => u64::from(half::f16::from_f64(f).to_bits()),
+                    Ty::Bf16 => u64::from(half::bf16::from_f64(f).to_bits()),
                     _ => *b,
                 };
                 Ok(self.imm(bits))
@@ -836,7 +1040,7 @@ impl<'a> Cx<'a> {
     fn pred_src(&mut self, ins: &Instr, o: &Operand) -> Res<(R, bool)> {
         match o {
             Operand::NotReg(n) => Ok((self.src(ins, &Operand::Reg(n.clone()), Ty::Pred)?, true)),
-            Operand::Int(v) => Ok((self.imm((*v != 0) as u64), false)),
+            Operand::Int(v) => Ok((self.imm(u64::from(*v != 0)), false)),
             o => Ok((self.src(ins, o, Ty::Pred)?, false)),
         }
     }
@@ -892,7 +1096,7 @@ impl<'a> Cx<'a> {
         labels: &HashMap<String, usize>,
         ret_label: Option<usize>,
     ) -> Res<()> {
-        let mods: Vec<&str> = ins.mods.iter().map(String::as_str).collect();
+        let mods: Vec<&str> = ins.mods().collect();
         let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::from_name(m)).collect();
         let ty = types.last().copied();
         let has = |m: &str| mods.contains(&m);
@@ -920,7 +1124,7 @@ impl<'a> Cx<'a> {
                 Ok(())
             }
         };
-        let op_name = ins.opcode.as_str();
+        let op_name = ins.opcode();
         match op_name {
             "mov" => {
                 need(2)?;
@@ -939,7 +1143,7 @@ impl<'a> Cx<'a> {
                         self.emit(ins, Op::Pack { d, n, bits, src })
                     }
                     (_, Operand::Reg(r))
-                        if matches!(r.as_str(), "%clock" | "%clock64" | "%globaltimer") =>
+                        if matches!(&**r, "%clock" | "%clock64" | "%globaltimer") =>
                     {
                         let d = self.dst(ins, &ops[0])?;
                         self.emit(ins, Op::Clock { d })
@@ -1069,7 +1273,7 @@ impl<'a> Cx<'a> {
                 let Operand::Reg(l) = &ops[0] else {
                     return Err(unsupported(ins, "branch target"));
                 };
-                let Some(&id) = labels.get(l) else {
+                let Some(&id) = labels.get(&**l) else {
                     return Err(unsupported(ins, &format!("unknown label {l}")));
                 };
                 self.fixups.push((self.code.len(), id));
@@ -1121,6 +1325,8 @@ impl<'a> Cx<'a> {
                     }
                 }
             }
+            "tex" | "tld4" | "suld" | "sust" | "txq" | "suq" | "sured" | "suatom" | "tld"
+            | "istypep" | "texmode" => self.texture(ins, &mods),
             "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" | "discard" => {
                 self.emit(ins, Op::Nop)
             }
@@ -1142,9 +1348,9 @@ impl<'a> Cx<'a> {
                     return Err(unsupported(ins, "shfl without .sync"));
                 }
                 let (d, dp) = match &ops[0] {
-                    Operand::Pair(a, b) => {
-                        let d = self.dst(ins, &Operand::Reg(a.clone()))?;
-                        (d, self.dst(ins, &Operand::Reg(b.clone()))?)
+                    Operand::Pair(p) => {
+                        let d = self.dst(ins, &Operand::Reg(p.0.clone()))?;
+                        (d, self.dst(ins, &Operand::Reg(p.1.clone()))?)
                     }
                     o => (self.dst(ins, o)?, NONE),
                 };
@@ -1192,9 +1398,9 @@ impl<'a> Cx<'a> {
                     _ => return Err(unsupported(ins, "match type")),
                 };
                 let (d, dp) = match &ops[0] {
-                    Operand::Pair(a, b) => {
-                        let d = self.dst(ins, &Operand::Reg(a.clone()))?;
-                        (d, self.dst(ins, &Operand::Reg(b.clone()))?)
+                    Operand::Pair(p) => {
+                        let d = self.dst(ins, &Operand::Reg(p.0.clone()))?;
+                        (d, self.dst(ins, &Operand::Reg(p.1.clone()))?)
                     }
                     o => (self.dst(ins, o)?, NONE),
                 };
@@ -1343,7 +1549,7 @@ impl<'a> Cx<'a> {
         }
         let size = ty.size() as u8;
         let signed = ty.is_signed();
-        if ins.opcode == "st" {
+        if ins.opcode() == "st" {
             let (base, off, space) = self.addr(ins, &ins.operands[0], space)?;
             let (n, src) = self.vec_regs(ins, &ins.operands[1], ty, false)?;
             if space == Space::Param {
@@ -1394,7 +1600,7 @@ impl<'a> Cx<'a> {
                         Ty::Bf16x2 => AtomOp::FAddB2,
                         Ty::F16 | Ty::Bf16 => return Err(unsupported(ins, "16-bit float atomics")),
                         _ => AtomOp::Add,
-                    })
+                    });
                 }
                 "min" => op = Some(AtomOp::Min),
                 "max" => op = Some(AtomOp::Max),
@@ -1417,7 +1623,7 @@ impl<'a> Cx<'a> {
         if matches!(op, AtomOp::Min | AtomOp::Max) && ty.is_float() {
             return Err(unsupported(ins, "float atomic min/max"));
         }
-        let red = ins.opcode == "red";
+        let red = ins.opcode() == "red";
         let o = &ins.operands;
         let first = if red { 0 } else { 1 };
         if o.len() < first + 2 {
@@ -1457,7 +1663,7 @@ impl<'a> Cx<'a> {
     fn setp(&mut self, ins: &Instr, mods: &[&str], types: &[Ty]) -> Res<()> {
         let o = &ins.operands;
         // set.<cmp>[.bool].dtype.stype / setp.<cmp>[.bool].type
-        let is_set = ins.opcode == "set";
+        let is_set = ins.opcode() == "set";
         let sty = *types
             .last()
             .ok_or_else(|| unsupported(ins, "missing type"))?;
@@ -1515,7 +1721,7 @@ impl<'a> Cx<'a> {
                 },
             )?;
             let (t, z) = if types[0] == Ty::F32 {
-                (1f32.to_bits() as u64, 0)
+                (u64::from(1f32.to_bits()), 0)
             } else {
                 (0xffff_ffff, 0)
             };
@@ -1532,9 +1738,9 @@ impl<'a> Cx<'a> {
             );
         }
         let (d, dn) = match &o[0] {
-            Operand::Pair(a, b) => {
-                let d = self.dst(ins, &Operand::Reg(a.clone()))?;
-                (d, self.dst(ins, &Operand::Reg(b.clone()))?)
+            Operand::Pair(p) => {
+                let d = self.dst(ins, &Operand::Reg(p.0.clone()))?;
+                (d, self.dst(ins, &Operand::Reg(p.1.clone()))?)
             }
             x => (self.dst(ins, x)?, NONE),
         };
@@ -1563,7 +1769,7 @@ impl<'a> Cx<'a> {
 
     fn arith(&mut self, ins: &Instr, mods: &[&str], ty: Option<Ty>, rnd: Rnd, fl: u8) -> Res<()> {
         let ty = ty.ok_or_else(|| unsupported(ins, ""))?;
-        let op = ins.opcode.as_str();
+        let op = ins.opcode();
         // The operation name plus a mode modifier, e.g. "mul.wide", "mad.lo", "add.sat".
         let mode = mods
             .iter()
@@ -1740,6 +1946,219 @@ impl<'a> Cx<'a> {
         Err(unsupported(ins, ""))
     }
 
+    /// `tex`, `tld4`, `suld.b`, `sust.b`, `txq`, `suq` on object handles held in registers.
+    fn texture(&mut self, ins: &Instr, mods: &[&str]) -> Res<()> {
+        let op = ins.opcode();
+        let ops = &ins.operands;
+        let has = |m: &str| mods.contains(&m);
+        // The `[handle]` or `[handle, coords]` operand.
+        let bracket = |i: usize| -> Res<(&str, Option<&Operand>)> {
+            match ops.get(i) {
+                Some(Operand::Addr(Some(h), 0)) => Ok((&**h, None)),
+                Some(Operand::Bracket(v)) if v.len() == 2 => match &v[0] {
+                    Operand::Reg(h) => Ok((&**h, Some(&v[1]))),
+                    _ => Err(unsupported(ins, "texture operand")),
+                },
+                Some(Operand::Bracket(_)) => Err(unsupported(
+                    ins,
+                    "explicit samplers (independent texture mode)",
+                )),
+                _ => Err(unsupported(ins, "texture operand")),
+            }
+        };
+        let handle_reg = |cx: &mut Self, name: &str| -> Res<R> {
+            match cx.lookup(name) {
+                Some(Sym::Reg(r)) => Ok(r),
+                _ => Err(unsupported(
+                    ins,
+                    "texture or surface references (.texref/.surfref); only object handles in registers",
+                )),
+            }
+        };
+        let query = |cx: &mut Self, surface: bool| -> Res<()> {
+            let q = mods
+                .iter()
+                .find_map(|m| Query::parse(m))
+                .ok_or_else(|| unsupported(ins, "this query"))?;
+            if mods.len() != 2 || ops.len() != 2 {
+                return Err(unsupported(ins, "this query form"));
+            }
+            let d = cx.dst(ins, &ops[0])?;
+            let (h, coords) = bracket(1)?;
+            if coords.is_some() {
+                return Err(unsupported(ins, "query operand"));
+            }
+            let handle = handle_reg(cx, h)?;
+            let kind = if surface {
+                TexKind::SurfQuery(q)
+            } else {
+                TexKind::TexQuery(q)
+            };
+            cx.emit_tex(
+                ins,
+                TexInst {
+                    kind,
+                    geom: Geom::D1,
+                    int_coords: true,
+                    handle,
+                    coords: [NONE; 4],
+                    regs: [d, NONE, NONE, NONE],
+                    n: 1,
+                    size: 4,
+                },
+            )
+        };
+        match op {
+            "txq" => return query(self, false),
+            "suq" => return query(self, true),
+            "tex" | "tld4" | "suld" | "sust" => {}
+            _ => return Err(unsupported(ins, "")),
+        }
+        let geom = mods
+            .iter()
+            .find_map(|m| Geom::parse(m))
+            .ok_or_else(|| unsupported(ins, "this geometry (cubemaps and multisample textures)"))?;
+        let coords_at = if op == "sust" { 0 } else { 1 };
+        let (h, coords) = bracket(coords_at)?;
+        let coords = coords.ok_or_else(|| unsupported(ins, "missing coordinates"))?;
+        let handle = handle_reg(self, h)?;
+        if ops.len() != 2 {
+            return Err(unsupported(
+                ins,
+                "texel offsets, depth compare or level-of-detail operands",
+            ));
+        }
+        let list: Vec<Operand> = match coords {
+            Operand::Vec(v) => v.clone(),
+            o => vec![o.clone()],
+        };
+        let need = geom.dims() + usize::from(geom.layered());
+        if list.len() < need || list.len() > 4 {
+            return Err(unsupported(ins, "coordinate count for this geometry"));
+        }
+        let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::from_name(m)).collect();
+        let is_tex = op == "tex" || op == "tld4";
+        // tex/tld4: `.dtype.ctype`; surfaces: `.bN` data and `.s32` coordinates.
+        let int_coords = if is_tex {
+            match types.as_slice() {
+                [_, Ty::S32] => true,
+                [_, Ty::F32] => false,
+                _ => return Err(unsupported(ins, "texture result or coordinate type")),
+            }
+        } else {
+            true
+        };
+        let mut cregs = [NONE; 4];
+        for (k, o) in list.iter().take(need).enumerate() {
+            let ty = if geom.layered() && k == 0 {
+                Ty::U32
+            } else if int_coords {
+                Ty::S32
+            } else {
+                Ty::F32
+            };
+            cregs[k] = self.src(ins, o, ty)?;
+        }
+        if is_tex {
+            if mods.iter().any(|m| matches!(*m, "base" | "level" | "grad")) {
+                return Err(unsupported(ins, "mipmap level-of-detail forms"));
+            }
+            if !has("v4") {
+                return Err(unsupported(ins, "texture results other than .v4"));
+            }
+            let ty = match types[0] {
+                Ty::F32 => TexType::F32,
+                Ty::S32 => TexType::S32,
+                Ty::U32 => TexType::U32,
+                _ => return Err(unsupported(ins, "texture result type")),
+            };
+            let kind = if op == "tld4" {
+                let comp = ["r", "g", "b", "a"]
+                    .iter()
+                    .position(|c| has(c))
+                    .ok_or_else(|| unsupported(ins, "tld4 component"))?;
+                TexKind::Gather(ty, comp as u8)
+            } else {
+                TexKind::Sample(ty)
+            };
+            let (n, regs) = self.vec_regs(ins, &ops[0], Ty::B32, true)?;
+            if n != 4 {
+                return Err(unsupported(ins, "texture results other than 4 registers"));
+            }
+            return self.emit_tex(
+                ins,
+                TexInst {
+                    kind,
+                    geom,
+                    int_coords,
+                    handle,
+                    coords: cregs,
+                    regs,
+                    n,
+                    size: 4,
+                },
+            );
+        }
+        // suld.b / sust.b
+        if !has("b") {
+            return Err(unsupported(ins, "formatted surface access (.p)"));
+        }
+        let clamp = if has("clamp") {
+            OutOfRange::Clamp
+        } else if has("zero") {
+            OutOfRange::Zero
+        } else {
+            OutOfRange::Trap
+        };
+        let data = match types.as_slice() {
+            [t] if matches!(t, Ty::B8 | Ty::B16 | Ty::B32 | Ty::B64) => *t,
+            _ => return Err(unsupported(ins, "surface data type")),
+        };
+        let vec = if has("v4") {
+            4
+        } else if has("v2") {
+            2
+        } else {
+            1
+        };
+        let (kind, (n, regs)) = if op == "suld" {
+            (
+                TexKind::Load(clamp),
+                self.vec_regs(ins, &ops[0], data, true)?,
+            )
+        } else {
+            (
+                TexKind::Store(clamp),
+                self.vec_regs(ins, &ops[1], data, false)?,
+            )
+        };
+        if n != vec {
+            return Err(unsupported(
+                ins,
+                "register count does not match the vector size",
+            ));
+        }
+        self.emit_tex(
+            ins,
+            TexInst {
+                kind,
+                geom,
+                int_coords,
+                handle,
+                coords: cregs,
+                regs,
+                n,
+                size: data.size() as u8,
+            },
+        )
+    }
+
+    fn emit_tex(&mut self, ins: &Instr, t: TexInst) -> Res<()> {
+        let i = self.tex.len() as u32;
+        self.tex.push(t);
+        self.emit(ins, Op::Tex { i })
+    }
+
     fn call(&mut self, ins: &Instr) -> Res<()> {
         let mut rets: &[Operand] = &[];
         let mut args: &[Operand] = &[];
@@ -1760,14 +2179,14 @@ impl<'a> Cx<'a> {
             return Err(unsupported(ins, "indirect call"));
         }
         let ast = self.ast;
-        let Some(f) = ast.funcs.iter().find(|f| f.name == name) else {
+        let Some(f) = ast.func(&name) else {
             return Err(unsupported(
                 ins,
                 &format!("call to unknown function {name}"),
             ));
         };
         let Some(body) = &f.body else {
-            return match name.as_str() {
+            return match &*name {
                 // printf output is not modelled; it returns 0 like a successful vprintf.
                 "vprintf" => {
                     if let Some(Operand::Reg(r)) = rets.first()

@@ -5,12 +5,16 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
-use crate::compile::{ConstVal, FL_FTZ, FL_SAT, Inst, NONE, Op, Program, R, Space, Special};
+use crate::compile::{
+    ConstVal, FL_FTZ, FL_SAT, Inst, NONE, Op, Program, R, Space, Special, TexInst, TexKind,
+};
 use crate::ops::{self, AtomOp};
+use crate::tex::{self, Coords, SurfaceAccess, TexError};
 use crate::{
     ExecError, GlobalMemory, LOCAL_WINDOW, LaunchConfig, LaunchStats, Module, PARAM_WINDOW,
-    SHARED_WINDOW, WINDOW_SIZE,
+    SHARED_WINDOW, StopReason, SurfaceDesc, TextureDesc, TextureResolver, WINDOW_SIZE,
 };
 
 /// Warp steps a warp runs before the block scheduler moves on to the next warp.
@@ -20,10 +24,13 @@ const SLICE_STEPS: u64 = 4096;
 /// a turn (forward progress for intra-warp spin locks).
 const STARVE_LIMIT: u32 = 1_000;
 
+/// Thread-instructions a worker executes between two checks of the stop conditions (about 0.1 ms).
+const CHECK_EVERY: u64 = 1 << 15;
+
 /// Shared memory a block may use (static plus dynamic), as on sm_90.
 const MAX_SHARED: usize = 227 * 1024;
 
-/// Runs `kernel` of `module` over the grid in `cfg`.
+/// Runs `kernel` of `module` over the grid in `cfg`, to the end.
 ///
 /// `params` is the packed parameter buffer laid out per [`crate::Kernel::params`]; `symbols` gives the device
 /// address of every module `.global`/`.const` variable the kernel uses.
@@ -34,6 +41,57 @@ pub fn launch(
     params: &[u8],
     symbols: &HashMap<String, u64>,
     mem: &dyn GlobalMemory,
+) -> Result<LaunchStats, ExecError> {
+    launch_with(
+        module,
+        kernel,
+        cfg,
+        params,
+        symbols,
+        mem,
+        &LaunchOptions::default(),
+    )
+}
+
+/// What a launch may use besides its arguments, and when it must stop.
+///
+/// Every worker checks the stop conditions before each block, and after each warp time slice once it has
+/// executed 32768 thread-instructions since its last check (about 0.1 ms), so a launch stops within a
+/// millisecond or so of the flag or deadline, and overshoots its budget by at most that much (plus one
+/// slice) per worker. The checks cost well under 1% of the interpreter's time.
+#[derive(Clone, Copy, Default)]
+pub struct LaunchOptions<'a> {
+    /// Set (from any thread) to stop the launch: [`StopReason::Cancelled`].
+    pub cancel: Option<&'a AtomicBool>,
+    /// The launch stops when this instant passes: [`StopReason::Deadline`].
+    pub deadline: Option<Instant>,
+    /// Thread-instructions (as [`LaunchStats::thread_instructions`] counts them) the launch may execute:
+    /// [`StopReason::Budget`].
+    pub max_thread_instructions: Option<u64>,
+    /// Resolves the texture and surface object handles the kernel uses.
+    pub textures: Option<&'a dyn TextureResolver>,
+}
+
+impl std::fmt::Debug for LaunchOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchOptions")
+            .field("cancel", &self.cancel)
+            .field("deadline", &self.deadline)
+            .field("max_thread_instructions", &self.max_thread_instructions)
+            .field("textures", &self.textures.is_some())
+            .finish()
+    }
+}
+
+/// [`launch`] with [`LaunchOptions`]: a way to stop it early, and texture and surface objects.
+pub fn launch_with(
+    module: &Module,
+    kernel: &str,
+    cfg: &LaunchConfig,
+    params: &[u8],
+    symbols: &HashMap<String, u64>,
+    mem: &dyn GlobalMemory,
+    opts: &LaunchOptions,
 ) -> Result<LaunchStats, ExecError> {
     let k = module
         .kernel(kernel)
@@ -48,8 +106,8 @@ pub fn launch(
             cfg.grid, cfg.block
         ));
     }
-    let nthreads = bx as u64 * by as u64 * bz as u64;
-    if nthreads > k.max_threads as u64 || bz > 64 {
+    let nthreads = u64::from(bx) * u64::from(by) * u64::from(bz);
+    if nthreads > u64::from(k.max_threads) || bz > 64 {
         return invalid(format!(
             "block {:?} exceeds the kernel's {} threads per block",
             cfg.block, k.max_threads
@@ -87,7 +145,8 @@ pub fn launch(
         };
         consts.push((*r, v));
     }
-    let nblocks = gx as u64 * gy as u64 * gz as u64;
+    let nblocks = u64::from(gx) * u64::from(gy) * u64::from(gz);
+    let failed = AtomicBool::new(false);
     let ctx = Ctx {
         prog,
         cfg,
@@ -96,13 +155,20 @@ pub fn launch(
         consts,
         nthreads: nthreads as usize,
         shared_total,
+        textures: opts.textures,
+        stop: Stop {
+            failed: &failed,
+            cancel: opts.cancel,
+            deadline: opts.deadline,
+            budget: opts.max_thread_instructions,
+            executed: AtomicU64::new(0),
+        },
     };
     let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
+        .map_or(1, std::num::NonZero::get)
         .min(nblocks as usize)
         .max(1);
     let next = AtomicU64::new(0);
-    let failed = AtomicBool::new(false);
     let first_err: Mutex<Option<(u64, ExecError)>> = Mutex::new(None);
     let total = Mutex::new(LaunchStats::default());
     let work = || {
@@ -117,11 +183,14 @@ pub fn launch(
                 break;
             }
             let ctaid = [
-                (id % gx as u64) as u32,
-                ((id / gx as u64) % gy as u64) as u32,
-                (id / (gx as u64 * gy as u64)) as u32,
+                (id % u64::from(gx)) as u32,
+                ((id / u64::from(gx)) % u64::from(gy)) as u32,
+                (id / (u64::from(gx) * u64::from(gy))) as u32,
             ];
-            if let Err(e) = b.run(&ctx, ctaid, &mut stats) {
+            // Blocks whose setup outweighs their instructions may never add up to a check inside
+            // `run`: check between blocks too.
+            let stop = ctx.stop.check(0).map(|_| ());
+            if let Err(e) = stop.and_then(|()| b.run(&ctx, ctaid, &mut stats)) {
                 failed.store(true, Ordering::Relaxed);
                 if let Ok(mut slot) = first_err.lock() {
                     // Report the error of the lowest block for determinism.
@@ -148,10 +217,15 @@ pub fn launch(
             }
         });
     }
-    if let Some((_, e)) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    if let Some((_, e)) = first_err
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
         return Err(e);
     }
-    Ok(total.into_inner().unwrap_or_else(|p| p.into_inner()))
+    Ok(total
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner))
 }
 
 struct Ctx<'a> {
@@ -162,6 +236,44 @@ struct Ctx<'a> {
     consts: Vec<(R, u64)>,
     nthreads: usize,
     shared_total: usize,
+    textures: Option<&'a dyn TextureResolver>,
+    stop: Stop<'a>,
+}
+
+/// When workers must stop early: another worker failed, or a [`LaunchOptions`] condition holds.
+struct Stop<'a> {
+    failed: &'a AtomicBool,
+    cancel: Option<&'a AtomicBool>,
+    deadline: Option<Instant>,
+    budget: Option<u64>,
+    /// Thread-instructions executed by all workers (kept only when there is a budget).
+    executed: AtomicU64,
+}
+
+impl Stop<'_> {
+    /// Called between time slices with the thread-instructions the slice executed. `Ok(true)`: stop quietly
+    /// (another worker failed and reports its own error).
+    fn check(&self, slice_instructions: u64) -> Result<bool, ExecError> {
+        if self.failed.load(Ordering::Relaxed) {
+            return Ok(true);
+        }
+        if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(ExecError::Stopped(StopReason::Cancelled));
+        }
+        if let Some(max) = self.budget.filter(|_| slice_instructions > 0) {
+            let done = self
+                .executed
+                .fetch_add(slice_instructions, Ordering::Relaxed)
+                .saturating_add(slice_instructions);
+            if done > max {
+                return Err(ExecError::Stopped(StopReason::Budget(max)));
+            }
+        }
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(ExecError::Stopped(StopReason::Deadline));
+        }
+        Ok(false)
+    }
 }
 
 /// Per-worker state, reused across blocks.
@@ -178,6 +290,188 @@ struct Block {
     /// `bar.red` accumulators of the barrier being gathered (popc, and, or) and of the last one released.
     red_acc: [u64; 3],
     red_last: [u64; 3],
+    /// Thread-instructions since the stop conditions were last checked.
+    unchecked: u64,
+    /// Texture and surface descriptors resolved so far.
+    objects: Objects,
+}
+
+/// Descriptors of the texture and surface handles a worker has met (a launch uses a handful; a hostile
+/// kernel inventing handles only makes the resolver answer more often).
+#[derive(Default)]
+struct Objects {
+    textures: Vec<(u64, Option<TextureDesc>)>,
+    surfaces: Vec<(u64, Option<SurfaceDesc>)>,
+}
+
+const MAX_CACHED_OBJECTS: usize = 64;
+
+fn cached<T: Copy>(
+    list: &mut Vec<(u64, Option<T>)>,
+    handle: u64,
+    resolve: impl FnOnce() -> Option<T>,
+) -> Option<T> {
+    if let Some((_, d)) = list.iter().find(|(h, _)| *h == handle) {
+        return *d;
+    }
+    if list.len() >= MAX_CACHED_OBJECTS {
+        list.clear();
+    }
+    let d = resolve();
+    list.push((handle, d));
+    d
+}
+
+impl Objects {
+    fn texture(&mut self, ctx: &Ctx, handle: u64, line: usize) -> Result<TextureDesc, ExecError> {
+        cached(&mut self.textures, handle, || {
+            ctx.textures.and_then(|t| t.texture(handle))
+        })
+        .ok_or(ExecError::InvalidHandle {
+            kind: "texture",
+            handle,
+            line,
+        })
+    }
+
+    fn surface(&mut self, ctx: &Ctx, handle: u64, line: usize) -> Result<SurfaceDesc, ExecError> {
+        cached(&mut self.surfaces, handle, || {
+            ctx.textures.and_then(|t| t.surface(handle))
+        })
+        .ok_or(ExecError::InvalidHandle {
+            kind: "surface",
+            handle,
+            line,
+        })
+    }
+}
+
+/// Runs texture or surface instruction `Program::tex[i]` for the lanes in `em`.
+#[cold]
+#[inline(never)]
+fn tex_warp(
+    ctx: &Ctx,
+    objects: &mut Objects,
+    i: u32,
+    regs: &mut [u64],
+    em: u32,
+    line: usize,
+) -> Result<(), ExecError> {
+    let t = &ctx.prog.tex[i as usize];
+    let mut err = Ok(());
+    lanes(em, |l| {
+        if err.is_ok() {
+            err = tex_lane(ctx, objects, t, regs, l, line);
+        }
+    });
+    err
+}
+
+/// Runs texture or surface instruction `t` for lane `l` of a warp whose registers are `regs`.
+fn tex_lane(
+    ctx: &Ctx,
+    objects: &mut Objects,
+    t: &TexInst,
+    regs: &mut [u64],
+    l: usize,
+    line: usize,
+) -> Result<(), ExecError> {
+    let rd = |regs: &[u64], r: R| regs[r as usize * 32 + l];
+    let handle = rd(regs, t.handle);
+    let what = match t.kind {
+        TexKind::Sample(_) => "tex",
+        TexKind::Gather(..) => "tld4",
+        TexKind::Load(_) => "suld.b",
+        TexKind::Store(_) => "sust.b",
+        TexKind::TexQuery(_) => "txq",
+        TexKind::SurfQuery(_) => "suq",
+    };
+    let space = if what.starts_with('s') {
+        "surface"
+    } else {
+        "texture"
+    };
+    let fail = |e: TexError| match e {
+        TexError::Unsupported(why) => ExecError::Unsupported {
+            instruction: format!("{what} ({why})"),
+            line,
+        },
+        TexError::Fault(f) => ExecError::MemoryFault {
+            space,
+            addr: f.addr,
+            len: f.len,
+            line,
+        },
+        TexError::Misaligned { x, len } => ExecError::Misaligned {
+            addr: x as u64,
+            len,
+            line,
+        },
+    };
+    let coords = |regs: &[u64]| t.coords.map(|r| if r == NONE { 0 } else { rd(regs, r) });
+    match t.kind {
+        TexKind::Sample(ty) | TexKind::Gather(ty, _) => {
+            let desc = objects.texture(ctx, handle, line)?;
+            let c = coords(regs);
+            let (layer, xyz) = if t.geom.layered() {
+                (c[0] as u32, &c[1..])
+            } else {
+                (0, &c[..3])
+            };
+            let at = Coords {
+                layer,
+                c: [xyz[0] as u32, xyz[1] as u32, xyz[2] as u32],
+                int: t.int_coords,
+            };
+            let v = match t.kind {
+                TexKind::Gather(_, comp) => {
+                    tex::gather(&desc, t.geom, comp as usize, &at, ty, ctx.mem)
+                }
+                _ => tex::sample(&desc, t.geom, &at, ty, ctx.mem),
+            }
+            .map_err(fail)?;
+            for (k, &r) in t.regs.iter().enumerate().take(t.n as usize) {
+                regs[r as usize * 32 + l] = u64::from(v[k]);
+            }
+        }
+        TexKind::Load(clamp) | TexKind::Store(clamp) => {
+            let desc = objects.surface(ctx, handle, line)?;
+            let c = coords(regs).map(|v| v as u32 as i32);
+            let size = t.size as usize;
+            let len = size * t.n as usize;
+            let access = SurfaceAccess {
+                desc: &desc,
+                geom: t.geom,
+                coords: c,
+                len,
+                clamp,
+            };
+            let mut buf = [0u8; 32];
+            if let TexKind::Load(_) = t.kind {
+                access.load(ctx.mem, &mut buf[..len]).map_err(fail)?;
+                for (k, &r) in t.regs.iter().enumerate().take(t.n as usize) {
+                    let mut w = [0u8; 8];
+                    w[..size].copy_from_slice(&buf[k * size..k * size + size]);
+                    regs[r as usize * 32 + l] = u64::from_le_bytes(w);
+                }
+            } else {
+                for (k, &r) in t.regs.iter().enumerate().take(t.n as usize) {
+                    let v = rd(regs, r).to_le_bytes();
+                    buf[k * size..k * size + size].copy_from_slice(&v[..size]);
+                }
+                access.store(ctx.mem, &buf[..len]).map_err(fail)?;
+            }
+        }
+        TexKind::TexQuery(q) => {
+            let desc = objects.texture(ctx, handle, line)?;
+            regs[t.regs[0] as usize * 32 + l] = u64::from(q.answer(&desc.resource));
+        }
+        TexKind::SurfQuery(q) => {
+            let desc = objects.surface(ctx, handle, line)?;
+            regs[t.regs[0] as usize * 32 + l] = u64::from(q.answer(&desc.resource));
+        }
+    }
+    Ok(())
 }
 
 /// What a warp touches besides its registers.
@@ -250,11 +544,11 @@ impl Mem<'_> {
                 .read(addr, &mut b[..size])
                 .map_err(|f| Fault::Oob("global", f.addr, f.len))?,
             Space::Shared => {
-                b[..size].copy_from_slice(Self::slice(self.shared, space, addr, size)?)
+                b[..size].copy_from_slice(Self::slice(self.shared, space, addr, size)?);
             }
             Space::Local => {
                 let at = self.local_at(addr, size, thread)?;
-                b[..size].copy_from_slice(Self::slice(self.local, space, at, size)?)
+                b[..size].copy_from_slice(Self::slice(self.local, space, at, size)?);
             }
             Space::Param => {
                 let start = usize::try_from(addr).map_err(|_| Fault::Oob("param", addr, size))?;
@@ -350,6 +644,8 @@ impl Block {
             clock: 0,
             red_acc: [0, 1, 0],
             red_last: [0; 3],
+            unchecked: 0,
+            objects: Objects::default(),
         }
     }
 
@@ -382,11 +678,11 @@ impl Block {
                     let tid = [t % bx, (t / bx) % by, t / (bx * by)];
                     let l = lane as u32;
                     let v: u64 = match sp {
-                        Special::Tid(d) => tid[d] as u64,
-                        Special::Ntid(d) => ctx.cfg.block[d] as u64,
-                        Special::Ctaid(d) => ctaid[d] as u64,
-                        Special::Nctaid(d) => ctx.cfg.grid[d] as u64,
-                        Special::LaneId => l as u64,
+                        Special::Tid(d) => u64::from(tid[d]),
+                        Special::Ntid(d) => u64::from(ctx.cfg.block[d]),
+                        Special::Ctaid(d) => u64::from(ctaid[d]),
+                        Special::Nctaid(d) => u64::from(ctx.cfg.grid[d]),
+                        Special::LaneId => u64::from(l),
                         Special::WarpId => w as u64,
                         Special::NWarpId => nwarps as u64,
                         Special::LaneMaskEq => 1u64 << l,
@@ -395,7 +691,7 @@ impl Block {
                         Special::LaneMaskGt => (!((1u64 << (l + 1)) - 1)) & 0xffff_ffff,
                         Special::LaneMaskGe => (!((1u64 << l) - 1)) & 0xffff_ffff,
                         Special::Zero => 0,
-                        Special::DynSmem => ctx.cfg.dynamic_shared_bytes as u64,
+                        Special::DynSmem => u64::from(ctx.cfg.dynamic_shared_bytes),
                         Special::TotalSmem => ctx.shared_total as u64,
                     };
                     regs[r as usize * 32 + lane] = v;
@@ -409,7 +705,16 @@ impl Block {
             for w in 0..nwarps {
                 if self.alive[w] & !self.waiting[w] != 0 {
                     ran = true;
+                    let before = stats.thread_instructions;
                     self.run_warp(ctx, w, ctaid, stats)?;
+                    // Every slice executes at least one instruction, so this check comes around.
+                    self.unchecked += stats.thread_instructions - before;
+                    if self.unchecked >= CHECK_EVERY {
+                        let n = std::mem::take(&mut self.unchecked);
+                        if ctx.stop.check(n)? {
+                            return Ok(());
+                        }
+                    }
                 }
             }
             if ran {
@@ -438,6 +743,7 @@ impl Block {
         let stride = ctx.prog.nregs as usize * 32;
         let regs = &mut self.regs[w * stride..(w + 1) * stride];
         let pcs = &mut self.pcs[w];
+        let objects = &mut self.objects;
         let mut alive = self.alive[w];
         let mut waiting = self.waiting[w];
         let mut mem = Mem {
@@ -534,7 +840,7 @@ impl Block {
                 continue;
             }
             steps += 1;
-            tinst += mask.count_ones() as u64;
+            tinst += u64::from(mask.count_ones());
             let line = inst.line as usize;
             let fault = |f: Fault| match f {
                 Fault::Oob(space, addr, len) => ExecError::MemoryFault {
@@ -563,7 +869,7 @@ impl Block {
                         lanes(em, |l| rd!(d, l) = f(rd!(a, l), rd!(b, l)));
                     } else {
                         lanes(em, |l| {
-                            rd!(d, l) = post(fl, f(pre(fl, rd!(a, l)), pre(fl, rd!(b, l))))
+                            rd!(d, l) = post(fl, f(pre(fl, rd!(a, l)), pre(fl, rd!(b, l))));
                         });
                     }
                 }
@@ -575,12 +881,12 @@ impl Block {
                             rd!(d, l) = post(
                                 fl,
                                 f(pre(fl, rd!(a, l)), pre(fl, rd!(b, l)), pre(fl, rd!(c, l))),
-                            )
+                            );
                         });
                     }
                 }
                 Op::Quad { f, d, a, b, c, e } => lanes(em, |l| {
-                    rd!(d, l) = f(rd!(a, l), rd!(b, l), rd!(c, l), rd!(e, l))
+                    rd!(d, l) = f(rd!(a, l), rd!(b, l), rd!(c, l), rd!(e, l));
                 }),
                 Op::Mov { d, a } => lanes(em, |l| rd!(d, l) = rd!(a, l)),
                 Op::Setp {
@@ -602,9 +908,9 @@ impl Block {
                         3 => x != cv,
                         _ => x,
                     };
-                    rd!(d, l) = combine(r) as u64;
+                    rd!(d, l) = u64::from(combine(r));
                     if dn != NONE {
-                        rd!(dn, l) = combine(!r) as u64;
+                        rd!(dn, l) = u64::from(combine(!r));
                     }
                 }),
                 Op::Selp { d, a, b, c, cneg } => lanes(em, |l| {
@@ -616,12 +922,12 @@ impl Block {
                 }),
                 Op::PredLogic { op, d, a, b } => lanes(em, |l| {
                     let (x, y) = (rd!(a, l) != 0, rd!(b, l) != 0);
-                    rd!(d, l) = match op {
+                    rd!(d, l) = u64::from(match op {
                         0 => x && y,
                         1 => x || y,
                         2 => x != y,
                         _ => !x,
-                    } as u64;
+                    });
                 }),
                 Op::Cvt { d, a, spec } => lanes(em, |l| rd!(d, l) = ops::cvt(rd!(a, l), &spec)),
                 Op::Pack { d, n, bits, src } => lanes(em, |l| {
@@ -632,7 +938,7 @@ impl Block {
                     };
                     let mut v = 0u64;
                     for (i, s) in src.iter().take(n as usize).enumerate() {
-                        v |= (rd!(*s, l) & m) << (i as u32 * bits as u32);
+                        v |= (rd!(*s, l) & m) << (i as u32 * u32::from(bits));
                     }
                     rd!(d, l) = v;
                 }),
@@ -644,7 +950,7 @@ impl Block {
                     };
                     let v = rd!(a, l);
                     for (i, s) in dst.iter().take(n as usize).enumerate() {
-                        rd!(*s, l) = (v >> (i as u32 * bits as u32)) & m;
+                        rd!(*s, l) = (v >> (i as u32 * u32::from(bits))) & m;
                     }
                 }),
                 Op::Ld {
@@ -773,7 +1079,7 @@ impl Block {
                     };
                 }),
                 Op::IsSpace { d, a, space } => lanes(em, |l| {
-                    rd!(d, l) = (Mem::resolve(Space::Generic, rd!(a, l)).0 == space) as u64;
+                    rd!(d, l) = u64::from(Mem::resolve(Space::Generic, rd!(a, l)).0 == space);
                 }),
                 Op::Bra { target } => {
                     if target <= cur && em != 0 && alive & !waiting & !mask != 0 {
@@ -817,7 +1123,7 @@ impl Block {
                 Op::BarRed { c, cneg } => {
                     let acc = &mut self.red_acc;
                     lanes(em, |l| {
-                        let p = ((rd!(c, l) != 0) != cneg) as u64;
+                        let p = u64::from((rd!(c, l) != 0) != cneg);
                         acc[0] += p;
                         acc[1] &= p;
                         acc[2] |= p;
@@ -856,18 +1162,18 @@ impl Block {
                                 m |= 1 << k;
                             }
                         });
-                        res[l] = m as u64;
+                        res[l] = u64::from(m);
                     });
                     lanes(em, |l| {
                         rd!(d, l) = if !all {
                             res[l]
                         } else if same {
-                            em as u64
+                            u64::from(em)
                         } else {
                             0
                         };
                         if dp != NONE {
-                            rd!(dp, l) = same as u64;
+                            rd!(dp, l) = u64::from(same);
                         }
                     });
                 }
@@ -889,6 +1195,12 @@ impl Block {
                     }
                 }
                 Op::Nop | Op::WarpSync => {}
+                Op::Tex { i } => {
+                    // Out of line: texture code inlined here slows every other instruction.
+                    if let Err(e) = tex_warp(ctx, objects, i, regs, em, line) {
+                        break Err(e);
+                    }
+                }
                 Op::Shfl {
                     mode,
                     d,
@@ -927,7 +1239,7 @@ impl Block {
                     lanes(em, |l| {
                         rd!(d, l) = vals[l];
                         if dp != NONE {
-                            rd!(dp, l) = oks[l] as u64;
+                            rd!(dp, l) = u64::from(oks[l]);
                         }
                     });
                 }
@@ -939,10 +1251,10 @@ impl Block {
                         }
                     });
                     let v = match mode {
-                        0 => (ballot == em) as u64,
-                        1 => (ballot != 0) as u64,
-                        2 => (ballot == 0 || ballot == em) as u64,
-                        _ => ballot as u64,
+                        0 => u64::from(ballot == em),
+                        1 => u64::from(ballot != 0),
+                        2 => u64::from(ballot == 0 || ballot == em),
+                        _ => u64::from(ballot),
                     };
                     lanes(em, |l| rd!(d, l) = v);
                 }
@@ -964,7 +1276,7 @@ impl Block {
                             },
                         });
                     });
-                    let v = acc.unwrap_or(0) as u64;
+                    let v = u64::from(acc.unwrap_or(0));
                     lanes(em, |l| rd!(d, l) = v);
                 }
                 Op::Carry {
@@ -985,14 +1297,20 @@ impl Block {
                         _ => {
                             let (p, q) = (rd!(a, l), rd!(b, l));
                             let prod: u128 = match (wide, signed) {
-                                (false, false) => (p as u32 as u64 * q as u32 as u64) as u128,
-                                (false, true) => (p as i32 as i64 * q as i32 as i64) as u64 as u128,
-                                (true, false) => p as u128 * q as u128,
-                                (true, true) => (p as i64 as i128 * q as i64 as i128) as u128,
+                                (false, false) => {
+                                    u128::from(u64::from(p as u32) * u64::from(q as u32))
+                                }
+                                (false, true) => {
+                                    u128::from((i64::from(p as i32) * i64::from(q as i32)) as u64)
+                                }
+                                (true, false) => u128::from(p) * u128::from(q),
+                                (true, true) => {
+                                    (i128::from(p as i64) * i128::from(q as i64)) as u128
+                                }
                             };
                             let half = match (wide, mul) {
-                                (false, 1) => prod as u32 as u64,
-                                (false, _) => (prod >> 32) as u32 as u64,
+                                (false, 1) => u64::from(prod as u32),
+                                (false, _) => u64::from((prod >> 32) as u32),
                                 (true, 1) => prod as u64,
                                 (true, _) => (prod >> 64) as u64,
                             };
@@ -1003,19 +1321,19 @@ impl Block {
                     let c = ci;
                     let (r, flag) = match (wide, sub) {
                         (false, false) => {
-                            let t = x as u32 as u64 + y as u32 as u64 + c;
-                            (t as u32 as u64, t >> 32)
+                            let t = u64::from(x as u32) + u64::from(y as u32) + c;
+                            (u64::from(t as u32), t >> 32)
                         }
                         (false, true) => {
-                            let t = (x as u32 as u64).wrapping_sub(y as u32 as u64 + c);
-                            (t as u32 as u64, (t >> 63) & 1)
+                            let t = u64::from(x as u32).wrapping_sub(u64::from(y as u32) + c);
+                            (u64::from(t as u32), (t >> 63) & 1)
                         }
                         (true, false) => {
-                            let t = x as u128 + y as u128 + c as u128;
+                            let t = u128::from(x) + u128::from(y) + u128::from(c);
                             (t as u64, (t >> 64) as u64)
                         }
                         (true, true) => {
-                            let t = (x as u128).wrapping_sub(y as u128 + c as u128);
+                            let t = u128::from(x).wrapping_sub(u128::from(y) + u128::from(c));
                             (t as u64, ((t >> 127) & 1) as u64)
                         }
                     };
@@ -1024,7 +1342,7 @@ impl Block {
                         rd!(cc, l) = flag;
                     }
                 }),
-                Op::Activemask { d } => lanes(em, |l| rd!(d, l) = mask as u64),
+                Op::Activemask { d } => lanes(em, |l| rd!(d, l) = u64::from(mask)),
                 Op::Clock { d } => {
                     let v = self.clock + steps;
                     lanes(em, |l| rd!(d, l) = v);

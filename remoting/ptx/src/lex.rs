@@ -1,24 +1,28 @@
 //! PTX tokenizer: identifiers (directives, opcodes with their dotted modifiers, registers, labels), numbers,
 //! strings and punctuation, each tagged with its line.
+//!
+//! Tokens are produced on demand and borrow their text from the source, so lexing needs no memory beyond the
+//! parser's small lookahead, whatever the size of the input; the token count is capped by
+//! [`crate::Limits::max_tokens`].
 
 use crate::ParseError;
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum Tok {
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Tok<'s> {
     /// Identifier, directive (`.reg`), dotted opcode (`ld.global.f32`), register (`%r1`, `%tid.x`) or label.
-    Ident(String),
+    Ident(&'s str),
     Int(u64),
     /// `0fXXXXXXXX`: f32 bits.
     F32(u32),
     /// `0dXXXXXXXXXXXXXXXX` or a decimal float literal: f64 bits.
     F64(u64),
-    Str(String),
+    Str(&'s str),
     Punct(char),
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct Token {
-    pub tok: Tok,
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Token<'s> {
+    pub tok: Tok<'s>,
     pub line: usize,
 }
 
@@ -30,120 +34,165 @@ fn ident_cont(c: u8) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, b'_' | b'$' | b'.' | b':')
 }
 
-pub fn tokenize(src: &str) -> Result<Vec<Token>, ParseError> {
-    let b = src.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    let mut line = 1;
-    let err = |line, expected: &str, found: String| ParseError {
-        line,
-        expected: expected.into(),
-        found,
-    };
-    while i < b.len() {
-        let c = b[i];
-        match c {
-            b'\n' => {
-                line += 1;
-                i += 1;
-            }
-            c if c.is_ascii_whitespace() => i += 1,
-            b'/' if b.get(i + 1) == Some(&b'/') => {
-                while i < b.len() && b[i] != b'\n' {
-                    i += 1;
+/// A pull tokenizer over PTX text.
+pub struct Lexer<'s> {
+    src: &'s str,
+    pos: usize,
+    line: usize,
+    produced: usize,
+    max_tokens: usize,
+}
+
+impl<'s> Lexer<'s> {
+    pub fn new(src: &'s str, max_tokens: usize) -> Lexer<'s> {
+        Lexer {
+            src,
+            pos: 0,
+            line: 1,
+            produced: 0,
+            max_tokens,
+        }
+    }
+
+    /// The line the lexer has reached (the last line at the end of the input).
+    pub fn line(&self) -> usize {
+        self.line
+    }
+
+    /// The next token, `None` at the end of the input.
+    pub fn next_token(&mut self) -> Result<Option<Token<'s>>, ParseError> {
+        let src = self.src;
+        let b = src.as_bytes();
+        let err = |line, expected: &str, found: String| ParseError {
+            line,
+            expected: expected.into(),
+            found,
+            limit: None,
+        };
+        let i = &mut self.pos;
+        let line = &mut self.line;
+        loop {
+            let Some(&c) = b.get(*i) else {
+                return Ok(None);
+            };
+            match c {
+                b'\n' => {
+                    *line += 1;
+                    *i += 1;
                 }
-            }
-            b'/' if b.get(i + 1) == Some(&b'*') => {
-                i += 2;
-                loop {
-                    if i + 1 >= b.len() {
-                        return Err(err(
-                            line,
-                            "end of block comment `*/`",
-                            "end of input".into(),
-                        ));
+                c if c.is_ascii_whitespace() => *i += 1,
+                b'/' if b.get(*i + 1) == Some(&b'/') => {
+                    while *i < b.len() && b[*i] != b'\n' {
+                        *i += 1;
                     }
-                    if b[i] == b'*' && b[i + 1] == b'/' {
-                        i += 2;
-                        break;
-                    }
-                    if b[i] == b'\n' {
-                        line += 1;
-                    }
-                    i += 1;
                 }
+                b'/' if b.get(*i + 1) == Some(&b'*') => {
+                    *i += 2;
+                    loop {
+                        if *i + 1 >= b.len() {
+                            return Err(err(
+                                *line,
+                                "end of block comment `*/`",
+                                "end of input".into(),
+                            ));
+                        }
+                        if b[*i] == b'*' && b[*i + 1] == b'/' {
+                            *i += 2;
+                            break;
+                        }
+                        if b[*i] == b'\n' {
+                            *line += 1;
+                        }
+                        *i += 1;
+                    }
+                }
+                _ => break,
             }
+        }
+        if self.produced >= self.max_tokens {
+            return Err(ParseError {
+                limit: Some("max_tokens"),
+                ..err(
+                    *line,
+                    &format!("at most {} tokens (Limits::max_tokens)", self.max_tokens),
+                    "a longer module".into(),
+                )
+            });
+        }
+        self.produced += 1;
+        let c = b[*i];
+        let tok = match c {
             b'"' => {
-                let start = i + 1;
-                i += 1;
-                while i < b.len() && b[i] != b'"' {
-                    if b[i] == b'\n' {
-                        return Err(err(line, "closing `\"`", "end of line".into()));
+                let start = *i + 1;
+                *i += 1;
+                while *i < b.len() && b[*i] != b'"' {
+                    if b[*i] == b'\n' {
+                        return Err(err(*line, "closing `\"`", "end of line".into()));
                     }
-                    i += 1;
+                    *i += 1;
                 }
-                let s = String::from_utf8_lossy(&b[start..i.min(b.len())]).into_owned();
-                i += 1;
-                out.push(Token {
-                    tok: Tok::Str(s),
-                    line,
-                });
+                // Both ends are ASCII quotes (or the end of the text), so this is a char boundary.
+                let s = &src[start..(*i).min(b.len())];
+                *i += 1;
+                Tok::Str(s)
             }
             c if c.is_ascii_digit() => {
-                let start = i;
-                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'.') {
+                let start = *i;
+                while *i < b.len() && (b[*i].is_ascii_alphanumeric() || b[*i] == b'.') {
                     // exponent sign in decimal floats: 1.5e-3
-                    i += 1;
-                    if i < b.len()
-                        && matches!(b[i], b'+' | b'-')
-                        && matches!(b[i - 1], b'e' | b'E')
-                        && !b[start..i].starts_with(b"0x")
-                        && !b[start..i].starts_with(b"0X")
-                        && b[start..i].contains(&b'.')
+                    *i += 1;
+                    if *i < b.len()
+                        && matches!(b[*i], b'+' | b'-')
+                        && matches!(b[*i - 1], b'e' | b'E')
+                        && !b[start..*i].starts_with(b"0x")
+                        && !b[start..*i].starts_with(b"0X")
+                        && b[start..*i].contains(&b'.')
                     {
-                        i += 1;
+                        *i += 1;
                     }
                 }
-                let text = &src[start..i];
-                let tok = number(text).ok_or_else(|| err(line, "a number", format!("`{text}`")))?;
-                out.push(Token { tok, line });
+                let text = &src[start..*i];
+                number(text).ok_or_else(|| err(*line, "a number", format!("`{text}`")))?
             }
             c if ident_start(c) => {
-                let start = i;
-                i += 1;
-                while i < b.len() && ident_cont(b[i]) {
+                let start = *i;
+                *i += 1;
+                while *i < b.len() && ident_cont(b[*i]) {
                     // `::` belongs to modifiers such as `.L2::cache_hint`; a single `:` ends a label.
-                    if b[i] == b':' && b.get(i + 1) != Some(&b':') && (i == 0 || b[i - 1] != b':') {
+                    if b[*i] == b':' && b.get(*i + 1) != Some(&b':') && b[*i - 1] != b':' {
                         break;
                     }
-                    i += 1;
+                    *i += 1;
                 }
-                out.push(Token {
-                    tok: Tok::Ident(src[start..i].to_string()),
-                    line,
-                });
+                Tok::Ident(&src[start..*i])
             }
             b'{' | b'}' | b'[' | b']' | b'(' | b')' | b',' | b';' | b':' | b'+' | b'-' | b'<'
             | b'>' | b'@' | b'!' | b'=' | b'|' | b'*' => {
-                out.push(Token {
-                    tok: Tok::Punct(c as char),
-                    line,
-                });
-                i += 1;
+                *i += 1;
+                Tok::Punct(c as char)
             }
             _ => {
-                return Err(err(
-                    line,
-                    "a PTX token",
-                    format!("character {:?}", c as char),
-                ));
+                // Report the whole character, not one byte of it.
+                let ch = src[*i..].chars().next().unwrap_or('\u{fffd}');
+                return Err(err(*line, "a PTX token", format!("character {ch:?}")));
             }
-        }
+        };
+        Ok(Some(Token { tok, line: *line }))
+    }
+}
+
+/// Tokenizes all of `src` (tests and tools; the parser pulls tokens one at a time).
+#[cfg(test)]
+pub fn tokenize(src: &str) -> Result<Vec<Token<'_>>, ParseError> {
+    let mut lx = Lexer::new(src, usize::MAX);
+    let mut out = Vec::new();
+    while let Some(t) = lx.next_token()? {
+        out.push(t);
     }
     Ok(out)
 }
 
-fn number(t: &str) -> Option<Tok> {
+fn number(t: &str) -> Option<Tok<'static>> {
     let t2 = t.strip_suffix('U').unwrap_or(t);
     if let Some(h) = t.strip_prefix("0f").or_else(|| t.strip_prefix("0F"))
         && h.len() == 8
@@ -168,4 +217,41 @@ fn number(t: &str) -> Option<Tok> {
         return u64::from_str_radix(&t2[1..], 8).ok().map(Tok::Int);
     }
     t2.parse::<u64>().ok().map(Tok::Int)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_borrow_the_source() {
+        let t = tokenize("ld.global.f32 %f1, [%rd1+4]; // c\n/* x\n */ 0f3F800000 \"s\"").unwrap();
+        assert_eq!(t[0].tok, Tok::Ident("ld.global.f32"));
+        assert_eq!(t[1].tok, Tok::Ident("%f1"));
+        assert_eq!(t[5].tok, Tok::Punct('+'));
+        assert_eq!(t[6].tok, Tok::Int(4));
+        let f = t.iter().find(|t| matches!(t.tok, Tok::F32(_))).unwrap();
+        assert_eq!(f.tok, Tok::F32(0x3F80_0000));
+        assert_eq!(f.line, 3);
+        assert_eq!(t.last().unwrap().tok, Tok::Str("s"));
+    }
+
+    #[test]
+    fn token_cap_is_an_error() {
+        let mut lx = Lexer::new("a b c", 2);
+        assert!(lx.next_token().unwrap().is_some());
+        assert!(lx.next_token().unwrap().is_some());
+        let e = lx.next_token().unwrap_err();
+        assert!(e.expected.contains("max_tokens"), "{e}");
+        assert_eq!(e.limit, Some("max_tokens"));
+        // Trailing whitespace and comments are not tokens.
+        let mut lx = Lexer::new("a b  // c\n", 2);
+        while lx.next_token().unwrap().is_some() {}
+    }
+
+    #[test]
+    fn non_ascii_is_reported_whole() {
+        let e = tokenize("a é").unwrap_err();
+        assert!(e.found.contains('é'), "{e}");
+    }
 }

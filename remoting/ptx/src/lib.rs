@@ -25,7 +25,16 @@
 //! Floating point: `.rn/.rz/.rm/.rp` arithmetic, `fma`, `div`, `sqrt`, `rcp` and `cvt` are correctly
 //! rounded (computed with error-free transformations in f64); `.approx` instructions are computed in f64
 //! and rounded, which is well inside PTX's documented error; `.ftz` and `.sat` are honoured for f32.
-//! Not supported (reported as unsupported): textures and surfaces, `cp.async`/`mbarrier`/tensor-core
+//! Textures and surfaces: `tex`, `tld4`, `suld.b`, `sust.b`, `txq` and `suq` on texture and surface
+//! objects, resolved through the caller's [`TextureResolver`] (whose documentation gives the exact
+//! semantics and what is refused).
+//!
+//! Limits: [`Module::parse_with`] takes [`Limits`] on what a module may cost (tokens, kernels, module data,
+//! instructions after inlining), and [`launch_with`] takes [`LaunchOptions`] (a cancel flag, a deadline,
+//! an instruction budget), so hostile or runaway input ends in an error, never in exhausted memory or a
+//! launch that never returns.
+//!
+//! Not supported (reported as unsupported): mipmapped, cubemap and sRGB textures, `cp.async`/`mbarrier`/tensor-core
 //! instructions, named barriers with thread counts, 16-bit atomics, indirect calls and recursion deeper
 //! than 16 calls.
 
@@ -35,9 +44,53 @@ mod flat;
 mod lex;
 mod ops;
 mod parse;
+mod tex;
 
-pub use exec::launch;
+pub use exec::{LaunchOptions, launch, launch_with};
 pub use flat::{FLAT_BASE, FlatMemory};
+pub use tex::{
+    AddressMode, ChannelFormat, FilterMode, Resource, ResourceKind, SurfaceDesc, TextureDesc,
+    TextureResolver,
+};
+
+use std::collections::HashMap;
+
+/// What one module may make the interpreter spend. Each figure is checked while parsing and compiling,
+/// before the memory it bounds is allocated, and going over it is a [`ParseError`] (or, for one kernel,
+/// [`Kernel::unsupported`]), never an abort. The defaults accept every real module seen so far; a caller
+/// such as the emu backend tightens them from its own budgets (for example its device-memory size).
+///
+/// Memory: parsing and compiling hold 4 to 13 bytes per byte of PTX text as nvcc writes it (the syntax
+/// tree plus the compiled kernels; tokens are not stored), so the default 32M tokens (some 130 MiB of PTX)
+/// bound a module's compile-time footprint to about 1.5 GiB; module data is not materialised beyond its
+/// initialisers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// PTX tokens in the module text (bounds the parser's memory, which is proportional to it).
+    pub max_tokens: usize,
+    /// `.entry` kernels defined in the module.
+    pub max_kernels: usize,
+    /// Bytes of module-scope `.global` and `.const` data, the declared sizes summed.
+    pub max_global_bytes: u64,
+    /// Instructions one kernel may amount to after `.func` inlining. Counted before inlining, from the
+    /// size of each function times the calls made to it, so a call tree that would explode is refused
+    /// without being expanded.
+    pub max_kernel_instructions: usize,
+    /// Instructions all the kernels of the module may amount to together after inlining.
+    pub max_module_instructions: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_tokens: 1 << 25,
+            max_kernels: 1 << 17,
+            max_global_bytes: 1 << 30,
+            max_kernel_instructions: 1 << 22,
+            max_module_instructions: 1 << 24,
+        }
+    }
+}
 
 /// Base of the shared-memory window in generic addresses (`cvta.shared` adds it, `cvta.to.shared` removes it).
 pub const SHARED_WINDOW: u64 = 0xFE00_0000_0000_0000;
@@ -63,7 +116,8 @@ pub struct GlobalVar {
     pub space: StateSpace,
     pub size: usize,
     pub align: usize,
-    /// Initial contents, zero-filled when the declaration has no initializer.
+    /// Initial contents of the first `init.len()` bytes (at most `size`); the rest of the variable is
+    /// zero. Zero-initialised data is not materialised: a variable without initializer has an empty `init`.
     pub init: Vec<u8>,
 }
 
@@ -80,18 +134,24 @@ pub struct Param {
 #[derive(Debug)]
 pub struct Module {
     kernels: Vec<Kernel>,
+    kernel_index: HashMap<String, usize>,
     globals: Vec<GlobalVar>,
 }
 
 impl Module {
-    /// Parses PTX text and compiles its kernels.
+    /// Parses PTX text and compiles its kernels within the default [`Limits`].
     pub fn parse(ptx: &str) -> Result<Module, ParseError> {
-        let ast = parse::parse(ptx)?;
-        Ok(compile::build_module(&ast))
+        Module::parse_with(ptx, &Limits::default())
+    }
+
+    /// Parses PTX text and compiles its kernels within `limits`.
+    pub fn parse_with(ptx: &str, limits: &Limits) -> Result<Module, ParseError> {
+        let ast = parse::parse(ptx, limits)?;
+        compile::build_module(&ast, limits)
     }
 
     pub fn kernel(&self, name: &str) -> Option<&Kernel> {
-        self.kernels.iter().find(|k| k.name == name)
+        self.kernel_index.get(name).map(|&i| &self.kernels[i])
     }
 
     pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
@@ -194,13 +254,16 @@ pub struct LaunchStats {
     pub blocks: u64,
 }
 
-/// A syntax error in PTX text.
+/// A syntax error in PTX text, or a module over one of its [`Limits`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("PTX line {line}: expected {expected}, found {found}")]
 pub struct ParseError {
     pub line: usize,
     pub expected: String,
     pub found: String,
+    /// The [`Limits`] field the module went over (`"max_tokens"`, ...), `None` for a syntax error: a
+    /// caller may report the two differently (out of resources versus invalid PTX).
+    pub limit: Option<&'static str>,
 }
 
 /// Why a launch failed.
@@ -229,4 +292,25 @@ pub enum ExecError {
     NoSuchKernel(String),
     #[error("module symbol `{0}` has no address in the symbol table")]
     MissingSymbol(String),
+    /// The launch was stopped before the kernel finished (see [`LaunchOptions`]): on a GPU, what a
+    /// watchdog does to a kernel that runs too long.
+    #[error("launch stopped: {0}")]
+    Stopped(StopReason),
+    #[error("invalid {kind} object handle {handle:#x} (PTX line {line})")]
+    InvalidHandle {
+        kind: &'static str,
+        handle: u64,
+        line: usize,
+    },
+}
+
+/// Why [`launch_with`] stopped a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum StopReason {
+    #[error("cancelled by the caller")]
+    Cancelled,
+    #[error("its deadline passed")]
+    Deadline,
+    #[error("it ran past its budget of {0} thread-instructions")]
+    Budget(u64),
 }

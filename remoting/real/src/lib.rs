@@ -197,7 +197,7 @@ impl Driver {
         let mut count = 0;
         // SAFETY: valid out-pointer.
         check("cuDeviceGetCount", unsafe {
-            (self.device_get_count)(&mut count)
+            (self.device_get_count)(&raw mut count)
         })?;
         Ok(usize::try_from(count).unwrap_or(0))
     }
@@ -269,6 +269,14 @@ pub struct RealBackend {
     current: Option<u64>,
 }
 
+impl std::fmt::Debug for RealBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealBackend")
+            .field("current", &self.current)
+            .finish_non_exhaustive()
+    }
+}
+
 impl RealBackend {
     /// Loads the driver and initialises it. Fails if there is no usable driver or device.
     pub fn new() -> Result<Self, RealError> {
@@ -302,15 +310,15 @@ impl RealBackend {
         unsafe { (d.device_get_name)(name.as_mut_ptr(), name.len() as c_int, dev) }.result()?;
         let mut uuid = [0u8; 16];
         // SAFETY: CUuuid is 16 bytes.
-        unsafe { (d.device_get_uuid)(&mut uuid, dev) }.result()?;
+        unsafe { (d.device_get_uuid)(&raw mut uuid, dev) }.result()?;
         let mut total_mem = 0usize;
         // SAFETY: valid out-pointer.
-        unsafe { (d.device_total_mem)(&mut total_mem, dev) }.result()?;
+        unsafe { (d.device_total_mem)(&raw mut total_mem, dev) }.result()?;
         let mut attributes = vec![0; DEVICE_ATTRIBUTE_END.max(1) as usize];
         for id in 1..DEVICE_ATTRIBUTE_END {
             let mut value = 0;
             // SAFETY: valid out-pointer; an id the driver does not know is an error, kept as 0.
-            if unsafe { (d.device_get_attribute)(&mut value, id, dev) }.is_success() {
+            if unsafe { (d.device_get_attribute)(&raw mut value, id, dev) }.is_success() {
                 attributes[id as usize] = value;
             }
         }
@@ -333,7 +341,8 @@ impl RealBackend {
             for index in 0..MAX_PARAMS {
                 let (mut offset, mut size) = (0usize, 0usize);
                 // SAFETY: valid out-pointers; past the last parameter the driver returns INVALID_VALUE.
-                if !unsafe { param_info(func, index, &mut offset, &mut size) }.is_success() {
+                if !unsafe { param_info(func, index, &raw mut offset, &raw mut size) }.is_success()
+                {
                     break;
                 }
                 let (Ok(offset), Ok(size)) = (u32::try_from(offset), u32::try_from(size)) else {
@@ -346,7 +355,7 @@ impl RealBackend {
             .map(|attr| {
                 let mut value = 0;
                 // SAFETY: valid out-pointer.
-                let r = unsafe { (d.func_get_attribute)(&mut value, attr, func) };
+                let r = unsafe { (d.func_get_attribute)(&raw mut value, attr, func) };
                 if r.is_success() { value } else { 0 }
             })
             .collect();
@@ -368,10 +377,10 @@ impl Backend for RealBackend {
     fn describe(&mut self) -> Result<(i32, String, Vec<DeviceInfo>), CUresult> {
         let mut version = 0;
         // SAFETY: valid out-pointer.
-        unsafe { (self.driver.driver_get_version)(&mut version) }.result()?;
+        unsafe { (self.driver.driver_get_version)(&raw mut version) }.result()?;
         let mut count = 0;
         // SAFETY: valid out-pointer.
-        unsafe { (self.driver.device_get_count)(&mut count) }.result()?;
+        unsafe { (self.driver.device_get_count)(&raw mut count) }.result()?;
         let devices = (0..count)
             .map(|dev| self.device_info(dev))
             .collect::<Result<Vec<_>, _>>()?;
@@ -390,10 +399,11 @@ impl Backend for RealBackend {
 
     fn memcpy_htod(&mut self, dst: u64, data: &[u8], stream: Option<u64>) -> Result<(), CUresult> {
         let d = &self.driver;
-        // SAFETY: `data` is valid for its length and the stream is live; from pageable memory the async
-        // copy returns only once the bytes are staged, so `data` may be freed after the call.
         match stream {
+            // SAFETY: `data` is valid for its length.
             None => unsafe { (d.memcpy_htod)(dst, data.as_ptr().cast(), data.len()) },
+            // SAFETY: as above, and the stream is live; from pageable memory the async copy returns only
+            // once the bytes are staged, so `data` may be freed after the call.
             Some(s) => unsafe {
                 (d.memcpy_htod_async)(dst, data.as_ptr().cast(), data.len(), s as Ptr)
             },
@@ -428,7 +438,8 @@ impl Backend for RealBackend {
         let mut module: Ptr = std::ptr::null_mut();
         // SAFETY: `checked_image` made sure the driver's reading (headers' extent, or up to the NUL)
         // stays inside the buffer.
-        unsafe { (self.driver.module_load_data)(&mut module, image.as_ptr().cast()) }.result()?;
+        unsafe { (self.driver.module_load_data)(&raw mut module, image.as_ptr().cast()) }
+            .result()?;
         Ok(module as u64)
     }
 
@@ -440,7 +451,7 @@ impl Backend for RealBackend {
         let name = std::ffi::CString::new(name).map_err(|_| CUresult::NOT_FOUND)?;
         let mut func: Ptr = std::ptr::null_mut();
         // SAFETY: valid out-pointer, NUL-terminated name and a live module.
-        unsafe { (self.driver.module_get_function)(&mut func, module as Ptr, name.as_ptr()) }
+        unsafe { (self.driver.module_get_function)(&raw mut func, module as Ptr, name.as_ptr()) }
             .result()?;
         Ok((func as u64, self.function_info(func)))
     }
@@ -452,7 +463,7 @@ impl Backend for RealBackend {
         // SAFETY: as in `module_load`; no JIT or library options.
         unsafe {
             (self.driver.library_load_data)(
-                &mut library,
+                &raw mut library,
                 image.as_ptr().cast(),
                 no_opts,
                 no_values,
@@ -469,7 +480,7 @@ impl Backend for RealBackend {
     fn kernel_get_function(&mut self, kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
         let mut func: Ptr = std::ptr::null_mut();
         // SAFETY: valid out-pointer and a live kernel.
-        unsafe { (self.driver.kernel_get_function)(&mut func, kernel as Ptr) }.result()?;
+        unsafe { (self.driver.kernel_get_function)(&raw mut func, kernel as Ptr) }.result()?;
         Ok((func as u64, self.function_info(func)))
     }
 
@@ -482,7 +493,7 @@ impl Backend for RealBackend {
             1 as Ptr,
             launch.params.as_ptr() as Ptr,
             2 as Ptr,
-            (&mut len as *mut usize).cast(),
+            (&raw mut len).cast(),
             std::ptr::null_mut(),
         ];
         let extra_ptr = if launch.params.is_empty() {
@@ -619,6 +630,7 @@ mod tests {
     /// On a GPU machine: a whole session through the engine and NVIDIA's driver. Without a GPU (CI)
     /// there is nothing to run it on.
     #[test]
+    #[ignore = "needs a GPU: run on the GPU machine with --ignored"]
     fn session_on_a_real_gpu() {
         use gleam_protocol::api::{ApiReply, args};
         use gleam_protocol::wire::{
@@ -628,10 +640,7 @@ mod tests {
 
         let backend = match RealBackend::new() {
             Ok(b) => b,
-            Err(why) => {
-                eprintln!("no GPU here ({why}): this test runs on the GPU machine");
-                return;
-            }
+            Err(why) => panic!("this test needs a GPU and NVIDIA's driver: {why}"),
         };
         let mut s = Session::new(backend);
         let seq = std::cell::Cell::new(0);
@@ -722,7 +731,7 @@ mod tests {
             panic!("{:?}", r.result)
         };
         let ptr = out.dptr;
-        let input: Vec<u8> = (0..n).flat_map(|i| i.to_le_bytes()).collect();
+        let input: Vec<u8> = (0..n).flat_map(u32::to_le_bytes).collect();
         for (i, piece) in input.chunks(COPY_CHUNK).enumerate() {
             let last = (i + 1) * COPY_CHUNK >= input.len();
             let r = call_with(

@@ -60,6 +60,16 @@ enum State {
     Closed,
 }
 
+impl<B: Backend> std::fmt::Debug for Session<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("state", &self.state)
+            .field("pending", &self.pending)
+            .field("requests", &self.requests)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<B: Backend> Session<B> {
     /// A session that has not yet seen the client's hello.
     pub fn new(backend: B) -> Self {

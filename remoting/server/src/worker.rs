@@ -117,7 +117,7 @@ fn readable_now(file: &std::fs::File) -> bool {
         revents: 0,
     };
     // SAFETY: one valid pollfd, a zero timeout; nothing is retained after the call.
-    let rc = unsafe { libc::poll(&mut pollfd, 1, 0) };
+    let rc = unsafe { libc::poll(&raw mut pollfd, 1, 0) };
     // On a poll failure, stop spinning and let the blocking read report whatever is wrong.
     rc != 0
 }
@@ -306,7 +306,7 @@ mod tests {
         let mut reader = FrameReader::new();
         reader.feed(out);
         let mut all = Vec::new();
-        while let Some(frame) = reader.next().unwrap() {
+        while let Some(frame) = reader.next_frame().unwrap() {
             all.push((frame.decode().unwrap(), frame.bulk.to_vec()));
         }
         assert!(!reader.is_mid_frame());

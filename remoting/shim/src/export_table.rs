@@ -145,7 +145,9 @@ type Storage = HashMap<(u64, u64), (usize, Destructor)>;
 static STORAGE: Mutex<Option<Storage>> = Mutex::new(None);
 
 fn storage() -> MutexGuard<'static, Option<Storage>> {
-    STORAGE.lock().unwrap_or_else(|e| e.into_inner())
+    STORAGE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn storage_ctx(ctx: CUcontext) -> u64 {
@@ -316,7 +318,9 @@ pub unsafe fn cuGetExportTable(
         // SAFETY: the caller's out-pointer, non-NULL.
         Some(t) => unsafe { put(table, t) },
         None => {
-            let mut reported = REPORTED.lock().unwrap_or_else(|e| e.into_inner());
+            let mut reported = REPORTED
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if reported.get_or_insert_with(HashSet::new).insert(id) {
                 let hex: String = id.iter().map(|b| format!("{b:02X}")).collect();
                 tracing::warn!(uuid = %hex, "cuGetExportTable: unknown table requested; refused");
@@ -356,12 +360,12 @@ mod tests {
         let mut out = std::ptr::null_mut();
         // SAFETY: plain values; the table functions only store them.
         unsafe {
-            assert_eq!(cls_get(&mut out, ctx, key), CUresult::INVALID_HANDLE);
+            assert_eq!(cls_get(&raw mut out, ctx, key), CUresult::INVALID_HANDLE);
             assert_eq!(cls_put(ctx, key, value, None), CUresult::SUCCESS);
-            assert_eq!(cls_get(&mut out, ctx, key), CUresult::SUCCESS);
+            assert_eq!(cls_get(&raw mut out, ctx, key), CUresult::SUCCESS);
             assert_eq!(out, value);
             assert_eq!(cls_delete(ctx, key), CUresult::SUCCESS);
-            assert_eq!(cls_get(&mut out, ctx, key), CUresult::INVALID_HANDLE);
+            assert_eq!(cls_get(&raw mut out, ctx, key), CUresult::INVALID_HANDLE);
         }
     }
 }

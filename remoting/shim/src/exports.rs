@@ -93,7 +93,9 @@ gleam_protocol::cuda_exports!(exports);
 /// What every stub does: log its name once, return `CUDA_ERROR_NOT_SUPPORTED`.
 fn not_supported(name: &'static str) -> CUresult {
     static LOGGED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
-    let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut logged = LOGGED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if logged.get_or_insert_with(HashSet::new).insert(name) {
         tracing::warn!(
             call = name,

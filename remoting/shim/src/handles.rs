@@ -16,7 +16,9 @@ static HANDLES: LazyLock<Mutex<Handles>> = LazyLock::new(|| Mutex::new(Handles::
 /// The registry. (A poisoned lock only means a thread panicked while holding it; the maps stay
 /// consistent.)
 pub fn lock() -> MutexGuard<'static, Handles> {
-    HANDLES.lock().unwrap_or_else(|e| e.into_inner())
+    HANDLES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether `handle` is a live handle of `kind` (CUDA's error if not).

@@ -94,7 +94,7 @@ pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> Result<(), CUresu
         Err(panic) => {
             let what = panic
                 .downcast_ref::<&str>()
-                .map(|s| s.to_string())
+                .map(std::string::ToString::to_string)
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
             tracing::error!(call = name, panic = %what, "internal error in Gleam's libcuda (a bug)");

@@ -42,7 +42,9 @@ pub struct Region {
 static TABLE: Mutex<BTreeMap<u64, Region>> = Mutex::new(BTreeMap::new());
 
 fn table() -> MutexGuard<'static, BTreeMap<u64, Region>> {
-    TABLE.lock().unwrap_or_else(|e| e.into_inner())
+    TABLE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The allocation containing `ptr`, if any.
@@ -320,7 +322,7 @@ pub unsafe fn cuMemGetAddressRange_v2(
         let (mut b, mut n) = (0u64, 0usize);
         // SAFETY: valid out-pointers to locals; the caller's, each NULL or writable.
         unsafe {
-            forward::cuMemGetAddressRange_v2(&mut b, &mut n, dptr)?;
+            forward::cuMemGetAddressRange_v2(&raw mut b, &raw mut n, dptr)?;
             if !base.is_null() {
                 put(base, b)?;
             }

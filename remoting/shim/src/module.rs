@@ -30,8 +30,9 @@ struct Caches {
 static CACHES: Mutex<Option<Caches>> = Mutex::new(None);
 
 fn with_caches<R>(f: impl FnOnce(&mut Caches) -> R) -> R {
-    let mut guard: MutexGuard<'_, Option<Caches>> =
-        CACHES.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard: MutexGuard<'_, Option<Caches>> = CACHES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     f(guard.get_or_insert_with(Caches::default))
 }
 
@@ -169,7 +170,7 @@ pub(crate) fn max_threads_per_block(func: CUfunction) -> Result<i32, CUresult> {
             let mut max = 0;
             // SAFETY: a valid out-pointer; forwarded as the listed call.
             unsafe {
-                forward::cuFuncGetAttribute(&mut max, FUNC_MAX_THREADS_PER_BLOCK as i32, func)
+                forward::cuFuncGetAttribute(&raw mut max, FUNC_MAX_THREADS_PER_BLOCK as i32, func)
             }?;
             Ok(max)
         }
@@ -231,6 +232,7 @@ unsafe fn pack_params(
                         if p.is_null() {
                             return Err(CUresult::INVALID_VALUE);
                         }
+                        // SAFETY: non-NULL, and BUFFER_SIZE's value points to a size_t.
                         size = Some(unsafe { p.read_unaligned() });
                     }
                     _ => return Err(CUresult::INVALID_VALUE),
@@ -364,7 +366,7 @@ unsafe fn launch_ex(
 
 /// `CUlaunchConfig`.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct LaunchConfig {
     grid: [u32; 3],
     block: [u32; 3],
@@ -376,7 +378,7 @@ pub struct LaunchConfig {
 
 /// `CUlaunchAttribute`: an id, padding, and a 64-byte value union.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct LaunchAttribute {
     id: u32,
     pad: u32,

@@ -92,7 +92,7 @@ unsafe fn potential_block_size(
     let max_threads = module::max_threads_per_block(func)?;
     let mut dev = 0;
     // SAFETY: a valid out-pointer.
-    unsafe { context::cuCtxGetDevice(&mut dev) }?;
+    unsafe { context::cuCtxGetDevice(&raw mut dev) }?;
     let warp = device::attribute(dev, DEVICE_WARP_SIZE)?.max(1);
     let sms = device::attribute(dev, DEVICE_MULTIPROCESSOR_COUNT)?;
 
@@ -116,7 +116,7 @@ unsafe fn potential_block_size(
         // SAFETY: a valid out-pointer; forwarded as the listed call.
         unsafe {
             forward::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
-                &mut blocks,
+                &raw mut blocks,
                 func,
                 candidate,
                 smem,

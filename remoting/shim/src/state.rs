@@ -17,6 +17,7 @@ use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, Reply};
 
 /// The session of this process.
+#[derive(Debug)]
 pub struct Session {
     /// The connection to the serving peer.
     pub client: Client,

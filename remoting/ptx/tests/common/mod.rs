@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: buffers in a `FlatMemory` and parameter packing.
 #![allow(dead_code)]
 
+pub mod case;
+
 use std::collections::HashMap;
 
 use gleam_ptx::{

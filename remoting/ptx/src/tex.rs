@@ -1,0 +1,1000 @@
+//! Textures and surfaces: the descriptors a caller resolves object handles to ([`TextureResolver`]), and the
+//! sampling rules of `tex`, `tld4`, `suld.b` and `sust.b`, as pure functions over [`GlobalMemory`].
+//!
+//! The exact semantics are documented on [`TextureResolver`].
+
+use crate::{GlobalMemory, MemoryFault};
+
+/// The element type of one texel channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelFormat {
+    U8,
+    U16,
+    U32,
+    S8,
+    S16,
+    S32,
+    F16,
+    F32,
+}
+
+impl ChannelFormat {
+    pub fn size(self) -> usize {
+        match self {
+            ChannelFormat::U8 | ChannelFormat::S8 => 1,
+            ChannelFormat::U16 | ChannelFormat::S16 | ChannelFormat::F16 => 2,
+            ChannelFormat::U32 | ChannelFormat::S32 | ChannelFormat::F32 => 4,
+        }
+    }
+
+    fn is_float(self) -> bool {
+        matches!(self, ChannelFormat::F16 | ChannelFormat::F32)
+    }
+
+    /// Whether the default (non-integer) read mode turns it into a normalized float.
+    fn promotes(self) -> bool {
+        matches!(
+            self,
+            ChannelFormat::U8 | ChannelFormat::U16 | ChannelFormat::S8 | ChannelFormat::S16
+        )
+    }
+}
+
+/// What memory a texture or surface reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResourceKind {
+    /// A 1D buffer in global memory, read by `tex1Dfetch` (integer coordinates) only.
+    Linear,
+    /// A 2D image in global memory with a row pitch.
+    Pitch2D,
+    /// A CUDA array in the layout [`Resource::array`] defines.
+    Array,
+    /// A mipmapped array: refused when sampled.
+    MipmappedArray,
+}
+
+/// The memory behind a texture or surface object. Texel `(x, y, z)` of layer `l` starts at
+/// `base + l * layer_pitch() + z * slice_pitch + y * row_pitch + x * elem_bytes()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resource {
+    pub kind: ResourceKind,
+    /// Device address of texel (0, 0, 0) of layer 0.
+    pub base: u64,
+    pub format: ChannelFormat,
+    /// 1, 2 or 4.
+    pub channels: u8,
+    /// Texels per row.
+    pub width: u64,
+    /// Rows (1 for 1D resources).
+    pub height: u64,
+    /// Slices (1 for 1D and 2D resources).
+    pub depth: u64,
+    /// Layers of a layered array, 0 when not layered.
+    pub layers: u64,
+    /// A cubemap array: refused when sampled.
+    pub cubemap: bool,
+    /// Bytes from one row to the next.
+    pub row_pitch: u64,
+    /// Bytes from one slice to the next.
+    pub slice_pitch: u64,
+}
+
+impl Resource {
+    /// A linear buffer of `bytes` bytes (`tex1Dfetch`); partial texels at the end are not addressable.
+    pub fn linear(base: u64, format: ChannelFormat, channels: u8, bytes: u64) -> Resource {
+        let elem = format.size() as u64 * u64::from(channels);
+        Resource {
+            kind: ResourceKind::Linear,
+            base,
+            format,
+            channels,
+            width: bytes / elem.max(1),
+            height: 1,
+            depth: 1,
+            layers: 0,
+            cubemap: false,
+            row_pitch: bytes,
+            slice_pitch: bytes,
+        }
+    }
+
+    /// A pitched 2D image.
+    pub fn pitch2d(
+        base: u64,
+        format: ChannelFormat,
+        channels: u8,
+        width: u64,
+        height: u64,
+        row_pitch: u64,
+    ) -> Resource {
+        Resource {
+            kind: ResourceKind::Pitch2D,
+            base,
+            format,
+            channels,
+            width,
+            height,
+            depth: 1,
+            layers: 0,
+            cubemap: false,
+            row_pitch,
+            slice_pitch: row_pitch.saturating_mul(height),
+        }
+    }
+
+    /// A CUDA array laid out densely, row-major: texels of a row are adjacent (`elem_bytes()` each), rows of
+    /// a slice follow each other (`row_pitch = width * elem_bytes()`), then slices (`slice_pitch = height *
+    /// row_pitch`), then layers (`depth * slice_pitch` each). `width`, `height`, `depth` of 0 count as 1;
+    /// `layers` is 0 for an array that is not layered. This is the layout the owner of the array's storage
+    /// (the emu backend) must use.
+    pub fn array(
+        base: u64,
+        format: ChannelFormat,
+        channels: u8,
+        [width, height, depth]: [u64; 3],
+        layers: u64,
+    ) -> Resource {
+        let elem = format.size() as u64 * u64::from(channels);
+        let (width, height, depth) = (width.max(1), height.max(1), depth.max(1));
+        let row_pitch = width.saturating_mul(elem);
+        Resource {
+            kind: ResourceKind::Array,
+            base,
+            format,
+            channels,
+            width,
+            height,
+            depth,
+            layers,
+            cubemap: false,
+            row_pitch,
+            slice_pitch: row_pitch.saturating_mul(height),
+        }
+    }
+
+    /// Bytes of one texel.
+    pub fn elem_bytes(&self) -> u64 {
+        self.format.size() as u64 * u64::from(self.channels)
+    }
+
+    /// Bytes from one layer to the next.
+    pub fn layer_pitch(&self) -> u64 {
+        self.slice_pitch.saturating_mul(self.depth.max(1))
+    }
+
+    /// Bytes from `base` to the end of the last texel (what the owner must have allocated), `None` on
+    /// overflow.
+    pub fn span_bytes(&self) -> Option<u64> {
+        let last = |n: u64| n.max(1) - 1;
+        last(self.layers)
+            .checked_mul(self.layer_pitch())?
+            .checked_add(last(self.depth).checked_mul(self.slice_pitch)?)?
+            .checked_add(last(self.height).checked_mul(self.row_pitch)?)?
+            .checked_add(self.width.max(1).checked_mul(self.elem_bytes())?)
+    }
+}
+
+/// How a texture coordinate outside `[0, n)` is brought back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressMode {
+    Wrap,
+    Clamp,
+    Mirror,
+    Border,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilterMode {
+    Point,
+    Linear,
+}
+
+/// A texture object: a resource and how to sample it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TextureDesc {
+    pub resource: Resource,
+    /// Per dimension: x, y, z.
+    pub address: [AddressMode; 3],
+    pub filter: FilterMode,
+    pub normalized_coords: bool,
+    /// Integer formats read as integers (CUDA's `cudaReadModeElementType`, `CU_TRSF_READ_AS_INTEGER`).
+    pub read_as_integer: bool,
+    /// sRGB to linear conversion: refused when sampled.
+    pub srgb: bool,
+    /// The colour of taps outside the texture in border mode (RGBA).
+    pub border: [f32; 4],
+}
+
+impl TextureDesc {
+    /// Point sampling, clamped, unnormalized, integer formats read as normalized floats.
+    pub fn new(resource: Resource) -> TextureDesc {
+        TextureDesc {
+            resource,
+            address: [AddressMode::Clamp; 3],
+            filter: FilterMode::Point,
+            normalized_coords: false,
+            read_as_integer: false,
+            srgb: false,
+            border: [0.0; 4],
+        }
+    }
+
+    fn reads_float(&self) -> bool {
+        let f = self.resource.format;
+        f.is_float() || (f.promotes() && !self.read_as_integer)
+    }
+}
+
+/// A surface object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SurfaceDesc {
+    pub resource: Resource,
+}
+
+/// Resolves the texture and surface object handles a kernel receives (as `.u64` parameters) to their
+/// descriptors. [`crate::launch_with`] asks once per distinct handle per worker thread; a handle it does not
+/// know (`None`) fails the launch with [`crate::ExecError::InvalidHandle`].
+///
+/// Semantics (CUDA's, as its programming guide states them):
+/// - Texel coordinates: unnormalized coordinates address texel `i` over `[i, i + 1)`; normalized ones are
+///   multiplied by the dimension's size first. Point filtering takes texel `floor(x)`. Linear filtering takes
+///   `xb = x - 0.5`, converts it to fixed point with 8 fractional bits (rounded to nearest), and blends
+///   texels `floor(xb)` and `floor(xb) + 1` with weights `1 - a` and `a` (so `a` is a multiple of 1/256,
+///   1.0 included), per dimension (2 taps in 1D, 4 in 2D, 8 in 3D), in f64 rounded once to f32.
+/// - Address modes act on texel indices: clamp to `[0, n - 1]`; border gives the border colour for a tap
+///   outside; wrap takes the index modulo `n`; mirror reflects with period `2n`. Wrap and mirror exist only
+///   with normalized coordinates: with unnormalized ones they act as clamp, as on the hardware.
+/// - Read modes: 8- and 16-bit integer formats read as normalized floats (`u/255`, `u/65535`,
+///   `max(s/127, -1)`, `max(s/32767, -1)`) unless `read_as_integer`; 32-bit integers are never promoted;
+///   f16 and f32 read as f32. Channels missing from the format read as 0, alpha as 1.
+/// - Integer coordinates (`.s32`): texel indices, point-sampled; on linear memory (`tex1Dfetch`) an index
+///   outside the buffer reads zero.
+/// - `tld4` returns one component of the four texels of the bilinear footprint, counter-clockwise from the
+///   lower left: `(i0, j1), (i1, j1), (i1, j0), (i0, j0)`.
+/// - Surfaces (`suld.b`/`sust.b`): the x coordinate is a byte offset (a multiple of the access size), y and z
+///   are rows and slices. Out of range: `.trap` faults, `.clamp` clamps each coordinate into the surface,
+///   `.zero` loads zero and drops stores.
+/// - Layered geometries (`a1d`, `a2d`): the first coordinate is the layer, clamped to the layers present.
+/// - `txq`/`suq` answer `width`, `height`, `depth` (in texels; 1 for a dimension the resource lacks) and
+///   `array_size`; other queries are refused.
+///
+/// The points no document settles (the rounding of the fixed-point weights, missing channels, border colour
+/// of integer reads, what the queries return for absent dimensions) are exercised by the conformance cases
+/// recorded on a GPU (`conformance/cases/tex*`, `tld4*`, `surf*`).
+///
+/// Refused as [`crate::ExecError::Unsupported`] rather than answered wrongly: mipmapped resources and LOD
+/// forms, cubemaps, sRGB, linear filtering of integer reads, float coordinates on linear memory, a result type
+/// that does not match the texture's read mode, and formatted surface stores (`sust.p`).
+pub trait TextureResolver: Sync {
+    fn texture(&self, handle: u64) -> Option<TextureDesc>;
+    fn surface(&self, handle: u64) -> Option<SurfaceDesc>;
+}
+
+/// Texture and surface geometries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Geom {
+    D1,
+    D2,
+    D3,
+    A1,
+    A2,
+}
+
+impl Geom {
+    pub fn parse(m: &str) -> Option<Geom> {
+        Some(match m {
+            "1d" => Geom::D1,
+            "2d" => Geom::D2,
+            "3d" => Geom::D3,
+            "a1d" => Geom::A1,
+            "a2d" => Geom::A2,
+            _ => return None,
+        })
+    }
+
+    /// Spatial dimensions.
+    pub fn dims(self) -> usize {
+        match self {
+            Geom::D1 | Geom::A1 => 1,
+            Geom::D2 | Geom::A2 => 2,
+            Geom::D3 => 3,
+        }
+    }
+
+    pub fn layered(self) -> bool {
+        matches!(self, Geom::A1 | Geom::A2)
+    }
+}
+
+/// The result type of `tex`/`tld4`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TexType {
+    F32,
+    S32,
+    U32,
+}
+
+/// Out-of-range policy of `suld.b`/`sust.b`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutOfRange {
+    Trap,
+    Clamp,
+    Zero,
+}
+
+/// Why a texture or surface access failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TexError {
+    Unsupported(String),
+    /// A texel outside the memory behind the resource, or a `.trap` surface access out of range.
+    Fault(MemoryFault),
+    Misaligned {
+        x: i64,
+        len: usize,
+    },
+}
+
+impl From<MemoryFault> for TexError {
+    fn from(f: MemoryFault) -> TexError {
+        TexError::Fault(f)
+    }
+}
+
+type TexResult<T> = Result<T, TexError>;
+
+fn unsupported<T>(why: impl Into<String>) -> TexResult<T> {
+    Err(TexError::Unsupported(why.into()))
+}
+
+/// One texel's four channels: floats, or integer bits (for integer reads).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Texel {
+    F([f32; 4]),
+    I([u32; 4]),
+}
+
+/// Reads texel `(x, y, z)` of `layer` (all in range).
+fn texel(
+    desc: &TextureDesc,
+    mem: &dyn GlobalMemory,
+    [x, y, z]: [u64; 3],
+    layer: u64,
+) -> TexResult<Texel> {
+    let r = &desc.resource;
+    let addr = texel_addr(r, x, y, z, layer)?;
+    let elem = r.elem_bytes() as usize;
+    let mut raw = [0u8; 16];
+    mem.read(addr, &mut raw[..elem])?;
+    let size = r.format.size();
+    let mut f = [0.0, 0.0, 0.0, 1.0];
+    let mut i = [0u32, 0, 0, 1];
+    for c in 0..r.channels as usize {
+        let b = &raw[c * size..c * size + size];
+        let bits = match size {
+            1 => u32::from(b[0]),
+            2 => u32::from(u16::from_le_bytes([b[0], b[1]])),
+            _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        };
+        use ChannelFormat as C;
+        f[c] = match r.format {
+            C::U8 => bits as f32 / 255.0,
+            C::U16 => bits as f32 / 65535.0,
+            C::S8 => (f32::from(bits as u8 as i8) / 127.0).max(-1.0),
+            C::S16 => (f32::from(bits as u16 as i16) / 32767.0).max(-1.0),
+            C::F16 => half::f16::from_bits(bits as u16).to_f32(),
+            C::F32 => f32::from_bits(bits),
+            C::U32 | C::S32 => 0.0,
+        };
+        i[c] = match r.format {
+            C::S8 => i32::from(bits as u8 as i8) as u32,
+            C::S16 => i32::from(bits as u16 as i16) as u32,
+            _ => bits,
+        };
+    }
+    Ok(if desc.reads_float() {
+        Texel::F(f)
+    } else {
+        Texel::I(i)
+    })
+}
+
+fn texel_addr(r: &Resource, x: u64, y: u64, z: u64, layer: u64) -> TexResult<u64> {
+    let off = (|| {
+        layer
+            .checked_mul(r.layer_pitch())?
+            .checked_add(z.checked_mul(r.slice_pitch)?)?
+            .checked_add(y.checked_mul(r.row_pitch)?)?
+            .checked_add(x.checked_mul(r.elem_bytes())?)?
+            .checked_add(r.base)
+    })();
+    off.ok_or(TexError::Fault(MemoryFault {
+        addr: r.base,
+        len: r.elem_bytes() as usize,
+    }))
+}
+
+/// Sizes beyond this are treated as this (no GPU has a texture near it), so index arithmetic never
+/// overflows whatever a descriptor claims.
+const MAX_EXTENT: u64 = 1 << 48;
+
+/// A size as a signed extent in `[1, MAX_EXTENT]`.
+fn extent(v: u64) -> i64 {
+    v.clamp(1, MAX_EXTENT) as i64
+}
+
+/// Texture size along each dimension (at least 1).
+fn sizes(r: &Resource) -> [i64; 3] {
+    [extent(r.width), extent(r.height), extent(r.depth)]
+}
+
+/// Maps texel index `i` of a dimension of `n` texels into range, or `None` for a border tap.
+fn address(i: i64, n: i64, mode: AddressMode, normalized: bool) -> Option<i64> {
+    let mode = match mode {
+        AddressMode::Wrap | AddressMode::Mirror if !normalized => AddressMode::Clamp,
+        m => m,
+    };
+    match mode {
+        AddressMode::Clamp => Some(i.clamp(0, n - 1)),
+        AddressMode::Border => (0..n).contains(&i).then_some(i),
+        AddressMode::Wrap => Some(i.rem_euclid(n)),
+        AddressMode::Mirror => {
+            let m = i.rem_euclid(2 * n);
+            Some(if m >= n { 2 * n - 1 - m } else { m })
+        }
+    }
+}
+
+/// A float coordinate scaled to texels (normalized coordinates times the size).
+fn texel_coord(c: f32, n: i64, normalized: bool) -> f32 {
+    let c = if c.is_nan() { 0.0 } else { c };
+    if normalized { c * n as f32 } else { c }
+}
+
+/// `xb = x - 0.5` in fixed point with 8 fractional bits, rounded to nearest: `(floor, weight/256)`.
+fn linear_split(x: f32) -> (i64, i64) {
+    let fixed = ((f64::from(x) - 0.5) * 256.0).round() as i64;
+    (fixed >> 8, fixed & 255)
+}
+
+/// The coordinates of a `tex`/`tld4` lane: the layer and up to three spatial coordinates, as floats or
+/// integers.
+#[derive(Debug, Clone, Copy)]
+pub struct Coords {
+    pub layer: u32,
+    /// Raw bits: f32 or s32 per `int`.
+    pub c: [u32; 3],
+    pub int: bool,
+}
+
+/// Checks what sampling `desc` needs and returns the layer to read.
+fn prepare(desc: &TextureDesc, geom: Geom, at: &Coords, ty: TexType) -> TexResult<u64> {
+    let r = &desc.resource;
+    match r.kind {
+        ResourceKind::MipmappedArray => return unsupported("mipmapped textures"),
+        ResourceKind::Linear if !(geom == Geom::D1 && at.int) => {
+            return unsupported("texture on linear memory read with float coordinates");
+        }
+        _ => {}
+    }
+    if r.cubemap {
+        return unsupported("cubemap textures");
+    }
+    if desc.srgb {
+        return unsupported("sRGB textures");
+    }
+    if !matches!(r.channels, 1 | 2 | 4) {
+        return unsupported(format!("textures of {} channels", r.channels));
+    }
+    match (desc.reads_float(), ty) {
+        (true, TexType::F32) | (false, TexType::S32 | TexType::U32) => {}
+        (true, _) => return unsupported("integer result from a texture read as floats"),
+        (false, _) => return unsupported("float result from a texture read as integers"),
+    }
+    if geom.layered() != (r.layers > 0) {
+        return unsupported(if geom.layered() {
+            "layered fetch from a texture that is not layered"
+        } else {
+            "plain fetch from a layered texture"
+        });
+    }
+    Ok(if geom.layered() {
+        u64::from(at.layer).min(r.layers - 1)
+    } else {
+        0
+    })
+}
+
+/// `tex`: one sample, as the four result registers' bits.
+pub fn sample(
+    desc: &TextureDesc,
+    geom: Geom,
+    at: &Coords,
+    ty: TexType,
+    mem: &dyn GlobalMemory,
+) -> TexResult<[u32; 4]> {
+    let layer = prepare(desc, geom, at, ty)?;
+    let r = &desc.resource;
+    let dims = geom.dims();
+    let n = sizes(r);
+    if r.kind == ResourceKind::Linear {
+        // tex1Dfetch: no address mode, zero outside the buffer.
+        let i = i64::from(at.c[0] as i32);
+        if !(0..n[0]).contains(&i) {
+            return Ok([0; 4]);
+        }
+        return Ok(bits(texel(desc, mem, [i as u64, 0, 0], layer)?));
+    }
+    let border = || -> Texel {
+        if desc.reads_float() {
+            Texel::F(desc.border)
+        } else {
+            Texel::I(desc.border.map(|v| v as i32 as u32))
+        }
+    };
+    // Reads the tap at per-dimension texel indices (unused dimensions at 0), border taps from the colour.
+    let tap = |idx: [i64; 3]| -> TexResult<Texel> {
+        let mut at3 = [0u64; 3];
+        for d in 0..3 {
+            let i = if d < dims { idx[d] } else { 0 };
+            match address(i, n[d], desc.address[d], desc.normalized_coords) {
+                Some(i) => at3[d] = i as u64,
+                None => return Ok(border()),
+            }
+        }
+        texel(desc, mem, at3, layer)
+    };
+    if at.int {
+        let idx = [0, 1, 2].map(|d| i64::from(at.c[d] as i32));
+        return Ok(bits(tap(idx)?));
+    }
+    let x: Vec<f32> = (0..dims)
+        .map(|d| texel_coord(f32::from_bits(at.c[d]), n[d], desc.normalized_coords))
+        .collect();
+    if desc.filter == FilterMode::Point {
+        let mut idx = [0i64; 3];
+        for d in 0..dims {
+            idx[d] = x[d].floor() as i64;
+        }
+        return Ok(bits(tap(idx)?));
+    }
+    if !desc.reads_float() {
+        return unsupported("linear filtering of a texture read as integers");
+    }
+    let mut base = [0i64; 3];
+    let mut frac = [0i64; 3];
+    for d in 0..dims {
+        (base[d], frac[d]) = linear_split(x[d]);
+    }
+    let mut acc = [0f64; 4];
+    for corner in 0..(1usize << dims) {
+        let mut idx = [0i64; 3];
+        let mut w = 1f64;
+        for d in 0..dims {
+            let hi = corner >> d & 1 == 1;
+            idx[d] = base[d].saturating_add(i64::from(hi));
+            let a = frac[d] as f64 / 256.0;
+            w *= if hi { a } else { 1.0 - a };
+        }
+        if w == 0.0 {
+            continue;
+        }
+        let Texel::F(v) = tap(idx)? else {
+            return unsupported("linear filtering of integer texels");
+        };
+        for c in 0..4 {
+            acc[c] += w * f64::from(v[c]);
+        }
+    }
+    Ok(acc.map(|v| (v as f32).to_bits()))
+}
+
+/// `tld4`: component `comp` of the four texels of the bilinear footprint.
+pub fn gather(
+    desc: &TextureDesc,
+    geom: Geom,
+    comp: usize,
+    at: &Coords,
+    ty: TexType,
+    mem: &dyn GlobalMemory,
+) -> TexResult<[u32; 4]> {
+    if geom.dims() != 2 || at.int {
+        return unsupported("tld4 other than 2D with float coordinates");
+    }
+    let layer = prepare(desc, geom, at, ty)?;
+    let r = &desc.resource;
+    let n = sizes(r);
+    let mut base = [0i64; 2];
+    for d in 0..2 {
+        let x = texel_coord(f32::from_bits(at.c[d]), n[d], desc.normalized_coords);
+        base[d] = linear_split(x).0;
+    }
+    let tap = |dx: i64, dy: i64| -> TexResult<u32> {
+        let idx = [base[0].saturating_add(dx), base[1].saturating_add(dy)];
+        let mut at3 = [0u64; 3];
+        for d in 0..2 {
+            match address(idx[d], n[d], desc.address[d], desc.normalized_coords) {
+                Some(i) => at3[d] = i as u64,
+                None => {
+                    let b = desc.border[comp];
+                    return Ok(if desc.reads_float() {
+                        b.to_bits()
+                    } else {
+                        b as i32 as u32
+                    });
+                }
+            }
+        }
+        Ok(bits(texel(desc, mem, at3, layer)?)[comp])
+    };
+    Ok([tap(0, 1)?, tap(1, 1)?, tap(1, 0)?, tap(0, 0)?])
+}
+
+fn bits(t: Texel) -> [u32; 4] {
+    match t {
+        Texel::F(f) => f.map(f32::to_bits),
+        Texel::I(i) => i,
+    }
+}
+
+/// A surface access: the surface, its geometry and coordinates (`.s32`: x in bytes, then rows, slices;
+/// the layer first for layered geometries), and the bytes it moves.
+pub struct SurfaceAccess<'a> {
+    pub desc: &'a SurfaceDesc,
+    pub geom: Geom,
+    pub coords: [i32; 4],
+    pub len: usize,
+    pub clamp: OutOfRange,
+}
+
+impl SurfaceAccess<'_> {
+    /// The address of the access, `None` when it falls outside in `.zero` mode.
+    fn locate(&self) -> TexResult<Option<u64>> {
+        let r = &self.desc.resource;
+        if r.kind == ResourceKind::MipmappedArray || r.cubemap {
+            return unsupported("surfaces on mipmapped or cubemap arrays");
+        }
+        let layered = self.geom.layered();
+        if layered != (r.layers > 0) {
+            return unsupported("surface geometry does not match the surface's layering");
+        }
+        let (layer, xyz) = if layered {
+            (i64::from(self.coords[0]), &self.coords[1..])
+        } else {
+            (0, &self.coords[..])
+        };
+        let dims = self.geom.dims();
+        let len = self.len as i64;
+        let x = i64::from(xyz[0]);
+        if x.rem_euclid(len) != 0 {
+            return Err(TexError::Misaligned { x, len: self.len });
+        }
+        let width_bytes = extent(r.width) * r.elem_bytes() as i64;
+        // Valid ranges: x bytes, then rows, slices, layers.
+        let hi = [width_bytes - len, extent(r.height) - 1, extent(r.depth) - 1];
+        let mut at = [0i64; 3];
+        let mut outside = false;
+        for d in 0..dims {
+            at[d] = i64::from(xyz[d]);
+            outside |= at[d] < 0 || at[d] > hi[d];
+        }
+        let top_layer = extent(r.layers) - 1;
+        let mut layer = layer;
+        outside |= layer < 0 || layer > top_layer;
+        if outside {
+            match self.clamp {
+                OutOfRange::Zero => return Ok(None),
+                OutOfRange::Trap => {
+                    return Err(TexError::Fault(MemoryFault {
+                        addr: r.base,
+                        len: self.len,
+                    }));
+                }
+                OutOfRange::Clamp => {
+                    if hi[0] < 0 {
+                        // Narrower than one access: nothing to clamp into.
+                        return Err(TexError::Fault(MemoryFault {
+                            addr: r.base,
+                            len: self.len,
+                        }));
+                    }
+                    for d in 0..dims {
+                        at[d] = at[d].clamp(0, hi[d]);
+                    }
+                    // Keep the byte offset a whole number of accesses.
+                    at[0] -= at[0] % len;
+                    layer = layer.clamp(0, top_layer);
+                }
+            }
+        }
+        let off = (|| {
+            (layer as u64)
+                .checked_mul(r.layer_pitch())?
+                .checked_add((at[2] as u64).checked_mul(r.slice_pitch)?)?
+                .checked_add((at[1] as u64).checked_mul(r.row_pitch)?)?
+                .checked_add(at[0] as u64)?
+                .checked_add(r.base)
+        })();
+        off.map(Some).ok_or(TexError::Fault(MemoryFault {
+            addr: r.base,
+            len: self.len,
+        }))
+    }
+
+    /// `suld.b`: the bytes at the coordinates (zeros outside in `.zero` mode).
+    pub fn load(&self, mem: &dyn GlobalMemory, out: &mut [u8]) -> TexResult<()> {
+        match self.locate()? {
+            Some(addr) => mem.read(addr, out)?,
+            None => out.fill(0),
+        }
+        Ok(())
+    }
+
+    /// `sust.b`: writes the bytes at the coordinates (dropped outside in `.zero` mode).
+    pub fn store(&self, mem: &dyn GlobalMemory, data: &[u8]) -> TexResult<()> {
+        if let Some(addr) = self.locate()? {
+            mem.write(addr, data)?;
+        }
+        Ok(())
+    }
+}
+
+/// `txq`/`suq` queries the interpreter answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Query {
+    Width,
+    Height,
+    Depth,
+    ArraySize,
+}
+
+impl Query {
+    pub fn parse(m: &str) -> Option<Query> {
+        Some(match m {
+            "width" => Query::Width,
+            "height" => Query::Height,
+            "depth" => Query::Depth,
+            "array_size" => Query::ArraySize,
+            _ => return None,
+        })
+    }
+
+    pub fn answer(self, r: &Resource) -> u32 {
+        let v = match self {
+            Query::Width => r.width,
+            Query::Height => r.height,
+            Query::Depth => r.depth,
+            Query::ArraySize => r.layers,
+        };
+        u32::try_from(v).unwrap_or(u32::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FlatMemory;
+
+    fn f32_tex(mem: &mut FlatMemory, w: u64, h: u64, vals: &[f32]) -> Resource {
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let a = mem.alloc(bytes.len()).unwrap();
+        mem.write(a, &bytes).unwrap();
+        Resource::array(a, ChannelFormat::F32, 1, [w, h, 1], 0)
+    }
+
+    fn at(x: f32, y: f32) -> Coords {
+        Coords {
+            layer: 0,
+            c: [x.to_bits(), y.to_bits(), 0],
+            int: false,
+        }
+    }
+
+    fn s(d: &TextureDesc, g: Geom, c: Coords, mem: &FlatMemory) -> f32 {
+        f32::from_bits(sample(d, g, &c, TexType::F32, mem).unwrap()[0])
+    }
+
+    #[test]
+    fn address_modes() {
+        use AddressMode::*;
+        assert_eq!(address(-1, 4, Clamp, true), Some(0));
+        assert_eq!(address(5, 4, Clamp, true), Some(3));
+        assert_eq!(address(-1, 4, Border, true), None);
+        assert_eq!(address(-1, 4, Wrap, true), Some(3));
+        assert_eq!(address(9, 4, Wrap, true), Some(1));
+        // Mirror: 0 1 2 3 | 3 2 1 0 | 0 1 ...
+        let m: Vec<i64> = (-2..10)
+            .map(|i| address(i, 4, Mirror, true).unwrap())
+            .collect();
+        assert_eq!(m, [1, 0, 0, 1, 2, 3, 3, 2, 1, 0, 0, 1]);
+        // Unnormalized coordinates clamp instead.
+        assert_eq!(address(9, 4, Wrap, false), Some(3));
+    }
+
+    #[test]
+    fn point_and_linear_1d() {
+        let mut mem = FlatMemory::new(1 << 16);
+        let r = f32_tex(&mut mem, 4, 1, &[1.0, 2.0, 4.0, 8.0]);
+        let mut d = TextureDesc::new(r);
+        assert_eq!(s(&d, Geom::D1, at(2.7, 0.0), &mem), 4.0);
+        assert_eq!(s(&d, Geom::D1, at(-3.0, 0.0), &mem), 1.0);
+        d.filter = FilterMode::Linear;
+        // Texel centres return the texel.
+        assert_eq!(s(&d, Geom::D1, at(1.5, 0.0), &mem), 2.0);
+        // Halfway between texels 1 and 2.
+        assert_eq!(s(&d, Geom::D1, at(2.0, 0.0), &mem), 3.0);
+        // 0.3 of the way: the weight is quantized to 77/256.
+        let v = s(&d, Geom::D1, at(1.8, 0.0), &mem);
+        assert_eq!(v, (2.0 + 2.0 * 77.0 / 256.0) as f32);
+        // Clamp at the edges: below the first centre the first texel.
+        assert_eq!(s(&d, Geom::D1, at(0.2, 0.0), &mem), 1.0);
+        d.address[0] = AddressMode::Border;
+        d.border = [10.0, 0.0, 0.0, 0.0];
+        assert_eq!(s(&d, Geom::D1, at(0.0, 0.0), &mem), 5.5);
+        // Missing channels: (v, 0, 0, 1).
+        let all = sample(&d, Geom::D1, &at(1.5, 0.0), TexType::F32, &mem).unwrap();
+        assert_eq!(all.map(f32::from_bits), [2.0, 0.0, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn normalized_wrap_and_mirror() {
+        let mut mem = FlatMemory::new(1 << 16);
+        let r = f32_tex(&mut mem, 4, 1, &[1.0, 2.0, 4.0, 8.0]);
+        let mut d = TextureDesc::new(r);
+        d.normalized_coords = true;
+        d.address[0] = AddressMode::Wrap;
+        assert_eq!(s(&d, Geom::D1, at(1.1, 0.0), &mem), 1.0);
+        assert_eq!(s(&d, Geom::D1, at(-0.1, 0.0), &mem), 8.0);
+        d.address[0] = AddressMode::Mirror;
+        assert_eq!(s(&d, Geom::D1, at(1.1, 0.0), &mem), 8.0);
+        assert_eq!(s(&d, Geom::D1, at(-0.1, 0.0), &mem), 1.0);
+        d.filter = FilterMode::Linear;
+        d.address[0] = AddressMode::Wrap;
+        // Between the last texel and the first one, wrapped.
+        assert_eq!(s(&d, Geom::D1, at(1.0, 0.0), &mem), 4.5);
+    }
+
+    #[test]
+    fn bilinear_and_gather() {
+        let mut mem = FlatMemory::new(1 << 16);
+        let r = f32_tex(&mut mem, 2, 2, &[0.0, 1.0, 2.0, 3.0]);
+        let mut d = TextureDesc::new(r);
+        d.filter = FilterMode::Linear;
+        assert_eq!(s(&d, Geom::D2, at(1.0, 1.0), &mem), 1.5);
+        assert_eq!(s(&d, Geom::D2, at(1.5, 0.5), &mem), 1.0);
+        let g = gather(&d, Geom::D2, 0, &at(1.0, 1.0), TexType::F32, &mem).unwrap();
+        // (i0, j1), (i1, j1), (i1, j0), (i0, j0)
+        assert_eq!(g.map(f32::from_bits), [2.0, 3.0, 1.0, 0.0]);
+    }
+
+    #[test]
+    fn normalized_reads_of_u8() {
+        let mut mem = FlatMemory::new(1 << 16);
+        let a = mem.alloc(8).unwrap();
+        mem.write(a, &[0, 51, 255, 128, 10, 20, 30, 40]).unwrap();
+        let r = Resource::array(a, ChannelFormat::U8, 4, [2, 1, 1], 0);
+        let d = TextureDesc::new(r);
+        let v = sample(&d, Geom::D1, &at(0.5, 0.0), TexType::F32, &mem).unwrap();
+        assert_eq!(v.map(f32::from_bits), [0.0, 0.2, 1.0, 128.0 / 255.0]);
+        let mut d2 = d;
+        d2.read_as_integer = true;
+        let v = sample(&d2, Geom::D1, &at(1.5, 0.0), TexType::U32, &mem).unwrap();
+        assert_eq!(v, [10, 20, 30, 40]);
+        // Result type and read mode must agree.
+        assert!(matches!(
+            sample(&d2, Geom::D1, &at(1.5, 0.0), TexType::F32, &mem),
+            Err(TexError::Unsupported(_))
+        ));
+        let mut d3 = d2;
+        d3.filter = FilterMode::Linear;
+        assert!(matches!(
+            sample(&d3, Geom::D1, &at(1.5, 0.0), TexType::U32, &mem),
+            Err(TexError::Unsupported(_))
+        ));
+    }
+
+    #[test]
+    fn linear_fetch_out_of_range_reads_zero() {
+        let mut mem = FlatMemory::new(1 << 16);
+        let a = mem.alloc(16).unwrap();
+        mem.write(a, &[1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0])
+            .unwrap();
+        let mut d = TextureDesc::new(Resource::linear(a, ChannelFormat::S32, 1, 16));
+        d.read_as_integer = true;
+        let c = |i: i32| Coords {
+            layer: 0,
+            c: [i as u32, 0, 0],
+            int: true,
+        };
+        let get = |i| sample(&d, Geom::D1, &c(i), TexType::S32, &mem).unwrap();
+        assert_eq!(get(2), [3, 0, 0, 1]);
+        assert_eq!(get(4), [0; 4]);
+        assert_eq!(get(-1), [0; 4]);
+    }
+
+    #[test]
+    fn surfaces_clamp_zero_trap() {
+        let mut mem = FlatMemory::new(1 << 16);
+        let a = mem.alloc(4 * 4 * 2).unwrap();
+        let desc = SurfaceDesc {
+            resource: Resource::array(a, ChannelFormat::U32, 1, [4, 2, 1], 0),
+        };
+        let acc = |x: i32, y: i32, clamp| SurfaceAccess {
+            desc: &desc,
+            geom: Geom::D2,
+            coords: [x, y, 0, 0],
+            len: 4,
+            clamp,
+        };
+        acc(12, 1, OutOfRange::Trap)
+            .store(&mem, &7u32.to_le_bytes())
+            .unwrap();
+        let mut out = [0u8; 4];
+        acc(100, 5, OutOfRange::Clamp).load(&mem, &mut out).unwrap();
+        assert_eq!(u32::from_le_bytes(out), 7);
+        acc(16, 1, OutOfRange::Zero).load(&mem, &mut out).unwrap();
+        assert_eq!(out, [0; 4]);
+        acc(16, 1, OutOfRange::Zero)
+            .store(&mem, &[9, 9, 9, 9])
+            .unwrap();
+        assert!(matches!(
+            acc(16, 1, OutOfRange::Trap).load(&mem, &mut out),
+            Err(TexError::Fault(_))
+        ));
+        assert!(matches!(
+            acc(2, 0, OutOfRange::Trap).load(&mem, &mut out),
+            Err(TexError::Misaligned { .. })
+        ));
+    }
+
+    #[test]
+    fn hostile_descriptors_do_not_panic() {
+        let mem = FlatMemory::new(4096);
+        let mut r = Resource::array(0, ChannelFormat::F32, 4, [u64::MAX, u64::MAX, 3], 0);
+        r.base = u64::MAX - 3;
+        let mut d = TextureDesc::new(r);
+        let mut layered = r;
+        layered.layers = u64::MAX;
+        for filter in [FilterMode::Point, FilterMode::Linear] {
+            for mode in [
+                AddressMode::Wrap,
+                AddressMode::Clamp,
+                AddressMode::Mirror,
+                AddressMode::Border,
+            ] {
+                d.filter = filter;
+                d.address = [mode; 3];
+                d.normalized_coords = mode == AddressMode::Wrap;
+                for x in [f32::NAN, f32::INFINITY, -1e30, 1e30, 0.5] {
+                    let c = Coords {
+                        layer: u32::MAX,
+                        c: [x.to_bits(); 3],
+                        int: false,
+                    };
+                    let _ = sample(&d, Geom::D3, &c, TexType::F32, &mem);
+                    let _ = gather(&d, Geom::D2, 3, &c, TexType::F32, &mem);
+                    let mut dl = d;
+                    dl.resource = layered;
+                    let _ = sample(&dl, Geom::A2, &c, TexType::F32, &mem);
+                }
+            }
+        }
+        for (resource, geom) in [(r, Geom::D3), (layered, Geom::A2)] {
+            let sd = SurfaceDesc { resource };
+            for x in [i32::MIN, -4, 0, i32::MAX - 3] {
+                for clamp in [OutOfRange::Clamp, OutOfRange::Zero, OutOfRange::Trap] {
+                    let acc = SurfaceAccess {
+                        desc: &sd,
+                        geom,
+                        coords: [x, x, x, x],
+                        len: 16,
+                        clamp,
+                    };
+                    let mut out = [0u8; 16];
+                    let _ = acc.load(&mem, &mut out);
+                    let _ = acc.store(&mem, &out);
+                }
+            }
+        }
+        assert!(r.span_bytes().is_none());
+    }
+}
