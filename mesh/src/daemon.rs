@@ -136,6 +136,16 @@ pub struct Daemon {
     control: UnixListener,
 }
 
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The handler and the device are closures and trait objects: not shown.
+        f.debug_struct("Daemon")
+            .field("peer_id", &self.identity.peer_id())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Daemon {
     /// Binds the QUIC endpoint and the control socket. Must be called inside a tokio runtime.
     pub fn bind(
@@ -657,7 +667,7 @@ impl Actor {
         let Ok(interfaces) = if_addrs::get_if_addrs() else {
             return;
         };
-        self.local_ips = interfaces.iter().map(|iface| iface.ip()).collect();
+        self.local_ips = interfaces.iter().map(if_addrs::Interface::ip).collect();
         let port = self.local.port();
         let mut addrs: Vec<SocketAddr> = match self.local.ip() {
             ip if !ip.is_unspecified() => vec![SocketAddr::new(ip, port)],
@@ -1407,7 +1417,7 @@ async fn accept_loop(
                             warn!(%peer, remote = %display_addr(&remote), error = %Chain(&err), "refusing peer");
                         }
                         _ => {
-                            debug!(remote = %display_addr(&remote), error = %Chain(&err), "refusing peer")
+                            debug!(remote = %display_addr(&remote), error = %Chain(&err), "refusing peer");
                         }
                     }
                     return;

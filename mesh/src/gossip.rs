@@ -220,7 +220,7 @@ impl Gossip {
                 OwnedNotification::MemberUp(member) => return Some(Output::Up(member)),
                 OwnedNotification::MemberDown(member) => return Some(Output::Down(member)),
                 OwnedNotification::Rename(old, new) => {
-                    debug!(peer = %new.id, old = old.boot, new = new.boot, "member restarted")
+                    debug!(peer = %new.id, old = old.boot, new = new.boot, "member restarted");
                 }
                 other => trace!(?other, "foca notification"),
             }

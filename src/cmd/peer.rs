@@ -343,12 +343,10 @@ fn parse_mode(text: &str) -> Result<u32, String> {
 }
 
 async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
     };
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

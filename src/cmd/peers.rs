@@ -290,9 +290,10 @@ fn terminal_width() -> Option<usize> {
     if let Some(columns) = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()) {
         return Some(columns);
     }
-    // SAFETY: TIOCGWINSZ writes a `winsize` into the struct we pass; stdout is a terminal.
+    // SAFETY: `winsize` is plain integers, for which all zeroes is a valid value.
     let mut size: libc::winsize = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) };
+    // SAFETY: TIOCGWINSZ writes one `winsize` through the pointer, which points at ours.
+    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &raw mut size) };
     (rc == 0 && size.ws_col > 0).then_some(usize::from(size.ws_col))
 }
 

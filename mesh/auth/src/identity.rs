@@ -354,10 +354,10 @@ fn home_from_passwd() -> Option<PathBuf> {
         let mut result: *mut libc::passwd = std::ptr::null_mut();
         let rc = libc::getpwuid_r(
             libc::geteuid(),
-            &mut passwd,
+            &raw mut passwd,
             buf.as_mut_ptr(),
             buf.len(),
-            &mut result,
+            &raw mut result,
         );
         if rc != 0 || result.is_null() || passwd.pw_dir.is_null() {
             return None;

@@ -27,6 +27,7 @@ pub use target::PeerAddr;
 
 /// Shows an error with its chain of causes (`outer: inner: innermost`), for logs: errors here put their
 /// cause in `source()`, not in their own message, so a plain `{}` shows only the outer part.
+#[derive(Debug)]
 pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Chain<'_> {

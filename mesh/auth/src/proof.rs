@@ -330,7 +330,7 @@ mod tests {
         // Both ends see the connection closed with the auth-failed code.
         match client.closed().await {
             ConnectionError::ApplicationClosed(close) => {
-                assert_eq!(close.error_code, CLOSE_AUTH_FAILED)
+                assert_eq!(close.error_code, CLOSE_AUTH_FAILED);
             }
             other => panic!("{other}"),
         }
@@ -370,7 +370,7 @@ mod tests {
         assert!(started.elapsed() >= AUTH_TIMEOUT);
         match client.closed().await {
             ConnectionError::ApplicationClosed(close) => {
-                assert_eq!(&close.reason[..], b"authentication timed out")
+                assert_eq!(&close.reason[..], b"authentication timed out");
             }
             other => panic!("{other}"),
         }

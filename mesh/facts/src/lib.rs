@@ -79,6 +79,14 @@ pub struct NvmlGpus {
     indices: Vec<u32>,
 }
 
+impl std::fmt::Debug for NvmlGpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlGpus")
+            .field("indices", &self.indices)
+            .finish_non_exhaustive()
+    }
+}
+
 impl NvmlGpus {
     /// Loads NVML and selects the GPUs that `visible` (the daemon's `CUDA_VISIBLE_DEVICES`) lets
     /// CUDA sessions see.
@@ -276,6 +284,7 @@ pub fn driver_gpus() -> Result<Vec<GpuSummary>, FactsError> {
 ///
 /// The thread owns the sampling closure (and whatever it captures, e.g. an [`NvmlGpus`]) and stops
 /// at its next wake-up once the sampler is dropped.
+#[derive(Debug)]
 pub struct LoadSampler {
     latest: Arc<Mutex<DeviceLoad>>,
 }
@@ -326,6 +335,7 @@ impl LoadSampler {
 }
 
 /// The host's CPU load, as the emulated device's utilization (its kernels run on these CPUs).
+#[derive(Debug)]
 pub struct HostCpu {
     cores: usize,
 }
@@ -342,7 +352,7 @@ impl HostCpu {
     /// The CPUs this process may use.
     pub fn new() -> Self {
         Self {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cores: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         }
     }
 
