@@ -983,6 +983,10 @@ impl ApiBackend for EmuBackend {
         a: args::cuModuleGetGlobal_v2,
     ) -> Result<outs::cuModuleGetGlobal_v2, CUresult> {
         self.check()?;
+        // One of the out-pointers (not both) may be NULL.
+        if !a.dptr && !a.bytes {
+            return Err(CUresult::INVALID_VALUE);
+        }
         let m = self
             .modules
             .get(&a.module)
@@ -1130,6 +1134,9 @@ impl ApiBackend for EmuBackend {
         a: args::cuLibraryGetGlobal,
     ) -> Result<outs::cuLibraryGetGlobal, CUresult> {
         self.check()?;
+        if !a.dptr && !a.bytes {
+            return Err(CUresult::INVALID_VALUE);
+        }
         let module = *self
             .libraries
             .get(&a.library)
@@ -1160,6 +1167,19 @@ impl ApiBackend for EmuBackend {
     ) -> Result<outs::cuKernelSetAttribute, CUresult> {
         Self::device(a.dev)?;
         self.set_func_attribute(a.kernel, a.attrib, a.value)?;
+        Ok(Default::default())
+    }
+
+    fn cuKernelSetCacheConfig(
+        &mut self,
+        a: args::cuKernelSetCacheConfig,
+    ) -> Result<outs::cuKernelSetCacheConfig, CUresult> {
+        Self::device(a.dev)?;
+        self.function(a.kernel)?;
+        // CU_FUNC_CACHE_PREFER_NONE .. PREFER_EQUAL: a preference the interpreter has no cache to apply.
+        if a.config > 3 {
+            return Err(CUresult::INVALID_VALUE);
+        }
         Ok(Default::default())
     }
 

@@ -212,6 +212,49 @@ where
     }
 }
 
+/// An optional out-argument: like [`Out<T>`], but the application may pass NULL when it does not want the
+/// value (`cuModuleGetGlobal`'s `bytes`, "ignored if NULL"). Whether it was wanted travels in the request
+/// (one byte), so the serving driver gets NULL exactly where the application passed NULL, and validates
+/// the combination itself (e.g. both NULL).
+#[derive(Clone, Copy, Debug)]
+pub enum OptOut<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+impl<T: Value> Arg for OptOut<T>
+where
+    T::C: Default,
+{
+    type C = *mut T::C;
+    type Request = bool;
+    type Reply = T::W;
+    type Slot = (bool, T::C);
+
+    unsafe fn to_request(c: *mut T::C) -> Result<bool, CUresult> {
+        Ok(!c.is_null())
+    }
+    unsafe fn write_reply(c: *mut T::C, reply: T::W) {
+        if !c.is_null() {
+            // SAFETY: non-NULL, and the caller promised a valid `T*` where one was passed.
+            unsafe { c.write(T::from_wire(reply)) }
+        }
+    }
+    fn slot(wanted: bool) -> (bool, T::C) {
+        (wanted, T::C::default())
+    }
+    fn slot_c(slot: &mut (bool, T::C)) -> *mut T::C {
+        if slot.0 {
+            &raw mut slot.1
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+    fn slot_reply(slot: (bool, T::C)) -> T::W {
+        T::to_wire(slot.1)
+    }
+}
+
 /// A NUL-terminated C string argument (`const char*`), e.g. a symbol name.
 #[derive(Clone, Copy, Debug)]
 pub enum CStr {}
@@ -265,6 +308,8 @@ pub enum Travel {
     Stub,
     /// The per-thread-default-stream form of another export.
     PerThread,
+    /// Another name of an export (an older version with the same contract).
+    Alias,
 }
 
 /// The C ABI type of an argument as the declaration list writes it: an [`Arg`] type of a forwarded call,
@@ -309,6 +354,13 @@ impl<T> CType for *const T {
 }
 
 impl<T: Value> CType for Out<T>
+where
+    T::C: Default,
+{
+    type C = *mut T::C;
+}
+
+impl<T: Value> CType for OptOut<T>
 where
     T::C: Default,
 {

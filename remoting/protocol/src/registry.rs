@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use tracing::debug;
 
 use crate::api::{
-    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Kernel, Library, Module, Out, Plain,
+    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Kernel, Library, Module, OptOut, Out, Plain,
     Stream, Value, args, outs,
 };
 use crate::types::CUresult;
@@ -496,6 +496,18 @@ where
     T::C: Default,
 {
     fn check(_: &Handles, _: &(), _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(handles: &mut Handles, reply: &T::W, owner: &Owner) {
+        T::register(handles, reply, owner);
+    }
+}
+
+impl<T: OutValue> HandleArg for OptOut<T>
+where
+    T::C: Default,
+{
+    fn check(_: &Handles, _: &bool, _: &mut Owner) -> Result<(), CUresult> {
         Ok(())
     }
     fn register(handles: &mut Handles, reply: &T::W, owner: &Owner) {

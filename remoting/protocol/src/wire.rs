@@ -17,7 +17,7 @@ use crate::api::{ApiCall, ApiReply};
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
 
@@ -81,8 +81,29 @@ pub enum Call {
     },
     /// `cuLaunchKernel` and friends. Fire-and-forget unless the client runs in blocking mode.
     LaunchKernel(Launch),
+    /// Loads the module image named by `image` as a module (`cuModuleLoadData`) or a library
+    /// (`cuLibraryLoadData`). Without bulk bytes the server looks the image up among those it already has
+    /// (this session's, and its content cache's: sent by any client before) and answers
+    /// [`Reply::ImageWanted`] if it has none, loading nothing; the client then sends the same call with the
+    /// image as the frame's bulk bytes, which the server checks against the hash and keeps. So an image
+    /// crosses the network once per serving peer. Reply: [`Reply::Module`] / [`Reply::Library`].
+    LoadImage {
+        /// What the image is.
+        image: ImageRef,
+        /// `true`: load it as a library (context-independent), else as a module of the current context.
+        as_library: bool,
+    },
     /// Orderly end of the session: the server frees everything and replies [`Reply::Empty`].
     Goodbye,
+}
+
+/// A module image, by content: its BLAKE3 hash and length.
+#[derive(Clone, Copy, Debug, Deserialize, Eq, PartialEq, Serialize)]
+pub struct ImageRef {
+    /// BLAKE3 of the image's bytes.
+    pub hash: [u8; 32],
+    /// Its length in bytes.
+    pub len: u64,
 }
 
 /// A kernel launch, with its parameters already packed per the function's layout.
@@ -144,6 +165,8 @@ pub enum Reply {
         /// `CUlibrary`.
         handle: u64,
     },
+    /// The server does not have the image a [`Call::LoadImage`] named: send it.
+    ImageWanted,
     /// A function handle and what the client needs to launch and query it locally.
     Function {
         /// `CUfunction`.

@@ -20,6 +20,8 @@ use std::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::backend::Backend;
+use crate::images::Images;
+pub use crate::images::use_content_cache;
 use gleam_protocol::api::ApiCall;
 use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
@@ -46,6 +48,8 @@ pub struct Session<B: Backend> {
     pending: Option<CUresult>,
     /// Every live handle the backend gave this session.
     handles: Handles,
+    /// The module images this session was sent or found (by content).
+    images: Images,
     started: Instant,
     requests: u64,
 }
@@ -79,6 +83,7 @@ impl<B: Backend> Session<B> {
             current_ctx: Some(0),
             pending: None,
             handles: Handles::default(),
+            images: Images::default(),
             started: Instant::now(),
             requests: 0,
         }
@@ -271,6 +276,30 @@ impl<B: Backend> Session<B> {
                 self.handles
                     .register(Kind::Library, handle, &Owner::default());
                 Reply::Library { handle }
+            }
+            Call::LoadImage { image, as_library } => {
+                let bytes = if bulk.is_empty() {
+                    match self.images.find(&image) {
+                        Some(bytes) => bytes,
+                        // Loading nothing: the client sends the bytes next.
+                        None => return Ok((Reply::ImageWanted, Vec::new())),
+                    }
+                } else {
+                    self.images.accept(&image, bulk).map_err(|err| {
+                        warn!(%err, "refusing a module image");
+                        CUresult::INVALID_IMAGE
+                    })?
+                };
+                if as_library {
+                    let handle = self.backend.library_load(&bytes)?;
+                    self.handles
+                        .register(Kind::Library, handle, &Owner::default());
+                    Reply::Library { handle }
+                } else {
+                    let handle = self.backend.module_load(&bytes)?;
+                    self.handles.register(Kind::Module, handle, &in_ctx);
+                    Reply::Module { handle }
+                }
             }
             Call::KernelGetFunction { kernel } => {
                 self.handles.check(Kind::Kernel, kernel)?;

@@ -185,8 +185,13 @@ unsafe fn get_proc_address(
         report(Status::SymbolNotFound);
         return Err(CUresult::NOT_FOUND);
     }
-    let found = select(table(), name, version, flags)
-        .and_then(|symbol| crate::exports::address(&symbol).ok_or(Status::SymbolNotFound));
+    // The CUDA runtime finds its entry points here (never by symbol): launches it gets answer an
+    // impossible configuration as NVIDIA's driver answers the runtime (`module::Caller`).
+    let found = select(table(), name, version, flags).and_then(|symbol| {
+        crate::module::runtime_entry(&symbol)
+            .or_else(|| crate::exports::address(&symbol))
+            .ok_or(Status::SymbolNotFound)
+    });
     match found {
         Ok(address) => {
             // SAFETY: checked non-NULL above.
@@ -196,6 +201,7 @@ unsafe fn get_proc_address(
         }
         Err(s) => {
             tracing::debug!(symbol = name, version, flags, status = ?s, "cuGetProcAddress: not found");
+            crate::trace::proc_miss(name, version, flags);
             // SAFETY: checked non-NULL above.
             unsafe { pfn.write(std::ptr::null_mut()) };
             report(s);

@@ -193,15 +193,24 @@ pub fn parse_target(target: &str) -> Result<(PeerId, SocketAddr), String> {
     Ok((peer, addr))
 }
 
-/// Logs to stderr through `tracing`, filtered by `GLEAM_LOG` (default: warnings only).
+/// Logs to stderr through `tracing`, filtered by `GLEAM_LOG` (default: warnings only). Nothing is logged
+/// once the calling thread's thread-local storage is gone or the library is torn down
+/// ([`crate::logging_safe`]): the CUDA runtime calls the driver from `exit()`.
 pub fn init_logging() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_env("GLEAM_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
+        // Global filters only (no per-layer filter, which keeps thread-local state); the teardown check
+        // is the outermost, so it runs first.
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(tracing_subscriber::filter::filter_fn(|_| {
+                crate::logging_safe()
+            }))
             .try_init();
     });
 }
