@@ -182,7 +182,9 @@ fn render(r: &Report) -> String {
         }
     }
     if !r.procs.is_empty() {
-        out.push_str("cuGetProcAddress lookups that found nothing (name, version, flags: count):\n");
+        out.push_str(
+            "cuGetProcAddress lookups that found nothing (name, version, flags: count):\n",
+        );
         for ((symbol, version, flags), n) in &r.procs {
             let _ = writeln!(out, "  {symbol} {version} {flags}: {n}");
         }

@@ -927,8 +927,8 @@ mod tests {
         expect!(
             ctx,
             ApiCall::cuModuleGetGlobal_v2(args::cuModuleGetGlobal_v2 {
-                dptr: (),
-                bytes: (),
+                dptr: true,
+                bytes: true,
                 module: BOGUS,
                 name: "g".into(),
             }),

@@ -39,6 +39,7 @@ pub mod library;
 pub mod memory;
 pub mod module;
 pub mod occupancy;
+pub mod primary;
 pub mod proc;
 pub mod state;
 pub mod trace;
@@ -79,6 +80,7 @@ pub mod hand {
     pub use crate::occupancy::{
         cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSizeWithFlags,
     };
+    pub use crate::primary::{cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxSetFlags_v2};
     pub use crate::proc::{cuGetProcAddress, cuGetProcAddress_v2};
 }
 
