@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use gleam_protocol::api::{args, outs};
 use gleam_protocol::registry::{Died, Handles, Kind};
 use gleam_protocol::types::CUresult;
-use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
+use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr, ParamSlot};
 use gleam_ptx::{ExecError, LaunchConfig};
 use gleam_server::backend::{ApiBackend, Backend};
 
@@ -1514,6 +1514,31 @@ impl Backend for EmuBackend {
             }
         });
         self.streams.enqueue(key, Vec::new(), Some(job))
+    }
+
+    fn launch_ex(&mut self, launch: &Launch, attrs: &[LaunchAttr]) -> Result<(), CUresult> {
+        for a in attrs {
+            let refused = match a.id {
+                // Ignore, hints on caching, memory order, scheduling and priority: running kernels one
+                // after the other on their stream already satisfies them.
+                0 | 1 | 3 | 5 | 6 | 8 | 9 | 10 | 13 | 14 | 15 | 16 => false,
+                // A cooperative launch needs every block resident at once (grid-wide sync).
+                LaunchAttr::COOPERATIVE => a.value[0] != 0,
+                // Thread block clusters (compute capability 9.0+).
+                LaunchAttr::CLUSTER_DIMENSION => a.value[..3].iter().any(|&d| d > 1),
+                // Events recorded from inside a kernel's execution.
+                LaunchAttr::PROGRAMMATIC_EVENT | LaunchAttr::LAUNCH_COMPLETION_EVENT => true,
+                _ => return Err(CUresult::INVALID_VALUE),
+            };
+            if refused {
+                tracing::warn!(
+                    attribute = a.id,
+                    "launch attribute not supported by the emu backend"
+                );
+                return Err(CUresult::NOT_SUPPORTED);
+            }
+        }
+        self.launch(launch)
     }
 
     fn forget(&mut self, died: &Died) {

@@ -255,6 +255,149 @@ where
     }
 }
 
+/// A `const CUlaunchConfig*` (`cuOccupancyMaxActiveClusters`...): its dimensions, stream and attributes
+/// travel by value, and the server rebuilds the structure for its driver.
+#[derive(Clone, Copy, Debug)]
+pub enum LaunchConfig {}
+
+/// [`LaunchConfig`] on the wire.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct LaunchConfigValue {
+    /// `gridDimX/Y/Z`.
+    pub grid: [u32; 3],
+    /// `blockDimX/Y/Z`.
+    pub block: [u32; 3],
+    /// `sharedMemBytes`.
+    pub shared_mem_bytes: u32,
+    /// `hStream`.
+    pub stream: u64,
+    /// `attrs[0..numAttrs]`.
+    pub attrs: Vec<crate::wire::LaunchAttr>,
+}
+
+/// `CUlaunchConfig` at the C ABI.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CLaunchConfig {
+    /// `gridDimX/Y/Z`.
+    pub grid: [u32; 3],
+    /// `blockDimX/Y/Z`.
+    pub block: [u32; 3],
+    /// `sharedMemBytes`.
+    pub shared_mem_bytes: u32,
+    /// `hStream`.
+    pub stream: *mut c_void,
+    /// `attrs`.
+    pub attrs: *const CLaunchAttribute,
+    /// `numAttrs`.
+    pub num_attrs: u32,
+}
+
+/// `CUlaunchAttribute` at the C ABI: an id, 4 bytes of padding, a 64-byte value union.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CLaunchAttribute {
+    /// `CUlaunchAttributeID`.
+    pub id: u32,
+    /// Padding.
+    pub pad: u32,
+    /// The value union.
+    pub value: [u32; 16],
+}
+
+/// Most attributes one configuration may carry here (CUDA defines about twenty ids).
+pub const MAX_LAUNCH_ATTRS: u32 = 64;
+
+impl LaunchConfigValue {
+    /// Reads the application's `CUlaunchConfig` (`CUDA_ERROR_INVALID_VALUE` for NULL, or too many
+    /// attributes).
+    ///
+    /// # Safety
+    /// `c` is NULL or points to a `CUlaunchConfig` whose `attrs` holds `numAttrs` entries.
+    pub unsafe fn read(c: *const c_void) -> Result<Self, CUresult> {
+        if c.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: the caller's configuration.
+        let c = unsafe { c.cast::<CLaunchConfig>().read_unaligned() };
+        if c.num_attrs > MAX_LAUNCH_ATTRS || (c.num_attrs > 0 && c.attrs.is_null()) {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let attrs = (0..c.num_attrs as usize)
+            .map(|i| {
+                // SAFETY: `attrs` holds `numAttrs` entries.
+                let a = unsafe { c.attrs.add(i).read_unaligned() };
+                crate::wire::LaunchAttr {
+                    id: a.id,
+                    value: a.value,
+                }
+            })
+            .collect();
+        Ok(Self {
+            grid: c.grid,
+            block: c.block,
+            shared_mem_bytes: c.shared_mem_bytes,
+            stream: c.stream as u64,
+            attrs,
+        })
+    }
+}
+
+/// Where a [`LaunchConfig`] lives on the server while the driver reads it.
+#[derive(Debug)]
+pub struct LaunchConfigSlot {
+    config: CLaunchConfig,
+    attrs: Vec<CLaunchAttribute>,
+}
+
+impl Arg for LaunchConfig {
+    type C = *const c_void;
+    type Request = LaunchConfigValue;
+    type Reply = ();
+    type Slot = LaunchConfigSlot;
+
+    unsafe fn to_request(c: *const c_void) -> Result<LaunchConfigValue, CUresult> {
+        // SAFETY: forwarded contract.
+        unsafe { LaunchConfigValue::read(c) }
+    }
+    unsafe fn write_reply(_: *const c_void, _: ()) {}
+    fn slot(v: LaunchConfigValue) -> LaunchConfigSlot {
+        let attrs: Vec<CLaunchAttribute> = v
+            .attrs
+            .iter()
+            .map(|a| CLaunchAttribute {
+                id: a.id,
+                pad: 0,
+                value: a.value,
+            })
+            .collect();
+        LaunchConfigSlot {
+            config: CLaunchConfig {
+                grid: v.grid,
+                block: v.block,
+                shared_mem_bytes: v.shared_mem_bytes,
+                stream: v.stream as *mut c_void,
+                attrs: std::ptr::null(),
+                num_attrs: u32::try_from(attrs.len()).unwrap_or(0),
+            },
+            attrs,
+        }
+    }
+    fn slot_c(slot: &mut LaunchConfigSlot) -> *const c_void {
+        slot.config.attrs = if slot.attrs.is_empty() {
+            std::ptr::null()
+        } else {
+            slot.attrs.as_ptr()
+        };
+        (&raw const slot.config).cast()
+    }
+    fn slot_reply(_: LaunchConfigSlot) {}
+}
+
+impl CType for LaunchConfig {
+    type C = *const c_void;
+}
+
 /// A NUL-terminated C string argument (`const char*`), e.g. a symbol name.
 #[derive(Clone, Copy, Debug)]
 pub enum CStr {}

@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use tracing::debug;
 
 use crate::api::{
-    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Kernel, Library, Module, OptOut, Out, Plain,
+    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Kernel, LaunchConfig, LaunchConfigValue, Library, Module, OptOut, Out, Plain,
     Stream, Value, args, outs,
 };
 use crate::types::CUresult;
@@ -513,6 +513,22 @@ where
     fn register(handles: &mut Handles, reply: &T::W, owner: &Owner) {
         T::register(handles, reply, owner);
     }
+}
+
+/// The stream of a launch configuration, and events its attributes name, are handles.
+impl HandleArg for LaunchConfig {
+    fn check(
+        handles: &Handles,
+        config: &LaunchConfigValue,
+        _: &mut Owner,
+    ) -> Result<(), CUresult> {
+        handles.check(Kind::Stream, config.stream)?;
+        for event in config.attrs.iter().filter_map(crate::wire::LaunchAttr::event) {
+            handles.check(Kind::Event, event)?;
+        }
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
 macro_rules! handle_kinds {

@@ -26,7 +26,7 @@ use gleam_protocol::api::ApiCall;
 use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
-    COPY_CHUNK, Call, PROTOCOL_VERSION, Reply, ReplyFrame, Request, ServerHello,
+    COPY_CHUNK, Call, LaunchAttr, PROTOCOL_VERSION, Reply, ReplyFrame, Request, ServerHello,
 };
 
 /// What the session sends back for a request that expects a reply.
@@ -315,6 +315,16 @@ impl<B: Backend> Session<B> {
                 self.handles.check(Kind::Function, launch.function)?;
                 self.handles.check(Kind::Stream, launch.stream)?;
                 self.backend.launch(&launch)?;
+                Reply::Empty
+            }
+            Call::LaunchKernelEx { launch, attrs } => {
+                self.handles.check(Kind::Function, launch.function)?;
+                self.handles.check(Kind::Stream, launch.stream)?;
+                // Events named in attributes reach the driver too.
+                for event in attrs.iter().filter_map(LaunchAttr::event) {
+                    self.handles.check(Kind::Event, event)?;
+                }
+                self.backend.launch_ex(&launch, &attrs)?;
                 Reply::Empty
             }
             // Handled before dispatch.

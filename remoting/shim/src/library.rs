@@ -20,7 +20,7 @@ use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 
 use gleam_protocol::api::{CStr as CStrArg, Context, Event, Function, Kernel, Library, Module};
-use gleam_protocol::api::{OptOut, Out, Stream};
+use gleam_protocol::api::{LaunchConfig, OptOut, Out, Stream};
 use gleam_protocol::registry::{Kind, Owner};
 use gleam_protocol::types::{CUfunction, CUkernel, CUlibrary, CUmodule, CUresult};
 use gleam_protocol::wire::ParamSlot;
@@ -173,7 +173,20 @@ macro_rules! as_is {
 }
 
 as_is!(
-    i32, u32, i64, u64, usize, f32, u8, u16, Context, Module, Stream, Event, CStrArg
+    i32,
+    u32,
+    i64,
+    u64,
+    usize,
+    f32,
+    u8,
+    u16,
+    Context,
+    Module,
+    Stream,
+    Event,
+    CStrArg,
+    LaunchConfig
 );
 
 impl<T: gleam_protocol::api::Value> Translate for Out<T>

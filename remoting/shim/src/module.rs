@@ -14,12 +14,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use gleam_fatbin as fatbin;
+use gleam_protocol::api::LaunchConfigValue;
 use gleam_protocol::registry::{Kind, Owner};
 use gleam_protocol::types::{
     CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END, CUfunction,
     CUkernel, CUmodule, CUresult, CUstream,
 };
-use gleam_protocol::wire::{Call, FunctionInfo, Launch, ParamSlot, Reply};
+use gleam_protocol::wire::{Call, FunctionInfo, Launch, LaunchAttr, ParamSlot, Reply};
 
 use crate::images::{self, Image, Target};
 use crate::{context, device, forward, handles, library, put, state};
@@ -421,22 +422,31 @@ pub(crate) unsafe fn prepare(a: &LaunchArgs) -> Result<Launch, CUresult> {
     })
 }
 
-/// Validates, packs and sends a launch (fire-and-forget).
+/// Validates, packs and sends a launch (fire-and-forget), with its launch attributes if any.
 ///
 /// # Safety
 /// As [`prepare`].
-unsafe fn launch(a: &LaunchArgs) -> Result<(), CUresult> {
+unsafe fn launch(a: &LaunchArgs, attrs: Vec<LaunchAttr>) -> Result<(), CUresult> {
     let session = state::session()?;
     // SAFETY: forwarded.
     let launch = unsafe { prepare(a)? };
+    for event in attrs.iter().filter_map(LaunchAttr::event) {
+        handles::check(Kind::Event, event)?;
+    }
+    let call = if attrs.is_empty() {
+        Call::LaunchKernel(launch)
+    } else {
+        Call::LaunchKernelEx { launch, attrs }
+    };
     session
         .client
-        .send(context::current(), Call::LaunchKernel(launch))
+        .send(context::current(), call)
         .map_err(state::lost)?
         .result()
 }
 
-/// Reads a `CUlaunchConfig` and refuses the attributes Gleam cannot honour yet (clusters).
+/// `cuLaunchKernelEx`: the configuration's attributes go to the serving driver as given (cluster
+/// dimensions, cooperative, priority, programmatic launch...); it judges them.
 unsafe fn launch_ex(
     caller: Caller,
     config: *const c_void,
@@ -445,76 +455,32 @@ unsafe fn launch_ex(
     extra: *mut *mut c_void,
     per_thread_stream: bool,
 ) -> Result<(), CUresult> {
-    if config.is_null() {
-        return Err(CUresult::INVALID_VALUE);
-    }
     // SAFETY: a valid CUlaunchConfig, as the C API requires.
-    let c = unsafe { config.cast::<LaunchConfig>().read_unaligned() };
-    if c.num_attrs > 0 && c.attrs.is_null() {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    for i in 0..c.num_attrs as usize {
-        // SAFETY: `attrs` holds `numAttrs` entries.
-        let a = unsafe { c.attrs.add(i).read_unaligned() };
-        const CLUSTER_DIMENSION: u32 = 4;
-        const CLUSTER_SCHEDULING_POLICY: u32 = 5;
-        match a.id {
-            CLUSTER_DIMENSION => {
-                let dims = [a.value[0], a.value[1], a.value[2]];
-                if dims.iter().any(|&d| d > 1) {
-                    tracing::warn!(
-                        ?dims,
-                        "cuLaunchKernelEx: thread block clusters are not supported yet"
-                    );
-                    return Err(CUresult::NOT_SUPPORTED);
-                }
-            }
-            CLUSTER_SCHEDULING_POLICY => {}
-            other => tracing::debug!(
-                attribute = other,
-                "cuLaunchKernelEx: launch attribute ignored"
-            ),
-        }
-    }
+    let c = unsafe { LaunchConfigValue::read(config)? };
+    let stream = c.stream as CUstream;
     let stream = if per_thread_stream {
-        gleam_protocol::api::per_thread(c.stream)
+        gleam_protocol::api::per_thread(stream)
     } else {
-        c.stream
+        stream
     };
+    // `CU_LAUNCH_ATTRIBUTE_IGNORE` entries say nothing.
+    let attrs = c.attrs.into_iter().filter(|a| a.id != 0).collect();
     // SAFETY: forwarded.
     unsafe {
-        launch(&LaunchArgs {
-            caller,
-            f,
-            grid: c.grid,
-            block: c.block,
-            shared_mem_bytes: c.shared_mem_bytes,
-            stream,
-            params,
-            extra,
-        })
+        launch(
+            &LaunchArgs {
+                caller,
+                f,
+                grid: c.grid,
+                block: c.block,
+                shared_mem_bytes: c.shared_mem_bytes,
+                stream,
+                params,
+                extra,
+            },
+            attrs,
+        )
     }
-}
-
-/// `CUlaunchConfig`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct LaunchConfig {
-    grid: [u32; 3],
-    block: [u32; 3],
-    shared_mem_bytes: u32,
-    stream: CUstream,
-    attrs: *const LaunchAttribute,
-    num_attrs: u32,
-}
-
-/// `CUlaunchAttribute`: an id, padding, and a 64-byte value union.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct LaunchAttribute {
-    id: u32,
-    pad: u32,
-    value: [u32; 16],
 }
 
 /// Writes parameter `index` of `params` (`CUDA_ERROR_INVALID_VALUE` past the last).
@@ -869,16 +835,19 @@ pub unsafe fn cuLaunchKernel(
 ) -> Result<(), CUresult> {
     // SAFETY: the application's parameter arrays, as the C API requires.
     unsafe {
-        launch(&LaunchArgs {
-            caller: Caller::Driver,
-            f,
-            grid: [gx, gy, gz],
-            block: [bx, by, bz],
-            shared_mem_bytes,
-            stream,
-            params,
-            extra,
-        })
+        launch(
+            &LaunchArgs {
+                caller: Caller::Driver,
+                f,
+                grid: [gx, gy, gz],
+                block: [bx, by, bz],
+                shared_mem_bytes,
+                stream,
+                params,
+                extra,
+            },
+            Vec::new(),
+        )
     }
 }
 
@@ -897,16 +866,19 @@ pub unsafe fn cuLaunchCooperativeKernel(
 ) -> Result<(), CUresult> {
     // SAFETY: as above.
     unsafe {
-        launch(&LaunchArgs {
-            caller: Caller::Driver,
-            f,
-            grid: [gx, gy, gz],
-            block: [bx, by, bz],
-            shared_mem_bytes,
-            stream,
-            params,
-            extra: std::ptr::null_mut(),
-        })
+        launch(
+            &LaunchArgs {
+                caller: Caller::Driver,
+                f,
+                grid: [gx, gy, gz],
+                block: [bx, by, bz],
+                shared_mem_bytes,
+                stream,
+                params,
+                extra: std::ptr::null_mut(),
+            },
+            vec![cooperative()],
+        )
     }
 }
 
@@ -928,6 +900,16 @@ pub unsafe fn cuLaunchKernelEx_ptsz(
 ) -> Result<(), CUresult> {
     // SAFETY: as above; the configuration's stream is the one mapped to the per-thread stream.
     unsafe { launch_ex(Caller::Driver, config, f, params, extra, true) }
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE` = 1: every block resident at once (`cuLaunchCooperativeKernel`).
+fn cooperative() -> LaunchAttr {
+    let mut value = [0u32; 16];
+    value[0] = 1;
+    LaunchAttr {
+        id: LaunchAttr::COOPERATIVE,
+        value,
+    }
 }
 
 /// The launch entry points `cuGetProcAddress` hands the CUDA runtime (see [`Caller`]), by the export they
@@ -960,16 +942,19 @@ unsafe extern "C" fn runtime_launch_kernel(
     crate::guard("cuLaunchKernel", || {
         // SAFETY: the runtime's arguments, under cuLaunchKernel's contract.
         unsafe {
-            launch(&LaunchArgs {
-                caller: Caller::Runtime,
-                f,
-                grid: [gx, gy, gz],
-                block: [bx, by, bz],
-                shared_mem_bytes,
-                stream,
-                params,
-                extra,
-            })
+            launch(
+                &LaunchArgs {
+                    caller: Caller::Runtime,
+                    f,
+                    grid: [gx, gy, gz],
+                    block: [bx, by, bz],
+                    shared_mem_bytes,
+                    stream,
+                    params,
+                    extra,
+                },
+                Vec::new(),
+            )
         }
     })
 }
