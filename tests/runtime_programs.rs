@@ -1,8 +1,8 @@
 //! End to end, no GPU: CUDA runtime-API programs built by NVIDIA's nvcc (static cudart, kernels as
 //! compute_75 PTX) run unmodified through `gleam run` on the emu backend: `tests/cuda/*.cu` (device
 //! queries, streams and events, async copies, pinned memory, `__constant__` symbols, atomics, errors coming
-//! back as errors). Each program checks its own results and prints `PASS <name>`; it must also exit
-//! cleanly (the runtime tears down through the driver from `exit()`).
+//! back as errors, CUDA graphs through stream capture). Each program checks its own results and prints
+//! `PASS <name>`; it must also exit cleanly (the runtime tears down through the driver from `exit()`).
 //!
 //! nvcc comes from PyPI (`scripts/ci/install-cuda-toolchain.sh`, which `.ci/run` runs). Without it these
 //! tests say so and pass, unless `GLEAM_REQUIRE_CUDA_TESTS=1` (set by CI), which makes a missing toolchain
@@ -24,6 +24,7 @@ const PROGRAMS: &[&str] = &[
     "kernels",
     "symbols",
     "errors",
+    "graphs",
 ];
 
 fn repo() -> &'static Path {

@@ -292,7 +292,20 @@ fn check(entries: &[Entry]) -> Result<(), String> {
 
 /// Types of the `api` module: how arguments of forwarded calls travel.
 const API_TYPES: &[&str] = &[
-    "Out", "OptOut", "LaunchConfig", "Context", "Module", "Function", "Stream", "Event", "Library", "Kernel", "CStr",
+    "Out",
+    "OptOut",
+    "InOut",
+    "LaunchConfig",
+    "Graph",
+    "GraphExec",
+    "Context",
+    "Module",
+    "Function",
+    "Stream",
+    "Event",
+    "Library",
+    "Kernel",
+    "CStr",
 ];
 
 /// Qualifies the names in a type so it resolves wherever the generated macros expand.

@@ -172,6 +172,10 @@ handles! {
     Library;
     /// `CUkernel`.
     Kernel;
+    /// `CUgraph`.
+    Graph;
+    /// `CUgraphExec`.
+    GraphExec;
 }
 
 /// An out-argument: the C side passes a `T*` that the driver writes; the value travels in the reply.
@@ -210,6 +214,46 @@ where
     fn slot_reply(slot: T::C) -> T::W {
         T::to_wire(slot)
     }
+}
+
+/// An in-out argument: the C side passes a `T*` whose value the driver reads and replaces
+/// (`cuThreadExchangeStreamCaptureMode`); the value travels in the request and the new one in the reply.
+#[derive(Clone, Copy, Debug)]
+pub enum InOut<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+impl<T: Plain> Arg for InOut<T> {
+    type C = *mut T;
+    type Request = T;
+    type Reply = T;
+    type Slot = T;
+
+    unsafe fn to_request(c: *mut T) -> Result<T, CUresult> {
+        if c.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, and the caller promised a valid `T*`.
+        Ok(unsafe { c.read_unaligned() })
+    }
+    unsafe fn write_reply(c: *mut T, reply: T) {
+        // SAFETY: `to_request` checked non-NULL.
+        unsafe { c.write_unaligned(reply) }
+    }
+    fn slot(request: T) -> T {
+        request
+    }
+    fn slot_c(slot: &mut T) -> *mut T {
+        slot
+    }
+    fn slot_reply(slot: T) -> T {
+        slot
+    }
+}
+
+impl<T: Plain> CType for InOut<T> {
+    type C = *mut T;
 }
 
 /// An optional out-argument: like [`Out<T>`], but the application may pass NULL when it does not want the

@@ -153,8 +153,11 @@ impl LaunchAttr {
 
     /// The event handle an attribute names, if it names one.
     pub fn event(&self) -> Option<u64> {
-        matches!(self.id, Self::PROGRAMMATIC_EVENT | Self::LAUNCH_COMPLETION_EVENT)
-            .then(|| u64::from(self.value[0]) | (u64::from(self.value[1]) << 32))
+        matches!(
+            self.id,
+            Self::PROGRAMMATIC_EVENT | Self::LAUNCH_COMPLETION_EVENT
+        )
+        .then(|| u64::from(self.value[0]) | (u64::from(self.value[1]) << 32))
     }
 }
 

@@ -584,12 +584,19 @@ impl Backend for RealBackend {
     }
 
     fn shutdown(&mut self, handles: &Handles) {
-        let d = &self.driver;
         let modules = handles.loaded_modules();
         let libraries = handles.libraries();
         let contexts = handles.created_contexts();
         // Best effort: the process exits next, which frees whatever remains. Only live handles are
         // released: the registry dropped those that died with their context or library.
+        let (graphs, execs) = handles.graphs();
+        for exec in execs {
+            let _ = ApiBackend::cuGraphExecDestroy(self, args::cuGraphExecDestroy { exec });
+        }
+        for graph in graphs {
+            let _ = ApiBackend::cuGraphDestroy(self, args::cuGraphDestroy { graph });
+        }
+        let d = &self.driver;
         for &m in &modules {
             // SAFETY: a live module this session loaded.
             let _ = unsafe { (d.module_unload)(m as Ptr) };

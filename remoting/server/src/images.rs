@@ -32,7 +32,9 @@ pub struct Images {
 
 /// Bytes that do not match the image they were announced as.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("the image bytes ({got} bytes) do not match the announced image ({want} bytes, hash {hash})")]
+#[error(
+    "the image bytes ({got} bytes) do not match the announced image ({want} bytes, hash {hash})"
+)]
 pub struct Mismatch {
     /// Bytes received.
     pub got: usize,

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use gleam_protocol::types::CUresult;
 
+pub mod capture;
 pub mod context;
 pub mod device;
 pub mod export_table;
@@ -46,6 +47,10 @@ pub mod trace;
 
 /// Every hand-written export (`local`, `hand` and `by-hand` in the declaration list), by its CUDA name.
 pub mod hand {
+    pub use crate::capture::{
+        cuGraphInstantiate_v2, cuStreamBeginCapture, cuStreamBeginCapture_v2, cuStreamEndCapture,
+        cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
+    };
     pub use crate::context::{
         cuCtxCreate_v2, cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
         cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
@@ -75,7 +80,7 @@ pub mod hand {
         cuFuncLoad, cuFuncSetAttribute, cuKernelGetFunction, cuLaunchCooperativeKernel,
         cuLaunchKernel, cuLaunchKernelEx, cuLaunchKernelEx_ptsz, cuModuleEnumerateFunctions,
         cuModuleGetFunction, cuModuleGetFunctionCount, cuModuleGetLoadingMode, cuModuleLoad,
-        cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary, cuStreamIsCapturing,
+        cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary,
     };
     pub use crate::occupancy::{
         cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSizeWithFlags,

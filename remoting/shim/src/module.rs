@@ -1016,14 +1016,6 @@ unsafe extern "C" fn runtime_launch_kernel_ex_ptsz(
     })
 }
 
-pub unsafe fn cuStreamIsCapturing(stream: CUstream, status: *mut u32) -> Result<(), CUresult> {
-    let _ = stream;
-    state::session()?;
-    // Capture is not forwarded yet, so no stream is ever capturing (CU_STREAM_CAPTURE_STATUS_NONE).
-    // SAFETY: the caller's out-pointer (NULL is refused).
-    unsafe { put(status, 0) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
