@@ -294,8 +294,10 @@ fn check(entries: &[Entry]) -> Result<(), String> {
 const API_TYPES: &[&str] = &[
     "Out",
     "OptOut",
+    "In",
     "InOut",
     "LaunchConfig",
+    "TensorMap",
     "Graph",
     "GraphExec",
     "Context",

@@ -72,6 +72,16 @@ impl Plain for usize {}
 impl Plain for f32 {}
 impl Plain for u8 {}
 impl Plain for u16 {}
+/// Per-dimension arrays of a tensor map (rank at most 5, padded with zeros).
+impl Plain for [u64; 5] {}
+impl Plain for [u32; 5] {}
+impl Plain for [i32; 5] {}
+/// A `CUtensorMap`: 128 opaque bytes, 64-byte aligned (the driver refuses a map that is not).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct TensorMap(pub [u64; 16]);
+
+impl Plain for TensorMap {}
 
 /// Something an out-pointer can point to: a plain value or a handle.
 pub trait Value {
@@ -214,6 +224,41 @@ where
     fn slot_reply(slot: T::C) -> T::W {
         T::to_wire(slot)
     }
+}
+
+/// An in-argument passed by pointer (`const T*`): the value pointed to travels in the request, and the
+/// server passes a pointer to its copy.
+#[derive(Clone, Copy, Debug)]
+pub enum In<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+impl<T: Plain> Arg for In<T> {
+    type C = *const T;
+    type Request = T;
+    type Reply = ();
+    type Slot = T;
+
+    unsafe fn to_request(c: *const T) -> Result<T, CUresult> {
+        if c.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, and the caller promised a valid `T*`.
+        Ok(unsafe { c.read_unaligned() })
+    }
+    unsafe fn write_reply(_: *const T, _: ()) {}
+    fn slot(request: T) -> T {
+        request
+    }
+    fn slot_c(slot: &mut T) -> *const T {
+        slot
+    }
+    fn slot_reply(_: T) {}
+}
+
+impl<T: Plain> CType for In<T> {
+    type C = *const T;
 }
 
 /// An in-out argument: the C side passes a `T*` whose value the driver reads and replaces

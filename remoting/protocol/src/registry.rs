@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use tracing::debug;
 
 use crate::api::{
-    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Graph, GraphExec, InOut, Kernel,
+    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Graph, GraphExec, In, InOut, Kernel,
     LaunchConfig, LaunchConfigValue, Library, Module, OptOut, Out, Plain, Stream, Value, args,
     outs,
 };
@@ -546,6 +546,13 @@ where
     fn register(handles: &mut Handles, reply: &T::W, owner: &Owner) {
         T::register(handles, reply, owner);
     }
+}
+
+impl<T: Plain> HandleArg for In<T> {
+    fn check(_: &Handles, _: &T, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
 impl<T: Plain> HandleArg for InOut<T> {

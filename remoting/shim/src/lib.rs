@@ -43,6 +43,7 @@ pub mod occupancy;
 pub mod primary;
 pub mod proc;
 pub mod state;
+pub mod tensor;
 pub mod trace;
 
 /// Every hand-written export (`local`, `hand` and `by-hand` in the declaration list), by its CUDA name.
@@ -87,6 +88,9 @@ pub mod hand {
     };
     pub use crate::primary::{cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxSetFlags_v2};
     pub use crate::proc::{cuGetProcAddress, cuGetProcAddress_v2};
+    pub use crate::tensor::{
+        cuTensorMapEncodeIm2col, cuTensorMapEncodeIm2colWide, cuTensorMapEncodeTiled,
+    };
 }
 
 /// The server refuses to load a library exporting this symbol as "the real driver": finding it means the

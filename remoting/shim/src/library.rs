@@ -20,7 +20,7 @@ use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 
 use gleam_protocol::api::{CStr as CStrArg, Context, Event, Function, Kernel, Library, Module};
-use gleam_protocol::api::{Graph, GraphExec, InOut, LaunchConfig, OptOut, Out, Plain, Stream};
+use gleam_protocol::api::{Graph, GraphExec, In, InOut, LaunchConfig, OptOut, Out, Plain, Stream};
 use gleam_protocol::registry::{Kind, Owner};
 use gleam_protocol::types::{CUfunction, CUkernel, CUlibrary, CUmodule, CUresult};
 use gleam_protocol::wire::ParamSlot;
@@ -205,6 +205,12 @@ where
     T::C: Default,
 {
     fn translate(request: bool) -> Result<bool, CUresult> {
+        Ok(request)
+    }
+}
+
+impl<T: Plain> Translate for In<T> {
+    fn translate(request: T) -> Result<T, CUresult> {
         Ok(request)
     }
 }
