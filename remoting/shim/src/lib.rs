@@ -82,6 +82,8 @@ pub mod hand {
         cuLaunchKernel, cuLaunchKernelEx, cuLaunchKernelEx_ptsz, cuModuleEnumerateFunctions,
         cuModuleGetFunction, cuModuleGetFunctionCount, cuModuleGetLoadingMode, cuModuleLoad,
         cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary,
+        cuOccupancyMaxActiveBlocksPerMultiprocessor,
+        cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
     };
     pub use crate::occupancy::{
         cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSizeWithFlags,

@@ -41,8 +41,14 @@ struct Launchable {
     module: u64,
 }
 
+/// An occupancy question: (function or kernel, block size, dynamic shared memory, flags).
+type OccupancyKey = (u64, i32, usize, u32);
+
 #[derive(Default)]
 struct Caches {
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor(WithFlags)` answers: a pure function of the question
+    /// and of the function's attributes (when those are set, its answers are dropped).
+    occupancy: HashMap<OccupancyKey, i32>,
     /// Every launchable handle seen, by the handle the application holds.
     functions: HashMap<u64, Arc<Launchable>>,
     /// The image of every module loaded or obtained from a library, by module handle.
@@ -154,6 +160,7 @@ pub fn forget_functions(died: &[(Kind, u64)]) {
         match kind {
             Kind::Function | Kind::Kernel => {
                 c.functions.remove(handle);
+                c.occupancy.retain(|k, _| k.0 != *handle);
             }
             Kind::Module => {
                 c.modules.remove(handle);
@@ -168,14 +175,78 @@ pub fn forget_kernels(kernels: &[u64]) {
     let mut c = caches();
     for k in kernels {
         c.functions.remove(k);
+        c.occupancy.retain(|key, _| key.0 != *k);
     }
 }
 
 /// A kernel's attributes were set: what was cached of them is asked again.
 pub fn attributes_changed(handle: u64) {
-    if let Some(f) = caches().functions.get_mut(&handle) {
+    let mut c = caches();
+    if let Some(f) = c.functions.get_mut(&handle) {
         Arc::make_mut(f).attributes.clear();
     }
+    c.occupancy.retain(|k, _| k.0 != handle);
+}
+
+/// Occupancy, asked of the peer once per question (PyTorch asks it before launches: 340 times in a
+/// ResNet-50 run).
+fn occupancy(
+    num_blocks: *mut i32,
+    func: CUfunction,
+    block_size: i32,
+    dynamic_smem: usize,
+    flags: u32,
+) -> Result<(), CUresult> {
+    if num_blocks.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let key = (func as u64, block_size, dynamic_smem, flags);
+    let known = caches().occupancy.get(&key).copied();
+    let n = match known {
+        Some(n) => {
+            if !library::is_client_kernel(key.0) {
+                handles::check(Kind::Function, key.0)?;
+            }
+            n
+        }
+        None => {
+            let mut n = 0;
+            // SAFETY: a valid out-pointer; the function is translated and checked on the way.
+            unsafe {
+                forward::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+                    &raw mut n,
+                    func,
+                    block_size,
+                    dynamic_smem,
+                    flags,
+                )
+            }?;
+            caches().occupancy.insert(key, n);
+            n
+        }
+    };
+    // SAFETY: the caller's out-pointer, non-NULL.
+    unsafe { put(num_blocks, n) }
+}
+
+pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    num_blocks: *mut i32,
+    func: CUfunction,
+    block_size: i32,
+    dynamic_smem: usize,
+) -> Result<(), CUresult> {
+    // CU_OCCUPANCY_DEFAULT.
+    occupancy(num_blocks, func, block_size, dynamic_smem, 0)
+}
+
+pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    num_blocks: *mut i32,
+    func: CUfunction,
+    block_size: i32,
+    dynamic_smem: usize,
+    flags: u32,
+) -> Result<(), CUresult> {
+    occupancy(num_blocks, func, block_size, dynamic_smem, flags)
 }
 
 /// Refuses a function whose parameter layout on the peer differs from the one read on the client: either
@@ -709,7 +780,9 @@ pub unsafe fn cuFuncSetAttribute(
         attributes_changed(handle);
         return Ok(());
     }
-    if let Some(f) = caches().functions.get_mut(&handle) {
+    let mut c = caches();
+    c.occupancy.retain(|k, _| k.0 != handle);
+    if let Some(f) = c.functions.get_mut(&handle) {
         let f = Arc::make_mut(f);
         match usize::try_from(attrib)
             .ok()
