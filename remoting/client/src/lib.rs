@@ -62,7 +62,11 @@ pub mod sent {
     }
 
     pub(crate) fn note(expects_reply: bool) {
-        let bit = if expects_reply { WAITED } else { FIRE_AND_FORGET };
+        let bit = if expects_reply {
+            WAITED
+        } else {
+            FIRE_AND_FORGET
+        };
         let _ = SENT.try_with(|s| s.set(s.get() | bit));
     }
 

@@ -1109,7 +1109,10 @@ mod tests {
         assert_eq!(h.check(Kind::Graph, 0x60), Ok(()));
         assert_eq!(h.check(Kind::GraphExec, 0x61), Ok(()));
         // A graph is not an executable graph, nor the reverse.
-        assert_eq!(h.check(Kind::GraphExec, 0x60), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(
+            h.check(Kind::GraphExec, 0x60),
+            Err(CUresult::INVALID_HANDLE)
+        );
         let died = h.apply(Effect::Destroy(Kind::Graph, 0x60), None);
         assert_eq!(died.handles, [(Kind::Graph, 0x60)]);
         assert_eq!(h.check(Kind::Graph, 0x60), Err(CUresult::INVALID_HANDLE));
