@@ -72,5 +72,8 @@ fn the_library_api_runs_lazily_and_mostly_on_the_client() {
     }
     // The unused library's kernel was looked up locally and never loaded.
     assert_eq!(counts("cuLibraryGetKernel")[2], 0, "{report}");
-    assert!(stderr.contains("unimplemented entry points reached: none"), "{stderr}");
+    assert!(
+        stderr.contains("unimplemented entry points reached: none"),
+        "{stderr}"
+    );
 }

@@ -23,7 +23,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    gleam_server::session::use_content_cache(args.config.path().join("cache"));
+    gleam_server::session::use_content_cache(args.config.path()?.join("cache"));
     let backend = match args.backend {
         Backend::Auto => Backend::Auto.resolve()?,
         chosen => chosen,
