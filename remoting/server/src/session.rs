@@ -15,6 +15,7 @@
 //!   ([`Backend::forget`] hears of it);
 //! * [`Call::Goodbye`] frees everything ([`Backend::shutdown`]) and ends the session.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use tracing::{debug, info, warn};
@@ -50,6 +51,8 @@ pub struct Session<B: Backend> {
     handles: Handles,
     /// The module images this session was sent or found (by content).
     images: Images,
+    /// Streams in capture mode (`cuStreamBeginCapture_v2` .. `cuStreamEndCapture`).
+    capturing: HashSet<u64>,
     started: Instant,
     requests: u64,
 }
@@ -84,6 +87,7 @@ impl<B: Backend> Session<B> {
             pending: None,
             handles: Handles::default(),
             images: Images::default(),
+            capturing: HashSet::new(),
             started: Instant::now(),
             requests: 0,
         }
@@ -231,7 +235,24 @@ impl<B: Backend> Session<B> {
                     self.current_ctx = None;
                 }
                 let effect = Effect::of(&call);
-                let reply = self.backend.api(call)?;
+                // Which streams capture: host copies queued there are refused (below).
+                let capture = match &call {
+                    ApiCall::cuStreamBeginCapture_v2(a) => Some((a.stream, true)),
+                    ApiCall::cuStreamEndCapture(a) => Some((a.stream, false)),
+                    _ => None,
+                };
+                let reply = self.backend.api(call);
+                match capture {
+                    Some((stream, true)) if reply.is_ok() => {
+                        self.capturing.insert(stream);
+                    }
+                    // A capture ends whatever the outcome.
+                    Some((stream, false)) => {
+                        self.capturing.remove(&stream);
+                    }
+                    _ => {}
+                }
+                let reply = reply?;
                 reply.register(&mut self.handles, &owner);
                 let died = self.handles.apply(effect, Some(&reply));
                 if !died.is_empty() {
@@ -241,6 +262,7 @@ impl<B: Backend> Session<B> {
             }
             Call::MemcpyHtoD { dst, stream } => {
                 self.check_stream(stream)?;
+                self.not_capturing(stream)?;
                 self.backend.memcpy_htod(dst, bulk, stream)?;
                 Reply::Empty
             }
@@ -251,6 +273,7 @@ impl<B: Backend> Session<B> {
                     .filter(|&len| len <= COPY_CHUNK)
                     .ok_or(CUresult::INVALID_VALUE)?;
                 self.check_stream(stream)?;
+                self.not_capturing(stream)?;
                 let data = self.backend.memcpy_dtoh(src, len, stream)?;
                 return Ok((Reply::Data, data));
             }
@@ -331,6 +354,22 @@ impl<B: Backend> Session<B> {
             Call::Goodbye => Reply::Empty,
         };
         Ok((reply, Vec::new()))
+    }
+
+    /// A host copy cannot be captured remotely: the captured copy would read or write the session
+    /// process's own buffer (gone after the call) at every launch of the graph, not the client's memory.
+    fn not_capturing(&self, stream: Option<u64>) -> Result<(), CUresult> {
+        match stream {
+            Some(s) if self.capturing.contains(&s) => {
+                warn!(
+                    stream = s,
+                    "a host copy queued on a capturing stream: refused (a graph cannot copy from or to a remote \
+                     client's memory)"
+                );
+                Err(CUresult::STREAM_CAPTURE_UNSUPPORTED)
+            }
+            _ => Ok(()),
+        }
     }
 
     fn check_stream(&self, stream: Option<u64>) -> Result<(), CUresult> {
@@ -433,6 +472,20 @@ mod tests {
         ) -> Result<outs::cuCtxSynchronize, CUresult> {
             self.log.push("sync".into());
             Ok(outs::cuCtxSynchronize {})
+        }
+        fn cuStreamBeginCapture_v2(
+            &mut self,
+            _: args::cuStreamBeginCapture_v2,
+        ) -> Result<outs::cuStreamBeginCapture_v2, CUresult> {
+            self.log.push("begin capture".into());
+            Ok(Default::default())
+        }
+        fn cuStreamEndCapture(
+            &mut self,
+            _: args::cuStreamEndCapture,
+        ) -> Result<outs::cuStreamEndCapture, CUresult> {
+            self.log.push("end capture".into());
+            Err(CUresult::STREAM_CAPTURE_INVALIDATED)
         }
     }
 
@@ -842,5 +895,51 @@ mod tests {
         // finish() after goodbye does not shut down twice.
         s.finish();
         assert_eq!(s.backend.log.iter().filter(|l| *l == "shutdown").count(), 1);
+    }
+
+    #[test]
+    fn host_copies_on_a_capturing_stream_are_refused() {
+        let mut s = open(Recorder::default());
+        let htod = |stream| Call::MemcpyHtoD {
+            dst: 0x1000,
+            stream: Some(stream),
+        };
+        let begin = Call::Api(ApiCall::cuStreamBeginCapture_v2(
+            args::cuStreamBeginCapture_v2 { stream: 2, mode: 0 },
+        ));
+        assert_eq!(
+            s.handle_req(req(2, 0, true, begin)).unwrap().result,
+            CUresult::SUCCESS
+        );
+        let r = s.handle(req(3, 0, true, htod(2)), &[1; 4]).unwrap();
+        assert_eq!(r.frame.result, CUresult::STREAM_CAPTURE_UNSUPPORTED);
+        let dtoh = Call::MemcpyDtoH {
+            src: 0x1000,
+            len: 4,
+            stream: Some(2),
+        };
+        let r = s.handle_req(req(4, 0, true, dtoh)).unwrap();
+        assert_eq!(r.result, CUresult::STREAM_CAPTURE_UNSUPPORTED);
+        // Another stream copies as usual.
+        let r = s.handle(req(5, 0, true, htod(0)), &[1; 4]).unwrap();
+        assert_eq!(r.frame.result, CUresult::SUCCESS);
+        // The capture ends (here invalidated), and with it the refusal.
+        let end = Call::Api(ApiCall::cuStreamEndCapture(args::cuStreamEndCapture {
+            stream: 2,
+            graph: (),
+        }));
+        let r = s.handle_req(req(6, 0, true, end)).unwrap();
+        assert_eq!(r.result, CUresult::STREAM_CAPTURE_INVALIDATED);
+        let r = s.handle(req(7, 0, true, htod(2)), &[1; 4]).unwrap();
+        assert_eq!(r.frame.result, CUresult::SUCCESS);
+        assert_eq!(
+            s.backend.log,
+            [
+                "begin capture",
+                "htod 0x1000 4",
+                "end capture",
+                "htod 0x1000 4"
+            ]
+        );
     }
 }
