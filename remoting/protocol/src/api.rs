@@ -85,6 +85,30 @@ pub trait Value {
     fn from_wire(w: Self::W) -> Self::C;
 }
 
+/// C structs that travel as themselves, their pointer fields cleared ([`crate::types::WireStruct`]).
+macro_rules! wire_structs {
+    ($($t:ident),* $(,)?) => {$(
+        impl Value for crate::types::$t {
+            type C = Self;
+            type W = Self;
+            fn to_wire(c: Self) -> Self {
+                crate::types::WireStruct::cleared(c)
+            }
+            fn from_wire(w: Self) -> Self {
+                crate::types::WireStruct::cleared(w)
+            }
+        }
+    )*};
+}
+
+wire_structs!(
+    CUmemLocation,
+    CUmemAllocationProp,
+    CUmemPoolProps,
+    CUmemAccessDesc,
+    CUexecAffinityParam,
+);
+
 impl<T: Plain> Value for T {
     type C = T;
     type W = T;
@@ -172,6 +196,119 @@ handles! {
     Library;
     /// `CUkernel`.
     Kernel;
+    /// `CUmemoryPool`.
+    MemPool;
+}
+
+/// `CUmemGenericAllocationHandle`: a physical allocation of virtual memory management (`cuMemCreate`). An
+/// integer at the C ABI rather than a pointer, but as much a driver handle as the others: checked against
+/// the registry before the driver sees it.
+#[derive(Clone, Copy, Debug)]
+pub enum MemHandle {}
+
+impl Value for MemHandle {
+    type C = u64;
+    type W = u64;
+    fn to_wire(c: u64) -> u64 {
+        c
+    }
+    fn from_wire(w: u64) -> u64 {
+        w
+    }
+}
+
+impl CType for MemHandle {
+    type C = u64;
+}
+
+impl Arg for MemHandle {
+    type C = u64;
+    type Request = u64;
+    type Reply = ();
+    type Slot = u64;
+
+    unsafe fn to_request(c: u64) -> Result<u64, CUresult> {
+        Ok(c)
+    }
+    unsafe fn write_reply(_: u64, _: ()) {}
+    fn slot(request: u64) -> u64 {
+        request
+    }
+    fn slot_c(slot: &mut u64) -> u64 {
+        *slot
+    }
+    fn slot_reply(_: u64) {}
+}
+
+/// A device address the C API passes as `void*` (`cuMemRetainAllocationHandle`): travels as its value and
+/// is never dereferenced by Gleam (the driver validates it).
+#[derive(Clone, Copy, Debug)]
+pub enum PtrValue {}
+
+impl CType for PtrValue {
+    type C = *mut c_void;
+}
+
+impl Arg for PtrValue {
+    type C = *mut c_void;
+    type Request = u64;
+    type Reply = ();
+    type Slot = u64;
+
+    unsafe fn to_request(c: *mut c_void) -> Result<u64, CUresult> {
+        Ok(c as u64)
+    }
+    unsafe fn write_reply(_: *mut c_void, _: ()) {}
+    fn slot(request: u64) -> u64 {
+        request
+    }
+    fn slot_c(slot: &mut u64) -> *mut c_void {
+        *slot as *mut c_void
+    }
+    fn slot_reply(_: u64) {}
+}
+
+/// An in-argument passed by pointer (`const T*`): the application's value is read at the call and travels
+/// in the request; the driver is given a pointer to the server's copy. NULL is `CUDA_ERROR_INVALID_VALUE`.
+/// Pointers inside `T` (Windows-only fields) never travel: [`Value::to_wire`] clears them.
+#[derive(Clone, Copy, Debug)]
+pub enum In<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+impl<T: Value> Arg for In<T>
+where
+    T::C: Default,
+{
+    type C = *const T::C;
+    type Request = T::W;
+    type Reply = ();
+    type Slot = T::C;
+
+    unsafe fn to_request(c: *const T::C) -> Result<T::W, CUresult> {
+        if c.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, and the C API requires a valid `T` behind it (read unaligned: C callers may
+        // pack it anywhere).
+        Ok(T::to_wire(unsafe { c.read_unaligned() }))
+    }
+    unsafe fn write_reply(_: *const T::C, _: ()) {}
+    fn slot(request: T::W) -> T::C {
+        T::from_wire(request)
+    }
+    fn slot_c(slot: &mut T::C) -> *const T::C {
+        slot
+    }
+    fn slot_reply(_: T::C) {}
+}
+
+impl<T: Value> CType for In<T>
+where
+    T::C: Default,
+{
+    type C = *const T::C;
 }
 
 /// An out-argument: the C side passes a `T*` that the driver writes; the value travels in the reply.

@@ -22,8 +22,8 @@ use std::collections::{HashMap, HashSet};
 use tracing::debug;
 
 use crate::api::{
-    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Kernel, Library, Module, Out, Plain,
-    Stream, Value, args, outs,
+    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, In, Kernel, Library, MemHandle, MemPool,
+    Module, Out, Plain, PtrValue, Stream, Value, args, outs,
 };
 use crate::types::CUresult;
 
@@ -59,6 +59,10 @@ pub enum Kind {
     Event,
     Library,
     Kernel,
+    /// `CUmemoryPool`: a device's, not a context's.
+    MemPool,
+    /// `CUmemGenericAllocationHandle` (`cuMemCreate`): reference-counted, a device's.
+    MemHandle,
 }
 
 /// Where a handle created by a call belongs, gathered from the call's in-arguments and the current context.
@@ -130,6 +134,11 @@ pub struct Handles {
     events: HashMap<u64, u64>,
     /// Context made by `cuCtxCreate` -> its device (primary contexts: in `contexts`).
     created_on: HashMap<u64, i32>,
+    /// Memory pools (default pools once a call returned them, and created ones).
+    pools: HashSet<u64>,
+    /// Physical allocations -> references (`cuMemCreate` and each `cuMemRetainAllocationHandle` add one,
+    /// each `cuMemRelease` drops one; the handle is invalid at zero).
+    mem_handles: HashMap<u64, u32>,
 }
 
 impl Handles {
@@ -151,6 +160,8 @@ impl Handles {
             }
             Kind::Library => self.libraries.contains(&handle),
             Kind::Kernel => self.kernels.contains_key(&handle),
+            Kind::MemPool => self.pools.contains(&handle),
+            Kind::MemHandle => self.mem_handles.contains_key(&handle),
         };
         if known {
             Ok(())
@@ -201,6 +212,13 @@ impl Handles {
             }
             Kind::Kernel => {
                 self.kernels.insert(handle, owner.library.unwrap_or(0));
+            }
+            Kind::MemPool => {
+                self.pools.insert(handle);
+            }
+            Kind::MemHandle => {
+                let refs = self.mem_handles.entry(handle).or_insert(0);
+                *refs = refs.saturating_add(1);
             }
         }
     }
@@ -274,6 +292,19 @@ impl Handles {
                 self.events.remove(&event);
                 Vec::new()
             }
+            Effect::Destroy(Kind::MemPool, pool) => {
+                self.pools.remove(&pool);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::MemHandle, handle) => {
+                if let Some(refs) = self.mem_handles.get_mut(&handle) {
+                    *refs -= 1;
+                    if *refs == 0 {
+                        self.mem_handles.remove(&handle);
+                    }
+                }
+                Vec::new()
+            }
             Effect::Destroy(Kind::Function | Kind::Kernel, handle) => {
                 debug!(
                     handle,
@@ -302,6 +333,8 @@ impl Handles {
             tagged(Kind::Event, &mut self.events.keys().copied()),
             tagged(Kind::Library, &mut self.libraries.iter().copied()),
             tagged(Kind::Kernel, &mut self.kernels.keys().copied()),
+            tagged(Kind::MemPool, &mut self.pools.iter().copied()),
+            tagged(Kind::MemHandle, &mut self.mem_handles.keys().copied()),
         ]
         .into_iter()
         .flatten()
@@ -484,6 +517,23 @@ impl<T: Plain> OutValue for T {
     fn register(_: &mut Handles, _: &T, _: &Owner) {}
 }
 
+/// C structs an out-pointer may point to (`CUmemAllocationProp`...): not handles.
+macro_rules! struct_out_values {
+    ($($t:ident),*) => {$(
+        impl OutValue for crate::types::$t {
+            fn register(_: &mut Handles, _: &Self, _: &Owner) {}
+        }
+    )*};
+}
+
+struct_out_values!(
+    CUmemLocation,
+    CUmemAllocationProp,
+    CUmemPoolProps,
+    CUmemAccessDesc,
+    CUexecAffinityParam
+);
+
 impl HandleArg for CStr {
     fn check(_: &Handles, _: &String, _: &mut Owner) -> Result<(), CUresult> {
         Ok(())
@@ -537,6 +587,25 @@ handle_kinds! {
     Event, |_, _| {};
     Library, |o, h| o.library = Some(h);
     Kernel, |o, h| o.kernel = Some(h);
+    MemPool, |_, _| {};
+    MemHandle, |_, _| {};
+}
+
+impl HandleArg for PtrValue {
+    fn check(_: &Handles, _: &u64, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
+impl<T: Value> HandleArg for In<T>
+where
+    T::C: Default,
+{
+    fn check(_: &Handles, _: &T::W, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
 /// A listed call's request, checked against the registry before the driver sees it.
