@@ -38,12 +38,16 @@ pub mod module;
 pub mod occupancy;
 pub mod proc;
 pub mod state;
+pub mod streams;
 
 /// Every hand-written export (`local`, `hand` and `by-hand` in the declaration list), by its CUDA name.
 pub mod hand {
     pub use crate::context::{
-        cuCtxCreate_v2, cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
-        cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
+        cuCtxAttach, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy,
+        cuCtxDestroy_v2, cuCtxDetach, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
+        cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent, cuCtxPushCurrent_v2,
+        cuCtxSetCurrent, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxReset,
+        cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxSetFlags,
     };
     pub use crate::device::{
         cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetCount,
@@ -53,12 +57,15 @@ pub mod hand {
     };
     pub use crate::export_table::cuGetExportTable;
     pub use crate::memory::{
-        cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocHost_v2, cuMemAllocPitch_v2, cuMemFree_v2,
-        cuMemFreeAsync, cuMemFreeHost, cuMemGetAddressRange_v2, cuMemHostAlloc,
-        cuMemHostGetDevicePointer_v2, cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2,
-        cuMemcpyDtoHAsync_v2, cuMemcpyHtoD_v2, cuMemcpyHtoDAsync_v2, cuPointerGetAttribute,
-        cuPointerGetAttributes,
+        cuDeviceSetMemPool, cuMemAddressFree, cuMemAddressReserve, cuMemAlloc_v2,
+        cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemAllocHost_v2, cuMemAllocPitch_v2,
+        cuMemFree_v2, cuMemFreeAsync, cuMemFreeHost, cuMemGetAddressRange_v2, cuMemHostAlloc,
+        cuMemHostGetDevicePointer_v2, cuMemMap, cuMemPoolDestroy, cuMemPoolGetAttribute,
+        cuMemPoolSetAccess, cuMemPoolSetAttribute, cuMemSetAccess, cuMemSetMemPool, cuMemUnmap,
+        cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpyHtoD_v2,
+        cuMemcpyHtoDAsync_v2, cuPointerGetAttribute, cuPointerGetAttributes,
     };
+    pub use crate::streams::{cuEventDestroy, cuStreamDestroy};
     pub use crate::module::{
         cuFuncGetAttribute, cuKernelGetFunction, cuLaunchCooperativeKernel, cuLaunchKernel,
         cuLaunchKernelEx, cuLaunchKernelEx_ptsz, cuLibraryLoadData, cuLibraryLoadFromFile,
