@@ -1096,7 +1096,7 @@ impl ApiBackend for EmuBackend {
         // cuMemFree synchronises with the device: nothing still queued may touch the memory.
         self.streams.synchronize_all();
         // Memory from a pool goes back to its pool.
-        let pool = self.shared.pools().begin_free(a.dptr);
+        let pool = self.shared.pools().begin_free(a.dptr)?;
         match pool {
             Some(pool) => self
                 .shared
@@ -1231,7 +1231,7 @@ impl ApiBackend for EmuBackend {
         // memory goes back to the pool (or, from cuMemAlloc, to the device) when the stream gets there,
         // so a later allocation never gets memory that earlier work may still use. Never skipped: after a
         // fault or at the session's end, memory still has to go back.
-        let pool = self.shared.pools().begin_free(dptr);
+        let pool = self.shared.pools().begin_free(dptr)?;
         let shared = self.shared.clone();
         let job: Job = Box::new(move || match pool {
             Some(pool) => shared.pools().finish_free(pool, dptr, &shared.mem),

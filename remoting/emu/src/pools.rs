@@ -10,7 +10,7 @@
 //! ever release memory no allocation uses. Statistics follow CUDA's attributes (`RESERVED_MEM_*`,
 //! `USED_MEM_*`, their high-water marks, resettable to 0).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use gleam_protocol::types::{
     CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CUmemLocation, CUmemPoolProps,
@@ -116,6 +116,8 @@ pub struct Pools {
     next: u64,
     /// Which pool each outstanding allocation came from.
     owner: HashMap<u64, u64>,
+    /// Allocations whose stream-ordered free is queued but not reached yet.
+    freeing: HashSet<u64>,
 }
 
 impl Default for Pools {
@@ -142,6 +144,7 @@ impl Pools {
             current: default,
             next: 1,
             owner: HashMap::new(),
+            freeing: HashSet::new(),
         }
     }
 
@@ -258,14 +261,23 @@ impl Pools {
         Ok(addr)
     }
 
-    /// `cuMemFreeAsync`, when queued: takes `addr` out of the outstanding allocations (so it cannot be
-    /// freed twice) and says which pool it goes back to, or `None` if no pool handed it out.
-    pub fn begin_free(&mut self, addr: u64) -> Option<u64> {
-        self.owner.remove(&addr)
+    /// `cuMemFreeAsync`, when queued: takes `addr` out of the outstanding allocations and says which pool
+    /// it goes back to, or `None` if no pool handed it out. Freeing it again before its free is reached
+    /// is `CUDA_ERROR_INVALID_VALUE`.
+    pub fn begin_free(&mut self, addr: u64) -> Result<Option<u64>, CUresult> {
+        if self.freeing.contains(&addr) {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let pool = self.owner.remove(&addr);
+        if pool.is_some() {
+            self.freeing.insert(addr);
+        }
+        Ok(pool)
     }
 
     /// `cuMemFreeAsync`, when its stream reaches it: the memory goes back to `pool`, for reuse.
     pub fn finish_free(&mut self, pool: u64, addr: u64, mem: &DeviceMemory) {
+        self.freeing.remove(&addr);
         let Some(p) = self.pools.get_mut(&pool) else {
             let _ = mem.free(addr);
             return;
@@ -361,6 +373,7 @@ impl Pools {
     pub fn forget_freed(&mut self, mem: &DeviceMemory) {
         let gone = |addr: &u64| mem.address_range(*addr).map(|r| r.0) != Some(*addr);
         self.owner.retain(|a, _| !gone(a));
+        self.freeing.retain(|a| !gone(a));
         for p in self.pools.values_mut() {
             let before = p.live.values().sum::<u64>();
             p.live.retain(|a, _| !gone(a));
@@ -401,15 +414,19 @@ mod tests {
         let pool = pools.current();
         let a = pools.alloc(0, 1000, 1, &mem).unwrap();
         assert_eq!(pools.attribute(pool, attr::USED_MEM_CURRENT), Ok(1024));
-        assert_eq!(pools.begin_free(a), Some(pool));
-        assert_eq!(pools.begin_free(a), None, "a second free of the same memory");
+        assert_eq!(pools.begin_free(a), Ok(Some(pool)));
+        assert_eq!(
+            pools.begin_free(a),
+            Err(CUresult::INVALID_VALUE),
+            "a second free of the same memory"
+        );
         pools.finish_free(pool, a, &mem);
         assert_eq!(pools.attribute(pool, attr::USED_MEM_CURRENT), Ok(0));
         assert_eq!(pools.attribute(pool, attr::RESERVED_MEM_CURRENT), Ok(1024));
         // The same size class gets the kept block back.
         let b = pools.alloc(0, 900, 1, &mem).unwrap();
         assert_eq!(a, b);
-        pools.begin_free(b);
+        pools.begin_free(b).unwrap();
         pools.finish_free(pool, b, &mem);
         // Threshold 0: synchronisation gives it back to the device.
         pools.synchronized(&mem);
@@ -436,7 +453,7 @@ mod tests {
             .map(|_| pools.alloc(pool, 2048, 1, &mem).unwrap())
             .collect();
         for b in blocks {
-            pools.begin_free(b);
+            pools.begin_free(b).unwrap();
             pools.finish_free(pool, b, &mem);
         }
         pools.synchronized(&mem);
@@ -474,7 +491,7 @@ mod tests {
         assert_eq!(pools.attribute(pool, 7), Err(CUresult::INVALID_VALUE));
         // The outstanding allocation is still good, and freed when it comes back.
         assert_eq!(mem.live_allocations(), 1);
-        assert_eq!(pools.begin_free(a), Some(pool));
+        assert_eq!(pools.begin_free(a), Ok(Some(pool)));
         pools.finish_free(pool, a, &mem);
         assert_eq!(mem.live_allocations(), 0);
         let bad = CUmemPoolProps {
