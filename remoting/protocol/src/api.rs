@@ -541,6 +541,33 @@ mod tests {
         assert!(bytes.len() <= 4, "{bytes:?}");
     }
 
+    /// A struct passed by pointer travels by value, its Windows-only pointer cleared; the server's copy
+    /// is what the driver is given a pointer to.
+    #[test]
+    fn in_structs_travel_by_value_without_their_pointers() {
+        use crate::types::{CUmemAllocationProp, CUmemLocation};
+        let prop = CUmemAllocationProp {
+            kind: 1,
+            requested_handle_types: 1,
+            location: CUmemLocation { kind: 1, id: 0 },
+            win32_handle_meta_data: 0xdead_beef,
+            ..CUmemAllocationProp::default()
+        };
+        // SAFETY: a valid pointer to a local.
+        let request = unsafe { <In<CUmemAllocationProp> as Arg>::to_request(&raw const prop) }.unwrap();
+        assert_eq!(request.win32_handle_meta_data, 0);
+        let bytes = postcard::to_allocvec(&request).unwrap();
+        let back: CUmemAllocationProp = postcard::from_bytes(&bytes).unwrap();
+        let mut slot = <In<CUmemAllocationProp> as Arg>::slot(back);
+        let c = <In<CUmemAllocationProp> as Arg>::slot_c(&mut slot);
+        // SAFETY: points into `slot`.
+        let seen = unsafe { c.read() };
+        assert_eq!((seen.kind, seen.location.kind), (1, 1));
+        // SAFETY: NULL is refused before it is read.
+        let null = unsafe { <In<CUmemAllocationProp> as Arg>::to_request(std::ptr::null()) };
+        assert_eq!(null, Err(CUresult::INVALID_VALUE));
+    }
+
     #[test]
     fn listed_names_are_unique() {
         let mut names = LISTED.to_vec();

@@ -1057,8 +1057,11 @@ mod tests {
             let destroys = ["Destroy", "Unload", "Release", "Reset", "Free"]
                 .iter()
                 .any(|w| name.contains(w));
-            // Memory frees take device pointers, which are not handles.
-            if destroys && !name.starts_with("cuMem") {
+            // Memory frees take device pointers, which are not handles (pools and physical allocations
+            // are checked below).
+            // Resetting the persisting L2 lines touches no handle.
+            let resets_cache = *name == "cuCtxResetPersistingL2Cache";
+            if destroys && !name.starts_with("cuMem") && !resets_cache {
                 assert!(DESTROYING.contains(name), "{name} destroys handles");
             }
         }
@@ -1077,7 +1080,78 @@ mod tests {
             assert_ne!(Effect::of(call), Effect::None, "{}", call.name());
         }
         assert_eq!(Effect::of(&calls[5]), Effect::Destroy(Kind::Stream, 7));
+        for call in [
+            ApiCall::cuMemPoolDestroy(args::cuMemPoolDestroy { pool: 7 }),
+            ApiCall::cuMemRelease(args::cuMemRelease { handle: 7 }),
+        ] {
+            assert_ne!(Effect::of(&call), Effect::None, "{}", call.name());
+        }
         assert_eq!(Effect::of(&calls[1]), Effect::PrimaryReset(1));
+    }
+
+    /// Pools die by `cuMemPoolDestroy` only (they are a device's, not a context's); physical allocations
+    /// are counted: `cuMemCreate` and each `cuMemRetainAllocationHandle` add a reference, each
+    /// `cuMemRelease` drops one, and the handle is refused once none is left.
+    #[test]
+    fn pools_and_physical_allocations_follow_their_own_calls() {
+        let mut h = primed();
+        let mut owner = Owner::in_context(CTX);
+        outs::cuDeviceGetDefaultMemPool {
+            pool_out: 0x900,
+            dev: (),
+        }
+        .register(&mut h, &owner);
+        let free_async = |pool| args::cuMemPoolTrimTo {
+            pool,
+            min_bytes_to_keep: 0,
+        };
+        assert_eq!(admit(&h, &free_async(0x900)), Ok(()));
+        assert_eq!(
+            admit(&h, &free_async(0x901)),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        // A context's end leaves pools alone.
+        h.apply(Effect::PrimaryReset(0), None);
+        assert_eq!(h.check(Kind::MemPool, 0x900), Ok(()));
+        let destroy = ApiCall::cuMemPoolDestroy(args::cuMemPoolDestroy { pool: 0x900 });
+        assert_eq!(Effect::of(&destroy), Effect::Destroy(Kind::MemPool, 0x900));
+        h.apply(Effect::of(&destroy), None);
+        assert_eq!(h.check(Kind::MemPool, 0x900), Err(CUresult::INVALID_HANDLE));
+
+        args::cuMemCreate {
+            handle: (),
+            size: 1 << 21,
+            prop: crate::types::CUmemAllocationProp::default(),
+            flags: 0,
+        }
+        .admit(&h, &mut owner)
+        .unwrap();
+        outs::cuMemCreate {
+            handle: 0xa10,
+            ..Default::default()
+        }
+        .register(&mut h, &owner);
+        outs::cuMemRetainAllocationHandle {
+            handle: 0xa10,
+            addr: (),
+        }
+        .register(&mut h, &owner);
+        let map = |handle| args::cuMemMap {
+            ptr: 0,
+            size: 0,
+            offset: 0,
+            handle,
+            flags: 0,
+        };
+        assert_eq!(admit(&h, &map(0xa10)), Ok(()));
+        assert_eq!(admit(&h, &map(0xa11)), Err(CUresult::INVALID_HANDLE));
+        let release = ApiCall::cuMemRelease(args::cuMemRelease { handle: 0xa10 });
+        assert_eq!(Effect::of(&release), Effect::Destroy(Kind::MemHandle, 0xa10));
+        h.apply(Effect::of(&release), None);
+        assert_eq!(admit(&h, &map(0xa10)), Ok(()), "one reference left");
+        let died = h.apply(Effect::of(&release), None);
+        assert_eq!(died.handles, [(Kind::MemHandle, 0xa10)]);
+        assert_eq!(admit(&h, &map(0xa10)), Err(CUresult::INVALID_HANDLE));
     }
 
     #[test]
