@@ -102,5 +102,8 @@ fn a_thousand_streams_share_a_bounded_pool_of_threads() {
         text(&out.stderr)
     );
     // 4 stream workers, the threads a kernel launch would add (none here), and the process's own few.
-    assert!(most > 0 && most < 32, "{most} threads in the session process");
+    assert!(
+        most > 0 && most < 32,
+        "{most} threads in the session process"
+    );
 }

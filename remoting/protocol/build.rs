@@ -284,8 +284,19 @@ fn check(entries: &[Entry]) -> Result<(), String> {
 
 /// Types of the `api` module: how arguments of forwarded calls travel.
 const API_TYPES: &[&str] = &[
-    "Out", "In", "Context", "Module", "Function", "Stream", "Event", "Library", "Kernel", "MemPool",
-    "MemHandle", "PtrValue", "CStr",
+    "Out",
+    "In",
+    "Context",
+    "Module",
+    "Function",
+    "Stream",
+    "Event",
+    "Library",
+    "Kernel",
+    "MemPool",
+    "MemHandle",
+    "PtrValue",
+    "CStr",
 ];
 
 /// Qualifies the names in a type so it resolves wherever the generated macros expand.

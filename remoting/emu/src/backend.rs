@@ -19,8 +19,8 @@ use crate::device::{self, Resources, func_attr};
 use crate::memory::{ALLOC_ALIGN, DeviceMemory, GRANULARITY};
 use crate::pools::{self, Pools};
 use crate::streams::{
-    EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, Event, Job,
-    STREAM_NON_BLOCKING, StreamKey, Streams,
+    EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, Event, Job, STREAM_NON_BLOCKING,
+    StreamKey, Streams,
 };
 use crate::{EmuConfig, image};
 
@@ -281,7 +281,8 @@ impl EmuBackend {
                 shared.set_sticky(e);
             }
         });
-        self.streams.enqueue(key, self.current, Vec::new(), Some(job))
+        self.streams
+            .enqueue(key, self.current, Vec::new(), Some(job))
     }
 
     /// Waits for `stream` (None: the legacy stream, as synchronous copies do), then reports a fault.
@@ -712,7 +713,9 @@ fn launch_error(e: &ExecError) -> CUresult {
     match e {
         ExecError::MemoryFault { .. } => CUresult::ILLEGAL_ADDRESS,
         ExecError::Misaligned { .. } => CUresult::MISALIGNED_ADDRESS,
-        ExecError::Stopped(StopReason::Deadline | StopReason::Budget(_)) => CUresult::LAUNCH_TIMEOUT,
+        ExecError::Stopped(StopReason::Deadline | StopReason::Budget(_)) => {
+            CUresult::LAUNCH_TIMEOUT
+        }
         _ => CUresult::LAUNCH_FAILED,
     }
 }
@@ -758,7 +761,10 @@ impl ApiBackend for EmuBackend {
         self.check()?;
         Self::device(a.dev)?;
         self.destroy_resources(PRIMARY);
-        let (flags, id) = self.contexts.get(&PRIMARY).map_or((0, 1), |c| (c.flags, c.id));
+        let (flags, id) = self
+            .contexts
+            .get(&PRIMARY)
+            .map_or((0, 1), |c| (c.flags, c.id));
         self.contexts.insert(PRIMARY, Context::new(flags, id));
         Ok(Default::default())
     }
@@ -1241,7 +1247,8 @@ impl ApiBackend for EmuBackend {
                 }
             }
         });
-        self.streams.enqueue(key, self.current, Vec::new(), Some(job))?;
+        self.streams
+            .enqueue(key, self.current, Vec::new(), Some(job))?;
         Ok(Default::default())
     }
 

@@ -106,7 +106,9 @@ pub enum ConfigError {
     #[error("GLEAM_EMU_MEMORY={0:?} is not a size (examples: 2GiB, 512MiB, 1G, 1048576)")]
     BadSize(String),
     /// `GLEAM_EMU_KERNEL_TIMEOUT` is not a number of seconds.
-    #[error("GLEAM_EMU_KERNEL_TIMEOUT={0:?} is not a number of seconds (examples: 10, 2.5, 0 for none)")]
+    #[error(
+        "GLEAM_EMU_KERNEL_TIMEOUT={0:?} is not a number of seconds (examples: 10, 2.5, 0 for none)"
+    )]
     BadTimeout(String),
 }
 
@@ -116,7 +118,7 @@ pub fn parse_timeout(s: &str) -> Result<Option<Duration>, ConfigError> {
         .trim()
         .parse()
         .map_err(|_| ConfigError::BadTimeout(s.to_owned()))?;
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
         return Err(ConfigError::BadTimeout(s.to_owned()));
     }
     Ok((secs > 0.0).then(|| Duration::from_secs_f64(secs)))

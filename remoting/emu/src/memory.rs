@@ -55,6 +55,9 @@ struct Storage {
     words: Box<[AtomicU64]>,
 }
 
+/// A piece of a range: the block, the offset in it, the offset in the range, the length.
+type Piece = (Arc<Block>, usize, usize, usize);
+
 /// One live range of the address space with storage behind it: an allocation, or a mapping.
 struct Block {
     base: u64,
@@ -126,7 +129,8 @@ impl Block {
                     b[byte..byte + n].copy_from_slice(part);
                     Some(u64::from_le_bytes(b))
                 };
-                let _ = self.words()[word].fetch_update(Ordering::Relaxed, Ordering::Relaxed, merge);
+                let _ =
+                    self.words()[word].fetch_update(Ordering::Relaxed, Ordering::Relaxed, merge);
             }
             done += n;
         }
@@ -762,9 +766,10 @@ impl DeviceMemory {
         if bytes == 0 {
             return Ok(());
         }
-        let pieces = self
-            .pieces(dst, bytes, true)
-            .ok_or(MemoryFault { addr: dst, len: bytes })?;
+        let pieces = self.pieces(dst, bytes, true).ok_or(MemoryFault {
+            addr: dst,
+            len: bytes,
+        })?;
         for (block, offset, _, n) in pieces {
             block.fill(offset, pattern, n / pattern.len());
         }
@@ -778,7 +783,7 @@ impl DeviceMemory {
         addr: u64,
         len: usize,
         write: bool,
-    ) -> Option<Vec<(Arc<Block>, usize, usize, usize)>> {
+    ) -> Option<Vec<Piece>> {
         let (blocks, first_offset) = self.read_table().span(addr, len)?;
         let mut pieces = Vec::with_capacity(blocks.len());
         let mut at = 0;

@@ -875,7 +875,10 @@ mod tests {
     fn streams_beyond_the_budget_are_refused() {
         let mut streams = Streams::new(1);
         streams.created = MAX_STREAMS;
-        assert_eq!(streams.create(1 << 20, 0, 0, 1), Err(CUresult::OUT_OF_MEMORY));
+        assert_eq!(
+            streams.create(1 << 20, 0, 0, 1),
+            Err(CUresult::OUT_OF_MEMORY)
+        );
         streams.created = 0;
     }
 }

@@ -49,7 +49,10 @@ fn contexts_have_ids_and_refuse_affinity_the_device_does_not_offer() {
         flags: 0,
         dev: 0,
     });
-    assert_eq!(limited.map(|o| o.pctx), Err(CUresult::UNSUPPORTED_EXEC_AFFINITY));
+    assert_eq!(
+        limited.map(|o| o.pctx),
+        Err(CUresult::UNSUPPORTED_EXEC_AFFINITY)
+    );
     let affinity = emu
         .b
         .cuCtxGetExecAffinity(args::cuCtxGetExecAffinity {
@@ -175,5 +178,6 @@ fn stream_ordered_frees_refuse_a_second_free_and_reuse_after_the_stream_got_ther
             .map(|_| ()),
         Err(CUresult::INVALID_DEVICE)
     );
-    emu.b.shutdown(&gleam_protocol::registry::Handles::default());
+    emu.b
+        .shutdown(&gleam_protocol::registry::Handles::default());
 }

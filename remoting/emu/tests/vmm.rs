@@ -202,10 +202,7 @@ fn mapping_rules_follow_cuda() {
     // cuMemFree is not for mappings.
     assert_eq!(emu.free(va), Err(CUresult::INVALID_VALUE));
     // A reservation with mappings left is not freed.
-    assert_eq!(
-        emu.address_free(va, 4 * GRAN),
-        Err(CUresult::INVALID_VALUE)
-    );
+    assert_eq!(emu.address_free(va, 4 * GRAN), Err(CUresult::INVALID_VALUE));
     // Unmapping several whole mappings at once (with a hole between them is refused).
     assert_eq!(emu.unmap(va, 4 * GRAN), Err(CUresult::INVALID_VALUE));
     emu.unmap(va, 2 * GRAN).unwrap();

@@ -554,7 +554,8 @@ mod tests {
             ..CUmemAllocationProp::default()
         };
         // SAFETY: a valid pointer to a local.
-        let request = unsafe { <In<CUmemAllocationProp> as Arg>::to_request(&raw const prop) }.unwrap();
+        let request =
+            unsafe { <In<CUmemAllocationProp> as Arg>::to_request(&raw const prop) }.unwrap();
         assert_eq!(request.win32_handle_meta_data, 0);
         let bytes = postcard::to_allocvec(&request).unwrap();
         let back: CUmemAllocationProp = postcard::from_bytes(&bytes).unwrap();

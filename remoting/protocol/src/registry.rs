@@ -22,8 +22,8 @@ use std::collections::{HashMap, HashSet};
 use tracing::debug;
 
 use crate::api::{
-    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, In, Kernel, Library, MemHandle, MemPool,
-    Module, Out, Plain, PtrValue, Stream, Value, args, outs,
+    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, In, Kernel, Library, MemHandle,
+    MemPool, Module, Out, Plain, PtrValue, Stream, Value, args, outs,
 };
 use crate::types::CUresult;
 
@@ -1106,10 +1106,7 @@ mod tests {
             min_bytes_to_keep: 0,
         };
         assert_eq!(admit(&h, &free_async(0x900)), Ok(()));
-        assert_eq!(
-            admit(&h, &free_async(0x901)),
-            Err(CUresult::INVALID_HANDLE)
-        );
+        assert_eq!(admit(&h, &free_async(0x901)), Err(CUresult::INVALID_HANDLE));
         // A context's end leaves pools alone.
         h.apply(Effect::PrimaryReset(0), None);
         assert_eq!(h.check(Kind::MemPool, 0x900), Ok(()));
@@ -1146,7 +1143,10 @@ mod tests {
         assert_eq!(admit(&h, &map(0xa10)), Ok(()));
         assert_eq!(admit(&h, &map(0xa11)), Err(CUresult::INVALID_HANDLE));
         let release = ApiCall::cuMemRelease(args::cuMemRelease { handle: 0xa10 });
-        assert_eq!(Effect::of(&release), Effect::Destroy(Kind::MemHandle, 0xa10));
+        assert_eq!(
+            Effect::of(&release),
+            Effect::Destroy(Kind::MemHandle, 0xa10)
+        );
         h.apply(Effect::of(&release), None);
         assert_eq!(admit(&h, &map(0xa10)), Ok(()), "one reference left");
         let died = h.apply(Effect::of(&release), None);

@@ -13,7 +13,7 @@ use std::ffi::c_void;
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use gleam_protocol::registry::Kind;
-use gleam_protocol::types::{CUctxCreateParams, CUexecAffinityParam, CUresult, CUcontext};
+use gleam_protocol::types::{CUcontext, CUctxCreateParams, CUexecAffinityParam, CUresult};
 
 use crate::{forward, handles, put, state};
 

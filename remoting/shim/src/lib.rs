@@ -57,15 +57,14 @@ pub mod hand {
     };
     pub use crate::export_table::cuGetExportTable;
     pub use crate::memory::{
-        cuDeviceSetMemPool, cuMemAddressFree, cuMemAddressReserve, cuMemAlloc_v2,
-        cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemAllocHost_v2, cuMemAllocPitch_v2,
-        cuMemFree_v2, cuMemFreeAsync, cuMemFreeHost, cuMemGetAddressRange_v2, cuMemHostAlloc,
+        cuDeviceSetMemPool, cuMemAddressFree, cuMemAddressReserve, cuMemAlloc_v2, cuMemAllocAsync,
+        cuMemAllocFromPoolAsync, cuMemAllocHost_v2, cuMemAllocPitch_v2, cuMemFree_v2,
+        cuMemFreeAsync, cuMemFreeHost, cuMemGetAddressRange_v2, cuMemHostAlloc,
         cuMemHostGetDevicePointer_v2, cuMemMap, cuMemPoolDestroy, cuMemPoolGetAttribute,
         cuMemPoolSetAccess, cuMemPoolSetAttribute, cuMemSetAccess, cuMemSetMemPool, cuMemUnmap,
         cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpyHtoD_v2,
         cuMemcpyHtoDAsync_v2, cuPointerGetAttribute, cuPointerGetAttributes,
     };
-    pub use crate::streams::{cuEventDestroy, cuStreamDestroy};
     pub use crate::module::{
         cuFuncGetAttribute, cuKernelGetFunction, cuLaunchCooperativeKernel, cuLaunchKernel,
         cuLaunchKernelEx, cuLaunchKernelEx_ptsz, cuLibraryLoadData, cuLibraryLoadFromFile,
@@ -76,6 +75,7 @@ pub mod hand {
         cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSizeWithFlags,
     };
     pub use crate::proc::{cuGetProcAddress, cuGetProcAddress_v2};
+    pub use crate::streams::{cuEventDestroy, cuStreamDestroy};
 }
 
 /// The server refuses to load a library exporting this symbol as "the real driver": finding it means the

@@ -283,7 +283,12 @@ unsafe fn pointer_attribute(
         (Some(r), 11 | 19) => set(&r.base.to_le_bytes()),
         (Some(r), 12 | 18) => set(&r.size.to_le_bytes()),
         (Some(r), 16) => set(&u32::from(r.access).to_le_bytes()),
-        (Some(Region { pool: Some(pool), .. }), 17) => set(&pool.to_le_bytes()),
+        (
+            Some(Region {
+                pool: Some(pool), ..
+            }),
+            17,
+        ) => set(&pool.to_le_bytes()),
         (Some(_), _) if !lenient => return Err(CUresult::NOT_SUPPORTED),
         (Some(_), _) => {}
     }
@@ -338,7 +343,10 @@ pub unsafe fn cuMemAllocFromPoolAsync(
 /// Device `dev`'s current pool (what `cuMemAllocAsync` allocates from): known from this process's own
 /// calls, or asked of the server once.
 fn current_pool(dev: i32) -> Option<u64> {
-    if let Some(&pool) = locked(&CURRENT_POOL).get_or_insert_with(HashMap::new).get(&dev) {
+    if let Some(&pool) = locked(&CURRENT_POOL)
+        .get_or_insert_with(HashMap::new)
+        .get(&dev)
+    {
         return Some(pool);
     }
     let mut pool: CUmemoryPool = std::ptr::null_mut();
@@ -501,7 +509,8 @@ pub unsafe fn cuMemAddressFree(ptr: u64, size: usize) -> Result<(), CUresult> {
     unsafe { forward::cuMemAddressFree(ptr, size)? };
     locked(&RESERVED).remove(&ptr);
     let end = ptr.saturating_add(size as u64);
-    table().retain(|&base, r| !(base >= ptr && base < end && matches!(r.kind, Kind::Mapped { .. })));
+    table()
+        .retain(|&base, r| !(base >= ptr && base < end && matches!(r.kind, Kind::Mapped { .. })));
     Ok(())
 }
 
@@ -523,7 +532,8 @@ pub unsafe fn cuMemUnmap(ptr: u64, size: usize) -> Result<(), CUresult> {
     // SAFETY: plain values.
     unsafe { forward::cuMemUnmap(ptr, size)? };
     let end = ptr.saturating_add(size as u64);
-    table().retain(|&base, r| !(base >= ptr && base < end && matches!(r.kind, Kind::Mapped { .. })));
+    table()
+        .retain(|&base, r| !(base >= ptr && base < end && matches!(r.kind, Kind::Mapped { .. })));
     Ok(())
 }
 
