@@ -107,3 +107,33 @@ fn a_thousand_streams_share_a_bounded_pool_of_threads() {
         "{most} threads in the session process"
     );
 }
+
+/// On a machine with a GPU: the same program on NVIDIA's driver directly (what CUDA itself says) and
+/// through Gleam on that GPU (`gleam serve --backend cuda`). On the GPU machine without Rust,
+/// `scripts/gpu/driver-api.sh` does the same from a carried build.
+#[test]
+#[ignore = "needs a GPU: driver_api on NVIDIA's driver and through gleam serve --backend cuda"]
+fn the_same_program_passes_on_nvidias_driver_and_through_gleam_on_a_gpu() {
+    let server = Server::start("cuda");
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_c("driver_api", dir.path());
+    for mode in ["contexts", "pools", "vmm", "streams"] {
+        // Linked as a program links NVIDIA's driver: run directly, it loads the system's libcuda.so.1.
+        let native = output_within(
+            {
+                let mut cmd = std::process::Command::new(&exe);
+                cmd.arg(mode).env_remove("LD_LIBRARY_PATH");
+                cmd
+            },
+            LIMIT,
+        );
+        assert!(
+            native.status.success(),
+            "{mode} on NVIDIA's driver:\n{}{}",
+            text(&native.stdout),
+            text(&native.stderr)
+        );
+        let stdout = run(&server, &[mode]);
+        assert!(stdout.contains(&format!("{mode} ok")), "{stdout}");
+    }
+}

@@ -17,7 +17,8 @@
 #
 # Env: CUDARC_SUITE_OUT (build folder, default target/cudarc-suite), CUDARC_TEST_TIMEOUT (seconds per test,
 # default 120), CUDARC_FILTER (run only tests whose name contains it), CUDARC_INCLUDE_SLOW=1 (also the
-# tests that need a GPU's throughput), GLEAM_EMU_KERNEL_TIMEOUT (passed to the server), GLEAM_LOG.
+# tests that need a GPU's throughput), CUDARC_BUILD_ONLY=1 (build, print the test binary's path, stop),
+# GLEAM_EMU_KERNEL_TIMEOUT (passed to the server), GLEAM_LOG.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUTDIR=${CUDARC_SUITE_OUT:-$ROOT/target/cudarc-suite}
@@ -53,11 +54,6 @@ if [ "${CUDARC_INCLUDE_SLOW:-0}" = 1 ]; then
     TOO_SLOW=()
     GLEAM_EMU_KERNEL_TIMEOUT=0
     TIMEOUT=${CUDARC_TEST_TIMEOUT:-1800}
-fi
-
-if [ ! -x "$GLEAM" ] || [ ! -f "$(dirname "$GLEAM")/libgleamcuda.so" ]; then
-    echo "cudarc-suite: $GLEAM (with libgleamcuda.so beside it) is missing: cargo build -p gleam -p gleam-shim" >&2
-    exit 1
 fi
 
 # 1. cudarc's source, as crates.io publishes it.
@@ -106,6 +102,16 @@ for line in sys.stdin:
 if [ -z "$bin" ] || [ ! -x "$bin" ]; then
     echo "cudarc-suite: cudarc's tests did not build:" >&2
     tail -n 40 "$OUTDIR/build.log" >&2
+    exit 1
+fi
+
+if [ "${CUDARC_BUILD_ONLY:-0}" = 1 ]; then
+    echo "$bin"
+    exit 0
+fi
+
+if [ ! -x "$GLEAM" ] || [ ! -f "$(dirname "$GLEAM")/libgleamcuda.so" ]; then
+    echo "cudarc-suite: $GLEAM (with libgleamcuda.so beside it) is missing: cargo build -p gleam -p gleam-shim" >&2
     exit 1
 fi
 
