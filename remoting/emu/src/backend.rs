@@ -1046,6 +1046,70 @@ impl ApiBackend for EmuBackend {
         Ok(Default::default())
     }
 
+    fn cuDeviceCanAccessPeer(
+        &mut self,
+        a: args::cuDeviceCanAccessPeer,
+    ) -> Result<outs::cuDeviceCanAccessPeer, CUresult> {
+        Self::device(a.dev)?;
+        Self::device(a.peer_dev)?;
+        // One device: there is no peer to access (a device is not its own peer).
+        Ok(outs::cuDeviceCanAccessPeer {
+            can_access: 0,
+            ..Default::default()
+        })
+    }
+
+    fn cuDeviceGetP2PAttribute(
+        &mut self,
+        a: args::cuDeviceGetP2PAttribute,
+    ) -> Result<outs::cuDeviceGetP2PAttribute, CUresult> {
+        Self::device(a.src_dev)?;
+        Self::device(a.dst_dev)?;
+        // Source and destination must be two different devices, and there is only one.
+        Err(CUresult::INVALID_DEVICE)
+    }
+
+    fn cuCtxEnablePeerAccess(
+        &mut self,
+        a: args::cuCtxEnablePeerAccess,
+    ) -> Result<outs::cuCtxEnablePeerAccess, CUresult> {
+        self.ctx()?;
+        if a.flags != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        if !self.contexts.contains_key(&a.peer_ctx) {
+            return Err(CUresult::INVALID_CONTEXT);
+        }
+        // Its context is on this same device, which cuDeviceCanAccessPeer says is no peer.
+        Err(CUresult::INVALID_DEVICE)
+    }
+
+    fn cuCtxDisablePeerAccess(
+        &mut self,
+        a: args::cuCtxDisablePeerAccess,
+    ) -> Result<outs::cuCtxDisablePeerAccess, CUresult> {
+        self.ctx()?;
+        if !self.contexts.contains_key(&a.peer_ctx) {
+            return Err(CUresult::INVALID_CONTEXT);
+        }
+        // Never enabled (it cannot be).
+        Err(CUresult::PEER_ACCESS_NOT_ENABLED)
+    }
+
+    fn cuProfilerStart(
+        &mut self,
+        _: args::cuProfilerStart,
+    ) -> Result<outs::cuProfilerStart, CUresult> {
+        // No profiler is attached to the interpreter: as on a GPU without one, starting it does nothing.
+        self.ctx()?;
+        Ok(Default::default())
+    }
+
+    fn cuProfilerStop(&mut self, _: args::cuProfilerStop) -> Result<outs::cuProfilerStop, CUresult> {
+        self.ctx()?;
+        Ok(Default::default())
+    }
+
     fn cuCtxGetApiVersion(
         &mut self,
         a: args::cuCtxGetApiVersion,
