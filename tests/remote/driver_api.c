@@ -60,6 +60,7 @@ CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id);
 CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned *version);
 CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest);
 CUresult cuCtxSynchronize(void);
+CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes);
@@ -213,6 +214,9 @@ static void contexts(void) {
     EXPECT(dev == 0, "device %d", dev);
     CHECK(cuCtxGetApiVersion(ctx, &version));
     EXPECT(version >= 3020, "api version %u", version);
+    int can = -1;
+    CHECK(cuDeviceCanAccessPeer(&can, 0, 0));
+    EXPECT(can == 0, "a device is not its own peer: %d", can);
     /* CU_CTX_SCHED_BLOCKING_SYNC */
     CHECK(cuCtxSetFlags(4));
     CHECK(cuCtxGetFlags(&flags));

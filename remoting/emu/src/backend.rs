@@ -1105,7 +1105,10 @@ impl ApiBackend for EmuBackend {
         Ok(Default::default())
     }
 
-    fn cuProfilerStop(&mut self, _: args::cuProfilerStop) -> Result<outs::cuProfilerStop, CUresult> {
+    fn cuProfilerStop(
+        &mut self,
+        _: args::cuProfilerStop,
+    ) -> Result<outs::cuProfilerStop, CUresult> {
         self.ctx()?;
         Ok(Default::default())
     }

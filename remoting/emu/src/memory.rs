@@ -778,12 +778,7 @@ impl DeviceMemory {
 
     /// The pieces of `[addr, addr + len)`, each `(block, offset in the block, offset in the range,
     /// length)`, if the range is covered back to back by blocks that allow the access.
-    fn pieces(
-        &self,
-        addr: u64,
-        len: usize,
-        write: bool,
-    ) -> Option<Vec<Piece>> {
+    fn pieces(&self, addr: u64, len: usize, write: bool) -> Option<Vec<Piece>> {
         let (blocks, first_offset) = self.read_table().span(addr, len)?;
         let mut pieces = Vec::with_capacity(blocks.len());
         let mut at = 0;
