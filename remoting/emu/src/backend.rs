@@ -990,20 +990,6 @@ impl ApiBackend for EmuBackend {
         })
     }
 
-    fn cuDeviceGetExecAffinitySupport(
-        &mut self,
-        a: args::cuDeviceGetExecAffinitySupport,
-    ) -> Result<outs::cuDeviceGetExecAffinitySupport, CUresult> {
-        Self::device(a.dev)?;
-        if a.type_ != EXEC_AFFINITY_SM_COUNT {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        Ok(outs::cuDeviceGetExecAffinitySupport {
-            supported: 0,
-            ..Default::default()
-        })
-    }
-
     fn cuCtxRecordEvent(
         &mut self,
         a: args::cuCtxRecordEvent,
@@ -1178,6 +1164,24 @@ impl ApiBackend for EmuBackend {
             None => self.shared.mem.free(a.dptr)?,
         }
         Ok(Default::default())
+    }
+
+    fn cuDeviceGetExecAffinitySupport(
+        &mut self,
+        a: args::cuDeviceGetExecAffinitySupport,
+    ) -> Result<outs::cuDeviceGetExecAffinitySupport, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        // CU_EXEC_AFFINITY_TYPE_SM_COUNT is the only affinity type; the interpreter's "multiprocessors"
+        // cannot be partitioned, so it is not supported.
+        const SM_COUNT: u32 = 0;
+        if a.type_ != SM_COUNT {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(outs::cuDeviceGetExecAffinitySupport {
+            pi: 0,
+            ..Default::default()
+        })
     }
 
     fn cuMemGetInfo_v2(

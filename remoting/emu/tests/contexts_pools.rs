@@ -35,12 +35,12 @@ fn contexts_have_ids_and_refuse_affinity_the_device_does_not_offer() {
     let supported = emu
         .b
         .cuDeviceGetExecAffinitySupport(args::cuDeviceGetExecAffinitySupport {
-            supported: (),
+            pi: (),
             type_: 0,
             dev: 0,
         })
         .unwrap()
-        .supported;
+        .pi;
     assert_eq!(supported, 0);
     let limited = emu.b.cuCtxCreate_v3(args::cuCtxCreate_v3 {
         pctx: (),
