@@ -21,6 +21,8 @@ use crate::memory::{ALLOC_ALIGN, DeviceMemory};
 
 /// Handles of pools start here (the default pool is the first).
 const POOL_HANDLE_BASE: u64 = 0x0900_0000_0000;
+/// Pools one session may hold (each is small; this bounds what a client can make us keep).
+pub const MAX_POOLS: usize = 4096;
 /// Allocations are rounded up to this size class, so freed blocks fit later requests of similar size.
 const SIZE_CLASS: u64 = 512;
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: accepted as a declaration (exporting is refused later).
@@ -189,6 +191,10 @@ impl Pools {
             return Err(CUresult::INVALID_VALUE);
         }
         check_location(&props.location)?;
+        if self.pools.len() >= MAX_POOLS {
+            tracing::warn!("a session asked for more than {MAX_POOLS} memory pools: refused");
+            return Err(CUresult::OUT_OF_MEMORY);
+        }
         self.next += 1;
         let handle = POOL_HANDLE_BASE | (self.next << 4);
         self.pools.insert(handle, Pool::new(props));
