@@ -155,13 +155,15 @@ struct PoolState {
 }
 
 impl PoolState {
-    /// The queue whose head item may run now, highest priority (lowest number) first.
+    /// The queue whose head item may run now, highest priority (lowest number) first. While stopping,
+    /// dependencies are not waited for: the work is being skipped, and a signal that nothing will raise
+    /// any more (one a client was to raise) must not keep the pool from draining.
     fn pick(&self) -> Option<u64> {
         self.waiting.iter().map(|&(_, id)| id).find(|id| {
             self.queues.get(id).is_some_and(|q| {
                 q.items
                     .front()
-                    .is_some_and(|w| w.deps.iter().all(|(s, t)| s.reached(*t)))
+                    .is_some_and(|w| self.stopping || w.deps.iter().all(|(s, t)| s.reached(*t)))
             })
         })
     }
@@ -869,6 +871,19 @@ mod tests {
         gate.advance_to(1);
         streams.synchronize_all();
         assert_eq!(*log.lock().unwrap(), ["high", "low"]);
+    }
+
+    /// Shutting down never waits for a signal nothing will raise.
+    #[test]
+    fn shutdown_drains_work_whose_dependency_never_comes() {
+        let mut streams = Streams::new(2);
+        let never = streams.signal();
+        streams.create(0x100, 1, 0, 1).unwrap();
+        streams
+            .enqueue(StreamKey::Created(0x100), 1, vec![(never, 1)], None)
+            .unwrap();
+        streams.shutdown();
+        assert_eq!(streams.worker_threads(), 0);
     }
 
     #[test]
