@@ -45,7 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let addr = resolve(&args.addr)?;
 
     let choice = args.backend.resolve()?;
-    let worker = choice.session_command()?;
+    let worker = choice.session_command(&config_dir)?;
 
     // Two threads: measured on the H200 box, a current-thread runtime gave the same round trips.
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -24,6 +24,7 @@
 //! `describe` and `set_current_context` ignore it.
 
 mod backend;
+pub mod capture;
 pub mod device;
 pub mod image;
 pub mod memory;

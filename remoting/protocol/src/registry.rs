@@ -22,8 +22,9 @@ use std::collections::{HashMap, HashSet};
 use tracing::debug;
 
 use crate::api::{
-    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Kernel, Library, Module, Out, Plain,
-    Stream, Value, args, outs,
+    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Graph, GraphExec, In, InOut, Kernel,
+    LaunchConfig, LaunchConfigValue, Library, Module, OptOut, Out, Plain, Stream, Value, args,
+    outs,
 };
 use crate::types::CUresult;
 
@@ -59,6 +60,8 @@ pub enum Kind {
     Event,
     Library,
     Kernel,
+    Graph,
+    GraphExec,
 }
 
 /// Where a handle created by a call belongs, gathered from the call's in-arguments and the current context.
@@ -130,6 +133,10 @@ pub struct Handles {
     events: HashMap<u64, u64>,
     /// Context made by `cuCtxCreate` -> its device (primary contexts: in `contexts`).
     created_on: HashMap<u64, i32>,
+    /// Graphs (context-independent; they live until destroyed).
+    graphs: HashSet<u64>,
+    /// Executable graphs (until destroyed).
+    graph_execs: HashSet<u64>,
 }
 
 impl Handles {
@@ -151,6 +158,8 @@ impl Handles {
             }
             Kind::Library => self.libraries.contains(&handle),
             Kind::Kernel => self.kernels.contains_key(&handle),
+            Kind::Graph => self.graphs.contains(&handle),
+            Kind::GraphExec => self.graph_execs.contains(&handle),
         };
         if known {
             Ok(())
@@ -201,6 +210,12 @@ impl Handles {
             }
             Kind::Kernel => {
                 self.kernels.insert(handle, owner.library.unwrap_or(0));
+            }
+            Kind::Graph => {
+                self.graphs.insert(handle);
+            }
+            Kind::GraphExec => {
+                self.graph_execs.insert(handle);
             }
         }
     }
@@ -274,6 +289,14 @@ impl Handles {
                 self.events.remove(&event);
                 Vec::new()
             }
+            Effect::Destroy(Kind::Graph, graph) => {
+                self.graphs.remove(&graph);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::GraphExec, exec) => {
+                self.graph_execs.remove(&exec);
+                Vec::new()
+            }
             Effect::Destroy(Kind::Function | Kind::Kernel, handle) => {
                 debug!(
                     handle,
@@ -302,6 +325,8 @@ impl Handles {
             tagged(Kind::Event, &mut self.events.keys().copied()),
             tagged(Kind::Library, &mut self.libraries.iter().copied()),
             tagged(Kind::Kernel, &mut self.kernels.keys().copied()),
+            tagged(Kind::Graph, &mut self.graphs.iter().copied()),
+            tagged(Kind::GraphExec, &mut self.graph_execs.iter().copied()),
         ]
         .into_iter()
         .flatten()
@@ -399,6 +424,14 @@ impl Handles {
             .filter(|(_, m)| m.library.is_none())
             .map(|(&h, _)| h)
             .collect()
+    }
+
+    /// Graphs and executable graphs this session made (to destroy at shutdown).
+    pub fn graphs(&self) -> (Vec<u64>, Vec<u64>) {
+        (
+            self.graphs.iter().copied().collect(),
+            self.graph_execs.iter().copied().collect(),
+        )
     }
 
     /// Libraries this session loaded.
@@ -503,6 +536,48 @@ where
     }
 }
 
+impl<T: OutValue> HandleArg for OptOut<T>
+where
+    T::C: Default,
+{
+    fn check(_: &Handles, _: &bool, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(handles: &mut Handles, reply: &T::W, owner: &Owner) {
+        T::register(handles, reply, owner);
+    }
+}
+
+impl<T: Plain> HandleArg for In<T> {
+    fn check(_: &Handles, _: &T, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
+impl<T: Plain> HandleArg for InOut<T> {
+    fn check(_: &Handles, _: &T, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &T, _: &Owner) {}
+}
+
+/// The stream of a launch configuration, and events its attributes name, are handles.
+impl HandleArg for LaunchConfig {
+    fn check(handles: &Handles, config: &LaunchConfigValue, _: &mut Owner) -> Result<(), CUresult> {
+        handles.check(Kind::Stream, config.stream)?;
+        for event in config
+            .attrs
+            .iter()
+            .filter_map(crate::wire::LaunchAttr::event)
+        {
+            handles.check(Kind::Event, event)?;
+        }
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
 macro_rules! handle_kinds {
     ($($ty:ident, $note:expr;)*) => {$(
         impl HandleKind for $ty {
@@ -537,6 +612,8 @@ handle_kinds! {
     Event, |_, _| {};
     Library, |o, h| o.library = Some(h);
     Kernel, |o, h| o.kernel = Some(h);
+    Graph, |_, _| {};
+    GraphExec, |_, _| {};
 }
 
 /// A listed call's request, checked against the registry before the driver sees it.
@@ -978,6 +1055,8 @@ mod tests {
         "cuLibraryUnload",
         "cuStreamDestroy_v2",
         "cuEventDestroy_v2",
+        "cuGraphExecDestroy",
+        "cuGraphDestroy",
     ];
 
     /// A listed call that destroys something must have an [`Effect`] (a tag in the declaration list), or
@@ -1001,6 +1080,8 @@ mod tests {
             ApiCall::cuLibraryUnload(args::cuLibraryUnload { library: 7 }),
             ApiCall::cuStreamDestroy_v2(args::cuStreamDestroy_v2 { stream: 7 }),
             ApiCall::cuEventDestroy_v2(args::cuEventDestroy_v2 { event: 7 }),
+            ApiCall::cuGraphExecDestroy(args::cuGraphExecDestroy { exec: 7 }),
+            ApiCall::cuGraphDestroy(args::cuGraphDestroy { graph: 7 }),
         ];
         let names: Vec<_> = calls.iter().map(ApiCall::name).collect();
         assert_eq!(names, DESTROYING);
@@ -1009,6 +1090,34 @@ mod tests {
         }
         assert_eq!(Effect::of(&calls[5]), Effect::Destroy(Kind::Stream, 7));
         assert_eq!(Effect::of(&calls[1]), Effect::PrimaryReset(1));
+        assert_eq!(Effect::of(&calls[8]), Effect::Destroy(Kind::Graph, 7));
+    }
+
+    #[test]
+    fn graphs_live_until_destroyed() {
+        let mut h = Handles::default();
+        let end = ApiReply::cuStreamEndCapture(outs::cuStreamEndCapture {
+            graph: 0x60,
+            ..Default::default()
+        });
+        end.register(&mut h, &Owner::default());
+        let exec = ApiReply::cuGraphInstantiateWithFlags(outs::cuGraphInstantiateWithFlags {
+            exec: 0x61,
+            ..Default::default()
+        });
+        exec.register(&mut h, &Owner::default());
+        assert_eq!(h.check(Kind::Graph, 0x60), Ok(()));
+        assert_eq!(h.check(Kind::GraphExec, 0x61), Ok(()));
+        // A graph is not an executable graph, nor the reverse.
+        assert_eq!(
+            h.check(Kind::GraphExec, 0x60),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        let died = h.apply(Effect::Destroy(Kind::Graph, 0x60), None);
+        assert_eq!(died.handles, [(Kind::Graph, 0x60)]);
+        assert_eq!(h.check(Kind::Graph, 0x60), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(h.check(Kind::GraphExec, 0x61), Ok(()));
+        assert_eq!(h.graphs(), (vec![], vec![0x61]));
     }
 
     #[test]
