@@ -31,6 +31,20 @@ impl ChannelFormat {
         matches!(self, ChannelFormat::F16 | ChannelFormat::F32)
     }
 
+    fn signed(self) -> bool {
+        matches!(self, ChannelFormat::S8 | ChannelFormat::S16 | ChannelFormat::S32)
+    }
+
+    /// The integer that reads as 1.0 in the normalized read mode (8- and 16-bit formats).
+    fn norm_max(self) -> u32 {
+        match self {
+            ChannelFormat::U8 => 255,
+            ChannelFormat::S8 => 127,
+            ChannelFormat::U16 => 65535,
+            _ => 32767,
+        }
+    }
+
     /// Whether the default (non-integer) read mode turns it into a normalized float.
     fn promotes(self) -> bool {
         matches!(
@@ -71,6 +85,9 @@ pub struct Resource {
     pub depth: u64,
     /// Layers of a layered array, 0 when not layered.
     pub layers: u64,
+    /// The dimensions the resource was declared with: 1 (linear memory, 1D arrays), 2 (pitch-2D images, 2D
+    /// arrays) or 3. `txq`/`suq` answer 0 for the extents beyond them, as the hardware does.
+    pub dims: u8,
     /// A cubemap array: refused when sampled.
     pub cubemap: bool,
     /// Bytes from one row to the next.
@@ -92,6 +109,7 @@ impl Resource {
             height: 1,
             depth: 1,
             layers: 0,
+            dims: 1,
             cubemap: false,
             row_pitch: bytes,
             slice_pitch: bytes,
@@ -116,6 +134,7 @@ impl Resource {
             height,
             depth: 1,
             layers: 0,
+            dims: 2,
             cubemap: false,
             row_pitch,
             slice_pitch: row_pitch.saturating_mul(height),
@@ -126,7 +145,8 @@ impl Resource {
     /// a slice follow each other (`row_pitch = width * elem_bytes()`), then slices (`slice_pitch = height *
     /// row_pitch`), then layers (`depth * slice_pitch` each). `width`, `height`, `depth` of 0 count as 1;
     /// `layers` is 0 for an array that is not layered. This is the layout the owner of the array's storage
-    /// (the emu backend) must use.
+    /// (the emu backend) must use. The declared dimensions (`dims`) are 1 with a `height` of 0, 2 with a
+    /// `depth` of 0, else 3.
     pub fn array(
         base: u64,
         format: ChannelFormat,
@@ -135,6 +155,13 @@ impl Resource {
         layers: u64,
     ) -> Resource {
         let elem = format.size() as u64 * u64::from(channels);
+        let dims = if height == 0 {
+            1
+        } else if depth == 0 {
+            2
+        } else {
+            3
+        };
         let (width, height, depth) = (width.max(1), height.max(1), depth.max(1));
         let row_pitch = width.saturating_mul(elem);
         Resource {
@@ -146,6 +173,7 @@ impl Resource {
             height,
             depth,
             layers,
+            dims,
             cubemap: false,
             row_pitch,
             slice_pitch: row_pitch.saturating_mul(height),
@@ -346,7 +374,17 @@ fn unsupported<T>(why: impl Into<String>) -> TexResult<T> {
     Err(TexError::Unsupported(why.into()))
 }
 
-/// One texel's four channels: floats, or integer bits (for integer reads).
+/// One texel's channels as stored, before any read-mode conversion. Channels the format lacks are 0,
+/// alpha included (as the GPU returns them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stored {
+    /// 8-, 16- and 32-bit integer channels, sign-extended for the signed formats.
+    Int([i64; 4]),
+    /// f16 and f32 channels.
+    Float([f32; 4]),
+}
+
+/// What `tex`/`tld4` return for one texel: floats, or integer bits (for integer reads).
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Texel {
     F([f32; 4]),
@@ -354,48 +392,115 @@ enum Texel {
 }
 
 /// Reads texel `(x, y, z)` of `layer` (all in range).
-fn texel(
+fn stored(
     desc: &TextureDesc,
     mem: &dyn GlobalMemory,
     [x, y, z]: [u64; 3],
     layer: u64,
-) -> TexResult<Texel> {
+) -> TexResult<Stored> {
     let r = &desc.resource;
     let addr = texel_addr(r, x, y, z, layer)?;
     let elem = r.elem_bytes() as usize;
     let mut raw = [0u8; 16];
     mem.read(addr, &mut raw[..elem])?;
     let size = r.format.size();
-    let mut f = [0.0, 0.0, 0.0, 1.0];
-    let mut i = [0u32, 0, 0, 1];
-    for c in 0..r.channels as usize {
+    let channel = |c: usize| -> u32 {
         let b = &raw[c * size..c * size + size];
-        let bits = match size {
+        match size {
             1 => u32::from(b[0]),
             2 => u32::from(u16::from_le_bytes([b[0], b[1]])),
             _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        };
-        use ChannelFormat as C;
-        f[c] = match r.format {
-            C::U8 => bits as f32 / 255.0,
-            C::U16 => bits as f32 / 65535.0,
-            C::S8 => (f32::from(bits as u8 as i8) / 127.0).max(-1.0),
-            C::S16 => (f32::from(bits as u16 as i16) / 32767.0).max(-1.0),
-            C::F16 => half::f16::from_bits(bits as u16).to_f32(),
-            C::F32 => f32::from_bits(bits),
-            C::U32 | C::S32 => 0.0,
-        };
-        i[c] = match r.format {
-            C::S8 => i32::from(bits as u8 as i8) as u32,
-            C::S16 => i32::from(bits as u16 as i16) as u32,
-            _ => bits,
-        };
-    }
-    Ok(if desc.reads_float() {
-        Texel::F(f)
-    } else {
-        Texel::I(i)
+        }
+    };
+    let present = usize::from(r.channels).min(4);
+    use ChannelFormat as C;
+    Ok(match r.format {
+        C::F16 | C::F32 => Stored::Float(std::array::from_fn(|c| {
+            if c >= present {
+                return 0.0;
+            }
+            let bits = channel(c);
+            if r.format == C::F16 {
+                half::f16::from_bits(bits as u16).to_f32()
+            } else {
+                f32::from_bits(bits)
+            }
+        })),
+        f => Stored::Int(std::array::from_fn(|c| {
+            if c >= present {
+                return 0;
+            }
+            let bits = channel(c);
+            match f {
+                C::S8 => i64::from(bits as u8 as i8),
+                C::S16 => i64::from(bits as u16 as i16),
+                C::S32 => i64::from(bits as i32),
+                _ => i64::from(bits),
+            }
+        })),
     })
+}
+
+/// The border colour in the texture's own format, as if it were a stored texel. 8- and 16-bit normalized
+/// formats hold it truncated to their integer steps (0.5 reads back as 32767/65535 from a u16 texture), f16
+/// rounds it to the nearest half, integer reads take its integer part; channels the format lacks are 0.
+fn border_stored(desc: &TextureDesc) -> Stored {
+    let present = |c: usize| c < usize::from(desc.resource.channels);
+    let b = desc.border;
+    use ChannelFormat as C;
+    let f = desc.resource.format;
+    if f.is_float() {
+        return Stored::Float(std::array::from_fn(|c| match (present(c), f) {
+            (false, _) => 0.0,
+            (true, C::F16) => half::f16::from_f32(b[c]).to_f32(),
+            (true, _) => b[c],
+        }));
+    }
+    Stored::Int(std::array::from_fn(|c| {
+        if !present(c) {
+            return 0;
+        }
+        let v = f64::from(b[c]);
+        if desc.read_as_integer || !f.promotes() {
+            // Saturating, NaN to 0.
+            return i64::from(v as i32);
+        }
+        let max = f64::from(f.norm_max());
+        let lo = if f.signed() { -1.0 } else { 0.0 };
+        let v = if v.is_nan() { 0.0 } else { v.clamp(lo, 1.0) };
+        (v * max).trunc() as i64
+    }))
+}
+
+/// A stored texel as the read mode returns it, unfiltered.
+fn point_value(desc: &TextureDesc, s: Stored) -> Texel {
+    match s {
+        Stored::Float(f) => Texel::F(f),
+        Stored::Int(i) if desc.reads_float() => {
+            let f = desc.resource.format;
+            let max = f.norm_max() as i64;
+            // The most negative signed value reads as -1, like its successor.
+            Texel::F(i.map(|v| v.max(-max) as f32 / max as f32))
+        }
+        Stored::Int(i) => Texel::I(i.map(|v| v as i32 as u32)),
+    }
+}
+
+/// Reads the tap at texel indices `idx` (the address modes applied; `None` in a dimension is a border tap).
+fn tap(
+    desc: &TextureDesc,
+    mem: &dyn GlobalMemory,
+    idx: [Option<i64>; 3],
+    layer: u64,
+) -> TexResult<Stored> {
+    let mut at = [0u64; 3];
+    for d in 0..3 {
+        match idx[d] {
+            Some(i) => at[d] = i as u64,
+            None => return Ok(border_stored(desc)),
+        }
+    }
+    stored(desc, mem, at, layer)
 }
 
 fn texel_addr(r: &Resource, x: u64, y: u64, z: u64, layer: u64) -> TexResult<u64> {
@@ -427,13 +532,18 @@ fn sizes(r: &Resource) -> [i64; 3] {
     [extent(r.width), extent(r.height), extent(r.depth)]
 }
 
-/// Maps texel index `i` of a dimension of `n` texels into range, or `None` for a border tap.
-fn address(i: i64, n: i64, mode: AddressMode, normalized: bool) -> Option<i64> {
-    let mode = match mode {
+/// The mode an address mode acts as: wrap and mirror exist only with normalized coordinates; with
+/// unnormalized ones they clamp, as on the hardware.
+fn effective_mode(mode: AddressMode, normalized: bool) -> AddressMode {
+    match mode {
         AddressMode::Wrap | AddressMode::Mirror if !normalized => AddressMode::Clamp,
         m => m,
-    };
-    match mode {
+    }
+}
+
+/// Maps texel index `i` of a dimension of `n` texels into range, or `None` for a border tap.
+fn address(i: i64, n: i64, mode: AddressMode, normalized: bool) -> Option<i64> {
+    match effective_mode(mode, normalized) {
         AddressMode::Clamp => Some(i.clamp(0, n - 1)),
         AddressMode::Border => (0..n).contains(&i).then_some(i),
         AddressMode::Wrap => Some(i.rem_euclid(n)),
@@ -444,16 +554,63 @@ fn address(i: i64, n: i64, mode: AddressMode, normalized: bool) -> Option<i64> {
     }
 }
 
-/// A float coordinate scaled to texels (normalized coordinates times the size).
+/// A float coordinate scaled to texels (normalized coordinates times the size, in f32).
 fn texel_coord(c: f32, n: i64, normalized: bool) -> f32 {
     let c = if c.is_nan() { 0.0 } else { c };
     if normalized { c * n as f32 } else { c }
 }
 
-/// `xb = x - 0.5` in fixed point with 8 fractional bits, rounded to nearest: `(floor, weight/256)`.
-fn linear_split(x: f32) -> (i64, i64) {
-    let fixed = ((f64::from(x) - 0.5) * 256.0).round() as i64;
-    (fixed >> 8, fixed & 255)
+/// `xb = x - 0.5` in fixed point with 8 fractional bits, rounded to nearest (halves up): the lower texel
+/// and the weight of the upper one in 1/256 steps.
+fn linear_split(xb: f64) -> (i64, u32) {
+    let fixed = (xb * 256.0 + 0.5).floor() as i64;
+    (fixed >> 8, (fixed & 255) as u32)
+}
+
+/// The weights, in 1/256 steps summing to 256, of the corners of a linear-filter footprint whose upper
+/// texels have the weights `frac` (one per dimension). Corner `k` has bit `d` set for the upper texel of
+/// dimension `d`.
+///
+/// The hardware splits the whole weight dimension by dimension, z first, then x, then y, rounding each
+/// split to 1/256 (halves up): the upper part `round(w * f / 256)` when splitting along z and x and in the
+/// upper x column along y, the lower part `round(w * (256 - f) / 256)` in the lower x column along y (the
+/// rest goes to the other part). So a 2D footprint gets `round(a*b)` and `round((1-a)*(1-b))` on its
+/// diagonal corners; the 1D weights are the fraction itself.
+fn linear_weights(frac: &[u32]) -> ([u32; 8], usize) {
+    /// Splits `w` into (lower, upper) by the upper fraction `f`, rounding the part `round_upper` says.
+    fn split(w: u32, f: u32, round_upper: bool) -> (u32, u32) {
+        if round_upper {
+            let hi = (w * f + 128) >> 8;
+            (w - hi, hi)
+        } else {
+            let lo = (w * (256 - f) + 128) >> 8;
+            (lo, w - lo)
+        }
+    }
+    let mut w = [0u32; 8];
+    match *frac {
+        [a] => {
+            w[0] = 256 - a;
+            w[1] = a;
+            (w, 2)
+        }
+        [a, b] | [a, b, _] => {
+            let slices = match frac.get(2) {
+                Some(&c) => split(256, c, true),
+                None => (256, 0),
+            };
+            for (z, q) in [slices.0, slices.1].into_iter().enumerate() {
+                let (x0, x1) = split(q, a, true);
+                for (x, col) in [x0, x1].into_iter().enumerate() {
+                    let (y0, y1) = split(col, b, x == 1);
+                    w[z << 2 | x] = y0;
+                    w[z << 2 | 2 | x] = y1;
+                }
+            }
+            (w, if frac.len() == 3 { 8 } else { 4 })
+        }
+        _ => (w, 0),
+    }
 }
 
 /// The coordinates of a `tex`/`tld4` lane: the layer and up to three spatial coordinates, as floats or
@@ -514,7 +671,6 @@ pub fn sample(
 ) -> TexResult<[u32; 4]> {
     let layer = prepare(desc, geom, at, ty)?;
     let r = &desc.resource;
-    let dims = geom.dims();
     let n = sizes(r);
     if r.kind == ResourceKind::Linear {
         // tex1Dfetch: no address mode, zero outside the buffer.
@@ -522,70 +678,252 @@ pub fn sample(
         if !(0..n[0]).contains(&i) {
             return Ok([0; 4]);
         }
-        return Ok(bits(texel(desc, mem, [i as u64, 0, 0], layer)?));
+        return Ok(bits(point_value(
+            desc,
+            stored(desc, mem, [i as u64, 0, 0], layer)?,
+        )));
     }
-    let border = || -> Texel {
-        if desc.reads_float() {
-            Texel::F(desc.border)
-        } else {
-            Texel::I(desc.border.map(|v| v as i32 as u32))
-        }
-    };
-    // Reads the tap at per-dimension texel indices (unused dimensions at 0), border taps from the colour.
-    let tap = |idx: [i64; 3]| -> TexResult<Texel> {
-        let mut at3 = [0u64; 3];
-        for d in 0..3 {
-            let i = if d < dims { idx[d] } else { 0 };
-            match address(i, n[d], desc.address[d], desc.normalized_coords) {
-                Some(i) => at3[d] = i as u64,
-                None => return Ok(border()),
-            }
-        }
-        texel(desc, mem, at3, layer)
-    };
+    // Per-dimension texel index through the address mode (unused dimensions at 0).
+    let index = |d: usize, i: i64| address(i, n[d], desc.address[d], desc.normalized_coords);
     if at.int {
-        let idx = [0, 1, 2].map(|d| i64::from(at.c[d] as i32));
-        return Ok(bits(tap(idx)?));
+        let idx = std::array::from_fn(|d| {
+            let i = if d < geom.dims() {
+                i64::from(at.c[d] as i32)
+            } else {
+                0
+            };
+            index(d, i)
+        });
+        return Ok(bits(point_value(desc, tap(desc, mem, idx, layer)?)));
     }
-    let x: Vec<f32> = (0..dims)
-        .map(|d| texel_coord(f32::from_bits(at.c[d]), n[d], desc.normalized_coords))
-        .collect();
-    if desc.filter == FilterMode::Point {
-        let mut idx = [0i64; 3];
-        for d in 0..dims {
-            idx[d] = x[d].floor() as i64;
+    // A 1D array is sampled as a 2D image one texel high at y = 0: the linear filter blends in the row
+    // above it, which only shows in border mode (half the border colour).
+    let dims = geom.dims().max(2);
+    let x: [f32; 3] = std::array::from_fn(|d| {
+        if d < geom.dims() {
+            texel_coord(f32::from_bits(at.c[d]), n[d], desc.normalized_coords)
+        } else {
+            0.0
         }
-        return Ok(bits(tap(idx)?));
+    });
+    if desc.filter == FilterMode::Point {
+        let idx = std::array::from_fn(|d| index(d, if d < dims { x[d].floor() as i64 } else { 0 }));
+        return Ok(bits(point_value(desc, tap(desc, mem, idx, layer)?)));
     }
     if !desc.reads_float() {
         return unsupported("linear filtering of a texture read as integers");
     }
     let mut base = [0i64; 3];
-    let mut frac = [0i64; 3];
+    let mut frac = [0u32; 3];
     for d in 0..dims {
-        (base[d], frac[d]) = linear_split(x[d]);
+        let mut xb = f64::from(x[d]) - 0.5;
+        if effective_mode(desc.address[d], desc.normalized_coords) == AddressMode::Clamp {
+            // Clamped outside the texel centres, both taps are the edge texel: the hardware then weighs
+            // them as if the coordinate sat on that centre (this shows in the rounding of 3D weights).
+            xb = xb.clamp(0.0, (n[d] - 1) as f64);
+        }
+        (base[d], frac[d]) = linear_split(xb);
     }
-    let mut acc = [0f64; 4];
-    for corner in 0..(1usize << dims) {
-        let mut idx = [0i64; 3];
-        let mut w = 1f64;
-        for d in 0..dims {
-            let hi = corner >> d & 1 == 1;
-            idx[d] = base[d].saturating_add(i64::from(hi));
-            let a = frac[d] as f64 / 256.0;
-            w *= if hi { a } else { 1.0 - a };
+    let (weights, corners) = linear_weights(&frac[..dims]);
+    let mut taps = [(0u32, Stored::Int([0; 4])); 8];
+    for (k, t) in taps.iter_mut().enumerate().take(corners) {
+        let idx = std::array::from_fn(|d| {
+            if d < dims {
+                index(d, base[d].saturating_add((k >> d & 1) as i64))
+            } else {
+                index(d, 0)
+            }
+        });
+        // A tap of weight 0 is not read (nor is its NaN or infinity blended).
+        if weights[k] != 0 {
+            *t = (weights[k], tap(desc, mem, idx, layer)?);
         }
-        if w == 0.0 {
-            continue;
+    }
+    let taps = &taps[..corners];
+    Ok(std::array::from_fn(|c| {
+        filter_channel(r.format, taps, c).to_bits()
+    }))
+}
+
+/// Channel `c` of the taps blended with their weights (1/256 steps summing to 256).
+///
+/// The hardware blends exactly and rounds once, halves away from zero: f32 texels to f32, f16 texels to
+/// f16; 8- and 16-bit normalized texels are blended as 16-bit fixed point (8-bit values widened to 16 bits
+/// by repeating their byte) and the 16-bit result converted to a float; signed normalized ones (nothing
+/// recorded) are blended exactly and rounded to f32.
+fn filter_channel(format: ChannelFormat, taps: &[(u32, Stored)], c: usize) -> f32 {
+    use ChannelFormat as C;
+    let ints = || {
+        taps.iter().map(move |&(w, s)| match s {
+            Stored::Int(i) => (i64::from(w), i[c]),
+            Stored::Float(_) => (0, 0),
+        })
+    };
+    match format {
+        C::F32 | C::F16 => {
+            let floats = taps.iter().map(|&(w, s)| match s {
+                Stored::Float(f) => (w, f[c]),
+                Stored::Int(_) => (0, 0.0),
+            });
+            let (bits, min_exp) = if format == C::F16 {
+                (11, -24)
+            } else {
+                (24, -149)
+            };
+            round_weighted_sum(floats, bits, min_exp)
         }
-        let Texel::F(v) = tap(idx)? else {
-            return unsupported("linear filtering of integer texels");
+        C::U8 | C::U16 => {
+            let widen = if format == C::U8 { 257 } else { 1 };
+            let sum: i64 = ints().map(|(w, v)| w * v * widen).sum();
+            ((sum + 128) >> 8) as f32 / 65535.0
+        }
+        C::S8 | C::S16 => {
+            let max = i64::from(format.norm_max());
+            let sum: i64 = ints().map(|(w, v)| w * v.max(-max)).sum();
+            // Correctly rounded in f64, then to f32 halves away: an f32 halfway point is never within
+            // the f64 error of a quotient of these small integers.
+            f32_ties_away(sum as f64 / (256 * max) as f64)
+        }
+        C::U32 | C::S32 => 0.0,
+    }
+}
+
+/// `x` rounded to f32, halves away from zero.
+fn f32_ties_away(x: f64) -> f32 {
+    let r = x as f32;
+    let err = x - f64::from(r);
+    if err == 0.0 || !x.is_finite() {
+        return r;
+    }
+    // The neighbour on the other side of `x`; `x` halfway between them rounds away from zero.
+    let other = if err > 0.0 {
+        r.next_up()
+    } else {
+        r.next_down()
+    };
+    if (f64::from(other) - x).abs() == err.abs() && other.abs() > r.abs() {
+        other
+    } else {
+        r
+    }
+}
+
+/// `Σ w·v / 256` for taps of weight `w` (at most 256 in all) and finite float value `v`, computed exactly
+/// and rounded once to a float of `bits` significant bits whose smallest step is 2^`min_exp` (f32: 24 and
+/// -149; f16: 11 and -24), halves away from zero. A NaN or infinite tap gives what float arithmetic does.
+fn round_weighted_sum(terms: impl Iterator<Item = (u32, f32)> + Clone, bits: u32, min_exp: i32) -> f32 {
+    if terms.clone().any(|(w, v)| w != 0 && !v.is_finite()) {
+        return terms
+            .filter(|&(w, _)| w != 0)
+            .map(|(w, v)| f64::from(w) * f64::from(v))
+            .sum::<f64>() as f32;
+    }
+    let mut acc = Wide::default();
+    for (w, v) in terms {
+        let b = v.to_bits();
+        let (exp, frac) = ((b >> 23) & 0xff, u64::from(b & 0x7f_ffff));
+        // v = m · 2^e2 exactly.
+        let (m, e2) = if exp == 0 {
+            (frac, -149)
+        } else {
+            (frac | 1 << 23, exp as i32 - 150)
         };
-        for c in 0..4 {
-            acc[c] += w * f64::from(v[c]);
+        // Bit 0 of the accumulator weighs 2^WIDE_UNIT_EXP, and w·m·2^e2 / 256 has its last bit at 2^(e2 - 8).
+        let shift = (e2 - 8 - WIDE_UNIT_EXP) as u32;
+        acc.add(u64::from(w) * m, shift, b >> 31 == 1);
+    }
+    let negative = acc.is_negative();
+    if negative {
+        acc.negate();
+    }
+    let Some(top) = acc.highest_bit() else {
+        return 0.0;
+    };
+    let min_pos = (min_exp - WIDE_UNIT_EXP) as u32;
+    let step = (top + 1).saturating_sub(bits).max(min_pos);
+    let mut mant = acc.bits_from(step);
+    if step > 0 && acc.bit(step - 1) {
+        mant += 1;
+    }
+    let magnitude = mant as f64 * pow2(step as i32 + WIDE_UNIT_EXP);
+    (if negative { -magnitude } else { magnitude }) as f32
+}
+
+/// 2^e for e in f64's normal range.
+fn pow2(e: i32) -> f64 {
+    f64::from_bits(((e + 1023) as u64) << 52)
+}
+
+/// The weight of bit 0 of [`Wide`]: the last bit of a subnormal f32 divided by 256.
+const WIDE_UNIT_EXP: i32 = -157;
+
+/// A 320-bit two's complement integer, enough for the exact sum of a few f32 values times 9-bit weights:
+/// the largest such product has its top bit at 2^(128 + 9), i.e. bit 294.
+#[derive(Debug, Default, Clone, Copy)]
+struct Wide([u64; 5]);
+
+impl Wide {
+    /// Adds (or subtracts) `v << shift`, `v` below 2^40 and `shift` at most 260.
+    fn add(&mut self, v: u64, shift: u32, subtract: bool) {
+        let mut x = [0u64; 5];
+        let (limb, bit) = ((shift / 64) as usize, shift % 64);
+        x[limb] = v << bit;
+        if bit > 0 && limb + 1 < x.len() {
+            x[limb + 1] = v >> (64 - bit);
+        }
+        if subtract {
+            let mut borrow = false;
+            for (a, b) in self.0.iter_mut().zip(x) {
+                let (d, o1) = a.overflowing_sub(b);
+                let (d, o2) = d.overflowing_sub(u64::from(borrow));
+                *a = d;
+                borrow = o1 || o2;
+            }
+        } else {
+            let mut carry = false;
+            for (a, b) in self.0.iter_mut().zip(x) {
+                let (s, o1) = a.overflowing_add(b);
+                let (s, o2) = s.overflowing_add(u64::from(carry));
+                *a = s;
+                carry = o1 || o2;
+            }
         }
     }
-    Ok(acc.map(|v| (v as f32).to_bits()))
+
+    fn is_negative(&self) -> bool {
+        self.0[4] >> 63 == 1
+    }
+
+    fn negate(&mut self) {
+        let mut carry = true;
+        for a in &mut self.0 {
+            let (s, o) = (!*a).overflowing_add(u64::from(carry));
+            *a = s;
+            carry = o;
+        }
+    }
+
+    fn highest_bit(&self) -> Option<u32> {
+        (0..5)
+            .rev()
+            .find(|&i| self.0[i] != 0)
+            .map(|i| i as u32 * 64 + 63 - self.0[i].leading_zeros())
+    }
+
+    fn bit(&self, pos: u32) -> bool {
+        self.0[(pos / 64) as usize] >> (pos % 64) & 1 == 1
+    }
+
+    /// The 64 bits from bit `pos` up.
+    fn bits_from(&self, pos: u32) -> u64 {
+        let (limb, bit) = ((pos / 64) as usize, pos % 64);
+        let lo = self.0.get(limb).map_or(0, |v| v >> bit);
+        let hi = match (bit, self.0.get(limb + 1)) {
+            (0, _) | (_, None) => 0,
+            (b, Some(v)) => v << (64 - b),
+        };
+        lo | hi
+    }
 }
 
 /// `tld4`: component `comp` of the four texels of the bilinear footprint.
@@ -606,27 +944,27 @@ pub fn gather(
     let mut base = [0i64; 2];
     for d in 0..2 {
         let x = texel_coord(f32::from_bits(at.c[d]), n[d], desc.normalized_coords);
-        base[d] = linear_split(x).0;
+        base[d] = linear_split(f64::from(x) - 0.5).0;
     }
-    let tap = |dx: i64, dy: i64| -> TexResult<u32> {
-        let idx = [base[0].saturating_add(dx), base[1].saturating_add(dy)];
-        let mut at3 = [0u64; 3];
-        for d in 0..2 {
-            match address(idx[d], n[d], desc.address[d], desc.normalized_coords) {
-                Some(i) => at3[d] = i as u64,
-                None => {
-                    let b = desc.border[comp];
-                    return Ok(if desc.reads_float() {
-                        b.to_bits()
-                    } else {
-                        b as i32 as u32
-                    });
-                }
-            }
-        }
-        Ok(bits(texel(desc, mem, at3, layer)?)[comp])
+    let corner = |dx: i64, dy: i64| -> TexResult<u32> {
+        let idx = [
+            address(
+                base[0].saturating_add(dx),
+                n[0],
+                desc.address[0],
+                desc.normalized_coords,
+            ),
+            address(
+                base[1].saturating_add(dy),
+                n[1],
+                desc.address[1],
+                desc.normalized_coords,
+            ),
+            Some(0),
+        ];
+        Ok(bits(point_value(desc, tap(desc, mem, idx, layer)?))[comp])
     };
-    Ok([tap(0, 1)?, tap(1, 1)?, tap(1, 0)?, tap(0, 0)?])
+    Ok([corner(0, 1)?, corner(1, 1)?, corner(1, 0)?, corner(0, 0)?])
 }
 
 fn bits(t: Texel) -> [u32; 4] {
@@ -758,10 +1096,14 @@ impl Query {
         })
     }
 
+    /// The answer for resource `r`: extents beyond the dimensions it was declared with are 0 (a 2D
+    /// array's depth, recorded on the GPU), as are the layers of an array that is not layered.
     pub fn answer(self, r: &Resource) -> u32 {
         let v = match self {
             Query::Width => r.width,
+            Query::Height if r.dims < 2 => 0,
             Query::Height => r.height,
+            Query::Depth if r.dims < 3 => 0,
             Query::Depth => r.depth,
             Query::ArraySize => r.layers,
         };
