@@ -32,7 +32,10 @@ impl ChannelFormat {
     }
 
     fn signed(self) -> bool {
-        matches!(self, ChannelFormat::S8 | ChannelFormat::S16 | ChannelFormat::S32)
+        matches!(
+            self,
+            ChannelFormat::S8 | ChannelFormat::S16 | ChannelFormat::S32
+        )
     }
 
     /// The integer that reads as 1.0 in the normalized read mode (8- and 16-bit formats).
@@ -478,7 +481,7 @@ fn point_value(desc: &TextureDesc, s: Stored) -> Texel {
         Stored::Float(f) => Texel::F(f),
         Stored::Int(i) if desc.reads_float() => {
             let f = desc.resource.format;
-            let max = f.norm_max() as i64;
+            let max = i64::from(f.norm_max());
             // The most negative signed value reads as -1, like its successor.
             Texel::F(i.map(|v| v.max(-max) as f32 / max as f32))
         }
@@ -811,7 +814,11 @@ fn f32_ties_away(x: f64) -> f32 {
 /// `Σ w·v / 256` for taps of weight `w` (at most 256 in all) and finite float value `v`, computed exactly
 /// and rounded once to a float of `bits` significant bits whose smallest step is 2^`min_exp` (f32: 24 and
 /// -149; f16: 11 and -24), halves away from zero. A NaN or infinite tap gives what float arithmetic does.
-fn round_weighted_sum(terms: impl Iterator<Item = (u32, f32)> + Clone, bits: u32, min_exp: i32) -> f32 {
+fn round_weighted_sum(
+    terms: impl Iterator<Item = (u32, f32)> + Clone,
+    bits: u32,
+    min_exp: i32,
+) -> f32 {
     if terms.clone().any(|(w, v)| w != 0 && !v.is_finite()) {
         return terms
             .filter(|&(w, _)| w != 0)
@@ -1172,9 +1179,127 @@ mod tests {
         d.address[0] = AddressMode::Border;
         d.border = [10.0, 0.0, 0.0, 0.0];
         assert_eq!(s(&d, Geom::D1, at(0.0, 0.0), &mem), 5.5);
-        // Missing channels: (v, 0, 0, 1).
+        // Missing channels read 0, alpha too.
         let all = sample(&d, Geom::D1, &at(1.5, 0.0), TexType::F32, &mem).unwrap();
-        assert_eq!(all.map(f32::from_bits), [2.0, 0.0, 0.0, 1.0]);
+        assert_eq!(all.map(f32::from_bits), [2.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn one_d_arrays_blend_the_border_row_above() {
+        let mut mem = FlatMemory::new(1 << 16);
+        let mut r = f32_tex(&mut mem, 4, 1, &[1.0, 2.0, 4.0, 8.0]);
+        r = Resource::array(r.base, r.format, 1, [4, 0, 0], 0);
+        assert_eq!((r.dims, r.height), (1, 1));
+        let mut d = TextureDesc::new(r);
+        d.filter = FilterMode::Linear;
+        d.address = [AddressMode::Border; 3];
+        d.border = [10.0, 20.0, 30.0, 40.0];
+        // Row 0 at y = 0 is half the texel row and half the border row above it.
+        assert_eq!(s(&d, Geom::D1, at(1.5, 0.0), &mem), 6.0);
+        assert_eq!(s(&d, Geom::D1, at(0.0, 0.0), &mem), 7.75);
+        // Only the border mode shows it; point sampling takes row 0.
+        d.address[1] = AddressMode::Clamp;
+        assert_eq!(s(&d, Geom::D1, at(1.5, 0.0), &mem), 2.0);
+        d.address[1] = AddressMode::Border;
+        d.filter = FilterMode::Point;
+        assert_eq!(s(&d, Geom::D1, at(1.5, 0.0), &mem), 2.0);
+        // Border channels the format lacks are 0 too.
+        let v = sample(&d, Geom::D1, &at(-1.0, 0.0), TexType::F32, &mem).unwrap();
+        assert_eq!(v.map(f32::from_bits), [10.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn weights_split_z_then_x_then_y() {
+        let w = |f: &[u32]| {
+            let (w, n) = linear_weights(f);
+            w[..n].to_vec()
+        };
+        assert_eq!(w(&[77]), [179, 77]);
+        // Corners 00, 10, 01, 11: the diagonal is rounded (halves up), the rest is what remains.
+        assert_eq!(w(&[128, 67]), [95, 94, 33, 34]);
+        assert_eq!(w(&[128, 225]), [16, 15, 112, 113]);
+        // 3D (recorded): slice z0 gets 205, split 103 | 102 along x (102.5 rounds up to the upper part) ...
+        let w3 = w(&[128, 102, 51]);
+        assert_eq!(&w3[..4], [61, 62, 41, 41]);
+        assert_eq!(&w3[4..], [15, 16, 10, 10]);
+        for f in [[0, 0, 0], [255, 1, 128], [13, 205, 51], [192, 154, 102]] {
+            assert_eq!(w(&f).iter().sum::<u32>(), 256, "{f:?}");
+            assert_eq!(w(&f[..2]).iter().sum::<u32>(), 256, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn blends_round_once_halves_away() {
+        let sum = |t: &[(u32, f32)], bits, min| round_weighted_sum(t.iter().copied(), bits, min);
+        // 1 + 2^-24 is halfway between two f32 values: away from zero, either sign.
+        let half_ulp = 2f32.powi(-24);
+        assert_eq!(
+            sum(&[(128, 1.0), (128, 1.0 + 2.0 * half_ulp)], 24, -149),
+            1.0 + 2.0 * half_ulp
+        );
+        assert_eq!(sum(&[(255, 1.0), (1, 1.0 + 2.0 * half_ulp)], 24, -149), 1.0);
+        assert_eq!(
+            sum(&[(128, -1.0), (128, -1.0 - 2.0 * half_ulp)], 24, -149),
+            -1.0 - 2.0 * half_ulp
+        );
+        // Exact despite cancellation and a wide spread of magnitudes.
+        let tiny = f32::from_bits(1);
+        assert_eq!(
+            sum(&[(128, 3e38), (127, -3e38), (1, tiny)], 24, -149),
+            3e38 / 256.0
+        );
+        assert_eq!(sum(&[(128, 3e38), (128, -3e38)], 24, -149), 0.0);
+        assert_eq!(sum(&[(255, 0.0), (1, tiny)], 24, -149), 0.0);
+        assert_eq!(sum(&[(128, 0.0), (128, tiny)], 24, -149), tiny);
+        assert_eq!(sum(&[(256, f32::MAX)], 24, -149), f32::MAX);
+        assert!(sum(&[(128, f32::INFINITY), (128, f32::NEG_INFINITY)], 24, -149).is_nan());
+        assert_eq!(sum(&[(0, f32::NAN), (256, 2.0)], 24, -149), 2.0);
+        // To f16 precision: 1 + 2^-11 is a half tie.
+        assert_eq!(
+            sum(&[(128, 1.0), (128, 1.0 + 2f32.powi(-10))], 11, -24),
+            1.0 + 2f32.powi(-10)
+        );
+        assert_eq!(sum(&[(192, 1.0), (64, 1.0 + 2f32.powi(-10))], 11, -24), 1.0);
+        assert_eq!(f32_ties_away(1.0 + 2f64.powi(-24)), 1.0 + 2f32.powi(-23));
+        assert_eq!(f32_ties_away(-1.0 - 2f64.powi(-24)), -1.0 - 2f32.powi(-23));
+        assert_eq!(f32_ties_away(1.0 + 2f64.powi(-25)), 1.0);
+    }
+
+    #[test]
+    fn normalized_formats_filter_in_16_bit_fixed_point() {
+        let mut mem = FlatMemory::new(1 << 16);
+        let a = mem.alloc(4).unwrap();
+        mem.write(a, &[10, 11, 0, 0]).unwrap();
+        let mut d = TextureDesc::new(Resource::array(a, ChannelFormat::U8, 1, [2, 0, 0], 0));
+        d.filter = FilterMode::Linear;
+        // Halfway: (10 + 11) / 2 * 257 = 2698.5 rounds to 2699.
+        assert_eq!(s(&d, Geom::D1, at(1.0, 0.0), &mem), 2699.0 / 65535.0);
+        // Border colours are truncated to the format's steps.
+        let b = mem.alloc(4).unwrap();
+        let mut d = TextureDesc::new(Resource::array(b, ChannelFormat::U16, 2, [1, 1, 0], 0));
+        d.address = [AddressMode::Border; 3];
+        d.border = [1.0, 0.5, 0.25, 1.0];
+        let v = sample(&d, Geom::D2, &at(-1.0, 0.5), TexType::F32, &mem).unwrap();
+        assert_eq!(v.map(f32::from_bits), [1.0, 32767.0 / 65535.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn queries_answer_zero_beyond_the_declared_dimensions() {
+        let r2 = Resource::array(0, ChannelFormat::F32, 1, [7, 5, 0], 0);
+        let r3 = Resource::array(0, ChannelFormat::F32, 1, [4, 3, 2], 0);
+        let r1 = Resource::array(0, ChannelFormat::F32, 1, [9, 0, 0], 4);
+        let q = |q: Query, r: &Resource| q.answer(r);
+        assert_eq!(
+            [Query::Width, Query::Height, Query::Depth].map(|x| q(x, &r2)),
+            [7, 5, 0]
+        );
+        assert_eq!(
+            [Query::Width, Query::Height, Query::Depth].map(|x| q(x, &r3)),
+            [4, 3, 2]
+        );
+        assert_eq!([Query::Height, Query::ArraySize].map(|x| q(x, &r1)), [0, 4]);
+        let lin = Resource::linear(0, ChannelFormat::F32, 4, 160);
+        assert_eq!([Query::Width, Query::Height].map(|x| q(x, &lin)), [10, 0]);
     }
 
     #[test]
@@ -1248,7 +1373,7 @@ mod tests {
             int: true,
         };
         let get = |i| sample(&d, Geom::D1, &c(i), TexType::S32, &mem).unwrap();
-        assert_eq!(get(2), [3, 0, 0, 1]);
+        assert_eq!(get(2), [3, 0, 0, 0]);
         assert_eq!(get(4), [0; 4]);
         assert_eq!(get(-1), [0; 4]);
     }
