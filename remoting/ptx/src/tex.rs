@@ -266,32 +266,44 @@ pub struct SurfaceDesc {
 /// descriptors. [`crate::launch_with`] asks once per distinct handle per worker thread; a handle it does not
 /// know (`None`) fails the launch with [`crate::ExecError::InvalidHandle`].
 ///
-/// Semantics (CUDA's, as its programming guide states them):
+/// Semantics: CUDA's documented rules, with what they leave open settled by recordings on an H200 (driver
+/// 580; `conformance/cases/tex*`, `tld4*`, `surf*`), which the interpreter reproduces bit for bit:
 /// - Texel coordinates: unnormalized coordinates address texel `i` over `[i, i + 1)`; normalized ones are
-///   multiplied by the dimension's size first. Point filtering takes texel `floor(x)`. Linear filtering takes
-///   `xb = x - 0.5`, converts it to fixed point with 8 fractional bits (rounded to nearest), and blends
-///   texels `floor(xb)` and `floor(xb) + 1` with weights `1 - a` and `a` (so `a` is a multiple of 1/256,
-///   1.0 included), per dimension (2 taps in 1D, 4 in 2D, 8 in 3D), in f64 rounded once to f32.
+///   multiplied by the dimension's size first (in f32). Point filtering takes texel `floor(x)`.
+/// - A 1D array is sampled as a 2D image one texel high at `y = 0` (its `y` address mode applies): linear
+///   filtering blends in the row above at weight 1/2, which shows as half the border colour in border mode.
+/// - Linear filtering: `xb = x - 0.5` in fixed point with 8 fractional bits (nearest, halves up) gives the
+///   lower texel `floor(xb)` and the upper texel's weight `a` in 1/256 steps. In clamp mode a coordinate
+///   outside the texel centres is first moved onto the edge centre (weight 0). The corner weights, in 1/256
+///   steps summing to 1, split the whole weight along z by `c` (exact), then along x by `a`, then along y
+///   by `b`, each split rounded to 1/256 (halves up): the upper part is rounded, except along y in the lower
+///   x column, where the lower part is (so a 2D footprint has `round(a·b)` and `round((1-a)(1-b))` on its
+///   diagonal). Taps of weight 0 are not read.
+/// - Blending is exact and rounded once, halves away from zero: to f32 for f32 texels, to f16 for f16 texels.
+///   8- and 16-bit unsigned normalized texels blend in 16-bit fixed point (8-bit values widened to 16 bits by
+///   repeating their byte, the sum rounded halves up to 16 bits) and read as that over 65535; signed
+///   normalized texels (not recorded) blend exactly, rounded to f32 halves away.
 /// - Address modes act on texel indices: clamp to `[0, n - 1]`; border gives the border colour for a tap
 ///   outside; wrap takes the index modulo `n`; mirror reflects with period `2n`. Wrap and mirror exist only
 ///   with normalized coordinates: with unnormalized ones they act as clamp, as on the hardware.
 /// - Read modes: 8- and 16-bit integer formats read as normalized floats (`u/255`, `u/65535`,
 ///   `max(s/127, -1)`, `max(s/32767, -1)`) unless `read_as_integer`; 32-bit integers are never promoted;
-///   f16 and f32 read as f32. Channels missing from the format read as 0, alpha as 1.
+///   f16 and f32 read as f32. Channels missing from the format read as 0, alpha included.
+/// - The border colour acts as a texel of the texture's format: channels the format lacks are 0, and for
+///   normalized integer formats it is truncated to the format's steps (0.5 reads back as 32767/65535 from a
+///   16-bit format). Not recorded, hence the interpreter's choice: f16 rounds it to nearest, integer reads
+///   take its integer part.
 /// - Integer coordinates (`.s32`): texel indices, point-sampled; on linear memory (`tex1Dfetch`) an index
 ///   outside the buffer reads zero.
 /// - `tld4` returns one component of the four texels of the bilinear footprint, counter-clockwise from the
-///   lower left: `(i0, j1), (i1, j1), (i1, j0), (i0, j0)`.
+///   lower left: `(i0, j1), (i1, j1), (i1, j0), (i0, j0)`, no coordinate clamping.
 /// - Surfaces (`suld.b`/`sust.b`): the x coordinate is a byte offset (a multiple of the access size), y and z
 ///   are rows and slices. Out of range: `.trap` faults, `.clamp` clamps each coordinate into the surface,
 ///   `.zero` loads zero and drops stores.
 /// - Layered geometries (`a1d`, `a2d`): the first coordinate is the layer, clamped to the layers present.
-/// - `txq`/`suq` answer `width`, `height`, `depth` (in texels; 1 for a dimension the resource lacks) and
-///   `array_size`; other queries are refused.
-///
-/// The points no document settles (the rounding of the fixed-point weights, missing channels, border colour
-/// of integer reads, what the queries return for absent dimensions) are exercised by the conformance cases
-/// recorded on a GPU (`conformance/cases/tex*`, `tld4*`, `surf*`).
+/// - `txq`/`suq` answer `width`, `height`, `depth` in texels, 0 beyond the dimensions the resource was
+///   declared with ([`Resource::dims`]; a 2D array's depth reads 0 on the GPU), and `array_size`; other
+///   queries are refused.
 ///
 /// Refused as [`crate::ExecError::Unsupported`] rather than answered wrongly: mipmapped resources and LOD
 /// forms, cubemaps, sRGB, linear filtering of integer reads, float coordinates on linear memory, a result type
