@@ -23,8 +23,8 @@ use tracing::debug;
 
 use crate::api::{
     ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Graph, GraphExec, In, InOut, Kernel,
-    LaunchConfig, LaunchConfigValue, Library, Module, OptOut, Out, Plain, Stream, Value, args,
-    outs,
+    LaunchConfig, LaunchConfigValue, Library, MemHandle, MemPool, Module, OptOut, Out, Plain,
+    PtrValue, Stream, Value, args, outs,
 };
 use crate::types::CUresult;
 
@@ -62,6 +62,10 @@ pub enum Kind {
     Kernel,
     Graph,
     GraphExec,
+    /// `CUmemoryPool`: a device's, not a context's.
+    MemPool,
+    /// `CUmemGenericAllocationHandle` (`cuMemCreate`): reference-counted, a device's.
+    MemHandle,
 }
 
 /// Where a handle created by a call belongs, gathered from the call's in-arguments and the current context.
@@ -137,6 +141,11 @@ pub struct Handles {
     graphs: HashSet<u64>,
     /// Executable graphs (until destroyed).
     graph_execs: HashSet<u64>,
+    /// Memory pools (default pools once a call returned them, and created ones).
+    pools: HashSet<u64>,
+    /// Physical allocations -> references (`cuMemCreate` and each `cuMemRetainAllocationHandle` add one,
+    /// each `cuMemRelease` drops one; the handle is invalid at zero).
+    mem_handles: HashMap<u64, u32>,
 }
 
 impl Handles {
@@ -160,6 +169,8 @@ impl Handles {
             Kind::Kernel => self.kernels.contains_key(&handle),
             Kind::Graph => self.graphs.contains(&handle),
             Kind::GraphExec => self.graph_execs.contains(&handle),
+            Kind::MemPool => self.pools.contains(&handle),
+            Kind::MemHandle => self.mem_handles.contains_key(&handle),
         };
         if known {
             Ok(())
@@ -216,6 +227,13 @@ impl Handles {
             }
             Kind::GraphExec => {
                 self.graph_execs.insert(handle);
+            }
+            Kind::MemPool => {
+                self.pools.insert(handle);
+            }
+            Kind::MemHandle => {
+                let refs = self.mem_handles.entry(handle).or_insert(0);
+                *refs = refs.saturating_add(1);
             }
         }
     }
@@ -297,6 +315,19 @@ impl Handles {
                 self.graph_execs.remove(&exec);
                 Vec::new()
             }
+            Effect::Destroy(Kind::MemPool, pool) => {
+                self.pools.remove(&pool);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::MemHandle, handle) => {
+                if let Some(refs) = self.mem_handles.get_mut(&handle) {
+                    *refs -= 1;
+                    if *refs == 0 {
+                        self.mem_handles.remove(&handle);
+                    }
+                }
+                Vec::new()
+            }
             Effect::Destroy(Kind::Function | Kind::Kernel, handle) => {
                 debug!(
                     handle,
@@ -327,6 +358,8 @@ impl Handles {
             tagged(Kind::Kernel, &mut self.kernels.keys().copied()),
             tagged(Kind::Graph, &mut self.graphs.iter().copied()),
             tagged(Kind::GraphExec, &mut self.graph_execs.iter().copied()),
+            tagged(Kind::MemPool, &mut self.pools.iter().copied()),
+            tagged(Kind::MemHandle, &mut self.mem_handles.keys().copied()),
         ]
         .into_iter()
         .flatten()
@@ -517,6 +550,23 @@ impl<T: Plain> OutValue for T {
     fn register(_: &mut Handles, _: &T, _: &Owner) {}
 }
 
+/// C structs an out-pointer may point to (`CUmemAllocationProp`...): not handles.
+macro_rules! struct_out_values {
+    ($($t:ident),*) => {$(
+        impl OutValue for crate::types::$t {
+            fn register(_: &mut Handles, _: &Self, _: &Owner) {}
+        }
+    )*};
+}
+
+struct_out_values!(
+    CUmemLocation,
+    CUmemAllocationProp,
+    CUmemPoolProps,
+    CUmemAccessDesc,
+    CUexecAffinityParam
+);
+
 impl HandleArg for CStr {
     fn check(_: &Handles, _: &String, _: &mut Owner) -> Result<(), CUresult> {
         Ok(())
@@ -546,13 +596,6 @@ where
     fn register(handles: &mut Handles, reply: &T::W, owner: &Owner) {
         T::register(handles, reply, owner);
     }
-}
-
-impl<T: Plain> HandleArg for In<T> {
-    fn check(_: &Handles, _: &T, _: &mut Owner) -> Result<(), CUresult> {
-        Ok(())
-    }
-    fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
 impl<T: Plain> HandleArg for InOut<T> {
@@ -614,6 +657,25 @@ handle_kinds! {
     Kernel, |o, h| o.kernel = Some(h);
     Graph, |_, _| {};
     GraphExec, |_, _| {};
+    MemPool, |_, _| {};
+    MemHandle, |_, _| {};
+}
+
+impl HandleArg for PtrValue {
+    fn check(_: &Handles, _: &u64, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
+impl<T: Value> HandleArg for In<T>
+where
+    T::C: Default,
+{
+    fn check(_: &Handles, _: &T::W, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
 /// A listed call's request, checked against the registry before the driver sees it.
@@ -1067,8 +1129,11 @@ mod tests {
             let destroys = ["Destroy", "Unload", "Release", "Reset", "Free"]
                 .iter()
                 .any(|w| name.contains(w));
-            // Memory frees take device pointers, which are not handles.
-            if destroys && !name.starts_with("cuMem") {
+            // Memory frees take device pointers, which are not handles (pools and physical allocations
+            // are checked below).
+            // Resetting the persisting L2 lines touches no handle.
+            let resets_cache = *name == "cuCtxResetPersistingL2Cache";
+            if destroys && !name.starts_with("cuMem") && !resets_cache {
                 assert!(DESTROYING.contains(name), "{name} destroys handles");
             }
         }
@@ -1089,6 +1154,12 @@ mod tests {
             assert_ne!(Effect::of(call), Effect::None, "{}", call.name());
         }
         assert_eq!(Effect::of(&calls[5]), Effect::Destroy(Kind::Stream, 7));
+        for call in [
+            ApiCall::cuMemPoolDestroy(args::cuMemPoolDestroy { pool: 7 }),
+            ApiCall::cuMemRelease(args::cuMemRelease { handle: 7 }),
+        ] {
+            assert_ne!(Effect::of(&call), Effect::None, "{}", call.name());
+        }
         assert_eq!(Effect::of(&calls[1]), Effect::PrimaryReset(1));
         assert_eq!(Effect::of(&calls[8]), Effect::Destroy(Kind::Graph, 7));
     }
@@ -1118,6 +1189,71 @@ mod tests {
         assert_eq!(h.check(Kind::Graph, 0x60), Err(CUresult::INVALID_HANDLE));
         assert_eq!(h.check(Kind::GraphExec, 0x61), Ok(()));
         assert_eq!(h.graphs(), (vec![], vec![0x61]));
+    }
+
+    /// Pools die by `cuMemPoolDestroy` only (they are a device's, not a context's); physical allocations
+    /// are counted: `cuMemCreate` and each `cuMemRetainAllocationHandle` add a reference, each
+    /// `cuMemRelease` drops one, and the handle is refused once none is left.
+    #[test]
+    fn pools_and_physical_allocations_follow_their_own_calls() {
+        let mut h = primed();
+        let mut owner = Owner::in_context(CTX);
+        outs::cuDeviceGetDefaultMemPool {
+            pool_out: 0x900,
+            dev: (),
+        }
+        .register(&mut h, &owner);
+        let free_async = |pool| args::cuMemPoolTrimTo {
+            pool,
+            min_bytes_to_keep: 0,
+        };
+        assert_eq!(admit(&h, &free_async(0x900)), Ok(()));
+        assert_eq!(admit(&h, &free_async(0x901)), Err(CUresult::INVALID_HANDLE));
+        // A context's end leaves pools alone.
+        h.apply(Effect::PrimaryReset(0), None);
+        assert_eq!(h.check(Kind::MemPool, 0x900), Ok(()));
+        let destroy = ApiCall::cuMemPoolDestroy(args::cuMemPoolDestroy { pool: 0x900 });
+        assert_eq!(Effect::of(&destroy), Effect::Destroy(Kind::MemPool, 0x900));
+        h.apply(Effect::of(&destroy), None);
+        assert_eq!(h.check(Kind::MemPool, 0x900), Err(CUresult::INVALID_HANDLE));
+
+        args::cuMemCreate {
+            handle: (),
+            size: 1 << 21,
+            prop: crate::types::CUmemAllocationProp::default(),
+            flags: 0,
+        }
+        .admit(&h, &mut owner)
+        .unwrap();
+        outs::cuMemCreate {
+            handle: 0xa10,
+            ..Default::default()
+        }
+        .register(&mut h, &owner);
+        outs::cuMemRetainAllocationHandle {
+            handle: 0xa10,
+            addr: (),
+        }
+        .register(&mut h, &owner);
+        let map = |handle| args::cuMemMap {
+            ptr: 0,
+            size: 0,
+            offset: 0,
+            handle,
+            flags: 0,
+        };
+        assert_eq!(admit(&h, &map(0xa10)), Ok(()));
+        assert_eq!(admit(&h, &map(0xa11)), Err(CUresult::INVALID_HANDLE));
+        let release = ApiCall::cuMemRelease(args::cuMemRelease { handle: 0xa10 });
+        assert_eq!(
+            Effect::of(&release),
+            Effect::Destroy(Kind::MemHandle, 0xa10)
+        );
+        h.apply(Effect::of(&release), None);
+        assert_eq!(admit(&h, &map(0xa10)), Ok(()), "one reference left");
+        let died = h.apply(Effect::of(&release), None);
+        assert_eq!(died.handles, [(Kind::MemHandle, 0xa10)]);
+        assert_eq!(admit(&h, &map(0xa10)), Err(CUresult::INVALID_HANDLE));
     }
 
     #[test]

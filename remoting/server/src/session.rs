@@ -229,6 +229,7 @@ impl<B: Backend> Session<B> {
                 if matches!(
                     call,
                     ApiCall::cuCtxCreate_v2(_)
+                        | ApiCall::cuCtxCreate_v3(_)
                         | ApiCall::cuCtxDestroy_v2(_)
                         | ApiCall::cuDevicePrimaryCtxReset_v2(_)
                 ) {

@@ -43,6 +43,7 @@ pub mod occupancy;
 pub mod primary;
 pub mod proc;
 pub mod state;
+pub mod streams;
 pub mod tensor;
 pub mod trace;
 
@@ -53,8 +54,10 @@ pub mod hand {
         cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
     };
     pub use crate::context::{
-        cuCtxCreate_v2, cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
-        cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
+        cuCtxAttach, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy,
+        cuCtxDestroy_v2, cuCtxDetach, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
+        cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent, cuCtxPushCurrent_v2,
+        cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
     };
     pub use crate::device::{
         cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetCount,
@@ -70,11 +73,13 @@ pub mod hand {
         cuLibraryUnload,
     };
     pub use crate::memory::{
-        cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocHost_v2, cuMemAllocPitch_v2, cuMemFree_v2,
+        cuDeviceSetMemPool, cuMemAddressFree, cuMemAddressReserve, cuMemAlloc_v2, cuMemAllocAsync,
+        cuMemAllocFromPoolAsync, cuMemAllocHost_v2, cuMemAllocPitch_v2, cuMemFree_v2,
         cuMemFreeAsync, cuMemFreeHost, cuMemGetAddressRange_v2, cuMemHostAlloc,
-        cuMemHostGetDevicePointer_v2, cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2,
-        cuMemcpyDtoHAsync_v2, cuMemcpyHtoD_v2, cuMemcpyHtoDAsync_v2, cuPointerGetAttribute,
-        cuPointerGetAttributes,
+        cuMemHostGetDevicePointer_v2, cuMemMap, cuMemPoolDestroy, cuMemPoolGetAttribute,
+        cuMemPoolSetAccess, cuMemPoolSetAttribute, cuMemSetAccess, cuMemSetMemPool, cuMemUnmap,
+        cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpyHtoD_v2,
+        cuMemcpyHtoDAsync_v2, cuPointerGetAttribute, cuPointerGetAttributes,
     };
     pub use crate::module::{
         cuFuncGetAttribute, cuFuncGetModule, cuFuncGetName, cuFuncGetParamInfo, cuFuncIsLoaded,
@@ -90,6 +95,7 @@ pub mod hand {
     };
     pub use crate::primary::{cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxSetFlags_v2};
     pub use crate::proc::{cuGetProcAddress, cuGetProcAddress_v2};
+    pub use crate::streams::{cuEventDestroy, cuStreamDestroy};
     pub use crate::tensor::{
         cuTensorMapEncodeIm2col, cuTensorMapEncodeIm2colWide, cuTensorMapEncodeTiled,
     };

@@ -21,6 +21,7 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 
 use gleam_protocol::api::{CStr as CStrArg, Context, Event, Function, Kernel, Library, Module};
 use gleam_protocol::api::{Graph, GraphExec, In, InOut, LaunchConfig, OptOut, Out, Plain, Stream};
+use gleam_protocol::api::{MemHandle, MemPool, PtrValue};
 use gleam_protocol::registry::{Kind, Owner};
 use gleam_protocol::types::{CUfunction, CUkernel, CUlibrary, CUmodule, CUresult};
 use gleam_protocol::wire::ParamSlot;
@@ -188,7 +189,10 @@ as_is!(
     CStrArg,
     LaunchConfig,
     Graph,
-    GraphExec
+    GraphExec,
+    MemPool,
+    MemHandle,
+    PtrValue
 );
 
 impl<T: gleam_protocol::api::Value> Translate for Out<T>
@@ -209,8 +213,11 @@ where
     }
 }
 
-impl<T: Plain> Translate for In<T> {
-    fn translate(request: T) -> Result<T, CUresult> {
+impl<T: gleam_protocol::api::Value> Translate for In<T>
+where
+    T::C: Default,
+{
+    fn translate(request: T::W) -> Result<T::W, CUresult> {
         Ok(request)
     }
 }
