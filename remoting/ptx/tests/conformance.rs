@@ -149,10 +149,12 @@ fn gpu_recorded_cases() {
         let _ = writeln!(
             std::io::stderr(),
             "conformance: SKIPPED {} case(s) that have no GPU recording yet (no {}/<case>/): {}\n\
-             conformance: record them on the GPU machine with \
-             `OUT=<dir> bash scripts/gpu/record-conformance.sh` and untar its conformance.tgz in the repo",
+             conformance: record exactly those on the GPU machine, from the repo root, with\n    \
+             OUT=<dir> KEEP_PTX=1 CASES='{}' bash scripts/gpu/record-conformance.sh\n\
+             conformance: then run `tar xzf <dir>/conformance.tgz` at the repo root here",
             skipped.len(),
             dir.join("data").display(),
+            skipped.join(" "),
             skipped.join(" ")
         );
     }
