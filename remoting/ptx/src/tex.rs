@@ -149,7 +149,8 @@ impl Resource {
     /// row_pitch`), then layers (`depth * slice_pitch` each). `width`, `height`, `depth` of 0 count as 1;
     /// `layers` is 0 for an array that is not layered. This is the layout the owner of the array's storage
     /// (the emu backend) must use. The declared dimensions (`dims`) are 1 with a `height` of 0, 2 with a
-    /// `depth` of 0, else 3.
+    /// `depth` of 0, else 3; a layered array has 1 or 2 whatever its `depth` (CUDA has no layered 3D arrays,
+    /// and a caller may give a layered array's single slice as a depth of 1).
     pub fn array(
         base: u64,
         format: ChannelFormat,
@@ -160,7 +161,7 @@ impl Resource {
         let elem = format.size() as u64 * u64::from(channels);
         let dims = if height == 0 {
             1
-        } else if depth == 0 {
+        } else if depth == 0 || layers > 0 {
             2
         } else {
             3
@@ -1310,6 +1311,14 @@ mod tests {
             [4, 3, 2]
         );
         assert_eq!([Query::Height, Query::ArraySize].map(|x| q(x, &r1)), [0, 4]);
+        // A layered 2D array is 2D whether its caller gives the depth as 0 or as one slice.
+        for depth in [0, 1] {
+            let a2 = Resource::array(0, ChannelFormat::F32, 1, [4, 3, depth], 2);
+            assert_eq!(
+                [Query::Width, Query::Height, Query::Depth, Query::ArraySize].map(|x| q(x, &a2)),
+                [4, 3, 0, 2]
+            );
+        }
         let lin = Resource::linear(0, ChannelFormat::F32, 4, 160);
         assert_eq!([Query::Width, Query::Height].map(|x| q(x, &lin)), [10, 0]);
     }
