@@ -120,7 +120,12 @@ pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> Result<(), CUresu
         trace::begin();
     }
     let result = match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => CUresult::SUCCESS,
+        // `GLEAM_LOG=gleamcuda=trace` lists every call in order with its result: what a new workload
+        // does just before it fails.
+        Ok(Ok(())) => {
+            tracing::trace!(call = name, "ok");
+            CUresult::SUCCESS
+        }
         Ok(Err(err)) => {
             tracing::trace!(call = name, %err, "call failed");
             err

@@ -292,6 +292,7 @@ unsafe fn pointer_attribute(
         (Some(_), _) if !lenient => return Err(CUresult::NOT_SUPPORTED),
         (Some(_), _) => {}
     }
+    tracing::trace!(ptr, attribute, value = ?&value[..size], known = region.is_some(), "pointer attribute");
     // SAFETY: the caller's buffer holds the attribute's C type, `size` bytes.
     unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), data.cast::<u8>(), size) };
     Ok(())
