@@ -284,7 +284,20 @@ fn check(entries: &[Entry]) -> Result<(), String> {
 
 /// Types of the `api` module: how arguments of forwarded calls travel.
 const API_TYPES: &[&str] = &[
-    "Out", "Context", "Module", "Function", "Stream", "Event", "Library", "Kernel", "CStr",
+    "Out",
+    "In",
+    "InOpt",
+    "Context",
+    "Module",
+    "Function",
+    "Stream",
+    "Event",
+    "Library",
+    "Kernel",
+    "Array",
+    "TexObject",
+    "SurfObject",
+    "CStr",
 ];
 
 /// Qualifies the names in a type so it resolves wherever the generated macros expand.
@@ -300,6 +313,8 @@ fn qualify(ty: &str) -> String {
             let _ = write!(out, "$crate::api::{w}");
         } else if w == "c_void" || w == "c_char" {
             let _ = write!(out, "::std::ffi::{w}");
+        } else if w.starts_with("CUDA_") {
+            let _ = write!(out, "$crate::descriptors::{w}");
         } else if w.starts_with("CU") {
             let _ = write!(out, "$crate::types::{w}");
         } else {

@@ -23,9 +23,11 @@
 //! needs nothing special: whatever call comes next reports the fault. Only `shutdown`,
 //! `describe` and `set_current_context` ignore it.
 
+pub mod arrays;
 mod backend;
 pub mod device;
 pub mod image;
+pub mod managed;
 pub mod memory;
 pub mod streams;
 

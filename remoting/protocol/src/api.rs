@@ -172,6 +172,12 @@ handles! {
     Library;
     /// `CUkernel`.
     Kernel;
+    /// `CUarray`.
+    Array;
+    /// `CUtexObject` (an integer handle in C; the same 64 bits at the ABI).
+    TexObject;
+    /// `CUsurfObject` (an integer handle in C; the same 64 bits at the ABI).
+    SurfObject;
 }
 
 /// An out-argument: the C side passes a `T*` that the driver writes; the value travels in the reply.
@@ -210,6 +216,64 @@ where
     fn slot_reply(slot: T::C) -> T::W {
         T::to_wire(slot)
     }
+}
+
+/// An in-argument passed by pointer: the C side passes a `const T*` (a descriptor struct); the value travels
+/// in the request, and the server passes a pointer to its copy. A NULL pointer is `CUDA_ERROR_INVALID_VALUE`.
+#[derive(Clone, Copy, Debug)]
+pub enum In<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+impl<T: Plain> Arg for In<T> {
+    type C = *const T;
+    type Request = T;
+    type Reply = ();
+    type Slot = T;
+
+    unsafe fn to_request(c: *const T) -> Result<T, CUresult> {
+        if c.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, and the caller promised a valid `T`.
+        Ok(unsafe { c.read_unaligned() })
+    }
+    unsafe fn write_reply(_: *const T, _: ()) {}
+    fn slot(request: T) -> T {
+        request
+    }
+    fn slot_c(slot: &mut T) -> *const T {
+        slot
+    }
+    fn slot_reply(_: T) {}
+}
+
+/// As [`In`], for an optional argument: NULL travels as `None` and reaches the driver as NULL.
+#[derive(Clone, Copy, Debug)]
+pub enum InOpt<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+impl<T: Plain> Arg for InOpt<T> {
+    type C = *const T;
+    type Request = Option<T>;
+    type Reply = ();
+    type Slot = Option<T>;
+
+    unsafe fn to_request(c: *const T) -> Result<Option<T>, CUresult> {
+        // SAFETY: NULL or, as the caller promised, a valid `T`.
+        Ok((!c.is_null()).then(|| unsafe { c.read_unaligned() }))
+    }
+    unsafe fn write_reply(_: *const T, _: ()) {}
+    fn slot(request: Option<T>) -> Option<T> {
+        request
+    }
+    fn slot_c(slot: &mut Option<T>) -> *const T {
+        slot.as_ref().map_or(std::ptr::null(), |v| v as *const T)
+    }
+    fn slot_reply(_: Option<T>) {}
 }
 
 /// A NUL-terminated C string argument (`const char*`), e.g. a symbol name.
@@ -317,6 +381,14 @@ where
 
 impl CType for CStr {
     type C = *const c_char;
+}
+
+impl<T: Plain> CType for In<T> {
+    type C = *const T;
+}
+
+impl<T: Plain> CType for InOpt<T> {
+    type C = *const T;
 }
 
 /// The stream a `_ptsz` form of a call means: NULL (the default stream) is the per-thread default stream.

@@ -13,7 +13,12 @@
 //! * [`Effect`] is what a listed call destroys (contexts, modules, libraries, streams, events, primary
 //!   context retains), applied by [`Handles::apply`] after the call succeeded, with CUDA's cascades:
 //!   functions die with their module, kernels and library modules with their library, and modules,
-//!   functions, streams and events with their context (libraries and kernels are context-independent).
+//!   functions, streams, events, arrays and texture and surface objects with their context (libraries
+//!   and kernels are context-independent). A texture or surface object does not die with the array it
+//!   reads: CUDA leaves destroying it to the application (using it after its array died is the
+//!   application's error, which a backend reports as a fault of the kernel).
+//! * Descriptors passed by pointer ([`In`]) may name handles too: the array of a resource descriptor is
+//!   checked like a handle argument ([`Embedded`]).
 //!
 //! Device pointers are not handles: the driver validates them itself.
 
@@ -22,8 +27,12 @@ use std::collections::{HashMap, HashSet};
 use tracing::debug;
 
 use crate::api::{
-    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Kernel, Library, Module, Out, Plain,
-    Stream, Value, args, outs,
+    ApiCall, ApiReply, Arg, Array, CStr, Context, Event, Function, In, InOpt, Kernel, Library,
+    Module, Out, Plain, Stream, SurfObject, TexObject, Value, args, outs,
+};
+use crate::descriptors::{
+    CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUDA_RESOURCE_DESC, CUDA_RESOURCE_VIEW_DESC,
+    CUDA_TEXTURE_DESC, Resource,
 };
 use crate::types::CUresult;
 
@@ -59,6 +68,9 @@ pub enum Kind {
     Event,
     Library,
     Kernel,
+    Array,
+    TexObject,
+    SurfObject,
 }
 
 /// Where a handle created by a call belongs, gathered from the call's in-arguments and the current context.
@@ -130,6 +142,12 @@ pub struct Handles {
     events: HashMap<u64, u64>,
     /// Context made by `cuCtxCreate` -> its device (primary contexts: in `contexts`).
     created_on: HashMap<u64, i32>,
+    /// Array -> its context.
+    arrays: HashMap<u64, u64>,
+    /// Texture object -> its context.
+    tex_objects: HashMap<u64, u64>,
+    /// Surface object -> its context.
+    surf_objects: HashMap<u64, u64>,
 }
 
 impl Handles {
@@ -151,6 +169,9 @@ impl Handles {
             }
             Kind::Library => self.libraries.contains(&handle),
             Kind::Kernel => self.kernels.contains_key(&handle),
+            Kind::Array => self.arrays.contains_key(&handle),
+            Kind::TexObject => self.tex_objects.contains_key(&handle),
+            Kind::SurfObject => self.surf_objects.contains_key(&handle),
         };
         if known {
             Ok(())
@@ -201,6 +222,15 @@ impl Handles {
             }
             Kind::Kernel => {
                 self.kernels.insert(handle, owner.library.unwrap_or(0));
+            }
+            Kind::Array => {
+                self.arrays.insert(handle, owner.ctx);
+            }
+            Kind::TexObject => {
+                self.tex_objects.insert(handle, owner.ctx);
+            }
+            Kind::SurfObject => {
+                self.surf_objects.insert(handle, owner.ctx);
             }
         }
     }
@@ -274,6 +304,18 @@ impl Handles {
                 self.events.remove(&event);
                 Vec::new()
             }
+            Effect::Destroy(Kind::Array, array) => {
+                self.arrays.remove(&array);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::TexObject, object) => {
+                self.tex_objects.remove(&object);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::SurfObject, object) => {
+                self.surf_objects.remove(&object);
+                Vec::new()
+            }
             Effect::Destroy(Kind::Function | Kind::Kernel, handle) => {
                 debug!(
                     handle,
@@ -302,6 +344,9 @@ impl Handles {
             tagged(Kind::Event, &mut self.events.keys().copied()),
             tagged(Kind::Library, &mut self.libraries.iter().copied()),
             tagged(Kind::Kernel, &mut self.kernels.keys().copied()),
+            tagged(Kind::Array, &mut self.arrays.keys().copied()),
+            tagged(Kind::TexObject, &mut self.tex_objects.keys().copied()),
+            tagged(Kind::SurfObject, &mut self.surf_objects.keys().copied()),
         ]
         .into_iter()
         .flatten()
@@ -367,6 +412,9 @@ impl Handles {
         self.functions.retain(|_, f| f.ctx != ctx);
         self.streams.retain(|_, &mut c| c != ctx);
         self.events.retain(|_, &mut c| c != ctx);
+        self.arrays.retain(|_, &mut c| c != ctx);
+        self.tex_objects.retain(|_, &mut c| c != ctx);
+        self.surf_objects.retain(|_, &mut c| c != ctx);
         self.drop_orphan_functions();
     }
 
@@ -399,6 +447,19 @@ impl Handles {
             .filter(|(_, m)| m.library.is_none())
             .map(|(&h, _)| h)
             .collect()
+    }
+
+    /// Arrays this session created and that are alive.
+    pub fn arrays(&self) -> Vec<u64> {
+        self.arrays.keys().copied().collect()
+    }
+
+    /// Texture and surface objects this session created and that are alive.
+    pub fn objects(&self) -> (Vec<u64>, Vec<u64>) {
+        (
+            self.tex_objects.keys().copied().collect(),
+            self.surf_objects.keys().copied().collect(),
+        )
     }
 
     /// Libraries this session loaded.
@@ -484,6 +545,56 @@ impl<T: Plain> OutValue for T {
     fn register(_: &mut Handles, _: &T, _: &Owner) {}
 }
 
+/// A descriptor passed by pointer ([`In`]): the handles inside it are checked like handle arguments.
+pub trait Embedded {
+    /// Refuses the descriptor if a handle in it is not live.
+    fn check_embedded(&self, handles: &Handles) -> Result<(), CUresult>;
+}
+
+macro_rules! no_embedded_handles {
+    ($($t:ty),*) => {$(
+        impl Embedded for $t {
+            fn check_embedded(&self, _: &Handles) -> Result<(), CUresult> {
+                Ok(())
+            }
+        }
+    )*};
+}
+
+no_embedded_handles!(
+    CUDA_ARRAY_DESCRIPTOR,
+    CUDA_ARRAY3D_DESCRIPTOR,
+    CUDA_TEXTURE_DESC,
+    CUDA_RESOURCE_VIEW_DESC
+);
+
+impl Embedded for CUDA_RESOURCE_DESC {
+    fn check_embedded(&self, handles: &Handles) -> Result<(), CUresult> {
+        match self.resource() {
+            Some(Resource::Array(array)) => handles.check(Kind::Array, array),
+            // No mipmapped array is ever created (they are not offered), so none is live.
+            Some(Resource::Mipmapped(_)) => Err(CUresult::INVALID_HANDLE),
+            Some(Resource::Linear(_) | Resource::Pitch2D(_)) => Ok(()),
+            // The driver rejects an unknown type without dereferencing anything.
+            None => Ok(()),
+        }
+    }
+}
+
+impl<T: Plain + Embedded> HandleArg for In<T> {
+    fn check(handles: &Handles, request: &T, _: &mut Owner) -> Result<(), CUresult> {
+        request.check_embedded(handles)
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
+impl<T: Plain + Embedded> HandleArg for InOpt<T> {
+    fn check(handles: &Handles, request: &Option<T>, _: &mut Owner) -> Result<(), CUresult> {
+        request.as_ref().map_or(Ok(()), |r| r.check_embedded(handles))
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
 impl HandleArg for CStr {
     fn check(_: &Handles, _: &String, _: &mut Owner) -> Result<(), CUresult> {
         Ok(())
@@ -537,6 +648,9 @@ handle_kinds! {
     Event, |_, _| {};
     Library, |o, h| o.library = Some(h);
     Kernel, |o, h| o.kernel = Some(h);
+    Array, |_, _| {};
+    TexObject, |_, _| {};
+    SurfObject, |_, _| {};
 }
 
 /// A listed call's request, checked against the registry before the driver sees it.
@@ -978,6 +1092,9 @@ mod tests {
         "cuLibraryUnload",
         "cuStreamDestroy_v2",
         "cuEventDestroy_v2",
+        "cuArrayDestroy",
+        "cuTexObjectDestroy",
+        "cuSurfObjectDestroy",
     ];
 
     /// A listed call that destroys something must have an [`Effect`] (a tag in the declaration list), or
@@ -1001,6 +1118,9 @@ mod tests {
             ApiCall::cuLibraryUnload(args::cuLibraryUnload { library: 7 }),
             ApiCall::cuStreamDestroy_v2(args::cuStreamDestroy_v2 { stream: 7 }),
             ApiCall::cuEventDestroy_v2(args::cuEventDestroy_v2 { event: 7 }),
+            ApiCall::cuArrayDestroy(args::cuArrayDestroy { array: 7 }),
+            ApiCall::cuTexObjectDestroy(args::cuTexObjectDestroy { object: 7 }),
+            ApiCall::cuSurfObjectDestroy(args::cuSurfObjectDestroy { object: 7 }),
         ];
         let names: Vec<_> = calls.iter().map(ApiCall::name).collect();
         assert_eq!(names, DESTROYING);

@@ -14,10 +14,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api::{ApiCall, ApiReply};
+use crate::copy::Copy3D;
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
 
@@ -81,6 +82,31 @@ pub enum Call {
     },
     /// `cuLaunchKernel` and friends. Fire-and-forget unless the client runs in blocking mode.
     LaunchKernel(Launch),
+    /// `cuMemcpy2D`/`cuMemcpy3D` (and their async forms) and the array copies, in canonical form: a host
+    /// source's bytes are the frame's bulk bytes, packed ([`Copy3D`]); a host destination's come back as
+    /// [`Reply::Data`], packed. `stream: None` is the synchronous copy. Pieces fit a frame
+    /// ([`crate::copy::pieces`]).
+    Memcpy3D {
+        /// The copy.
+        copy: Copy3D,
+        /// `None` for the synchronous copy, else the stream handle.
+        stream: Option<u64>,
+    },
+    /// Writes the client's bytes into mirrored memory (managed memory, and host memory the device maps):
+    /// the frame's bulk bytes are the runs' bytes back to back. Executed in request order, so before any
+    /// later launch or copy. Addresses are the server's; each run lies inside one mirrored allocation.
+    /// Fire-and-forget; reply [`Reply::Empty`] if asked.
+    MirrorWrite {
+        /// Where each piece of the bulk bytes goes.
+        runs: Vec<MirrorRun>,
+    },
+    /// Reads mirrored memory, without waiting for any stream (concurrent access, as the device's own
+    /// coherence allows). A range whose bytes hash ([`mirror_hash`]) to the client's `hash` is not sent.
+    /// Reply: [`Reply::Mirror`].
+    MirrorRead {
+        /// The ranges wanted.
+        ranges: Vec<MirrorRange>,
+    },
     /// Orderly end of the session: the server frees everything and replies [`Reply::Empty`].
     Goodbye,
 }
@@ -100,6 +126,34 @@ pub struct Launch {
     pub stream: u64,
     /// The packed parameter buffer (`kernelParams` copied per [`FunctionInfo::params`], or `extra`'s buffer).
     pub params: Vec<u8>,
+}
+
+/// Where one piece of a [`Call::MirrorWrite`] goes.
+#[derive(Clone, Copy, Debug, Deserialize, Eq, PartialEq, Serialize)]
+pub struct MirrorRun {
+    /// Server address of the first byte.
+    pub addr: u64,
+    /// Byte count.
+    pub len: u32,
+}
+
+/// One range of a [`Call::MirrorRead`].
+#[derive(Clone, Copy, Debug, Deserialize, Eq, PartialEq, Serialize)]
+pub struct MirrorRange {
+    /// Server address of the first byte.
+    pub addr: u64,
+    /// Byte count.
+    pub len: u32,
+    /// [`mirror_hash`] of the bytes the client holds, if it holds any worth keeping.
+    pub hash: Option<[u8; 16]>,
+}
+
+/// The hash by which a [`Call::MirrorRead`] skips ranges the client already holds (BLAKE3, 128 bits: a
+/// collision would silently keep stale bytes, so a cryptographic hash).
+pub fn mirror_hash(bytes: &[u8]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&blake3::hash(bytes).as_bytes()[..16]);
+    out
 }
 
 /// The client's greeting.
@@ -143,6 +197,13 @@ pub enum Reply {
     Library {
         /// `CUlibrary`.
         handle: u64,
+    },
+    /// Answer to [`Call::MirrorRead`]: which ranges changed; their bytes, back to back, are the frame's bulk
+    /// bytes.
+    Mirror {
+        /// Per requested range: `true` if its bytes follow (they differ from the client's hash, or no
+        /// hash was given), `false` if the client's copy is current.
+        fresh: Vec<bool>,
     },
     /// A function handle and what the client needs to launch and query it locally.
     Function {

@@ -20,6 +20,7 @@ use std::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::backend::Backend;
+use crate::mirrors::{self, Mirrors};
 use gleam_protocol::api::ApiCall;
 use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
@@ -46,6 +47,8 @@ pub struct Session<B: Backend> {
     pending: Option<CUresult>,
     /// Every live handle the backend gave this session.
     handles: Handles,
+    /// Allocations the client mirrors (managed and mapped host memory).
+    mirrors: Mirrors,
     started: Instant,
     requests: u64,
 }
@@ -79,6 +82,7 @@ impl<B: Backend> Session<B> {
             current_ctx: Some(0),
             pending: None,
             handles: Handles::default(),
+            mirrors: Mirrors::default(),
             started: Instant::now(),
             requests: 0,
         }
@@ -188,6 +192,7 @@ impl<B: Backend> Session<B> {
         self.state = State::Closed;
         self.backend.shutdown(&self.handles);
         self.handles.clear();
+        self.mirrors.clear();
     }
 
     /// Records a failure: sticky errors forever, a fire-and-forget failure until the next reply.
@@ -226,10 +231,17 @@ impl<B: Backend> Session<B> {
                     self.current_ctx = None;
                 }
                 let effect = Effect::of(&call);
+                let adding = self.mirrors.before(&call);
                 let reply = self.backend.api(call)?;
                 reply.register(&mut self.handles, &owner);
+                if let Some(adding) = adding {
+                    self.mirrors.after(adding, &reply, ctx);
+                }
                 let died = self.handles.apply(effect, Some(&reply));
                 if !died.is_empty() {
+                    for &emptied in &died.emptied_contexts {
+                        self.mirrors.emptied(emptied);
+                    }
                     self.backend.forget(&died);
                 }
                 Reply::Api(reply)
@@ -287,6 +299,50 @@ impl<B: Backend> Session<B> {
                 self.handles.check(Kind::Stream, launch.stream)?;
                 self.backend.launch(&launch)?;
                 Reply::Empty
+            }
+            Call::Memcpy3D { copy, stream } => {
+                mirrors::check_copy(&copy, bulk, stream, &self.handles)?;
+                let data = self.backend.memcpy3d(&copy, bulk, stream)?;
+                if copy.dst.place == gleam_protocol::copy::Place::Host {
+                    return Ok((Reply::Data, data));
+                }
+                Reply::Empty
+            }
+            Call::MirrorWrite { runs } => {
+                let total: u64 = runs.iter().map(|r| u64::from(r.len)).sum();
+                if total != bulk.len() as u64 {
+                    return Err(CUresult::INVALID_VALUE);
+                }
+                for r in &runs {
+                    self.mirrors.check(r.addr, u64::from(r.len))?;
+                }
+                let mut at = 0;
+                for r in &runs {
+                    let n = r.len as usize;
+                    self.backend.mirror_write(r.addr, &bulk[at..at + n])?;
+                    at += n;
+                }
+                Reply::Empty
+            }
+            Call::MirrorRead { ranges } => {
+                let total: u64 = ranges.iter().map(|r| u64::from(r.len)).sum();
+                if total > COPY_CHUNK as u64 {
+                    return Err(CUresult::INVALID_VALUE);
+                }
+                for r in &ranges {
+                    self.mirrors.check(r.addr, u64::from(r.len))?;
+                }
+                let mut fresh = Vec::with_capacity(ranges.len());
+                let mut data = Vec::new();
+                for r in &ranges {
+                    let bytes = self.backend.mirror_read(r.addr, r.len as usize)?;
+                    let same = r.hash.is_some_and(|h| h == gleam_protocol::wire::mirror_hash(&bytes));
+                    if !same {
+                        data.extend_from_slice(&bytes);
+                    }
+                    fresh.push(!same);
+                }
+                return Ok((Reply::Mirror { fresh }, data));
             }
             // Handled before dispatch.
             Call::Goodbye => Reply::Empty,
