@@ -299,11 +299,14 @@ unsafe fn launch(
         stream: stream as u64,
         params,
     });
-    session
-        .client
-        .send(context::current(), call)
-        .map_err(state::lost)?
-        .result()
+    // Mirrored memory the host wrote reaches the device before the kernel runs.
+    crate::managed::around("cuLaunchKernel", || {
+        session
+            .client
+            .send(context::current(), call)
+            .map_err(state::lost)?
+            .result()
+    })
 }
 
 /// Reads a `CUlaunchConfig` and refuses the attributes Gleam cannot honour (clusters).
