@@ -160,6 +160,16 @@ impl<B: Backend> Session<B> {
             return Ok((Reply::Empty, Vec::new()));
         }
 
+        // Mirror traffic keeps the client's copies of managed and mapped memory coherent: it needs no
+        // context and runs whatever error is pending, without reporting or clearing it (a refused write
+        // becomes the pending error, since coherence was lost).
+        if matches!(req.call, Call::MirrorRead { .. } | Call::MirrorWrite { .. }) {
+            let expects_reply = req.expects_reply;
+            return self
+                .dispatch(req.ctx, req.call, bulk)
+                .map_err(|err| if expects_reply { err } else { self.failed(err, false) });
+        }
+
         if let Some(err) = self.pending {
             if err.is_sticky() {
                 return Err(err);

@@ -1051,7 +1051,7 @@ pub fn register(p: u64, len: usize, flags: u32, ctx: u64) -> Result<u64, CUresul
         }
     };
     let npages = map_len / page;
-    let m = Mirror {
+    let mut m = Mirror {
         kind,
         host,
         len,
@@ -1068,73 +1068,13 @@ pub fn register(p: u64, len: usize, flags: u32, ctx: u64) -> Result<u64, CUresul
         window: FETCH_FIRST,
         next_fault: usize::MAX,
     };
-    let mut t = table();
-    // Writes by other threads wait (they fault, and the resolver waits for this lock) while the pages
-    // move to the memfd; their content stays readable throughout.
-    // SAFETY: the application's own pages, checked above to be private anonymous memory.
-    if unsafe { libc::mprotect(start as *mut libc::c_void, map_len, libc::PROT_READ) } != 0 {
-        drop(t);
-        release(fd, alias, map_len);
-        server_free(kind, server);
-        return Err(CUresult::INVALID_VALUE);
-    }
-    if let Err(err) = insert(&mut t, m) {
-        // SAFETY: as above.
-        unsafe {
-            libc::mprotect(
-                start as *mut libc::c_void,
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-            );
-        }
-        drop(t);
-        release(fd, alias, map_len);
-        server_free(kind, server);
-        return Err(err);
-    }
-    // SAFETY: copying the (now read-only) pages into the memfd through the alias, then moving a view of
-    // the memfd over them: the application sees the same bytes at the same addresses throughout.
-    let moved = unsafe {
-        std::ptr::copy_nonoverlapping(start as *const u8, alias as *mut u8, map_len);
-        let view = libc::mmap(
-            std::ptr::null_mut(),
-            map_len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        );
-        view != libc::MAP_FAILED
-            && libc::mremap(
-                view,
-                map_len,
-                map_len,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                start as *mut libc::c_void,
-            ) != libc::MAP_FAILED
-    };
-    let mirror = t.mirrors.get_mut(&start).ok_or(CUresult::UNKNOWN)?;
-    if !moved {
-        // SAFETY: the original pages are still in place (mremap failed before replacing them).
-        unsafe {
-            libc::mprotect(
-                start as *mut libc::c_void,
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-            );
-        }
-        let m = t.mirrors.remove(&start).ok_or(CUresult::UNKNOWN)?;
-        drop_mirror(&m);
-        drop(t);
-        server_free(kind, server);
-        return Err(CUresult::OUT_OF_MEMORY);
-    }
-    // Pages shared with other data are never protected; the others start clean.
+    // Everything that allocates is done before the pages are protected: while they are, this thread
+    // holds the table's lock, and the allocator may touch the pages the range shares with other data.
     let mut loose = Vec::new();
     for i in 0..npages {
-        let (from, to) = mirror.covered(i);
+        let (from, to) = m.covered(i);
         let shared = from > 0 || to < page;
-        mirror.pages.push(Page {
+        m.pages.push(Page {
             state: if shared { State::Loose } else { State::Clean },
             hash: None,
             wanted: false,
@@ -1142,29 +1082,92 @@ pub fn register(p: u64, len: usize, flags: u32, ctx: u64) -> Result<u64, CUresul
         });
         if shared {
             loose.push(i);
-            let twin = mirror.alias_page(i).to_vec().into_boxed_slice();
-            mirror.twins.insert(i, twin);
+            m.twins.insert(i, vec![0u8; page].into_boxed_slice());
         }
     }
-    UNPUSHED.fetch_add(loose.len(), Ordering::AcqRel);
+    let mut t = table();
+    if let Err(err) = insert(&mut t, m) {
+        drop(t);
+        release(fd, alias, map_len);
+        server_free(kind, server);
+        return Err(err);
+    }
+    let undo = |t: &mut MutexGuard<'static, Table>| {
+        if let Some(m) = t.mirrors.remove(&start) {
+            drop_mirror_registered(&m);
+        }
+    };
+    // Writes by other threads wait (they fault, and the resolver waits for this lock) while the pages
+    // move to the memfd; their content stays readable throughout.
+    // SAFETY: the application's own pages, checked above to be private anonymous memory; copying them
+    // into the memfd through the alias, then moving a view of the memfd over them: the application sees
+    // the same bytes at the same addresses throughout.
+    let moved = unsafe {
+        libc::mprotect(start as *mut libc::c_void, map_len, libc::PROT_READ) == 0 && {
+            std::ptr::copy_nonoverlapping(start as *const u8, alias as *mut u8, map_len);
+            let view = libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            view != libc::MAP_FAILED
+                && libc::mremap(
+                    view,
+                    map_len,
+                    map_len,
+                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                    start as *mut libc::c_void,
+                ) != libc::MAP_FAILED
+        }
+    };
+    if !moved {
+        // SAFETY: the original pages are still in place (nothing replaced them).
+        unsafe {
+            libc::mprotect(
+                start as *mut libc::c_void,
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+            );
+        }
+        undo(&mut t);
+        drop(t);
+        server_free(kind, server);
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let Some(mirror) = t.mirrors.get_mut(&start) else {
+        return Err(CUresult::UNKNOWN);
+    };
+    // Pages shared with other data are never protected (their twins are filled without allocating).
+    for &i in &loose {
+        let page_bytes = mirror.alias_page(i).as_ptr();
+        if let Some(twin) = mirror.twins.get_mut(&i) {
+            // SAFETY: the alias page and the twin are both `page` bytes, distinct allocations.
+            unsafe { std::ptr::copy_nonoverlapping(page_bytes, twin.as_mut_ptr(), page) };
+        }
+    }
     mirror.protect_each(&loose, libc::PROT_READ | libc::PROT_WRITE);
+    UNPUSHED.fetch_add(loose.len(), Ordering::AcqRel);
     for i in 0..npages {
         if mirror.pages[i].state == State::Clean {
             mirror.pages[i].hash = Some(mirror.hash_page(i));
         }
     }
-    // The server's copy starts as the application's bytes.
+    drop(t);
+    // The server's copy starts as the application's bytes (read through the alias; a write racing with
+    // this faults and is pushed as a difference later).
     let remote = remote();
     let mut batch = Batch {
         remote: &*remote,
         runs: Vec::new(),
         bytes: Vec::new(),
     };
-    // SAFETY: the registered range, readable through the alias.
+    // SAFETY: the registered range, readable through the alias for as long as the mirror lives.
     let bytes =
         unsafe { std::slice::from_raw_parts((alias + (host - start)) as *const u8, len) };
     let pushed = batch.add(server, bytes).and_then(|()| batch.send());
-    drop(t);
     if let Err(err) = pushed {
         let _ = unregister(p);
         return Err(err);
