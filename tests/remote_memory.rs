@@ -30,14 +30,20 @@ fn run(mode: &str) -> String {
 #[test]
 fn managed_memory_is_coherent_at_launches_and_synchronizations() {
     let stdout = run("managed");
-    assert!(stdout.contains("managed: memsets and copies ok"), "{stdout}");
+    assert!(
+        stdout.contains("managed: memsets and copies ok"),
+        "{stdout}"
+    );
     assert!(stdout.contains("concurrent managed access: 1"), "{stdout}");
 }
 
 #[test]
 fn mapped_and_registered_host_memory_reach_kernels() {
     let stdout = run("host");
-    assert!(stdout.contains("host: mapped page-locked memory ok"), "{stdout}");
+    assert!(
+        stdout.contains("host: mapped page-locked memory ok"),
+        "{stdout}"
+    );
 }
 
 #[test]

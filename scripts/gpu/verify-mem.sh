@@ -113,8 +113,7 @@ done
 say "-- 3. gleam-real tests that need a GPU"
 for t in "$CARRY"/tests/gleam_real-*; do
     [ -x "$t" ] || { say "not carried (WITH_TESTS=1 bash scripts/gpu/build-carry.sh)"; break; }
-    "$t" --ignored mirror 2>&1 | grep -E '^test |test result|panicked' | tee -a "$LOG"
-    "$t" --ignored array 2>&1 | grep -E '^test |test result|panicked' | tee -a "$LOG"
+    "$t" --ignored scenario 2>&1 | grep -E '^test |test result|panicked' | tee -a "$LOG"
 done
 
 say "== verify-mem: $problems problem(s)"

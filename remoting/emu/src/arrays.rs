@@ -15,14 +15,14 @@ use std::sync::Arc;
 
 use gleam_protocol::copy::{ArrayShape, Copy3D, Place};
 use gleam_protocol::descriptors::{
-    CUDA_ARRAY3D_CUBEMAP, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_LAYERED, CUDA_ARRAY3D_SURFACE_LDST,
+    CU_TRSF_NORMALIZED_COORDINATES, CU_TRSF_READ_AS_INTEGER, CU_TRSF_SRGB, CUDA_ARRAY3D_CUBEMAP,
+    CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_LAYERED, CUDA_ARRAY3D_SURFACE_LDST,
     CUDA_ARRAY3D_TEXTURE_GATHER, CUDA_RESOURCE_DESC, CUDA_RESOURCE_VIEW_DESC, CUDA_TEXTURE_DESC,
-    CU_TRSF_NORMALIZED_COORDINATES, CU_TRSF_READ_AS_INTEGER, CU_TRSF_SRGB, Resource, format,
+    Resource, format,
 };
 use gleam_protocol::types::CUresult;
 use gleam_ptx::{
-    AddressMode, ChannelFormat, FilterMode, MemoryFault, SurfaceDesc, TextureDesc,
-    TextureResolver,
+    AddressMode, ChannelFormat, FilterMode, MemoryFault, SurfaceDesc, TextureDesc, TextureResolver,
 };
 
 use crate::device::limits;
@@ -126,7 +126,10 @@ fn check_extents(d: &CUDA_ARRAY3D_DESCRIPTOR) -> Result<(), CUresult> {
             }
     } else if layered {
         match (h, depth) {
-            (0, l) => within(w, pick(limits::TEXTURE_1D_LAYERED, limits::SURFACE_1D)) && within(l, limits::LAYERS),
+            (0, l) => {
+                within(w, pick(limits::TEXTURE_1D_LAYERED, limits::SURFACE_1D))
+                    && within(l, limits::LAYERS)
+            }
             (h, l) => {
                 let max = pick(limits::TEXTURE_2D_LAYERED, limits::SURFACE_2D_LAYERED);
                 within(w, max) && within(h, max) && within(l, limits::LAYERS)
@@ -135,10 +138,15 @@ fn check_extents(d: &CUDA_ARRAY3D_DESCRIPTOR) -> Result<(), CUresult> {
     } else {
         match (h, depth) {
             (0, 0) => within(w, pick(limits::TEXTURE_1D, limits::SURFACE_1D)),
-            (h, 0) if gather => within(w, limits::TEXTURE_2D_GATHER) && within(h, limits::TEXTURE_2D_GATHER),
+            (h, 0) if gather => {
+                within(w, limits::TEXTURE_2D_GATHER) && within(h, limits::TEXTURE_2D_GATHER)
+            }
             (h, 0) => {
                 within(w, pick(limits::TEXTURE_2D_WIDTH, limits::SURFACE_2D_WIDTH))
-                    && within(h, pick(limits::TEXTURE_2D_HEIGHT, limits::SURFACE_2D_HEIGHT))
+                    && within(
+                        h,
+                        pick(limits::TEXTURE_2D_HEIGHT, limits::SURFACE_2D_HEIGHT),
+                    )
             }
             (0, _) => false,
             (h, dd) => {
@@ -171,7 +179,10 @@ impl Objects {
         let ch = channels(desc.NumChannels)?;
         if desc.Flags & !KNOWN_FLAGS != 0 {
             // Depth textures, colour attachments, sparse and deferred-mapping arrays.
-            tracing::warn!(flags = desc.Flags, "array flags the emulator does not offer");
+            tracing::warn!(
+                flags = desc.Flags,
+                "array flags the emulator does not offer"
+            );
             return Err(CUresult::NOT_SUPPORTED);
         }
         check_extents(&desc)?;
@@ -270,7 +281,12 @@ impl Objects {
                     return Err(CUresult::INVALID_VALUE);
                 }
                 mem.check(l.devPtr, l.sizeInBytes)?;
-                Ok(gleam_ptx::Resource::linear(l.devPtr, fmt, ch, l.sizeInBytes))
+                Ok(gleam_ptx::Resource::linear(
+                    l.devPtr,
+                    fmt,
+                    ch,
+                    l.sizeInBytes,
+                ))
             }
             Resource::Pitch2D(p) => {
                 let fmt = channel_format(p.format)?;
@@ -278,7 +294,9 @@ impl Objects {
                 let elem = channel_bytes(p.format) * u64::from(ch);
                 let row = p.width.checked_mul(elem).ok_or(CUresult::INVALID_VALUE)?;
                 if !aligned(p.devPtr)
-                    || !p.pitchInBytes.is_multiple_of(limits::TEXTURE_PITCH_ALIGNMENT)
+                    || !p
+                        .pitchInBytes
+                        .is_multiple_of(limits::TEXTURE_PITCH_ALIGNMENT)
                     || !(1..=limits::TEXTURE_2D_LINEAR_WIDTH).contains(&p.width)
                     || !(1..=limits::TEXTURE_2D_LINEAR_HEIGHT).contains(&p.height)
                     || p.pitchInBytes > limits::TEXTURE_2D_LINEAR_PITCH
@@ -343,10 +361,7 @@ impl Objects {
         desc.border = tex.borderColor;
         // Linear filtering needs float results: integer reads (32-bit integers always are) cannot be
         // filtered.
-        let int32 = matches!(
-            resource.format,
-            ChannelFormat::U32 | ChannelFormat::S32
-        );
+        let int32 = matches!(resource.format, ChannelFormat::U32 | ChannelFormat::S32);
         let float_format = matches!(resource.format, ChannelFormat::F16 | ChannelFormat::F32);
         if desc.filter == FilterMode::Linear && !float_format && (int32 || desc.read_as_integer) {
             return Err(CUresult::INVALID_VALUE);
@@ -380,7 +395,14 @@ impl Objects {
     pub fn texture_descs(
         &self,
         handle: u64,
-    ) -> Result<(CUDA_RESOURCE_DESC, CUDA_TEXTURE_DESC, CUDA_RESOURCE_VIEW_DESC), CUresult> {
+    ) -> Result<
+        (
+            CUDA_RESOURCE_DESC,
+            CUDA_TEXTURE_DESC,
+            CUDA_RESOURCE_VIEW_DESC,
+        ),
+        CUresult,
+    > {
         self.textures
             .get(&handle)
             .map(|t| (t.res, t.tex, t.view))
@@ -470,8 +492,16 @@ impl Objects {
             })
         };
         Ok(Plan {
-            src: (at(copy.src.place, src.origin)?, src.row_stride, src.slice_stride),
-            dst: (at(copy.dst.place, dst.origin)?, dst.row_stride, dst.slice_stride),
+            src: (
+                at(copy.src.place, src.origin)?,
+                src.row_stride,
+                src.slice_stride,
+            ),
+            dst: (
+                at(copy.dst.place, dst.origin)?,
+                dst.row_stride,
+                dst.slice_stride,
+            ),
             width: copy.width_bytes,
             height: copy.height,
             depth: copy.depth,
@@ -547,7 +577,9 @@ impl Plan {
                         mem.read_bytes(s, &mut row)?;
                         mem.write_bytes(d, &row)?;
                     }
-                    (None, None) => out[packed..packed + w].copy_from_slice(&host[packed..packed + w]),
+                    (None, None) => {
+                        out[packed..packed + w].copy_from_slice(&host[packed..packed + w])
+                    }
                 }
                 packed += w;
             }
@@ -562,7 +594,14 @@ mod tests {
     use gleam_protocol::copy::Side;
     use gleam_protocol::descriptors::{LinearResource, Pitch2DResource};
 
-    fn desc(w: usize, h: usize, d: usize, fmt: u32, ch: u32, flags: u32) -> CUDA_ARRAY3D_DESCRIPTOR {
+    fn desc(
+        w: usize,
+        h: usize,
+        d: usize,
+        fmt: u32,
+        ch: u32,
+        flags: u32,
+    ) -> CUDA_ARRAY3D_DESCRIPTOR {
         CUDA_ARRAY3D_DESCRIPTOR {
             Width: w,
             Height: h,
@@ -581,8 +620,20 @@ mod tests {
         assert!(ok(&mut o, desc(64, 0, 0, format::FLOAT, 1, 0)).is_ok());
         assert!(ok(&mut o, desc(64, 32, 0, format::UNSIGNED_INT8, 4, 0)).is_ok());
         assert!(ok(&mut o, desc(8, 8, 8, format::HALF, 2, 0)).is_ok());
-        assert!(ok(&mut o, desc(16, 0, 3, format::FLOAT, 1, CUDA_ARRAY3D_LAYERED)).is_ok());
-        assert!(ok(&mut o, desc(16, 16, 6, format::FLOAT, 1, CUDA_ARRAY3D_CUBEMAP)).is_ok());
+        assert!(
+            ok(
+                &mut o,
+                desc(16, 0, 3, format::FLOAT, 1, CUDA_ARRAY3D_LAYERED)
+            )
+            .is_ok()
+        );
+        assert!(
+            ok(
+                &mut o,
+                desc(16, 16, 6, format::FLOAT, 1, CUDA_ARRAY3D_CUBEMAP)
+            )
+            .is_ok()
+        );
         for bad in [
             desc(0, 0, 0, format::FLOAT, 1, 0),
             desc(64, 0, 4, format::FLOAT, 1, 0),
@@ -638,7 +689,10 @@ mod tests {
         };
         let plan = o.plan(&down).unwrap();
         plan.check(&mem).unwrap();
-        assert_eq!(plan.run(&mem, &[]).unwrap(), [34, 35, 36, 37, 42, 43, 44, 45]);
+        assert_eq!(
+            plan.run(&mem, &[]).unwrap(),
+            [34, 35, 36, 37, 42, 43, 44, 45]
+        );
     }
 
     #[test]
@@ -649,7 +703,11 @@ mod tests {
             .create_array(&mem, desc(8, 8, 0, format::FLOAT, 1, 0), 1)
             .unwrap();
         let surf = o
-            .create_array(&mem, desc(8, 8, 0, format::FLOAT, 1, CUDA_ARRAY3D_SURFACE_LDST), 1)
+            .create_array(
+                &mem,
+                desc(8, 8, 0, format::FLOAT, 1, CUDA_ARRAY3D_SURFACE_LDST),
+                1,
+            )
             .unwrap();
         let tex = CUDA_TEXTURE_DESC {
             addressMode: [1; 3],
@@ -657,7 +715,12 @@ mod tests {
             ..Default::default()
         };
         let t = o
-            .create_texture(&mem, CUDA_RESOURCE_DESC::new(Resource::Array(plain)), tex, None)
+            .create_texture(
+                &mem,
+                CUDA_RESOURCE_DESC::new(Resource::Array(plain)),
+                tex,
+                None,
+            )
             .unwrap();
         assert!(o.resolver().texture(t).is_some());
         assert_eq!(o.texture_descs(t).unwrap().1, tex);
@@ -705,7 +768,12 @@ mod tests {
             .create_array(&mem, desc(8, 8, 0, format::SIGNED_INT32, 1, 0), 1)
             .unwrap();
         assert_eq!(
-            o.create_texture(&mem, CUDA_RESOURCE_DESC::new(Resource::Array(ints)), tex, None),
+            o.create_texture(
+                &mem,
+                CUDA_RESOURCE_DESC::new(Resource::Array(ints)),
+                tex,
+                None
+            ),
             Err(CUresult::INVALID_VALUE)
         );
         o.destroy_texture(t).unwrap();

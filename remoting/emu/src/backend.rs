@@ -1369,7 +1369,10 @@ impl ApiBackend for EmuBackend {
         self.api_cuMemAllocManaged(a)
     }
 
-    fn cuMemHostAlloc(&mut self, a: args::cuMemHostAlloc) -> Result<outs::cuMemHostAlloc, CUresult> {
+    fn cuMemHostAlloc(
+        &mut self,
+        a: args::cuMemHostAlloc,
+    ) -> Result<outs::cuMemHostAlloc, CUresult> {
         self.api_cuMemHostAlloc(a)
     }
 
@@ -1391,7 +1394,8 @@ impl ApiBackend for EmuBackend {
 
     fn cuMemAdvise(&mut self, a: args::cuMemAdvise) -> Result<outs::cuMemAdvise, CUresult> {
         self.ctx()?;
-        self.mirrored.advise(a.dev_ptr, a.count, a.advice, a.device)?;
+        self.mirrored
+            .advise(a.dev_ptr, a.count, a.advice, a.device)?;
         Ok(Default::default())
     }
 
@@ -1446,7 +1450,10 @@ impl ApiBackend for EmuBackend {
         })
     }
 
-    fn cuArrayDestroy(&mut self, a: args::cuArrayDestroy) -> Result<outs::cuArrayDestroy, CUresult> {
+    fn cuArrayDestroy(
+        &mut self,
+        a: args::cuArrayDestroy,
+    ) -> Result<outs::cuArrayDestroy, CUresult> {
         self.array_destroy(a.array)?;
         Ok(Default::default())
     }
@@ -1609,7 +1616,10 @@ impl EmuBackend {
         self.mirrored.free_host(&self.shared.mem, a.p)
     }
 
-    fn array_create(&mut self, desc: gleam_protocol::descriptors::CUDA_ARRAY3D_DESCRIPTOR) -> Result<u64, CUresult> {
+    fn array_create(
+        &mut self,
+        desc: gleam_protocol::descriptors::CUDA_ARRAY3D_DESCRIPTOR,
+    ) -> Result<u64, CUresult> {
         let ctx = self.ctx()?;
         self.objects.create_array(&self.shared.mem, desc, ctx)
     }

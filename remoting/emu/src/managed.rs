@@ -187,7 +187,10 @@ mod tests {
         let b = m.alloc_managed(&mem, 100, ATTACH_HOST, 1).unwrap();
         assert_eq!(a % MIRROR_ALIGN, 0);
         assert!(b >= a + MIRROR_ALIGN);
-        assert_eq!(m.alloc_managed(&mem, 0, ATTACH_GLOBAL, 1), Err(CUresult::INVALID_VALUE));
+        assert_eq!(
+            m.alloc_managed(&mem, 0, ATTACH_GLOBAL, 1),
+            Err(CUresult::INVALID_VALUE)
+        );
         assert_eq!(m.alloc_managed(&mem, 8, 3, 1), Err(CUresult::INVALID_VALUE));
         let h = m.alloc_host(&mem, 64, 2, 1).unwrap();
         assert_eq!(m.device_pointer(h + 8, 0), Ok(h + 8));
@@ -201,7 +204,10 @@ mod tests {
         assert_eq!(m.advise(a, 10, 3, 5), Err(CUresult::INVALID_DEVICE));
         assert_eq!(m.prefetch(a, 100, DEVICE_CPU), Ok(()));
         assert_eq!(m.attach(a, 0, ATTACH_SINGLE), Ok(()));
-        assert_eq!(m.attach(a + 8, 0, ATTACH_SINGLE), Err(CUresult::INVALID_VALUE));
+        assert_eq!(
+            m.attach(a + 8, 0, ATTACH_SINGLE),
+            Err(CUresult::INVALID_VALUE)
+        );
         m.emptied(1);
         assert_eq!(m.prefetch(a, 100, 0), Err(CUresult::INVALID_VALUE));
     }

@@ -179,13 +179,12 @@ impl Copy3D {
                         return Err(invalid);
                     }
                     let slice = pitch.checked_mul(s.height).ok_or(invalid)?;
-                    let origin = s
-                        .z
-                        .checked_mul(slice)
-                        .and_then(|o| o.checked_add(s.y.checked_mul(pitch)?))
-                        .and_then(|o| o.checked_add(s.x_bytes))
-                        .and_then(|o| o.checked_add(base))
-                        .ok_or(invalid)?;
+                    let origin =
+                        s.z.checked_mul(slice)
+                            .and_then(|o| o.checked_add(s.y.checked_mul(pitch)?))
+                            .and_then(|o| o.checked_add(s.x_bytes))
+                            .and_then(|o| o.checked_add(base))
+                            .ok_or(invalid)?;
                     Ok(Rows {
                         origin,
                         row_stride: pitch,
@@ -242,13 +241,29 @@ impl Copy3D {
         };
         let piece = |x: u64, y: u64, z: u64, w: u64, h: u64| Copy3D {
             src: Side {
-                pitch: if self.src.place == Place::Host { w } else { self.src.pitch },
-                height: if self.src.place == Place::Host { h } else { self.src.height },
+                pitch: if self.src.place == Place::Host {
+                    w
+                } else {
+                    self.src.pitch
+                },
+                height: if self.src.place == Place::Host {
+                    h
+                } else {
+                    self.src.height
+                },
                 ..at(&self.src, x, y, z)
             },
             dst: Side {
-                pitch: if self.dst.place == Place::Host { w } else { self.dst.pitch },
-                height: if self.dst.place == Place::Host { h } else { self.dst.height },
+                pitch: if self.dst.place == Place::Host {
+                    w
+                } else {
+                    self.dst.pitch
+                },
+                height: if self.dst.place == Place::Host {
+                    h
+                } else {
+                    self.dst.height
+                },
                 ..at(&self.dst, x, y, z)
             },
             width_bytes: w,

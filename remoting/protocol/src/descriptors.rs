@@ -384,7 +384,12 @@ mod tests {
             height: 50,
             pitchInBytes: 512,
         });
-        for r in [Resource::Array(0x1234), Resource::Mipmapped(0x99), linear, pitch] {
+        for r in [
+            Resource::Array(0x1234),
+            Resource::Mipmapped(0x99),
+            linear,
+            pitch,
+        ] {
             assert_eq!(CUDA_RESOURCE_DESC::new(r).resource(), Some(r));
         }
         let mut d = CUDA_RESOURCE_DESC::new(linear);
@@ -419,6 +424,9 @@ mod tests {
             ..Default::default()
         };
         let bytes = postcard::to_allocvec(&d).unwrap();
-        assert_eq!(postcard::from_bytes::<CUDA_TEXTURE_DESC>(&bytes).unwrap(), d);
+        assert_eq!(
+            postcard::from_bytes::<CUDA_TEXTURE_DESC>(&bytes).unwrap(),
+            d
+        );
     }
 }

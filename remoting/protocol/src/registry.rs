@@ -590,7 +590,9 @@ impl<T: Plain + Embedded> HandleArg for In<T> {
 
 impl<T: Plain + Embedded> HandleArg for InOpt<T> {
     fn check(handles: &Handles, request: &Option<T>, _: &mut Owner) -> Result<(), CUresult> {
-        request.as_ref().map_or(Ok(()), |r| r.check_embedded(handles))
+        request
+            .as_ref()
+            .map_or(Ok(()), |r| r.check_embedded(handles))
     }
     fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
@@ -1129,6 +1131,64 @@ mod tests {
         }
         assert_eq!(Effect::of(&calls[5]), Effect::Destroy(Kind::Stream, 7));
         assert_eq!(Effect::of(&calls[1]), Effect::PrimaryReset(1));
+    }
+
+    /// Arrays and texture and surface objects belong to their context; a resource descriptor's array is
+    /// checked like a handle argument; objects outlive the array they read (CUDA leaves that to the
+    /// application).
+    #[test]
+    fn arrays_and_objects_die_with_their_context_and_descriptors_are_checked() {
+        use crate::descriptors::{CUDA_RESOURCE_DESC, CUDA_TEXTURE_DESC, LinearResource, Resource};
+        let mut h = primed();
+        let owner = Owner::in_context(CTX);
+        outs::cuArray3DCreate_v2 {
+            array: 0x500,
+            desc: (),
+        }
+        .register(&mut h, &owner);
+        let tex = |res: Resource| args::cuTexObjectCreate {
+            object: (),
+            res_desc: CUDA_RESOURCE_DESC::new(res),
+            tex_desc: CUDA_TEXTURE_DESC::default(),
+            view_desc: None,
+        };
+        assert_eq!(admit(&h, &tex(Resource::Array(0x500))), Ok(()));
+        assert_eq!(
+            admit(&h, &tex(Resource::Array(0x501))),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        assert_eq!(
+            admit(&h, &tex(Resource::Mipmapped(0x500))),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        // Linear memory is a device pointer: the driver's to check.
+        let linear = Resource::Linear(LinearResource {
+            devPtr: 0xdead,
+            ..Default::default()
+        });
+        assert_eq!(admit(&h, &tex(linear)), Ok(()));
+        outs::cuTexObjectCreate {
+            object: 7,
+            ..Default::default()
+        }
+        .register(&mut h, &owner);
+        outs::cuSurfObjectCreate {
+            object: 8,
+            ..Default::default()
+        }
+        .register(&mut h, &owner);
+        let died = h.apply(
+            Effect::Destroy(Kind::Array, 0x500),
+            Some(&ApiReply::cuArrayDestroy(Default::default())),
+        );
+        assert_eq!(died.handles, [(Kind::Array, 0x500)]);
+        assert_eq!(h.check(Kind::TexObject, 7), Ok(()));
+        h.apply(
+            Effect::Destroy(Kind::Context, CTX),
+            Some(&ApiReply::cuCtxDestroy_v2(Default::default())),
+        );
+        assert_eq!(h.check(Kind::TexObject, 7), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(h.check(Kind::SurfObject, 8), Err(CUresult::INVALID_HANDLE));
     }
 
     #[test]

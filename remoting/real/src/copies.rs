@@ -57,7 +57,11 @@ fn c_side(side: &Side, host: *mut c_void) -> CSide {
     };
     CSide {
         kind,
-        host: if side.place == Place::Host { host } else { std::ptr::null_mut() },
+        host: if side.place == Place::Host {
+            host
+        } else {
+            std::ptr::null_mut()
+        },
         device,
         array,
         x: side.x_bytes as usize,
@@ -79,7 +83,11 @@ pub(crate) fn memcpy3d(
     let to_host = copy.dst.place == Place::Host;
     let packed = usize::try_from(copy.packed_bytes().ok_or(CUresult::INVALID_VALUE)?)
         .map_err(|_| CUresult::INVALID_VALUE)?;
-    let mut out = if to_host { vec![0u8; packed] } else { Vec::new() };
+    let mut out = if to_host {
+        vec![0u8; packed]
+    } else {
+        Vec::new()
+    };
     let s = c_side(&copy.src, host.as_ptr().cast_mut().cast());
     let d = c_side(&copy.dst, out.as_mut_ptr().cast());
     let desc = CUDA_MEMCPY3D {

@@ -17,6 +17,8 @@
 //! the server inherited a client's `LD_LIBRARY_PATH`, and serving through it would loop.
 
 mod copies;
+#[cfg(test)]
+mod scenario_tests;
 
 use std::borrow::Cow;
 use std::cell::OnceCell;

@@ -96,10 +96,7 @@ impl Mirrors {
             .live
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&base, m)| {
-                addr.checked_add(len)
-                    .is_some_and(|end| end <= base + m.len)
-            });
+            .is_some_and(|(&base, m)| addr.checked_add(len).is_some_and(|end| end <= base + m.len));
         if inside {
             Ok(())
         } else {

@@ -165,9 +165,13 @@ impl<B: Backend> Session<B> {
         // becomes the pending error, since coherence was lost).
         if matches!(req.call, Call::MirrorRead { .. } | Call::MirrorWrite { .. }) {
             let expects_reply = req.expects_reply;
-            return self
-                .dispatch(req.ctx, req.call, bulk)
-                .map_err(|err| if expects_reply { err } else { self.failed(err, false) });
+            return self.dispatch(req.ctx, req.call, bulk).map_err(|err| {
+                if expects_reply {
+                    err
+                } else {
+                    self.failed(err, false)
+                }
+            });
         }
 
         if let Some(err) = self.pending {
@@ -346,7 +350,9 @@ impl<B: Backend> Session<B> {
                 let mut data = Vec::new();
                 for r in &ranges {
                     let bytes = self.backend.mirror_read(r.addr, r.len as usize)?;
-                    let same = r.hash.is_some_and(|h| h == gleam_protocol::wire::mirror_hash(&bytes));
+                    let same = r
+                        .hash
+                        .is_some_and(|h| h == gleam_protocol::wire::mirror_hash(&bytes));
                     if !same {
                         data.extend_from_slice(&bytes);
                     }

@@ -249,7 +249,16 @@ fn memcpy(
     Ok(())
 }
 
-fn side2d(kind: u32, host: *const c_void, device: u64, array: *mut c_void, x: usize, y: usize, pitch: usize, height: usize) -> AppSide {
+fn side2d(
+    kind: u32,
+    host: *const c_void,
+    device: u64,
+    array: *mut c_void,
+    x: usize,
+    y: usize,
+    pitch: usize,
+    height: usize,
+) -> AppSide {
     AppSide {
         kind,
         host: host as u64,
@@ -269,8 +278,26 @@ unsafe fn copy2d(p: *const c_void, stream: Option<u64>) -> Result<(), CUresult> 
     }
     // SAFETY: the application's CUDA_MEMCPY2D, as the C API requires.
     let c = unsafe { p.cast::<CUDA_MEMCPY2D>().read_unaligned() };
-    let src = side2d(c.srcMemoryType, c.srcHost, c.srcDevice, c.srcArray, c.srcXInBytes, c.srcY, c.srcPitch, c.Height);
-    let dst = side2d(c.dstMemoryType, c.dstHost, c.dstDevice, c.dstArray, c.dstXInBytes, c.dstY, c.dstPitch, c.Height);
+    let src = side2d(
+        c.srcMemoryType,
+        c.srcHost,
+        c.srcDevice,
+        c.srcArray,
+        c.srcXInBytes,
+        c.srcY,
+        c.srcPitch,
+        c.Height,
+    );
+    let dst = side2d(
+        c.dstMemoryType,
+        c.dstHost,
+        c.dstDevice,
+        c.dstArray,
+        c.dstXInBytes,
+        c.dstY,
+        c.dstPitch,
+        c.Height,
+    );
     memcpy(src, dst, c.WidthInBytes as u64, c.Height as u64, 1, stream)
 }
 
@@ -306,7 +333,14 @@ unsafe fn copy3d(p: *const c_void, stream: Option<u64>) -> Result<(), CUresult> 
         pitch: c.dstPitch as u64,
         height: c.dstHeight as u64,
     };
-    memcpy(src, dst, c.WidthInBytes as u64, c.Height as u64, c.Depth as u64, stream)
+    memcpy(
+        src,
+        dst,
+        c.WidthInBytes as u64,
+        c.Height as u64,
+        c.Depth as u64,
+        stream,
+    )
 }
 
 pub unsafe fn cuMemcpy2D_v2(p: *const c_void) -> Result<(), CUresult> {
@@ -383,7 +417,14 @@ pub unsafe fn cuMemcpyHtoAAsync_v2(
     stream: CUstream,
 ) -> Result<(), CUresult> {
     let s = linear_side(CU_MEMORYTYPE_HOST, src as u64, 0);
-    memcpy(s, array_side(dst, offset), n as u64, 1, 1, Some(stream as u64))
+    memcpy(
+        s,
+        array_side(dst, offset),
+        n as u64,
+        1,
+        1,
+        Some(stream as u64),
+    )
 }
 
 pub unsafe fn cuMemcpyAtoH_v2(
@@ -404,7 +445,14 @@ pub unsafe fn cuMemcpyAtoHAsync_v2(
     stream: CUstream,
 ) -> Result<(), CUresult> {
     let d = linear_side(CU_MEMORYTYPE_HOST, dst as u64, 0);
-    memcpy(array_side(src, offset), d, n as u64, 1, 1, Some(stream as u64))
+    memcpy(
+        array_side(src, offset),
+        d,
+        n as u64,
+        1,
+        1,
+        Some(stream as u64),
+    )
 }
 
 pub unsafe fn cuMemcpyDtoA_v2(

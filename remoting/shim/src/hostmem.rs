@@ -83,7 +83,11 @@ fn supports(attr: u32) -> bool {
     device::server_attribute(current_device(), attr).unwrap_or(0) != 0
 }
 
-pub unsafe fn cuMemAllocManaged(dptr: *mut u64, bytesize: usize, flags: u32) -> Result<(), CUresult> {
+pub unsafe fn cuMemAllocManaged(
+    dptr: *mut u64,
+    bytesize: usize,
+    flags: u32,
+) -> Result<(), CUresult> {
     state::session()?;
     if dptr.is_null() || bytesize == 0 || !matches!(flags, ATTACH_GLOBAL | ATTACH_HOST) {
         return Err(CUresult::INVALID_VALUE);
@@ -183,7 +187,11 @@ pub unsafe fn cuMemHostGetDevicePointer_v2(
         return Err(CUresult::INVALID_VALUE);
     }
     let device = match managed::lookup(p) {
-        Some(m) if !matches!(m.kind, MirrorKind::Managed { .. }) && p >= m.host && p < m.host + m.len => {
+        Some(m)
+            if !matches!(m.kind, MirrorKind::Managed { .. })
+                && p >= m.host
+                && p < m.host + m.len =>
+        {
             m.device + (p - m.host)
         }
         _ if local_at(p).is_some() => {
@@ -217,7 +225,11 @@ pub unsafe fn cuMemHostGetFlags(flags: *mut u32, p: *mut c_void) -> Result<(), C
     unsafe { put(flags, f) }
 }
 
-pub unsafe fn cuMemHostRegister(p: *mut c_void, bytesize: usize, flags: u32) -> Result<(), CUresult> {
+pub unsafe fn cuMemHostRegister(
+    p: *mut c_void,
+    bytesize: usize,
+    flags: u32,
+) -> Result<(), CUresult> {
     state::session()?;
     if p.is_null() || bytesize == 0 || flags & !REGISTER_FLAGS != 0 {
         return Err(CUresult::INVALID_VALUE);
@@ -289,7 +301,12 @@ fn accessed_bit(device: i32) -> u64 {
     1u64 << ((device + 1).clamp(0, 63) as u32)
 }
 
-pub unsafe fn cuMemAdvise(ptr: u64, count: usize, advice: u32, device: i32) -> Result<(), CUresult> {
+pub unsafe fn cuMemAdvise(
+    ptr: u64,
+    count: usize,
+    advice: u32,
+    device: i32,
+) -> Result<(), CUresult> {
     state::session()?;
     managed_range(ptr, count)?;
     let edit: fn(&mut Advice, i32) = match advice {
@@ -520,7 +537,12 @@ pub fn pointer_attribute(attribute: u32, ptr: u64) -> Option<Result<([u8; 16], u
     let managed = matches!(m.kind, MirrorKind::Managed { .. });
     let size = match attribute {
         1 => set(&m.ctx.to_le_bytes()),
-        2 => set(&(if managed { MEMORYTYPE_DEVICE } else { MEMORYTYPE_HOST }).to_le_bytes()),
+        2 => set(&(if managed {
+            MEMORYTYPE_DEVICE
+        } else {
+            MEMORYTYPE_HOST
+        })
+        .to_le_bytes()),
         3 => set(&(m.device + offset).to_le_bytes()),
         4 => set(&(m.host + offset).to_le_bytes()),
         6 | 10 | 15 | 21 => set(&[0]),
@@ -528,7 +550,12 @@ pub fn pointer_attribute(attribute: u32, ptr: u64) -> Option<Result<([u8; 16], u
         13 => set(&[1]),
         9 => set(&context::device_of(m.ctx).unwrap_or(0).to_le_bytes()),
         7 | 20 => set(&m.host.to_le_bytes()),
-        11 | 19 => set(&(if ptr >= m.host && ptr < m.host + m.len { m.host } else { m.device }).to_le_bytes()),
+        11 | 19 => set(&(if ptr >= m.host && ptr < m.host + m.len {
+            m.host
+        } else {
+            m.device
+        })
+        .to_le_bytes()),
         12 | 18 => set(&m.len.to_le_bytes()),
         16 => set(&3u32.to_le_bytes()),
         _ => return Some(Err(CUresult::NOT_SUPPORTED)),
@@ -540,7 +567,12 @@ pub fn pointer_attribute(attribute: u32, ptr: u64) -> Option<Result<([u8; 16], u
 mod tests {
     use super::*;
 
-    fn page(read_mostly: bool, preferred: Option<i32>, accessed: u64, prefetch: Option<i32>) -> Advice {
+    fn page(
+        read_mostly: bool,
+        preferred: Option<i32>,
+        accessed: u64,
+        prefetch: Option<i32>,
+    ) -> Advice {
         Advice {
             read_mostly,
             preferred,
@@ -556,22 +588,40 @@ mod tests {
             page(true, Some(0), accessed_bit(0), Some(-1)),
         ];
         assert_eq!(range_attribute(&same, RANGE_READ_MOSTLY, 1), Ok(vec![1]));
-        assert_eq!(range_attribute(&same, RANGE_PREFERRED_LOCATION, 1), Ok(vec![0]));
-        assert_eq!(range_attribute(&same, RANGE_LAST_PREFETCH_LOCATION, 1), Ok(vec![-1]));
+        assert_eq!(
+            range_attribute(&same, RANGE_PREFERRED_LOCATION, 1),
+            Ok(vec![0])
+        );
+        assert_eq!(
+            range_attribute(&same, RANGE_LAST_PREFETCH_LOCATION, 1),
+            Ok(vec![-1])
+        );
         assert_eq!(
             range_attribute(&same, RANGE_LAST_PREFETCH_LOCATION_TYPE, 1),
             Ok(vec![LOCATION_HOST as i32])
         );
         // Only device 0 is accessed-by on every page; the rest is CU_DEVICE_INVALID.
-        assert_eq!(range_attribute(&same, RANGE_ACCESSED_BY, 3), Ok(vec![0, -2, -2]));
-        let mixed = [page(true, Some(0), 0, None), page(false, Some(-1), 0, Some(0))];
+        assert_eq!(
+            range_attribute(&same, RANGE_ACCESSED_BY, 3),
+            Ok(vec![0, -2, -2])
+        );
+        let mixed = [
+            page(true, Some(0), 0, None),
+            page(false, Some(-1), 0, Some(0)),
+        ];
         assert_eq!(range_attribute(&mixed, RANGE_READ_MOSTLY, 1), Ok(vec![0]));
-        assert_eq!(range_attribute(&mixed, RANGE_PREFERRED_LOCATION, 1), Ok(vec![-2]));
+        assert_eq!(
+            range_attribute(&mixed, RANGE_PREFERRED_LOCATION, 1),
+            Ok(vec![-2])
+        );
         assert_eq!(
             range_attribute(&mixed, RANGE_PREFERRED_LOCATION_TYPE, 1),
             Ok(vec![LOCATION_INVALID as i32])
         );
-        assert_eq!(range_attribute(&mixed, RANGE_LAST_PREFETCH_LOCATION, 1), Ok(vec![-2]));
+        assert_eq!(
+            range_attribute(&mixed, RANGE_LAST_PREFETCH_LOCATION, 1),
+            Ok(vec![-2])
+        );
         assert_eq!(range_attribute(&mixed, 99, 1), Err(CUresult::INVALID_VALUE));
     }
 }

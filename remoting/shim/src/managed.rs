@@ -105,8 +105,9 @@ impl Remote for SessionRemote {
                 unsafe { crate::forward::cuMemHostAlloc(&raw mut addr, len, server_flags)? };
                 let mut device = 0u64;
                 // SAFETY: valid out-pointer; a host allocation just made.
-                let got =
-                    unsafe { crate::forward::cuMemHostGetDevicePointer_v2(&raw mut device, addr, 0) };
+                let got = unsafe {
+                    crate::forward::cuMemHostGetDevicePointer_v2(&raw mut device, addr, 0)
+                };
                 if let Err(err) = got {
                     self.free(kind, addr);
                     return Err(err);
@@ -174,7 +175,9 @@ pub(crate) fn set_remote(r: Arc<dyn Remote>) {
 pub fn page_size() -> usize {
     static PAGE: OnceLock<usize> = OnceLock::new();
     // SAFETY: sysconf has no preconditions.
-    *PAGE.get_or_init(|| usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096))
+    *PAGE.get_or_init(|| {
+        usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
+    })
 }
 
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
@@ -417,7 +420,11 @@ fn fault_message(msg: &[u8]) {
 
 impl Mirror {
     /// Pushes the dirty and loose pages among `pages` (all when `None`).
-    fn push(&mut self, batch: &mut Batch<'_>, only: Option<(usize, usize)>) -> Result<(), CUresult> {
+    fn push(
+        &mut self,
+        batch: &mut Batch<'_>,
+        only: Option<(usize, usize)>,
+    ) -> Result<(), CUresult> {
         let (lo, hi) = only.unwrap_or((0, self.npages));
         let dirty: Vec<usize> = (lo..hi)
             .filter(|&i| self.pages[i].state == State::Dirty)
@@ -436,10 +443,7 @@ impl Mirror {
             let page_addr = self.start + i * page_size();
             let now = &self.alias_page(i)[from..to];
             for (off, n) in diff(now, &twin[from..to]) {
-                batch.add(
-                    self.server_of(page_addr + from + off),
-                    &now[off..off + n],
-                )?;
+                batch.add(self.server_of(page_addr + from + off), &now[off..off + n])?;
             }
             if state == State::Dirty {
                 self.twins.remove(&i);
@@ -987,7 +991,8 @@ fn anonymous_private(start: usize, end: usize) -> bool {
         let Some((lo, hi)) = range.split_once('-') else {
             continue;
         };
-        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) else {
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        else {
             continue;
         };
         if hi <= covered || lo >= end {
@@ -1165,8 +1170,7 @@ pub fn register(p: u64, len: usize, flags: u32, ctx: u64) -> Result<u64, CUresul
         bytes: Vec::new(),
     };
     // SAFETY: the registered range, readable through the alias for as long as the mirror lives.
-    let bytes =
-        unsafe { std::slice::from_raw_parts((alias + (host - start)) as *const u8, len) };
+    let bytes = unsafe { std::slice::from_raw_parts((alias + (host - start)) as *const u8, len) };
     let pushed = batch.add(server, bytes).and_then(|()| batch.send());
     if let Err(err) = pushed {
         let _ = unregister(p);
@@ -1181,7 +1185,9 @@ pub fn unregister(p: u64) -> Result<(), CUresult> {
     let remote = remote();
     let mut t = table();
     let start = match t.at(p as usize) {
-        Some(m) if m.host == p as usize && matches!(m.kind, MirrorKind::Registered { .. }) => m.start,
+        Some(m) if m.host == p as usize && matches!(m.kind, MirrorKind::Registered { .. }) => {
+            m.start
+        }
         _ => return Err(CUresult::HOST_MEMORY_NOT_REGISTERED),
     };
     let mut m = t.mirrors.remove(&start).ok_or(CUresult::UNKNOWN)?;
@@ -1333,7 +1339,9 @@ pub fn flush_range(ptr: u64, len: u64) -> Result<(), CUresult> {
     };
     let page = page_size();
     let lo = (ptr as usize).saturating_sub(m.start) / page;
-    let hi = ((ptr + len) as usize - m.start).div_ceil(page).min(m.npages);
+    let hi = ((ptr + len) as usize - m.start)
+        .div_ceil(page)
+        .min(m.npages);
     let mut batch = Batch {
         remote: &*remote,
         runs: Vec::new(),
@@ -1355,7 +1363,9 @@ pub fn prefetch_host(ptr: u64, len: u64) -> Result<(), CUresult> {
     };
     let page = page_size();
     let lo = (ptr as usize).saturating_sub(m.start) / page;
-    let hi = ((ptr + len) as usize - m.start).div_ceil(page).min(m.npages);
+    let hi = ((ptr + len) as usize - m.start)
+        .div_ceil(page)
+        .min(m.npages);
     for p in &mut m.pages[lo..hi] {
         p.wanted = true;
     }

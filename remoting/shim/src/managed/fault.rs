@@ -185,7 +185,9 @@ extern "C" fn on_segv(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         if tid == RESOLVER_TID.load(Ordering::Acquire) {
-            raw_stderr(b"gleam: internal error: a fault on mirrored memory inside its own resolver\n");
+            raw_stderr(
+                b"gleam: internal error: a fault on mirrored memory inside its own resolver\n",
+            );
             // SAFETY: abort has no preconditions.
             unsafe { libc::abort() };
         }

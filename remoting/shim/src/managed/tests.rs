@@ -37,7 +37,10 @@ impl Fake {
 impl Remote for Fake {
     fn alloc(&self, _: MirrorKind, len: usize) -> Result<(u64, u64), CUresult> {
         // Addresses far from anything the test process maps; 64 KiB apart at least.
-        let base = 0x5a5a_0000_0000 + self.next.fetch_add(((len as u64) | 0xffff) + 1, Ordering::Relaxed);
+        let base = 0x5a5a_0000_0000
+            + self
+                .next
+                .fetch_add(((len as u64) | 0xffff) + 1, Ordering::Relaxed);
         self.memory.lock().unwrap().insert(base, vec![0; len]);
         // Registered memory's device address differs from any host address; the others are identities.
         Ok((base, base))
@@ -79,7 +82,9 @@ impl Remote for Fake {
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn fake() -> (std::sync::MutexGuard<'static, ()>, Arc<Fake>) {
-    let guard = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let guard = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let f = Arc::new(Fake::default());
     set_remote(f.clone());
     (guard, f)
@@ -127,7 +132,10 @@ fn only_changed_bytes_travel_and_device_writes_come_back_lazily() {
     assert_eq!(seen[6 * page..6 * page + 100], [9; 100]);
     assert_eq!(seen[10..12], [1, 2]);
     let (_, read) = counters(&f);
-    assert_eq!(read, page, "one changed page travels; the others hash the same");
+    assert_eq!(
+        read, page,
+        "one changed page travels; the others hash the same"
+    );
 
     // No work since the last full synchronization: another one drops nothing.
     after_sync(true).unwrap();
@@ -152,7 +160,10 @@ fn host_and_device_writes_to_one_page_merge() {
     // SAFETY: as above.
     let seen = unsafe { std::slice::from_raw_parts(host, page) };
     assert!(seen[..page / 2].iter().all(|&b| b == 1), "host writes kept");
-    assert!(seen[page / 2..].iter().all(|&b| b == 2), "device writes seen");
+    assert!(
+        seen[page / 2..].iter().all(|&b| b == 2),
+        "device writes seen"
+    );
     assert!(f.device_reads(p, page)[..page / 2].iter().all(|&b| b == 1));
     free(p, false).unwrap().unwrap();
 }
