@@ -578,7 +578,7 @@ impl Plan {
                         mem.write_bytes(d, &row)?;
                     }
                     (None, None) => {
-                        out[packed..packed + w].copy_from_slice(&host[packed..packed + w])
+                        out[packed..packed + w].copy_from_slice(&host[packed..packed + w]);
                     }
                 }
                 packed += w;

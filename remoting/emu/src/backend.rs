@@ -1425,7 +1425,7 @@ impl ApiBackend for EmuBackend {
         &mut self,
         a: args::cuArrayCreate_v2,
     ) -> Result<outs::cuArrayCreate_v2, CUresult> {
-        let d = a.desc;
+        let d = *a.desc;
         let array = self.array_create(gleam_protocol::descriptors::CUDA_ARRAY3D_DESCRIPTOR {
             Width: d.Width,
             Height: d.Height,
@@ -1445,7 +1445,7 @@ impl ApiBackend for EmuBackend {
         a: args::cuArray3DCreate_v2,
     ) -> Result<outs::cuArray3DCreate_v2, CUresult> {
         Ok(outs::cuArray3DCreate_v2 {
-            array: self.array_create(a.desc)?,
+            array: self.array_create(*a.desc)?,
             ..Default::default()
         })
     }
@@ -1495,9 +1495,12 @@ impl ApiBackend for EmuBackend {
         a: args::cuTexObjectCreate,
     ) -> Result<outs::cuTexObjectCreate, CUresult> {
         self.ctx()?;
-        let object =
-            self.objects
-                .create_texture(&self.shared.mem, a.res_desc, a.tex_desc, a.view_desc)?;
+        let object = self.objects.create_texture(
+            &self.shared.mem,
+            *a.res_desc,
+            *a.tex_desc,
+            a.view_desc.map(|v| *v),
+        )?;
         Ok(outs::cuTexObjectCreate {
             object,
             ..Default::default()
@@ -1552,7 +1555,7 @@ impl ApiBackend for EmuBackend {
     ) -> Result<outs::cuSurfObjectCreate, CUresult> {
         self.ctx()?;
         Ok(outs::cuSurfObjectCreate {
-            object: self.objects.create_surface(a.res_desc)?,
+            object: self.objects.create_surface(*a.res_desc)?,
             ..Default::default()
         })
     }

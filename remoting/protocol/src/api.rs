@@ -226,22 +226,23 @@ pub enum In<T> {
     _Never(std::convert::Infallible, std::marker::PhantomData<T>),
 }
 
+// Descriptors are boxed in requests: they are large, and most calls are small.
 impl<T: Plain> Arg for In<T> {
     type C = *const T;
-    type Request = T;
+    type Request = Box<T>;
     type Reply = ();
     type Slot = T;
 
-    unsafe fn to_request(c: *const T) -> Result<T, CUresult> {
+    unsafe fn to_request(c: *const T) -> Result<Box<T>, CUresult> {
         if c.is_null() {
             return Err(CUresult::INVALID_VALUE);
         }
         // SAFETY: non-NULL, and the caller promised a valid `T`.
-        Ok(unsafe { c.read_unaligned() })
+        Ok(Box::new(unsafe { c.read_unaligned() }))
     }
     unsafe fn write_reply(_: *const T, _: ()) {}
-    fn slot(request: T) -> T {
-        request
+    fn slot(request: Box<T>) -> T {
+        *request
     }
     fn slot_c(slot: &mut T) -> *const T {
         slot
@@ -258,17 +259,17 @@ pub enum InOpt<T> {
 
 impl<T: Plain> Arg for InOpt<T> {
     type C = *const T;
-    type Request = Option<T>;
+    type Request = Option<Box<T>>;
     type Reply = ();
     type Slot = Option<T>;
 
-    unsafe fn to_request(c: *const T) -> Result<Option<T>, CUresult> {
+    unsafe fn to_request(c: *const T) -> Result<Option<Box<T>>, CUresult> {
         // SAFETY: NULL or, as the caller promised, a valid `T`.
-        Ok((!c.is_null()).then(|| unsafe { c.read_unaligned() }))
+        Ok((!c.is_null()).then(|| Box::new(unsafe { c.read_unaligned() })))
     }
     unsafe fn write_reply(_: *const T, _: ()) {}
-    fn slot(request: Option<T>) -> Option<T> {
-        request
+    fn slot(request: Option<Box<T>>) -> Option<T> {
+        request.map(|r| *r)
     }
     fn slot_c(slot: &mut Option<T>) -> *const T {
         slot.as_ref().map_or(std::ptr::null(), |v| v as *const T)

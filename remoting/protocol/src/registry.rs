@@ -582,14 +582,14 @@ impl Embedded for CUDA_RESOURCE_DESC {
 }
 
 impl<T: Plain + Embedded> HandleArg for In<T> {
-    fn check(handles: &Handles, request: &T, _: &mut Owner) -> Result<(), CUresult> {
+    fn check(handles: &Handles, request: &Box<T>, _: &mut Owner) -> Result<(), CUresult> {
         request.check_embedded(handles)
     }
     fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
 impl<T: Plain + Embedded> HandleArg for InOpt<T> {
-    fn check(handles: &Handles, request: &Option<T>, _: &mut Owner) -> Result<(), CUresult> {
+    fn check(handles: &Handles, request: &Option<Box<T>>, _: &mut Owner) -> Result<(), CUresult> {
         request
             .as_ref()
             .map_or(Ok(()), |r| r.check_embedded(handles))
@@ -1138,7 +1138,7 @@ mod tests {
     /// application).
     #[test]
     fn arrays_and_objects_die_with_their_context_and_descriptors_are_checked() {
-        use crate::descriptors::{CUDA_RESOURCE_DESC, CUDA_TEXTURE_DESC, LinearResource, Resource};
+        use crate::descriptors::{CUDA_RESOURCE_DESC, LinearResource, Resource};
         let mut h = primed();
         let owner = Owner::in_context(CTX);
         outs::cuArray3DCreate_v2 {
@@ -1148,8 +1148,8 @@ mod tests {
         .register(&mut h, &owner);
         let tex = |res: Resource| args::cuTexObjectCreate {
             object: (),
-            res_desc: CUDA_RESOURCE_DESC::new(res),
-            tex_desc: CUDA_TEXTURE_DESC::default(),
+            res_desc: Box::new(CUDA_RESOURCE_DESC::new(res)),
+            tex_desc: Box::default(),
             view_desc: None,
         };
         assert_eq!(admit(&h, &tex(Resource::Array(0x500))), Ok(()));

@@ -119,10 +119,10 @@ pub(crate) fn memcpy3d(
     };
     match stream {
         None => {
-            // SAFETY: the C signature of cuMemcpy3D_v2.
-            let f = *fns
-                .memcpy3d
-                .get_or_init(|| unsafe { symbol(lib, b"cuMemcpy3D_v2\0") });
+            let f = *fns.memcpy3d.get_or_init(|| {
+                // SAFETY: the C signature of cuMemcpy3D_v2.
+                unsafe { symbol(lib, b"cuMemcpy3D_v2\0") }
+            });
             let f = f.ok_or(CUresult::NOT_SUPPORTED)?;
             // SAFETY: the host sides point into `host` (the packed source, exactly the bytes the copy
             // reads: the session engine checked its length) and `out` (exactly the bytes it writes); the
@@ -130,13 +130,14 @@ pub(crate) fn memcpy3d(
             unsafe { f(&raw const desc) }.result()?;
         }
         Some(stream) => {
-            // SAFETY: the C signatures of cuMemcpy3DAsync_v2 and cuStreamSynchronize.
-            let f = *fns
-                .memcpy3d_async
-                .get_or_init(|| unsafe { symbol(lib, b"cuMemcpy3DAsync_v2\0") });
-            let sync = *fns
-                .stream_sync
-                .get_or_init(|| unsafe { symbol(lib, b"cuStreamSynchronize\0") });
+            let f = *fns.memcpy3d_async.get_or_init(|| {
+                // SAFETY: the C signature of cuMemcpy3DAsync_v2.
+                unsafe { symbol(lib, b"cuMemcpy3DAsync_v2\0") }
+            });
+            let sync = *fns.stream_sync.get_or_init(|| {
+                // SAFETY: the C signature of cuStreamSynchronize.
+                unsafe { symbol(lib, b"cuStreamSynchronize\0") }
+            });
             let (f, sync) = (
                 f.ok_or(CUresult::NOT_SUPPORTED)?,
                 sync.ok_or(CUresult::NOT_SUPPORTED)?,

@@ -226,7 +226,7 @@ pub(crate) fn scenario<B: Backend>(backend: B) {
     let Ok(ApiReply::cuArray3DCreate_v2(o)) =
         d.api(ApiCall::cuArray3DCreate_v2(args::cuArray3DCreate_v2 {
             array: (),
-            desc,
+            desc: Box::new(desc),
         }))
     else {
         panic!("cuArray3DCreate")
@@ -263,8 +263,8 @@ pub(crate) fn scenario<B: Backend>(backend: B) {
     let Ok(ApiReply::cuTexObjectCreate(t)) =
         d.api(ApiCall::cuTexObjectCreate(args::cuTexObjectCreate {
             object: (),
-            res_desc,
-            tex_desc,
+            res_desc: Box::new(res_desc),
+            tex_desc: Box::new(tex_desc),
             view_desc: None,
         }))
     else {
@@ -282,7 +282,7 @@ pub(crate) fn scenario<B: Backend>(backend: B) {
     let Ok(ApiReply::cuSurfObjectCreate(s)) =
         d.api(ApiCall::cuSurfObjectCreate(args::cuSurfObjectCreate {
             object: (),
-            res_desc,
+            res_desc: Box::new(res_desc),
         }))
     else {
         panic!("cuSurfObjectCreate")

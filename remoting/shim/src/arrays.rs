@@ -144,10 +144,10 @@ fn memcpy(
     // Mirrored memory named by its host address on either side: the server's copy must hold the host's
     // latest bytes first.
     for s in [&src, &dst] {
-        if matches!(s.kind, CU_MEMORYTYPE_DEVICE | CU_MEMORYTYPE_UNIFIED) {
-            if let Some(m) = managed::lookup(s.device) {
-                managed::flush_range(m.host, m.len)?;
-            }
+        if matches!(s.kind, CU_MEMORYTYPE_DEVICE | CU_MEMORYTYPE_UNIFIED)
+            && let Some(m) = managed::lookup(s.device)
+        {
+            managed::flush_range(m.host, m.len)?;
         }
     }
     managed::before_work()?;
@@ -249,6 +249,7 @@ fn memcpy(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn side2d(
     kind: u32,
     host: *const c_void,

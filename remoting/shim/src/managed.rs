@@ -174,9 +174,10 @@ pub(crate) fn set_remote(r: Arc<dyn Remote>) {
 /// The system's page size.
 pub fn page_size() -> usize {
     static PAGE: OnceLock<usize> = OnceLock::new();
-    // SAFETY: sysconf has no preconditions.
     *PAGE.get_or_init(|| {
-        usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
+        // SAFETY: sysconf has no preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(n).unwrap_or(4096)
     })
 }
 
@@ -258,10 +259,17 @@ impl Mirror {
         (from, to)
     }
 
-    fn alias_page(&self, i: usize) -> &mut [u8] {
+    fn alias_page(&self, i: usize) -> &[u8] {
         let page = page_size();
         // SAFETY: the alias maps `npages` pages read-write for as long as the mirror lives; the shim
-        // touches it only under the table's lock.
+        // touches it only under the table's lock (the application may write the same memory through its
+        // own view meanwhile, as through any shared mapping).
+        unsafe { std::slice::from_raw_parts((self.alias + i * page) as *const u8, page) }
+    }
+
+    fn alias_page_mut(&mut self, i: usize) -> &mut [u8] {
+        let page = page_size();
+        // SAFETY: as above; `&mut self` keeps the shim's own accesses exclusive.
         unsafe { std::slice::from_raw_parts_mut((self.alias + i * page) as *mut u8, page) }
     }
 
@@ -500,7 +508,7 @@ impl Mirror {
                     let Some(src) = data.get(off..off + (to - from)) else {
                         return Err(CUresult::UNKNOWN);
                     };
-                    self.alias_page(i)[from..to].copy_from_slice(src);
+                    self.alias_page_mut(i)[from..to].copy_from_slice(src);
                     off += to - from;
                     if self.pages[i].state == State::Loose
                         && let Some(twin) = self.twins.get_mut(&i)
@@ -1400,7 +1408,7 @@ pub fn install(dst: u64, bytes: &[u8]) -> bool {
         let upto = (page_start + page).min(host + len);
         let src = &bytes[at - host..upto - host];
         let off = at - page_start;
-        m.alias_page(i)[off..off + src.len()].copy_from_slice(src);
+        m.alias_page_mut(i)[off..off + src.len()].copy_from_slice(src);
         if let Some(twin) = m.twins.get_mut(&i) {
             twin[off..off + src.len()].copy_from_slice(src);
         }
@@ -1426,7 +1434,10 @@ pub fn install(dst: u64, bytes: &[u8]) -> bool {
 /// Copies `[ptr, ptr + len)` of the application's memory, which may be mirrored, so that the client may
 /// read it while holding its own locks (a fault there would wait for the client). Touching it here,
 /// holding nothing, lets faults resolve.
-pub fn staged(ptr: *const u8, len: usize) -> Vec<u8> {
+///
+/// # Safety
+/// `ptr` is valid for reads of `len` bytes.
+pub unsafe fn staged(ptr: *const u8, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     // SAFETY: the caller's buffer of `len` readable bytes (faults on mirrored pages resolve, as no lock
     // is held here).

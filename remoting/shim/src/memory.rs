@@ -137,7 +137,9 @@ pub unsafe fn htod(
         };
     }
     // Partly mirrored (odd, but legal): read here, holding no lock, so that faults resolve.
-    let staged = managed::overlaps(src as u64, n as u64).then(|| managed::staged(src.cast(), n));
+    // SAFETY: `bytes` is the application's source, `n` readable bytes.
+    let staged =
+        managed::overlaps(src as u64, n as u64).then(|| unsafe { managed::staged(src.cast(), n) });
     let bytes = staged.as_deref().unwrap_or(bytes);
     managed::before_work()?;
     session

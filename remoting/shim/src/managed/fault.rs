@@ -174,10 +174,10 @@ fn is_write(ctx: *mut c_void) -> bool {
 extern "C" fn on_segv(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     // SAFETY: errno is thread-local; saved and restored around the syscalls below.
     let errno = unsafe { *libc::__errno_location() };
-    // SAFETY: the kernel passes a valid siginfo for SIGSEGV.
     let addr = if info.is_null() {
         0
     } else {
+        // SAFETY: the kernel passes a valid siginfo for SIGSEGV.
         unsafe { (*info).si_addr() as usize }
     };
     let ours = !CHILD.load(Ordering::Acquire) && addr != 0 && mirrored(addr);

@@ -209,7 +209,7 @@ fn registered_memory_keeps_its_address_and_its_neighbours() {
     // A buffer that starts and ends inside pages it shares with other data.
     let mut backing = vec![0u8; 6 * page];
     let base = backing.as_mut_ptr() as usize;
-    let start = (base + page - 1) / page * page + 100;
+    let start = base.div_ceil(page) * page + 100;
     let len = 3 * page;
     let before = start - 1;
     let after = start + len;
