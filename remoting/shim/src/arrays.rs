@@ -142,12 +142,14 @@ fn memcpy(
         depth,
     };
     // Mirrored memory named by its host address on either side: the server's copy must hold the host's
-    // latest bytes first.
+    // latest bytes first (and a synchronous copy must be complete when it returns).
+    let mut mirrored = false;
     for s in [&src, &dst] {
         if matches!(s.kind, CU_MEMORYTYPE_DEVICE | CU_MEMORYTYPE_UNIFIED)
             && let Some(m) = managed::lookup(s.device)
         {
             managed::flush_range(m.host, m.len)?;
+            mirrored = true;
         }
     }
     managed::before_work()?;
@@ -244,6 +246,9 @@ fn memcpy(
         }
     }
     if stream.is_none() {
+        if mirrored {
+            managed::complete()?;
+        }
         managed::after_sync(false)?;
     }
     Ok(())

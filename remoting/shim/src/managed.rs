@@ -631,6 +631,14 @@ pub fn after_sync(full: bool) -> Result<(), CUresult> {
     Ok(())
 }
 
+/// Waits until the legacy stream's work is done (a synchronous copy that the shim turned into a
+/// device-side copy of mirrored memory must be complete when it returns, as CUDA's is), then treats that
+/// as the synchronization it is.
+pub fn complete() -> Result<(), CUresult> {
+    // SAFETY: the legacy default stream.
+    unsafe { crate::forward::cuStreamSynchronize(std::ptr::null_mut()) }
+}
+
 /// A synchronization point reached outside a call (a host callback about to run): as [`after_sync`].
 pub fn sync_point() -> Result<(), CUresult> {
     after_sync(false)

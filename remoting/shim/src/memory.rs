@@ -131,7 +131,9 @@ pub unsafe fn htod(
         // SAFETY: plain values.
         return unsafe {
             match stream {
-                None => forward::cuMemcpyDtoD_v2(dst, from, n),
+                // From page-locked memory the synchronous copy is complete when it returns: the host may
+                // write the source again at once.
+                None => forward::cuMemcpyDtoD_v2(dst, from, n).and_then(|()| managed::complete()),
                 Some(s) => forward::cuMemcpyDtoDAsync_v2(dst, from, n, s as CUstream),
             }
         };
@@ -176,6 +178,8 @@ pub unsafe fn dtoh(
         // Into mirrored memory: the server's copy is written in stream order too, and the bytes are
         // installed here without faults (nor pushed back).
         if let Some(m) = mirrored {
+            // What the host wrote there goes first, so that the copy lands on top of it.
+            managed::flush_range(dst as u64, n as u64)?;
             let to = m.device + (dst as u64 - m.host);
             // SAFETY: plain values.
             unsafe {
@@ -191,6 +195,8 @@ pub unsafe fn dtoh(
             .memcpy_dtoh(context::current(), &mut staged, src, stream)
             .map_err(state::lost)?
             .result()?;
+        // The synchronization first (it may make every mirror stale), then the fresh bytes.
+        managed::after_sync(false)?;
         if mirrored.is_none() || !managed::install(dst as u64, &staged) {
             // Written here, holding no lock: faults resolve.
             bytes.copy_from_slice(&staged);
@@ -214,11 +220,12 @@ unsafe fn unified(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> Res
     // on both: a device-to-device copy of the server's copies, the source pushed first.
     if let (Some(d), Some(s)) = (managed::lookup(dst), managed::lookup(src)) {
         managed::flush_range(src, n as u64)?;
+        managed::flush_range(dst, n as u64)?;
         let (to, from) = (d.device + (dst - d.host), s.device + (src - s.host));
         // SAFETY: plain values.
         return unsafe {
             match stream {
-                None => forward::cuMemcpyDtoD_v2(to, from, n),
+                None => forward::cuMemcpyDtoD_v2(to, from, n).and_then(|()| managed::complete()),
                 Some(st) => forward::cuMemcpyDtoDAsync_v2(to, from, n, st),
             }
         };

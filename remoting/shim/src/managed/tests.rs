@@ -281,3 +281,43 @@ fn calls_are_classified_for_coherence() {
     assert_eq!(classify("cuMemsetD8Async"), CallKind::Work);
     assert_eq!(classify("cuLaunchKernel"), CallKind::Work);
 }
+
+#[test]
+fn a_forked_child_gets_a_private_unprotected_copy() {
+    let (_g, _f) = fake();
+    let page = page_size();
+    let p = alloc(MirrorKind::Host { flags: 0 }, 2 * page, 7).unwrap();
+    let host = p as *mut u8;
+    // SAFETY: our mirror.
+    unsafe { *host = 5 };
+    before_work().unwrap();
+    after_sync(true).unwrap();
+    // Both pages are now inaccessible in this process. In a child, where no resolver runs, they must be
+    // plain memory holding the bytes this process had, and the child's writes its own.
+    // SAFETY: the child touches memory and exits, nothing else.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: as above; `_exit` skips everything a forked child of a test must not run.
+        unsafe {
+            let ok = *host == 5 && {
+                *host.add(page) = 9;
+                *host.add(page) == 9
+            };
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+    }
+    assert!(pid > 0);
+    let mut status = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &raw mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}"
+    );
+    // SAFETY: our mirror, still coherent here.
+    unsafe {
+        assert_eq!(*host.add(page), 0, "the child's write is its own");
+        assert_eq!(*host, 5);
+    }
+    free(p, true).unwrap().unwrap();
+}
