@@ -700,6 +700,85 @@ static void textures(void) {
     printf("textures ok\n");
 }
 
+/* ---- timings (not a test: figures for the report) ------------------------------------------------ */
+
+#include <time.h>
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void bench(void) {
+    const int n = 16 << 20 >> 2; /* 16 MiB of floats */
+    CUdeviceptr m;
+    OK(cuMemAllocManaged(&m, (size_t)n * 4, 1));
+    float *x = (float *)(uintptr_t)m;
+    double t0 = now();
+    for (int i = 0; i < n; i++) x[i] = 1.0f;
+    double t1 = now();
+    float a = 1.0f, b = 1.0f;
+    int nn = n;
+    void *params[] = {&m, &nn, &a, &b};
+    launch1d("scale_add", n, params, NULL);
+    OK(cuCtxSynchronize());
+    double t2 = now();
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += x[i];
+    double t3 = now();
+    x[12345] = 5.0f;
+    launch1d("scale_add", n, params, NULL);
+    OK(cuCtxSynchronize());
+    float one = x[12345];
+    double t4 = now();
+    printf("managed 16 MiB: host writes %.1f ms, launch+sync (push) %.1f ms, host reads %.1f ms (sum %.0f), "
+           "one-element round %.1f ms (%g)\n",
+           (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, sum, (t4 - t3) * 1e3, one);
+    OK(cuMemFree_v2(m));
+
+    /* Staging through page-locked memory vs pageable memory: 4 MiB up, a kernel, 4 MiB down. */
+    const size_t bytes = 4 << 20;
+    CUdeviceptr d;
+    OK(cuMemAlloc_v2(&d, bytes));
+    CUstream s;
+    OK(cuStreamCreate(&s, 0));
+    for (int pinned = 0; pinned < 2; pinned++) {
+        float *up, *down;
+        if (pinned) {
+            OK(cuMemHostAlloc((void **)&up, bytes, 0));
+            OK(cuMemHostAlloc((void **)&down, bytes, 0));
+        } else {
+            up = malloc(bytes);
+            down = malloc(bytes);
+        }
+        int k = (int)(bytes / 4);
+        void *p2[] = {&d, &k, &a, &b};
+        double best = 1e9;
+        for (int it = 0; it < 5; it++) {
+            double s0 = now();
+            for (int i = 0; i < k; i++) up[i] = (float)(i + it);
+            OK(cuMemcpyHtoDAsync_v2(d, up, bytes, s));
+            launch1d("scale_add", k, p2, s);
+            OK(cuMemcpyDtoHAsync_v2(down, d, bytes, s));
+            OK(cuStreamSynchronize(s));
+            double acc = 0;
+            for (int i = 0; i < k; i++) acc += down[i];
+            double s1 = now();
+            if (s1 - s0 < best) best = s1 - s0;
+            CHECK(acc > 0);
+        }
+        printf("staging 4 MiB up + kernel + 4 MiB down, %s: best %.1f ms per round\n",
+               pinned ? "page-locked (mirrored)" : "pageable", best * 1e3);
+        if (pinned) {
+            OK(cuMemFreeHost(up));
+            OK(cuMemFreeHost(down));
+        } else {
+            free(up);
+            free(down);
+        }
+    }
+}
+
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -734,6 +813,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "host")) host(dev);
     else if (!strcmp(mode, "arrays")) arrays();
     else if (!strcmp(mode, "textures")) textures();
+    else if (!strcmp(mode, "bench")) bench();
     else {
         printf("unknown mode %s\n", mode);
         return 2;

@@ -133,8 +133,53 @@ pub struct Launch {
 pub struct MirrorRun {
     /// Server address of the first byte.
     pub addr: u64,
-    /// Byte count.
+    /// Byte count of the range.
     pub len: u32,
+    /// `false`: the run's bulk bytes are the range's `len` bytes. `true`: they are a bitmap of the bytes
+    /// written (`len.div_ceil(8)` bytes, bit `i % 8` of byte `i / 8` for byte `i`), then those bytes in
+    /// order; the range's other bytes are left as they are.
+    pub masked: bool,
+}
+
+impl MirrorRun {
+    /// How many bulk bytes the run takes, given its bulk bytes from its start (a masked run's bitmap
+    /// says), or `None` if they are too few.
+    pub fn bulk_len(&self, bulk: &[u8]) -> Option<usize> {
+        let len = self.len as usize;
+        if !self.masked {
+            return (bulk.len() >= len).then_some(len);
+        }
+        let mask = bulk.get(..len.div_ceil(8))?;
+        let ones: u32 = mask.iter().map(|b| b.count_ones()).sum();
+        let n = mask.len() + ones as usize;
+        (bulk.len() >= n).then_some(n)
+    }
+
+    /// The contiguous writes of a run whose bulk bytes are exactly `bulk`: `(offset in the range,
+    /// bytes)`, or `None` if `bulk` is not what the run announces.
+    pub fn writes<'a>(&self, bulk: &'a [u8]) -> Option<Vec<(usize, &'a [u8])>> {
+        let len = self.len as usize;
+        if !self.masked {
+            return (bulk.len() == len).then(|| vec![(0, bulk)]);
+        }
+        let (mask, data) = bulk.split_at_checked(len.div_ceil(8))?;
+        let bit = |i: usize| mask[i / 8] & (1 << (i % 8)) != 0;
+        let mut out = Vec::new();
+        let (mut taken, mut i) = (0usize, 0usize);
+        while i < len {
+            if !bit(i) {
+                i += 1;
+                continue;
+            }
+            let from = i;
+            while i < len && bit(i) {
+                i += 1;
+            }
+            out.push((from, data.get(taken..taken + (i - from))?));
+            taken += i - from;
+        }
+        (taken == data.len()).then_some(out)
+    }
 }
 
 /// One range of a [`Call::MirrorRead`].
@@ -280,6 +325,31 @@ impl FunctionInfo {
 mod tests {
     use super::*;
     use crate::frame::{self, FrameReader};
+
+    #[test]
+    fn masked_runs_write_only_their_bytes() {
+        let run = MirrorRun {
+            addr: 0x1000,
+            len: 12,
+            masked: true,
+        };
+        // Bytes 1, 2 and 9 of the range: bitmap 0b0000_0110, 0b0000_0010.
+        let bulk = [0b0000_0110, 0b0000_0010, 7, 8, 9];
+        assert_eq!(run.bulk_len(&bulk), Some(5));
+        assert_eq!(
+            run.writes(&bulk),
+            Some(vec![(1, &[7u8, 8][..]), (9, &[9u8][..])])
+        );
+        // Too few or too many bytes for the bitmap are refused.
+        assert_eq!(run.writes(&bulk[..4]), None);
+        assert_eq!(run.bulk_len(&bulk[..4]), None);
+        let plain = MirrorRun {
+            masked: false,
+            ..run
+        };
+        assert_eq!(plain.bulk_len(&[0; 20]), Some(12));
+        assert_eq!(plain.writes(&[0; 11]), None);
+    }
 
     #[test]
     fn requests_travel_with_their_bulk_bytes() {

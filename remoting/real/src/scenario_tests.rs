@@ -94,6 +94,7 @@ impl<B: Backend> Driver<B> {
         let runs = vec![MirrorRun {
             addr,
             len: bytes.len() as u32,
+            masked: false,
         }];
         self.send(Call::MirrorWrite { runs }, bytes, true)
             .unwrap()

@@ -323,18 +323,24 @@ impl<B: Backend> Session<B> {
                 Reply::Empty
             }
             Call::MirrorWrite { runs } => {
-                let total: u64 = runs.iter().map(|r| u64::from(r.len)).sum();
-                if total != bulk.len() as u64 {
-                    return Err(CUresult::INVALID_VALUE);
-                }
+                // Every run checked, and its bytes found, before anything is written.
+                let mut pieces = Vec::with_capacity(runs.len());
+                let mut at = 0usize;
                 for r in &runs {
                     self.mirrors.check(r.addr, u64::from(r.len))?;
-                }
-                let mut at = 0;
-                for r in &runs {
-                    let n = r.len as usize;
-                    self.backend.mirror_write(r.addr, &bulk[at..at + n])?;
+                    let rest = bulk.get(at..).ok_or(CUresult::INVALID_VALUE)?;
+                    let n = r.bulk_len(rest).ok_or(CUresult::INVALID_VALUE)?;
+                    let writes = r.writes(&rest[..n]).ok_or(CUresult::INVALID_VALUE)?;
+                    pieces.push((r.addr, writes));
                     at += n;
+                }
+                if at != bulk.len() {
+                    return Err(CUresult::INVALID_VALUE);
+                }
+                for (addr, writes) in pieces {
+                    for (off, bytes) in writes {
+                        self.backend.mirror_write(addr + off as u64, bytes)?;
+                    }
                 }
                 Reply::Empty
             }

@@ -249,7 +249,7 @@ fn memcpy(
         if mirrored {
             managed::complete()?;
         }
-        managed::after_sync(false)?;
+        managed::after_sync()?;
     }
     Ok(())
 }

@@ -326,25 +326,57 @@ struct Batch<'a> {
     bytes: Vec<u8>,
 }
 
+/// Runs per frame (each costs about a dozen bytes of the frame's header).
+const RUNS_PER_FRAME: usize = 8192;
+/// A page whose changes are more scattered than this travels as a masked run.
+const RUNS_BEFORE_MASK: usize = 8;
+
 impl Batch<'_> {
     fn add(&mut self, addr: u64, data: &[u8]) -> Result<(), CUresult> {
         for (k, piece) in data.chunks(COPY_CHUNK).enumerate() {
             let addr = addr + (k * COPY_CHUNK) as u64;
-            if self.bytes.len() + piece.len() > COPY_CHUNK {
+            if self.bytes.len() + piece.len() > COPY_CHUNK || self.runs.len() >= RUNS_PER_FRAME {
                 self.send()?;
             }
             match self.runs.last_mut() {
                 // Adjacent to the previous run: one run (no gap, so nothing of the device's is touched).
-                Some(last) if last.addr + u64::from(last.len) == addr => {
+                Some(last) if !last.masked && last.addr + u64::from(last.len) == addr => {
                     last.len += piece.len() as u32;
                 }
                 _ => self.runs.push(MirrorRun {
                     addr,
                     len: piece.len() as u32,
+                    masked: false,
                 }),
             }
             self.bytes.extend_from_slice(piece);
         }
+        Ok(())
+    }
+
+    /// The bytes of `now` that differ from `was` (at most a page), as one masked run: a bitmap of the
+    /// bytes written, then those bytes. The others are not touched on the server.
+    fn add_masked(&mut self, addr: u64, now: &[u8], was: &[u8]) -> Result<(), CUresult> {
+        let mut mask = vec![0u8; now.len().div_ceil(8)];
+        let mut picked = Vec::new();
+        for (i, (&n, &w)) in now.iter().zip(was).enumerate() {
+            if n != w {
+                mask[i / 8] |= 1 << (i % 8);
+                picked.push(n);
+            }
+        }
+        if self.bytes.len() + mask.len() + picked.len() > COPY_CHUNK
+            || self.runs.len() >= RUNS_PER_FRAME
+        {
+            self.send()?;
+        }
+        self.runs.push(MirrorRun {
+            addr,
+            len: now.len() as u32,
+            masked: true,
+        });
+        self.bytes.extend_from_slice(&mask);
+        self.bytes.extend_from_slice(&picked);
         Ok(())
     }
 
@@ -385,8 +417,16 @@ fn diff(now: &[u8], was: &[u8]) -> Vec<(usize, usize)> {
 #[derive(Default)]
 struct Table {
     mirrors: BTreeMap<usize, Mirror>,
-    /// Device work was submitted since the last full synchronization.
-    pending: bool,
+    /// Device work submitted so far (a count), and how much of it is known complete (after a full
+    /// synchronization): work is in flight, or completed unseen, while `submitted > completed`.
+    submitted: u64,
+    completed: u64,
+}
+
+impl Table {
+    fn pending(&self) -> bool {
+        self.submitted > self.completed
+    }
 }
 
 impl Table {
@@ -404,7 +444,8 @@ impl Table {
 
 static TABLE: Mutex<Table> = Mutex::new(Table {
     mirrors: BTreeMap::new(),
-    pending: false,
+    submitted: 0,
+    completed: 0,
 });
 /// Mirrors alive (the hooks do nothing when there are none).
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -427,11 +468,14 @@ fn fault_message(msg: &[u8]) {
 // --- Pushing, fetching, invalidating ------------------------------------------------------------
 
 impl Mirror {
-    /// Pushes the dirty and loose pages among `pages` (all when `None`).
+    /// Pushes the dirty and loose pages among `pages` (all when `None`). `quiet`: no device work is in
+    /// flight, so the server's bytes the host did not change are still the twin's, and a page's changes
+    /// may travel as one contiguous run; otherwise only the bytes that changed are written.
     fn push(
         &mut self,
         batch: &mut Batch<'_>,
         only: Option<(usize, usize)>,
+        quiet: bool,
     ) -> Result<(), CUresult> {
         let (lo, hi) = only.unwrap_or((0, self.npages));
         let dirty: Vec<usize> = (lo..hi)
@@ -450,8 +494,19 @@ impl Mirror {
             };
             let page_addr = self.start + i * page_size();
             let now = &self.alias_page(i)[from..to];
-            for (off, n) in diff(now, &twin[from..to]) {
-                batch.add(self.server_of(page_addr + from + off), &now[off..off + n])?;
+            let was = &twin[from..to];
+            let runs = diff(now, was);
+            if let (Some(&(first, _)), Some(&(last, n))) = (runs.first(), runs.last()) {
+                let at = self.server_of(page_addr + from + first);
+                if quiet {
+                    batch.add(at, &now[first..last + n])?;
+                } else if runs.len() <= RUNS_BEFORE_MASK {
+                    for (off, n) in runs {
+                        batch.add(self.server_of(page_addr + from + off), &now[off..off + n])?;
+                    }
+                } else {
+                    batch.add_masked(at, &now[first..last + n], &was[first..last + n])?;
+                }
             }
             if state == State::Dirty {
                 self.twins.remove(&i);
@@ -586,8 +641,9 @@ fn push_all(t: &mut Table, remote: &dyn Remote) -> Result<(), CUresult> {
         runs: Vec::new(),
         bytes: Vec::new(),
     };
+    let quiet = !t.pending();
     for m in t.mirrors.values_mut() {
-        m.push(&mut batch, None)?;
+        m.push(&mut batch, None, quiet)?;
     }
     batch.send()
 }
@@ -601,22 +657,28 @@ pub fn before_work() -> Result<(), CUresult> {
         return Ok(());
     }
     let mut t = table();
-    t.pending = true;
     if UNPUSHED.load(Ordering::Acquire) > 0 {
         push_all(&mut t, &*remote())?;
     }
+    t.submitted += 1;
     Ok(())
 }
 
-/// After a synchronization (`full`: of the whole context) returned: if device work may have completed
-/// since the host last looked, the host's copies become stale.
-pub fn after_sync(full: bool) -> Result<(), CUresult> {
+/// The work submitted so far: what a full synchronization sent now will have completed.
+fn submitted() -> u64 {
+    table().submitted
+}
+
+/// After a synchronization returned: if device work may have completed since the host last looked, the
+/// host's copies become stale. `completes`: the work a full synchronization completed (see
+/// [`submitted`]), `None` for a partial one (a stream, an event, a copy).
+fn synced(completes: Option<u64>) -> Result<(), CUresult> {
     if LIVE.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
     let remote = remote();
     let mut t = table();
-    if !t.pending {
+    if !t.pending() {
         return Ok(());
     }
     fault::ensure_handler();
@@ -625,10 +687,15 @@ pub fn after_sync(full: bool) -> Result<(), CUresult> {
     for m in t.mirrors.values_mut() {
         m.invalidate(&*remote)?;
     }
-    if full {
-        t.pending = false;
+    if let Some(upto) = completes {
+        t.completed = t.completed.max(upto);
     }
     Ok(())
+}
+
+/// After a partial synchronization returned (a stream, an event, a synchronous copy): see [`synced`].
+pub fn after_sync() -> Result<(), CUresult> {
+    synced(None)
 }
 
 /// Waits until the legacy stream's work is done (a synchronous copy that the shim turned into a
@@ -641,7 +708,7 @@ pub fn complete() -> Result<(), CUresult> {
 
 /// A synchronization point reached outside a call (a host callback about to run): as [`after_sync`].
 pub fn sync_point() -> Result<(), CUresult> {
-    after_sync(false)
+    after_sync()
 }
 
 /// What a forwarded call is to mirrored memory, by its name.
@@ -677,12 +744,13 @@ pub fn around<T>(name: &str, call: impl FnOnce() -> Result<T, CUresult>) -> Resu
     if kind == CallKind::Work {
         before_work()?;
     }
+    let upto = (kind == CallKind::Sync(true)).then(submitted);
     let out = call()?;
     // In blocking mode (`CUDA_LAUNCH_BLOCKING=1`) work has completed when its call returns.
     let blocking = state::session_if_up().is_some_and(|s| s.client.is_blocking());
     match kind {
-        CallKind::Sync(full) => after_sync(full)?,
-        CallKind::Work if blocking => after_sync(false)?,
+        CallKind::Sync(_) => synced(upto)?,
+        CallKind::Work if blocking => synced(None)?,
         _ => {}
     }
     Ok(out)
@@ -1350,6 +1418,7 @@ pub fn overlaps(ptr: u64, len: u64) -> bool {
 pub fn flush_range(ptr: u64, len: u64) -> Result<(), CUresult> {
     let remote = remote();
     let mut t = table();
+    let quiet = !t.pending();
     let Some(m) = t.at_mut(ptr as usize) else {
         return Ok(());
     };
@@ -1363,7 +1432,7 @@ pub fn flush_range(ptr: u64, len: u64) -> Result<(), CUresult> {
         runs: Vec::new(),
         bytes: Vec::new(),
     };
-    m.push(&mut batch, Some((lo, hi)))?;
+    m.push(&mut batch, Some((lo, hi)), quiet)?;
     batch.send()
 }
 
@@ -1373,7 +1442,7 @@ pub fn flush_range(ptr: u64, len: u64) -> Result<(), CUresult> {
 pub fn prefetch_host(ptr: u64, len: u64) -> Result<(), CUresult> {
     let remote = remote();
     let mut t = table();
-    let pending = t.pending;
+    let pending = t.pending();
     let Some(m) = t.at_mut(ptr as usize) else {
         return Ok(());
     };

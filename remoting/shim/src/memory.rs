@@ -150,7 +150,7 @@ pub unsafe fn htod(
         .map_err(state::lost)?
         .result()?;
     if stream.is_none() {
-        managed::after_sync(false)?;
+        managed::after_sync()?;
     }
     Ok(())
 }
@@ -196,7 +196,7 @@ pub unsafe fn dtoh(
             .map_err(state::lost)?
             .result()?;
         // The synchronization first (it may make every mirror stale), then the fresh bytes.
-        managed::after_sync(false)?;
+        managed::after_sync()?;
         if mirrored.is_none() || !managed::install(dst as u64, &staged) {
             // Written here, holding no lock: faults resolve.
             bytes.copy_from_slice(&staged);
@@ -209,7 +209,7 @@ pub unsafe fn dtoh(
             .result()?;
     }
     // The data came after the stream's (or the legacy stream's) earlier work.
-    managed::after_sync(false)
+    managed::after_sync()
 }
 
 /// `cuMemcpy`/`cuMemcpyAsync`: the direction comes from the allocation table.

@@ -51,13 +51,19 @@ impl Remote for Fake {
     }
 
     fn write(&self, runs: Vec<MirrorRun>, bytes: Vec<u8>) -> Result<(), CUresult> {
+        // As the server does it (`MirrorRun::writes`); `written` counts the bytes stored.
         let mut at = 0;
         for r in runs {
-            let n = r.len as usize;
-            self.with(r.addr, |b| b[..n].copy_from_slice(&bytes[at..at + n]));
+            let n = r.bulk_len(&bytes[at..]).unwrap();
+            for (off, data) in r.writes(&bytes[at..at + n]).unwrap() {
+                self.with(r.addr + off as u64, |b| {
+                    b[..data.len()].copy_from_slice(data)
+                });
+                self.written.fetch_add(data.len(), Ordering::Relaxed);
+            }
             at += n;
         }
-        self.written.fetch_add(bytes.len(), Ordering::Relaxed);
+        assert_eq!(at, bytes.len());
         Ok(())
     }
 
@@ -126,7 +132,7 @@ fn only_changed_bytes_travel_and_device_writes_come_back_lazily() {
 
     // The device writes page 6; after a synchronization the host sees it, fetching only what changed.
     f.device_writes(p + 6 * page as u64, &[9; 100]);
-    after_sync(true).unwrap();
+    synced(Some(submitted())).unwrap();
     // SAFETY: as above.
     let seen = unsafe { std::slice::from_raw_parts(host, len) }.to_vec();
     assert_eq!(seen[6 * page..6 * page + 100], [9; 100]);
@@ -138,9 +144,9 @@ fn only_changed_bytes_travel_and_device_writes_come_back_lazily() {
     );
 
     // No work since the last full synchronization: another one drops nothing.
-    after_sync(true).unwrap();
+    synced(Some(submitted())).unwrap();
     // SAFETY: as above.
-    let _ = unsafe { *host.add(6 * page) };
+    let _ = unsafe { host.add(6 * page).read_volatile() };
     assert_eq!(counters(&f), (0, 0));
     assert!(free(p, false).unwrap().is_ok());
 }
@@ -156,7 +162,7 @@ fn host_and_device_writes_to_one_page_merge() {
     // SAFETY: our mirror.
     unsafe { std::ptr::write_bytes(host, 1, page / 2) };
     f.device_writes(p + (page / 2) as u64, &vec![2; page / 2]);
-    after_sync(true).unwrap();
+    synced(Some(submitted())).unwrap();
     // SAFETY: as above.
     let seen = unsafe { std::slice::from_raw_parts(host, page) };
     assert!(seen[..page / 2].iter().all(|&b| b == 1), "host writes kept");
@@ -237,7 +243,7 @@ fn registered_memory_keeps_its_address_and_its_neighbours() {
     // The device writes the first byte (a shared page) and one interior byte.
     f.device_writes(device, &[8]);
     f.device_writes(device + 2 * page as u64, &[9]);
-    after_sync(true).unwrap();
+    synced(Some(submitted())).unwrap();
     // SAFETY: as above.
     unsafe {
         assert_eq!(*(start as *const u8), 8);
@@ -291,7 +297,7 @@ fn a_forked_child_gets_a_private_unprotected_copy() {
     // SAFETY: our mirror.
     unsafe { *host = 5 };
     before_work().unwrap();
-    after_sync(true).unwrap();
+    synced(Some(submitted())).unwrap();
     // Both pages are now inaccessible in this process. In a child, where no resolver runs, they must be
     // plain memory holding the bytes this process had, and the child's writes its own.
     // SAFETY: the child touches memory and exits, nothing else.
@@ -320,4 +326,32 @@ fn a_forked_child_gets_a_private_unprotected_copy() {
         assert_eq!(*host, 5);
     }
     free(p, true).unwrap().unwrap();
+}
+
+#[test]
+fn scattered_host_writes_during_device_work_leave_the_devices_bytes_alone() {
+    let (_g, f) = fake();
+    let page = page_size();
+    let p = alloc(MirrorKind::Managed { flags: 1 }, page, 7).unwrap();
+    let host = p as *mut u8;
+    // SAFETY: our mirror.
+    let _ = unsafe { host.read_volatile() };
+    before_work().unwrap(); // a kernel runs from here on...
+    // ...writing the high half of every word, while the host writes the low byte of each.
+    for w in 0..page / 4 {
+        f.device_writes(p + (4 * w + 2) as u64, &[0xab, 0xcd]);
+        // SAFETY: as above.
+        unsafe { host.add(4 * w).write_volatile((w & 0xff) as u8) };
+    }
+    counters(&f);
+    before_work().unwrap();
+    // Only the host's changed bytes were stored (one per word, the zero ones unchanged).
+    let (written, _) = counters(&f);
+    assert_eq!(written, (1..page / 4).filter(|w| w & 0xff != 0).count());
+    let server = f.device_reads(p, page);
+    for w in 0..page / 4 {
+        assert_eq!(server[4 * w], (w & 0xff) as u8);
+        assert_eq!(server[4 * w + 2..4 * w + 4], [0xab, 0xcd], "word {w}");
+    }
+    free(p, false).unwrap().unwrap();
 }
