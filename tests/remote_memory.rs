@@ -13,11 +13,17 @@ use common::{Server, compile_c, output_within, text};
 const LIMIT: Duration = Duration::from_secs(120);
 
 fn run(mode: &str) -> String {
+    run_with(mode, &[])
+}
+
+fn run_with(mode: &str, env: &[(&str, &str)]) -> String {
     let server = Server::start("emu");
     let dir = tempfile::tempdir().unwrap();
     let exe = compile_c("driver_memory", dir.path());
     let ptx = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/remote/mem_kernels.ptx");
-    let out = output_within(server.run(&exe, &[mode, ptx.to_str().unwrap()]), LIMIT);
+    let mut cmd = server.run(&exe, &[mode, ptx.to_str().unwrap()]);
+    cmd.envs(env.iter().copied());
+    let out = output_within(cmd, LIMIT);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(
         out.status.success() && stdout.contains("all ok"),
@@ -60,4 +66,11 @@ fn textures_filter_and_surfaces_write_like_cuda() {
         "{stdout}"
     );
     assert!(stdout.contains("surface read-modify-write ok"), "{stdout}");
+}
+
+/// Every call waits for its work in blocking mode: launches are synchronization points too.
+#[test]
+fn managed_memory_in_blocking_mode() {
+    let stdout = run_with("managed", &[("CUDA_LAUNCH_BLOCKING", "1")]);
+    assert!(stdout.contains("managed ok"), "{stdout}");
 }
