@@ -53,6 +53,12 @@ fn call(call: Call) -> Result<Reply, CUresult> {
 /// [`call`] with bulk bytes (a module image).
 fn call_with(call: Call, bulk: &[u8]) -> Result<Reply, CUresult> {
     let session = state::session()?;
+    // An image in mirrored memory is read here, holding no lock (a fault inside the client would wait
+    // for the client).
+    // SAFETY: `bulk` is a valid slice.
+    let staged = crate::managed::overlaps(bulk.as_ptr() as u64, bulk.len() as u64)
+        .then(|| unsafe { crate::managed::staged(bulk.as_ptr(), bulk.len()) });
+    let bulk = staged.as_deref().unwrap_or(bulk);
     let answer = session
         .client
         .call_with(context::current(), call, bulk)

@@ -57,7 +57,7 @@ impl Remote for Fake {
             let n = r.bulk_len(&bytes[at..]).unwrap();
             for (off, data) in r.writes(&bytes[at..at + n]).unwrap() {
                 self.with(r.addr + off as u64, |b| {
-                    b[..data.len()].copy_from_slice(data)
+                    b[..data.len()].copy_from_slice(data);
                 });
                 self.written.fetch_add(data.len(), Ordering::Relaxed);
             }
