@@ -8,11 +8,12 @@ use gleam_protocol::api::{args, outs};
 use gleam_protocol::copy::Copy3D;
 use gleam_protocol::registry::{Died, Handles, Kind};
 use gleam_protocol::types::CUresult;
-use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
+use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr, ParamSlot};
 use gleam_ptx::{ExecError, LaunchConfig};
 use gleam_server::backend::{ApiBackend, Backend};
 
 use crate::arrays::Objects;
+use crate::capture::{Captures, Op, STATUS_NONE, Step};
 use crate::device::{self, Resources, func_attr};
 use crate::managed::Mirrored;
 use crate::memory::{ALLOC_ALIGN, DeviceMemory};
@@ -60,6 +61,8 @@ mod kind {
     pub const STREAM: u64 = 0x0500_0000_0000;
     pub const EVENT: u64 = 0x0e00_0000_0000;
     pub const LIBRARY: u64 = 0x0b00_0000_0000;
+    pub const GRAPH: u64 = 0x0a00_0000_0000;
+    pub const GRAPH_EXEC: u64 = 0x0ae0_0000_0000;
 }
 
 /// The primary context of device 0 (exists from the start, like the driver's).
@@ -126,6 +129,8 @@ pub struct EmuBackend {
     objects: Objects,
     /// Managed and host allocations.
     mirrored: Mirrored,
+    /// Stream captures, graphs and executable graphs.
+    captures: Captures,
     next_handle: u64,
 }
 
@@ -163,6 +168,7 @@ impl EmuBackend {
             libraries: HashMap::new(),
             objects: Objects::default(),
             mirrored: Mirrored::default(),
+            captures: Captures::default(),
             next_handle: 1,
         }
     }
@@ -210,25 +216,52 @@ impl EmuBackend {
         }
     }
 
-    /// Queues `f` on `stream`; its failure becomes the sticky error, and it is skipped after a fault.
+    /// Queues `f` on `stream` (or records it, if the stream is capturing); its failure becomes the sticky
+    /// error, and it is skipped after a fault.
     fn submit(
         &mut self,
         stream: u64,
         what: &'static str,
-        f: impl FnOnce(&DeviceMemory) -> Result<(), CUresult> + Send + 'static,
+        f: impl Fn(&DeviceMemory) -> Result<(), CUresult> + Send + Sync + 'static,
     ) -> Result<(), CUresult> {
+        self.submit_steps(
+            stream,
+            vec![Step {
+                what: what.into(),
+                op: Arc::new(f),
+            }],
+        )
+    }
+
+    /// Queues `steps` on `stream` as one job run in order (or records them into its capture).
+    fn submit_steps(&mut self, stream: u64, steps: Vec<Step>) -> Result<(), CUresult> {
         let key = self.streams.resolve(stream)?;
+        if self.captures.record_all(key, &steps)? {
+            return Ok(());
+        }
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
-            if shared.skip_work() {
-                return;
-            }
-            if let Err(e) = f(&shared.mem) {
-                tracing::error!("{what} failed on the device: {e}");
-                shared.set_sticky(e);
+            for step in &steps {
+                if shared.skip_work() {
+                    return;
+                }
+                if let Err(e) = (step.op)(&shared.mem) {
+                    tracing::error!("{} failed on the device: {e}", step.what);
+                    shared.set_sticky(e);
+                    return;
+                }
             }
         });
         self.streams.enqueue(key, Vec::new(), Some(job))
+    }
+
+    /// Refuses what cannot happen on a capturing stream (and invalidates its capture).
+    fn not_capturing(&mut self, stream: u64) -> Result<(), CUresult> {
+        let key = self.streams.resolve(stream)?;
+        if self.captures.capturing(key) {
+            return Err(self.captures.invalidate(key));
+        }
+        Ok(())
     }
 
     /// Waits for `stream` (None: the legacy stream, as synchronous copies do), then reports a fault.
@@ -521,6 +554,13 @@ impl EmuBackend {
     fn record_event(&mut self, event: u64, stream: u64) -> Result<(), CUresult> {
         self.ctx()?;
         let key = self.streams.resolve(stream)?;
+        if !self.events.contains_key(&event) {
+            return Err(CUresult::INVALID_HANDLE);
+        }
+        // In a capture, the event marks a point of the graph, for other streams to fork from.
+        if self.captures.record_event(key, event)? {
+            return Ok(());
+        }
         let e = self
             .events
             .get_mut(&event)
@@ -853,6 +893,24 @@ impl ApiBackend for EmuBackend {
         Ok(Default::default())
     }
 
+    fn cuDeviceGetExecAffinitySupport(
+        &mut self,
+        a: args::cuDeviceGetExecAffinitySupport,
+    ) -> Result<outs::cuDeviceGetExecAffinitySupport, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        // CU_EXEC_AFFINITY_TYPE_SM_COUNT is the only affinity type; the interpreter's "multiprocessors"
+        // cannot be partitioned, so it is not supported.
+        const SM_COUNT: u32 = 0;
+        if a.type_ != SM_COUNT {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(outs::cuDeviceGetExecAffinitySupport {
+            pi: 0,
+            ..Default::default()
+        })
+    }
+
     fn cuMemGetInfo_v2(
         &mut self,
         _: args::cuMemGetInfo_v2,
@@ -993,6 +1051,10 @@ impl ApiBackend for EmuBackend {
         a: args::cuModuleGetGlobal_v2,
     ) -> Result<outs::cuModuleGetGlobal_v2, CUresult> {
         self.check()?;
+        // One of the out-pointers (not both) may be NULL.
+        if !a.dptr && !a.bytes {
+            return Err(CUresult::INVALID_VALUE);
+        }
         let m = self
             .modules
             .get(&a.module)
@@ -1140,6 +1202,9 @@ impl ApiBackend for EmuBackend {
         a: args::cuLibraryGetGlobal,
     ) -> Result<outs::cuLibraryGetGlobal, CUresult> {
         self.check()?;
+        if !a.dptr && !a.bytes {
+            return Err(CUresult::INVALID_VALUE);
+        }
         let module = *self
             .libraries
             .get(&a.library)
@@ -1170,6 +1235,137 @@ impl ApiBackend for EmuBackend {
     ) -> Result<outs::cuKernelSetAttribute, CUresult> {
         Self::device(a.dev)?;
         self.set_func_attribute(a.kernel, a.attrib, a.value)?;
+        Ok(Default::default())
+    }
+
+    fn cuKernelSetCacheConfig(
+        &mut self,
+        a: args::cuKernelSetCacheConfig,
+    ) -> Result<outs::cuKernelSetCacheConfig, CUresult> {
+        Self::device(a.dev)?;
+        self.function(a.kernel)?;
+        // CU_FUNC_CACHE_PREFER_NONE .. PREFER_EQUAL: a preference the interpreter has no cache to apply.
+        if a.config > 3 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(Default::default())
+    }
+
+    // --- Stream capture and graphs ---------------------------------------------------------------------
+
+    fn cuStreamBeginCapture_v2(
+        &mut self,
+        a: args::cuStreamBeginCapture_v2,
+    ) -> Result<outs::cuStreamBeginCapture_v2, CUresult> {
+        self.ctx()?;
+        if a.mode > 2 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let key = self.streams.resolve(a.stream)?;
+        let graph = self.handle(kind::GRAPH);
+        self.captures.begin(key, graph)?;
+        Ok(Default::default())
+    }
+
+    fn cuStreamEndCapture(
+        &mut self,
+        a: args::cuStreamEndCapture,
+    ) -> Result<outs::cuStreamEndCapture, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        Ok(outs::cuStreamEndCapture {
+            graph: self.captures.end(key)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuStreamGetCaptureInfo(
+        &mut self,
+        a: args::cuStreamGetCaptureInfo,
+    ) -> Result<outs::cuStreamGetCaptureInfo, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        let (status, id, _) = self.captures.info(key);
+        Ok(outs::cuStreamGetCaptureInfo {
+            status,
+            id,
+            ..Default::default()
+        })
+    }
+
+    fn cuStreamGetCaptureInfo_v2(
+        &mut self,
+        a: args::cuStreamGetCaptureInfo_v2,
+    ) -> Result<outs::cuStreamGetCaptureInfo_v2, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        let (status, id, graph) = self.captures.info(key);
+        let active = status != STATUS_NONE;
+        Ok(outs::cuStreamGetCaptureInfo_v2 {
+            status,
+            id: if active { id } else { 0 },
+            graph: if active { graph } else { 0 },
+            // Steps run in order: at most the last one is a dependency of the next.
+            deps: 0,
+            num_deps: 0,
+            ..Default::default()
+        })
+    }
+
+    fn cuThreadExchangeStreamCaptureMode(
+        &mut self,
+        a: args::cuThreadExchangeStreamCaptureMode,
+    ) -> Result<outs::cuThreadExchangeStreamCaptureMode, CUresult> {
+        Ok(outs::cuThreadExchangeStreamCaptureMode {
+            mode: self.captures.exchange_mode(a.mode)?,
+        })
+    }
+
+    fn cuGraphInstantiateWithFlags(
+        &mut self,
+        a: args::cuGraphInstantiateWithFlags,
+    ) -> Result<outs::cuGraphInstantiateWithFlags, CUresult> {
+        self.ctx()?;
+        // Flags: auto-free on launch, upload, device launch, use node priority: none changes a replay here.
+        if a.flags & !0xf != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let exec = self.handle(kind::GRAPH_EXEC);
+        self.captures.instantiate(a.graph, exec)?;
+        Ok(outs::cuGraphInstantiateWithFlags {
+            exec,
+            ..Default::default()
+        })
+    }
+
+    fn cuGraphLaunch(&mut self, a: args::cuGraphLaunch) -> Result<outs::cuGraphLaunch, CUresult> {
+        self.ctx()?;
+        let steps = self.captures.exec(a.exec)?;
+        self.submit_steps(a.stream, steps.to_vec())?;
+        Ok(Default::default())
+    }
+
+    fn cuGraphUpload(&mut self, a: args::cuGraphUpload) -> Result<outs::cuGraphUpload, CUresult> {
+        self.ctx()?;
+        self.captures.exec(a.exec)?;
+        self.streams.resolve(a.stream)?;
+        Ok(Default::default())
+    }
+
+    fn cuGraphExecDestroy(
+        &mut self,
+        a: args::cuGraphExecDestroy,
+    ) -> Result<outs::cuGraphExecDestroy, CUresult> {
+        self.captures.exec(a.exec)?;
+        self.captures.forget(a.exec);
+        Ok(Default::default())
+    }
+
+    fn cuGraphDestroy(
+        &mut self,
+        a: args::cuGraphDestroy,
+    ) -> Result<outs::cuGraphDestroy, CUresult> {
+        self.captures.forget(a.graph);
         Ok(Default::default())
     }
 
@@ -1211,12 +1407,14 @@ impl ApiBackend for EmuBackend {
         a: args::cuStreamSynchronize,
     ) -> Result<outs::cuStreamSynchronize, CUresult> {
         self.check()?;
+        self.not_capturing(a.stream)?;
         self.sync_stream(Some(a.stream))?;
         Ok(Default::default())
     }
 
     fn cuStreamQuery(&mut self, a: args::cuStreamQuery) -> Result<outs::cuStreamQuery, CUresult> {
         self.check()?;
+        self.not_capturing(a.stream)?;
         let key = self.streams.resolve(a.stream)?;
         if self.streams.busy(key) {
             return Err(CUresult::NOT_READY);
@@ -1235,6 +1433,10 @@ impl ApiBackend for EmuBackend {
         }
         let key = self.streams.resolve(a.stream)?;
         let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
+        // An event recorded in a capture brings this stream into that capture.
+        if self.captures.wait_event(key, a.event)? {
+            return Ok(Default::default());
+        }
         // Waiting for a never-recorded event waits for nothing.
         if e.records > 0 {
             let dep = (e.signal.clone(), e.records);
@@ -1671,6 +1873,8 @@ impl Backend for EmuBackend {
                     .map_err(|_| CUresult::INVALID_VALUE)
             }
             Some(s) => {
+                // A graph would copy from host memory at each launch: not from a remote client.
+                self.not_capturing(s)?;
                 let data = data.to_vec();
                 self.submit(s, "host-to-device copy", move |mem| {
                     mem.write_bytes(dst, &data)
@@ -1691,6 +1895,9 @@ impl Backend for EmuBackend {
             return Ok(Vec::new());
         }
         self.shared.mem.check(src, len as u64)?;
+        if let Some(s) = stream {
+            self.not_capturing(s)?;
+        }
         self.sync_stream(stream)?;
         let mut out = vec![0u8; len];
         self.shared
@@ -1804,49 +2011,72 @@ impl Backend for EmuBackend {
             dynamic_shared_bytes: launch.shared_mem_bytes,
         };
         let params = launch.params.clone();
-        let key = self.streams.resolve(launch.stream)?;
-        let shared = self.shared.clone();
+        let kernel = name.clone();
         // The texture and surface objects as they are now.
         let textures = self.objects.resolver();
-        let job: Job = Box::new(move || {
-            if shared.skip_work() {
-                return;
-            }
+        // Replayable: a captured launch runs again at every launch of its graph.
+        let op: Op = Arc::new(move |mem: &DeviceMemory| {
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let options = gleam_ptx::LaunchOptions {
                     textures: Some(&*textures),
                     ..Default::default()
                 };
-                gleam_ptx::launch_with(
-                    &module,
-                    &name,
-                    &cfg,
-                    &params,
-                    &symbols,
-                    &shared.mem,
-                    &options,
-                )
+                gleam_ptx::launch_with(&module, &kernel, &cfg, &params, &symbols, mem, &options)
             }));
             match run {
-                Ok(Ok(stats)) => tracing::trace!(
-                    kernel = %name,
-                    grid = ?cfg.grid,
-                    block = ?cfg.block,
-                    instructions = stats.thread_instructions,
-                    "kernel done"
-                ),
+                Ok(Ok(stats)) => {
+                    tracing::trace!(
+                        kernel = %kernel,
+                        grid = ?cfg.grid,
+                        block = ?cfg.block,
+                        instructions = stats.thread_instructions,
+                        "kernel done"
+                    );
+                    Ok(())
+                }
                 Ok(Err(e)) => {
                     let code = launch_error(&e);
-                    tracing::error!(kernel = %name, "kernel {name} failed: {e} -> {code}");
-                    shared.set_sticky(code);
+                    tracing::error!(kernel = %kernel, "kernel {kernel} failed: {e} -> {code}");
+                    Err(code)
                 }
                 Err(_) => {
-                    tracing::error!(kernel = %name, "the PTX interpreter panicked running {name}");
-                    shared.set_sticky(CUresult::LAUNCH_FAILED);
+                    tracing::error!(kernel = %kernel, "the PTX interpreter panicked running {kernel}");
+                    Err(CUresult::LAUNCH_FAILED)
                 }
             }
         });
-        self.streams.enqueue(key, Vec::new(), Some(job))
+        self.submit_steps(
+            launch.stream,
+            vec![Step {
+                what: format!("kernel {name}").into(),
+                op,
+            }],
+        )
+    }
+
+    fn launch_ex(&mut self, launch: &Launch, attrs: &[LaunchAttr]) -> Result<(), CUresult> {
+        for a in attrs {
+            let refused = match a.id {
+                // Ignore, hints on caching, memory order, scheduling and priority: running kernels one
+                // after the other on their stream already satisfies them.
+                0 | 1 | 3 | 5 | 6 | 8 | 9 | 10 | 13 | 14 | 15 | 16 => false,
+                // A cooperative launch needs every block resident at once (grid-wide sync).
+                LaunchAttr::COOPERATIVE => a.value[0] != 0,
+                // Thread block clusters (compute capability 9.0+).
+                LaunchAttr::CLUSTER_DIMENSION => a.value[..3].iter().any(|&d| d > 1),
+                // Events recorded from inside a kernel's execution.
+                LaunchAttr::PROGRAMMATIC_EVENT | LaunchAttr::LAUNCH_COMPLETION_EVENT => true,
+                _ => return Err(CUresult::INVALID_VALUE),
+            };
+            if refused {
+                tracing::warn!(
+                    attribute = a.id,
+                    "launch attribute not supported by the emu backend"
+                );
+                return Err(CUresult::NOT_SUPPORTED);
+            }
+        }
+        self.launch(launch)
     }
 
     fn forget(&mut self, died: &Died) {
@@ -1855,6 +2085,7 @@ impl Backend for EmuBackend {
         for &(kind, handle) in &died.handles {
             match kind {
                 Kind::Stream => {
+                    self.captures.stream_gone(StreamKey::Created(handle));
                     let _ = self.streams.destroy(handle);
                 }
                 Kind::Event => {
@@ -1872,6 +2103,7 @@ impl Backend for EmuBackend {
                 Kind::Array | Kind::TexObject | Kind::SurfObject => {
                     self.objects.forget(kind, handle);
                 }
+                Kind::Graph | Kind::GraphExec => self.captures.forget(handle),
                 // A kernel is its module's function here; contexts are handled by their calls.
                 Kind::Kernel | Kind::Context => {}
             }
@@ -1890,6 +2122,7 @@ impl Backend for EmuBackend {
         self.events.clear();
         self.functions.clear();
         self.libraries.clear();
+        self.captures.clear();
         self.modules.clear();
         self.objects.clear();
         self.mirrored.clear();

@@ -25,6 +25,7 @@
 
 pub mod arrays;
 mod backend;
+pub mod capture;
 pub mod device;
 pub mod image;
 pub mod managed;

@@ -27,8 +27,9 @@ use std::collections::{HashMap, HashSet};
 use tracing::debug;
 
 use crate::api::{
-    ApiCall, ApiReply, Arg, Array, CStr, Context, Event, Function, In, InOpt, Kernel, Library,
-    Module, Out, Plain, Stream, SurfObject, TexObject, Value, args, outs,
+    ApiCall, ApiReply, Arg, Array, CStr, Context, Event, Function, Graph, GraphExec, In, InOpt, InOut,
+    Kernel, LaunchConfig, LaunchConfigValue, Library, Module, OptOut, Out, Plain, Stream, SurfObject,
+    TexObject, Value, args, outs,
 };
 use crate::descriptors::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUDA_RESOURCE_DESC, CUDA_RESOURCE_VIEW_DESC,
@@ -71,6 +72,8 @@ pub enum Kind {
     Array,
     TexObject,
     SurfObject,
+    Graph,
+    GraphExec,
 }
 
 /// Where a handle created by a call belongs, gathered from the call's in-arguments and the current context.
@@ -148,6 +151,10 @@ pub struct Handles {
     tex_objects: HashMap<u64, u64>,
     /// Surface object -> its context.
     surf_objects: HashMap<u64, u64>,
+    /// Graphs (context-independent; they live until destroyed).
+    graphs: HashSet<u64>,
+    /// Executable graphs (until destroyed).
+    graph_execs: HashSet<u64>,
 }
 
 impl Handles {
@@ -172,6 +179,8 @@ impl Handles {
             Kind::Array => self.arrays.contains_key(&handle),
             Kind::TexObject => self.tex_objects.contains_key(&handle),
             Kind::SurfObject => self.surf_objects.contains_key(&handle),
+            Kind::Graph => self.graphs.contains(&handle),
+            Kind::GraphExec => self.graph_execs.contains(&handle),
         };
         if known {
             Ok(())
@@ -231,6 +240,12 @@ impl Handles {
             }
             Kind::SurfObject => {
                 self.surf_objects.insert(handle, owner.ctx);
+            }
+            Kind::Graph => {
+                self.graphs.insert(handle);
+            }
+            Kind::GraphExec => {
+                self.graph_execs.insert(handle);
             }
         }
     }
@@ -316,6 +331,14 @@ impl Handles {
                 self.surf_objects.remove(&object);
                 Vec::new()
             }
+            Effect::Destroy(Kind::Graph, graph) => {
+                self.graphs.remove(&graph);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::GraphExec, exec) => {
+                self.graph_execs.remove(&exec);
+                Vec::new()
+            }
             Effect::Destroy(Kind::Function | Kind::Kernel, handle) => {
                 debug!(
                     handle,
@@ -347,6 +370,8 @@ impl Handles {
             tagged(Kind::Array, &mut self.arrays.keys().copied()),
             tagged(Kind::TexObject, &mut self.tex_objects.keys().copied()),
             tagged(Kind::SurfObject, &mut self.surf_objects.keys().copied()),
+            tagged(Kind::Graph, &mut self.graphs.iter().copied()),
+            tagged(Kind::GraphExec, &mut self.graph_execs.iter().copied()),
         ]
         .into_iter()
         .flatten()
@@ -462,6 +487,14 @@ impl Handles {
         )
     }
 
+    /// Graphs and executable graphs this session made (to destroy at shutdown).
+    pub fn graphs(&self) -> (Vec<u64>, Vec<u64>) {
+        (
+            self.graphs.iter().copied().collect(),
+            self.graph_execs.iter().copied().collect(),
+        )
+    }
+
     /// Libraries this session loaded.
     pub fn libraries(&self) -> Vec<u64> {
         self.libraries.iter().copied().collect()
@@ -565,7 +598,10 @@ no_embedded_handles!(
     CUDA_ARRAY_DESCRIPTOR,
     CUDA_ARRAY3D_DESCRIPTOR,
     CUDA_TEXTURE_DESC,
-    CUDA_RESOURCE_VIEW_DESC
+    CUDA_RESOURCE_VIEW_DESC,
+    [u64; 5],
+    [i32; 5],
+    [u32; 5]
 );
 
 impl Embedded for CUDA_RESOURCE_DESC {
@@ -616,6 +652,41 @@ where
     }
 }
 
+impl<T: OutValue> HandleArg for OptOut<T>
+where
+    T::C: Default,
+{
+    fn check(_: &Handles, _: &bool, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(handles: &mut Handles, reply: &T::W, owner: &Owner) {
+        T::register(handles, reply, owner);
+    }
+}
+
+impl<T: Plain> HandleArg for InOut<T> {
+    fn check(_: &Handles, _: &T, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &T, _: &Owner) {}
+}
+
+/// The stream of a launch configuration, and events its attributes name, are handles.
+impl HandleArg for LaunchConfig {
+    fn check(handles: &Handles, config: &LaunchConfigValue, _: &mut Owner) -> Result<(), CUresult> {
+        handles.check(Kind::Stream, config.stream)?;
+        for event in config
+            .attrs
+            .iter()
+            .filter_map(crate::wire::LaunchAttr::event)
+        {
+            handles.check(Kind::Event, event)?;
+        }
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
 macro_rules! handle_kinds {
     ($($ty:ident, $note:expr;)*) => {$(
         impl HandleKind for $ty {
@@ -653,6 +724,8 @@ handle_kinds! {
     Array, |_, _| {};
     TexObject, |_, _| {};
     SurfObject, |_, _| {};
+    Graph, |_, _| {};
+    GraphExec, |_, _| {};
 }
 
 /// A listed call's request, checked against the registry before the driver sees it.
@@ -1097,6 +1170,8 @@ mod tests {
         "cuArrayDestroy",
         "cuTexObjectDestroy",
         "cuSurfObjectDestroy",
+        "cuGraphExecDestroy",
+        "cuGraphDestroy",
     ];
 
     /// A listed call that destroys something must have an [`Effect`] (a tag in the declaration list), or
@@ -1123,6 +1198,8 @@ mod tests {
             ApiCall::cuArrayDestroy(args::cuArrayDestroy { array: 7 }),
             ApiCall::cuTexObjectDestroy(args::cuTexObjectDestroy { object: 7 }),
             ApiCall::cuSurfObjectDestroy(args::cuSurfObjectDestroy { object: 7 }),
+            ApiCall::cuGraphExecDestroy(args::cuGraphExecDestroy { exec: 7 }),
+            ApiCall::cuGraphDestroy(args::cuGraphDestroy { graph: 7 }),
         ];
         let names: Vec<_> = calls.iter().map(ApiCall::name).collect();
         assert_eq!(names, DESTROYING);
@@ -1131,6 +1208,34 @@ mod tests {
         }
         assert_eq!(Effect::of(&calls[5]), Effect::Destroy(Kind::Stream, 7));
         assert_eq!(Effect::of(&calls[1]), Effect::PrimaryReset(1));
+        assert_eq!(Effect::of(&calls[8]), Effect::Destroy(Kind::Graph, 7));
+    }
+
+    #[test]
+    fn graphs_live_until_destroyed() {
+        let mut h = Handles::default();
+        let end = ApiReply::cuStreamEndCapture(outs::cuStreamEndCapture {
+            graph: 0x60,
+            ..Default::default()
+        });
+        end.register(&mut h, &Owner::default());
+        let exec = ApiReply::cuGraphInstantiateWithFlags(outs::cuGraphInstantiateWithFlags {
+            exec: 0x61,
+            ..Default::default()
+        });
+        exec.register(&mut h, &Owner::default());
+        assert_eq!(h.check(Kind::Graph, 0x60), Ok(()));
+        assert_eq!(h.check(Kind::GraphExec, 0x61), Ok(()));
+        // A graph is not an executable graph, nor the reverse.
+        assert_eq!(
+            h.check(Kind::GraphExec, 0x60),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        let died = h.apply(Effect::Destroy(Kind::Graph, 0x60), None);
+        assert_eq!(died.handles, [(Kind::Graph, 0x60)]);
+        assert_eq!(h.check(Kind::Graph, 0x60), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(h.check(Kind::GraphExec, 0x61), Ok(()));
+        assert_eq!(h.graphs(), (vec![], vec![0x61]));
     }
 
     /// Arrays and texture and surface objects belong to their context; a resource descriptor's array is

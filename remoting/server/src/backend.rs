@@ -9,7 +9,7 @@ use gleam_protocol::api::{ApiCall, ApiReply, args, outs};
 use gleam_protocol::copy::Copy3D;
 use gleam_protocol::registry::{Died, Handles};
 use gleam_protocol::types::CUresult;
-use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch};
+use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr};
 
 macro_rules! api_backend {
     ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
@@ -101,6 +101,15 @@ pub trait Backend: ApiBackend {
     fn mirror_read(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, CUresult> {
         let _ = (addr, len);
         Err(CUresult::NOT_SUPPORTED)
+    }
+    /// `cuLaunchKernelEx` with launch attributes. A backend that honours none of them runs a launch
+    /// without attributes and refuses any other.
+    fn launch_ex(&mut self, launch: &Launch, attrs: &[LaunchAttr]) -> Result<(), CUresult> {
+        if attrs.is_empty() {
+            self.launch(launch)
+        } else {
+            Err(CUresult::NOT_SUPPORTED)
+        }
     }
     /// These handles died (destroyed, or with what was destroyed, by CUDA's rules): drop what is kept for
     /// them.

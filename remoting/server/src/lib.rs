@@ -9,6 +9,7 @@
 //! * [`worker`]: the session process's loop, a [`Session`](session::Session) between stdin and stdout.
 
 pub mod backend;
+pub mod images;
 pub mod mirrors;
 pub mod session;
 pub mod worker;

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gleam_protocol::types::CUresult;
 
 pub mod arrays;
+pub mod capture;
 pub mod context;
 pub mod device;
 pub mod export_table;
@@ -37,11 +38,17 @@ pub mod forward;
 pub mod handles;
 pub mod hostmem;
 pub mod managed;
+pub mod images;
+pub mod integrity;
+pub mod library;
 pub mod memory;
 pub mod module;
 pub mod occupancy;
+pub mod primary;
 pub mod proc;
 pub mod state;
+pub mod tensor;
+pub mod trace;
 
 /// Every hand-written export (`local`, `hand` and `by-hand` in the declaration list), by its CUDA name.
 pub mod hand {
@@ -49,6 +56,10 @@ pub mod hand {
         cuMemcpy2D_v2, cuMemcpy2DAsync_v2, cuMemcpy2DUnaligned_v2, cuMemcpy3D_v2,
         cuMemcpy3DAsync_v2, cuMemcpyAtoA_v2, cuMemcpyAtoD_v2, cuMemcpyAtoH_v2,
         cuMemcpyAtoHAsync_v2, cuMemcpyDtoA_v2, cuMemcpyHtoA_v2, cuMemcpyHtoAAsync_v2,
+    };
+    pub use crate::capture::{
+        cuGraphInstantiate_v2, cuStreamBeginCapture, cuStreamBeginCapture_v2, cuStreamEndCapture,
+        cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
     };
     pub use crate::context::{
         cuCtxCreate_v2, cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
@@ -67,21 +78,34 @@ pub mod hand {
         cuMemHostRegister_v2, cuMemHostUnregister, cuMemPrefetchAsync, cuMemPrefetchAsync_v2,
         cuMemRangeGetAttribute, cuMemRangeGetAttributes,
     };
+    pub use crate::library::{
+        cuKernelGetAttribute, cuKernelGetLibrary, cuKernelGetName, cuKernelGetParamInfo,
+        cuKernelSetAttribute, cuLibraryEnumerateKernels, cuLibraryGetKernel,
+        cuLibraryGetKernelCount, cuLibraryGetModule, cuLibraryLoadData, cuLibraryLoadFromFile,
+        cuLibraryUnload,
+    };
     pub use crate::memory::{
         cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocPitch_v2, cuMemFree_v2, cuMemFreeAsync,
         cuMemGetAddressRange_v2, cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2,
         cuMemcpyHtoD_v2, cuMemcpyHtoDAsync_v2, cuPointerGetAttribute, cuPointerGetAttributes,
     };
     pub use crate::module::{
-        cuFuncGetAttribute, cuKernelGetFunction, cuLaunchCooperativeKernel, cuLaunchKernel,
-        cuLaunchKernelEx, cuLaunchKernelEx_ptsz, cuLibraryLoadData, cuLibraryLoadFromFile,
-        cuModuleGetFunction, cuModuleGetLoadingMode, cuModuleLoad, cuModuleLoadData,
-        cuModuleLoadDataEx, cuModuleLoadFatBinary, cuStreamIsCapturing,
+        cuFuncGetAttribute, cuFuncGetModule, cuFuncGetName, cuFuncGetParamInfo, cuFuncIsLoaded,
+        cuFuncLoad, cuFuncSetAttribute, cuKernelGetFunction, cuLaunchCooperativeKernel,
+        cuLaunchKernel, cuLaunchKernelEx, cuLaunchKernelEx_ptsz, cuModuleEnumerateFunctions,
+        cuModuleGetFunction, cuModuleGetFunctionCount, cuModuleGetLoadingMode, cuModuleLoad,
+        cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary,
+        cuOccupancyMaxActiveBlocksPerMultiprocessor,
+        cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
     };
     pub use crate::occupancy::{
         cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSizeWithFlags,
     };
+    pub use crate::primary::{cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxSetFlags_v2};
     pub use crate::proc::{cuGetProcAddress, cuGetProcAddress_v2};
+    pub use crate::tensor::{
+        cuTensorMapEncodeIm2col, cuTensorMapEncodeIm2colWide, cuTensorMapEncodeTiled,
+    };
 }
 
 /// The server refuses to load a library exporting this symbol as "the real driver": finding it means the
@@ -93,12 +117,16 @@ pub static gleam_shim_marker: u32 = 0x474c_4d31;
 static DEINITIALIZED: AtomicBool = AtomicBool::new(false);
 
 /// Runs one export's body: refuses calls after teardown, and turns a panic into `CUDA_ERROR_UNKNOWN`
-/// (logged) instead of unwinding into C.
+/// (logged) instead of unwinding into C. With `gleam trace` on, counts the call ([`trace`]).
 pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
     if DEINITIALIZED.load(Ordering::Acquire) {
         return CUresult::DEINITIALIZED;
     }
-    match catch_unwind(AssertUnwindSafe(body)) {
+    let tracing_on = trace::enabled();
+    if tracing_on {
+        trace::begin();
+    }
+    let result = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => CUresult::SUCCESS,
         Ok(Err(err)) => {
             tracing::trace!(call = name, %err, "call failed");
@@ -113,7 +141,30 @@ pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> Result<(), CUresu
             tracing::error!(call = name, panic = %what, "internal error in Gleam's libcuda (a bug)");
             CUresult::UNKNOWN
         }
+    };
+    if tracing_on {
+        trace::end(name, result);
     }
+    result
+}
+
+thread_local! {
+    /// Destroyed with the thread's other thread-local storage: after that, logging (which uses
+    /// thread-local buffers) must not run. The CUDA runtime tears down from `exit()`, after the main
+    /// thread's thread-local storage is gone.
+    static ALIVE: Alive = const { Alive };
+}
+
+struct Alive;
+
+impl Drop for Alive {
+    fn drop(&mut self) {}
+}
+
+/// Whether this thread may log: its thread-local storage is alive and the library is not torn down.
+/// Every log line goes through this check (a filter of the subscriber [`state::init_logging`] installs).
+pub(crate) fn logging_safe() -> bool {
+    !DEINITIALIZED.load(Ordering::Acquire) && ALIVE.try_with(|_| ()).is_ok()
 }
 
 /// Writes `value` through `out` if it is not NULL; a NULL out-pointer is `CUDA_ERROR_INVALID_VALUE`.
@@ -132,9 +183,11 @@ pub(crate) unsafe fn put<T>(out: *mut T, value: T) -> Result<(), CUresult> {
 /// The library destructor: closes the session in order while the process can still send, then refuses
 /// every later call (cudart calls cuLibraryUnload and friends after our destructors ran).
 extern "C" fn on_unload() {
+    // From here on nothing logs: thread-local storage may be gone already.
+    DEINITIALIZED.store(true, Ordering::Release);
     // Never unwind out of a destructor: a failure to say goodbye only costs the server an idle timeout.
     let _ = catch_unwind(state::shutdown);
-    DEINITIALIZED.store(true, Ordering::Release);
+    let _ = catch_unwind(trace::write_report);
 }
 
 #[used]
