@@ -280,7 +280,7 @@ impl Objects {
                 {
                     return Err(CUresult::INVALID_VALUE);
                 }
-                mem.check(l.devPtr, l.sizeInBytes)?;
+                mem.check(l.devPtr, l.sizeInBytes, false)?;
                 Ok(gleam_ptx::Resource::linear(
                     l.devPtr,
                     fmt,
@@ -304,7 +304,7 @@ impl Objects {
                 {
                     return Err(CUresult::INVALID_VALUE);
                 }
-                mem.check(p.devPtr, p.pitchInBytes * (p.height - 1) + row)?;
+                mem.check(p.devPtr, p.pitchInBytes * (p.height - 1) + row, false)?;
                 Ok(gleam_ptx::Resource::pitch2d(
                     p.devPtr,
                     fmt,
@@ -544,10 +544,10 @@ impl Plan {
         if self.width == 0 || self.height == 0 || self.depth == 0 {
             return Ok(());
         }
-        for (end, row, slice) in [self.src, self.dst] {
+        for ((end, row, slice), write) in [(self.src, false), (self.dst, true)] {
             if let End::Device(origin) = end {
                 let last = (self.depth - 1) * slice + (self.height - 1) * row;
-                mem.check(origin, last + self.width)?;
+                mem.check(origin, last + self.width, write)?;
             }
         }
         Ok(())

@@ -95,6 +95,30 @@ pub trait Value {
     fn from_wire(w: Self::W) -> Self::C;
 }
 
+/// C structs that travel as themselves, their pointer fields cleared ([`crate::types::WireStruct`]).
+macro_rules! wire_structs {
+    ($($t:ident),* $(,)?) => {$(
+        impl Value for crate::types::$t {
+            type C = Self;
+            type W = Self;
+            fn to_wire(c: Self) -> Self {
+                crate::types::WireStruct::cleared(c)
+            }
+            fn from_wire(w: Self) -> Self {
+                crate::types::WireStruct::cleared(w)
+            }
+        }
+    )*};
+}
+
+wire_structs!(
+    CUmemLocation,
+    CUmemAllocationProp,
+    CUmemPoolProps,
+    CUmemAccessDesc,
+    CUexecAffinityParam,
+);
+
 impl<T: Plain> Value for T {
     type C = T;
     type W = T;
@@ -192,6 +216,152 @@ handles! {
     Graph;
     /// `CUgraphExec`.
     GraphExec;
+    /// `CUmemoryPool`.
+    MemPool;
+}
+
+/// `CUmemGenericAllocationHandle`: a physical allocation of virtual memory management (`cuMemCreate`). An
+/// integer at the C ABI rather than a pointer, but as much a driver handle as the others: checked against
+/// the registry before the driver sees it.
+#[derive(Clone, Copy, Debug)]
+pub enum MemHandle {}
+
+impl Value for MemHandle {
+    type C = u64;
+    type W = u64;
+    fn to_wire(c: u64) -> u64 {
+        c
+    }
+    fn from_wire(w: u64) -> u64 {
+        w
+    }
+}
+
+impl CType for MemHandle {
+    type C = u64;
+}
+
+impl Arg for MemHandle {
+    type C = u64;
+    type Request = u64;
+    type Reply = ();
+    type Slot = u64;
+
+    unsafe fn to_request(c: u64) -> Result<u64, CUresult> {
+        Ok(c)
+    }
+    unsafe fn write_reply(_: u64, _: ()) {}
+    fn slot(request: u64) -> u64 {
+        request
+    }
+    fn slot_c(slot: &mut u64) -> u64 {
+        *slot
+    }
+    fn slot_reply(_: u64) {}
+}
+
+/// A device address the C API passes as `void*` (`cuMemRetainAllocationHandle`): travels as its value and
+/// is never dereferenced by Gleam (the driver validates it).
+#[derive(Clone, Copy, Debug)]
+pub enum PtrValue {}
+
+impl CType for PtrValue {
+    type C = *mut c_void;
+}
+
+impl Arg for PtrValue {
+    type C = *mut c_void;
+    type Request = u64;
+    type Reply = ();
+    type Slot = u64;
+
+    unsafe fn to_request(c: *mut c_void) -> Result<u64, CUresult> {
+        Ok(c as u64)
+    }
+    unsafe fn write_reply(_: *mut c_void, _: ()) {}
+    fn slot(request: u64) -> u64 {
+        request
+    }
+    fn slot_c(slot: &mut u64) -> *mut c_void {
+        *slot as *mut c_void
+    }
+    fn slot_reply(_: u64) {}
+}
+
+/// An in-argument passed by pointer (`const T*`): the application's value is read at the call and travels
+/// in the request; the driver is given a pointer to the server's copy. NULL is `CUDA_ERROR_INVALID_VALUE`.
+/// Pointers inside `T` (Windows-only fields) never travel: [`Value::to_wire`] clears them.
+#[derive(Clone, Copy, Debug)]
+pub enum In<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+// Boxed in requests: descriptors (copies, resources, textures) are large, and most calls are small.
+impl<T: Value> Arg for In<T>
+where
+    T::C: Default,
+{
+    type C = *const T::C;
+    type Request = Box<T::W>;
+    type Reply = ();
+    type Slot = T::C;
+
+    unsafe fn to_request(c: *const T::C) -> Result<Box<T::W>, CUresult> {
+        if c.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, and the C API requires a valid `T` behind it (read unaligned: C callers may
+        // pack it anywhere).
+        Ok(Box::new(T::to_wire(unsafe { c.read_unaligned() })))
+    }
+    unsafe fn write_reply(_: *const T::C, _: ()) {}
+    fn slot(request: Box<T::W>) -> T::C {
+        T::from_wire(*request)
+    }
+    fn slot_c(slot: &mut T::C) -> *const T::C {
+        slot
+    }
+    fn slot_reply(_: T::C) {}
+}
+
+impl<T: Value> CType for In<T>
+where
+    T::C: Default,
+{
+    type C = *const T::C;
+}
+
+/// As [`In`], for an optional argument (a descriptor the application may omit): NULL travels as `None`
+/// and reaches the driver as NULL.
+#[derive(Clone, Copy, Debug)]
+pub enum InOpt<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+impl<T: Value> Arg for InOpt<T> {
+    type C = *const T::C;
+    type Request = Option<Box<T::W>>;
+    type Reply = ();
+    type Slot = Option<T::C>;
+
+    unsafe fn to_request(c: *const T::C) -> Result<Option<Box<T::W>>, CUresult> {
+        // SAFETY: NULL or, as the C API requires, a valid `T` (read unaligned, as for `In`).
+        Ok((!c.is_null()).then(|| Box::new(T::to_wire(unsafe { c.read_unaligned() }))))
+    }
+    unsafe fn write_reply(_: *const T::C, _: ()) {}
+    fn slot(request: Option<Box<T::W>>) -> Option<T::C> {
+        request.map(|r| T::from_wire(*r))
+    }
+    fn slot_c(slot: &mut Option<T::C>) -> *const T::C {
+        slot.as_ref().map_or(std::ptr::null(), |v| v as *const T::C)
+    }
+    fn slot_reply(_: Option<T::C>) {}
+}
+
+impl<T: Value> CType for InOpt<T> {
+    type C = *const T::C;
 }
 
 /// An out-argument: the C side passes a `T*` that the driver writes; the value travels in the reply.
@@ -230,74 +400,6 @@ where
     fn slot_reply(slot: T::C) -> T::W {
         T::to_wire(slot)
     }
-}
-
-/// An in-argument passed by pointer (`const T*`): the value pointed to travels in the request, and the
-/// server passes a pointer to its copy.
-#[derive(Clone, Copy, Debug)]
-pub enum In<T> {
-    #[doc(hidden)]
-    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
-}
-
-// Boxed in requests: descriptors are large, and most calls are small.
-impl<T: Plain> Arg for In<T> {
-    type C = *const T;
-    type Request = Box<T>;
-    type Reply = ();
-    type Slot = T;
-
-    unsafe fn to_request(c: *const T) -> Result<Box<T>, CUresult> {
-        if c.is_null() {
-            return Err(CUresult::INVALID_VALUE);
-        }
-        // SAFETY: non-NULL, and the caller promised a valid `T*`.
-        Ok(Box::new(unsafe { c.read_unaligned() }))
-    }
-    unsafe fn write_reply(_: *const T, _: ()) {}
-    fn slot(request: Box<T>) -> T {
-        *request
-    }
-    fn slot_c(slot: &mut T) -> *const T {
-        slot
-    }
-    fn slot_reply(_: T) {}
-}
-
-impl<T: Plain> CType for In<T> {
-    type C = *const T;
-}
-
-/// As [`In`], for an optional argument (a descriptor the application may omit): NULL travels as `None`
-/// and reaches the driver as NULL.
-#[derive(Clone, Copy, Debug)]
-pub enum InOpt<T> {
-    #[doc(hidden)]
-    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
-}
-
-impl<T: Plain> Arg for InOpt<T> {
-    type C = *const T;
-    type Request = Option<Box<T>>;
-    type Reply = ();
-    type Slot = Option<T>;
-
-    unsafe fn to_request(c: *const T) -> Result<Option<Box<T>>, CUresult> {
-        // SAFETY: NULL or, as the caller promised, a valid `T`.
-        Ok((!c.is_null()).then(|| Box::new(unsafe { c.read_unaligned() })))
-    }
-    unsafe fn write_reply(_: *const T, _: ()) {}
-    fn slot(request: Option<Box<T>>) -> Option<T> {
-        request.map(|r| *r)
-    }
-    fn slot_c(slot: &mut Option<T>) -> *const T {
-        slot.as_ref().map_or(std::ptr::null(), |v| v as *const T)
-    }
-    fn slot_reply(_: Option<T>) {}
-}
-
-impl<T: Plain> CType for InOpt<T> {
-    type C = *const T;
 }
 
 /// An in-out argument: the C side passes a `T*` whose value the driver reads and replaces
@@ -725,6 +827,34 @@ mod tests {
         assert_eq!(back.name(), "cuMemAlloc_v2");
         // Variant index + one varint: the out-pointer costs nothing on the wire.
         assert!(bytes.len() <= 4, "{bytes:?}");
+    }
+
+    /// A struct passed by pointer travels by value, its Windows-only pointer cleared; the server's copy
+    /// is what the driver is given a pointer to.
+    #[test]
+    fn in_structs_travel_by_value_without_their_pointers() {
+        use crate::types::{CUmemAllocationProp, CUmemLocation};
+        let prop = CUmemAllocationProp {
+            kind: 1,
+            requested_handle_types: 1,
+            location: CUmemLocation { kind: 1, id: 0 },
+            win32_handle_meta_data: 0xdead_beef,
+            ..CUmemAllocationProp::default()
+        };
+        // SAFETY: a valid pointer to a local.
+        let request =
+            unsafe { <In<CUmemAllocationProp> as Arg>::to_request(&raw const prop) }.unwrap();
+        assert_eq!(request.win32_handle_meta_data, 0);
+        let bytes = postcard::to_allocvec(&request).unwrap();
+        let back: Box<CUmemAllocationProp> = postcard::from_bytes(&bytes).unwrap();
+        let mut slot = <In<CUmemAllocationProp> as Arg>::slot(back);
+        let c = <In<CUmemAllocationProp> as Arg>::slot_c(&mut slot);
+        // SAFETY: points into `slot`.
+        let seen = unsafe { c.read() };
+        assert_eq!((seen.kind, seen.location.kind), (1, 1));
+        // SAFETY: NULL is refused before it is read.
+        let null = unsafe { <In<CUmemAllocationProp> as Arg>::to_request(std::ptr::null()) };
+        assert_eq!(null, Err(CUresult::INVALID_VALUE));
     }
 
     #[test]

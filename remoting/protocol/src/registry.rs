@@ -27,9 +27,9 @@ use std::collections::{HashMap, HashSet};
 use tracing::debug;
 
 use crate::api::{
-    ApiCall, ApiReply, Arg, Array, CStr, Context, Event, Function, Graph, GraphExec, In, InOpt, InOut,
-    Kernel, LaunchConfig, LaunchConfigValue, Library, Module, OptOut, Out, Plain, Stream, SurfObject,
-    TexObject, Value, args, outs,
+    ApiCall, ApiReply, Arg, Array, CStr, Context, Event, Function, Graph, GraphExec, In, InOpt,
+    InOut, Kernel, LaunchConfig, LaunchConfigValue, Library, MemHandle, MemPool, Module, OptOut,
+    Out, Plain, PtrValue, Stream, SurfObject, TexObject, Value, args, outs,
 };
 use crate::descriptors::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUDA_RESOURCE_DESC, CUDA_RESOURCE_VIEW_DESC,
@@ -74,6 +74,10 @@ pub enum Kind {
     SurfObject,
     Graph,
     GraphExec,
+    /// `CUmemoryPool`: a device's, not a context's.
+    MemPool,
+    /// `CUmemGenericAllocationHandle` (`cuMemCreate`): reference-counted, a device's.
+    MemHandle,
 }
 
 /// Where a handle created by a call belongs, gathered from the call's in-arguments and the current context.
@@ -155,6 +159,11 @@ pub struct Handles {
     graphs: HashSet<u64>,
     /// Executable graphs (until destroyed).
     graph_execs: HashSet<u64>,
+    /// Memory pools (default pools once a call returned them, and created ones).
+    pools: HashSet<u64>,
+    /// Physical allocations -> references (`cuMemCreate` and each `cuMemRetainAllocationHandle` add one,
+    /// each `cuMemRelease` drops one; the handle is invalid at zero).
+    mem_handles: HashMap<u64, u32>,
 }
 
 impl Handles {
@@ -181,6 +190,8 @@ impl Handles {
             Kind::SurfObject => self.surf_objects.contains_key(&handle),
             Kind::Graph => self.graphs.contains(&handle),
             Kind::GraphExec => self.graph_execs.contains(&handle),
+            Kind::MemPool => self.pools.contains(&handle),
+            Kind::MemHandle => self.mem_handles.contains_key(&handle),
         };
         if known {
             Ok(())
@@ -246,6 +257,13 @@ impl Handles {
             }
             Kind::GraphExec => {
                 self.graph_execs.insert(handle);
+            }
+            Kind::MemPool => {
+                self.pools.insert(handle);
+            }
+            Kind::MemHandle => {
+                let refs = self.mem_handles.entry(handle).or_insert(0);
+                *refs = refs.saturating_add(1);
             }
         }
     }
@@ -339,6 +357,19 @@ impl Handles {
                 self.graph_execs.remove(&exec);
                 Vec::new()
             }
+            Effect::Destroy(Kind::MemPool, pool) => {
+                self.pools.remove(&pool);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::MemHandle, handle) => {
+                if let Some(refs) = self.mem_handles.get_mut(&handle) {
+                    *refs -= 1;
+                    if *refs == 0 {
+                        self.mem_handles.remove(&handle);
+                    }
+                }
+                Vec::new()
+            }
             Effect::Destroy(Kind::Function | Kind::Kernel, handle) => {
                 debug!(
                     handle,
@@ -372,6 +403,8 @@ impl Handles {
             tagged(Kind::SurfObject, &mut self.surf_objects.keys().copied()),
             tagged(Kind::Graph, &mut self.graphs.iter().copied()),
             tagged(Kind::GraphExec, &mut self.graph_execs.iter().copied()),
+            tagged(Kind::MemPool, &mut self.pools.iter().copied()),
+            tagged(Kind::MemHandle, &mut self.mem_handles.keys().copied()),
         ]
         .into_iter()
         .flatten()
@@ -578,6 +611,23 @@ impl<T: Plain> OutValue for T {
     fn register(_: &mut Handles, _: &T, _: &Owner) {}
 }
 
+/// C structs an out-pointer may point to (`CUmemAllocationProp`...): not handles.
+macro_rules! struct_out_values {
+    ($($t:ident),*) => {$(
+        impl OutValue for crate::types::$t {
+            fn register(_: &mut Handles, _: &Self, _: &Owner) {}
+        }
+    )*};
+}
+
+struct_out_values!(
+    CUmemLocation,
+    CUmemAllocationProp,
+    CUmemPoolProps,
+    CUmemAccessDesc,
+    CUexecAffinityParam
+);
+
 /// A descriptor passed by pointer ([`In`]): the handles inside it are checked like handle arguments.
 pub trait Embedded {
     /// Refuses the descriptor if a handle in it is not live.
@@ -599,6 +649,12 @@ no_embedded_handles!(
     CUDA_ARRAY3D_DESCRIPTOR,
     CUDA_TEXTURE_DESC,
     CUDA_RESOURCE_VIEW_DESC,
+    crate::types::CUmemLocation,
+    crate::types::CUmemAllocationProp,
+    crate::types::CUmemPoolProps,
+    crate::types::CUmemAccessDesc,
+    crate::types::CUexecAffinityParam,
+    u64,
     [u64; 5],
     [i32; 5],
     [u32; 5]
@@ -617,15 +673,26 @@ impl Embedded for CUDA_RESOURCE_DESC {
     }
 }
 
-impl<T: Plain + Embedded> HandleArg for In<T> {
-    fn check(handles: &Handles, request: &Box<T>, _: &mut Owner) -> Result<(), CUresult> {
+impl<T: Value> HandleArg for In<T>
+where
+    T::C: Default,
+    T::W: Embedded,
+{
+    fn check(handles: &Handles, request: &Box<T::W>, _: &mut Owner) -> Result<(), CUresult> {
         request.check_embedded(handles)
     }
     fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
-impl<T: Plain + Embedded> HandleArg for InOpt<T> {
-    fn check(handles: &Handles, request: &Option<Box<T>>, _: &mut Owner) -> Result<(), CUresult> {
+impl<T: Value> HandleArg for InOpt<T>
+where
+    T::W: Embedded,
+{
+    fn check(
+        handles: &Handles,
+        request: &Option<Box<T::W>>,
+        _: &mut Owner,
+    ) -> Result<(), CUresult> {
         request
             .as_ref()
             .map_or(Ok(()), |r| r.check_embedded(handles))
@@ -726,6 +793,15 @@ handle_kinds! {
     SurfObject, |_, _| {};
     Graph, |_, _| {};
     GraphExec, |_, _| {};
+    MemPool, |_, _| {};
+    MemHandle, |_, _| {};
+}
+
+impl HandleArg for PtrValue {
+    fn check(_: &Handles, _: &u64, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
 /// A listed call's request, checked against the registry before the driver sees it.
@@ -1182,8 +1258,11 @@ mod tests {
             let destroys = ["Destroy", "Unload", "Release", "Reset", "Free"]
                 .iter()
                 .any(|w| name.contains(w));
-            // Memory frees take device pointers, which are not handles.
-            if destroys && !name.starts_with("cuMem") {
+            // Memory frees take device pointers, which are not handles (pools and physical allocations
+            // are checked below).
+            // Resetting the persisting L2 lines touches no handle.
+            let resets_cache = *name == "cuCtxResetPersistingL2Cache";
+            if destroys && !name.starts_with("cuMem") && !resets_cache {
                 assert!(DESTROYING.contains(name), "{name} destroys handles");
             }
         }
@@ -1207,6 +1286,12 @@ mod tests {
             assert_ne!(Effect::of(call), Effect::None, "{}", call.name());
         }
         assert_eq!(Effect::of(&calls[5]), Effect::Destroy(Kind::Stream, 7));
+        for call in [
+            ApiCall::cuMemPoolDestroy(args::cuMemPoolDestroy { pool: 7 }),
+            ApiCall::cuMemRelease(args::cuMemRelease { handle: 7 }),
+        ] {
+            assert_ne!(Effect::of(&call), Effect::None, "{}", call.name());
+        }
         assert_eq!(Effect::of(&calls[1]), Effect::PrimaryReset(1));
         assert_eq!(Effect::of(&calls[8]), Effect::Destroy(Kind::Graph, 7));
     }
@@ -1294,6 +1379,71 @@ mod tests {
         );
         assert_eq!(h.check(Kind::TexObject, 7), Err(CUresult::INVALID_HANDLE));
         assert_eq!(h.check(Kind::SurfObject, 8), Err(CUresult::INVALID_HANDLE));
+    }
+
+    /// Pools die by `cuMemPoolDestroy` only (they are a device's, not a context's); physical allocations
+    /// are counted: `cuMemCreate` and each `cuMemRetainAllocationHandle` add a reference, each
+    /// `cuMemRelease` drops one, and the handle is refused once none is left.
+    #[test]
+    fn pools_and_physical_allocations_follow_their_own_calls() {
+        let mut h = primed();
+        let mut owner = Owner::in_context(CTX);
+        outs::cuDeviceGetDefaultMemPool {
+            pool_out: 0x900,
+            dev: (),
+        }
+        .register(&mut h, &owner);
+        let free_async = |pool| args::cuMemPoolTrimTo {
+            pool,
+            min_bytes_to_keep: 0,
+        };
+        assert_eq!(admit(&h, &free_async(0x900)), Ok(()));
+        assert_eq!(admit(&h, &free_async(0x901)), Err(CUresult::INVALID_HANDLE));
+        // A context's end leaves pools alone.
+        h.apply(Effect::PrimaryReset(0), None);
+        assert_eq!(h.check(Kind::MemPool, 0x900), Ok(()));
+        let destroy = ApiCall::cuMemPoolDestroy(args::cuMemPoolDestroy { pool: 0x900 });
+        assert_eq!(Effect::of(&destroy), Effect::Destroy(Kind::MemPool, 0x900));
+        h.apply(Effect::of(&destroy), None);
+        assert_eq!(h.check(Kind::MemPool, 0x900), Err(CUresult::INVALID_HANDLE));
+
+        args::cuMemCreate {
+            handle: (),
+            size: 1 << 21,
+            prop: Box::default(),
+            flags: 0,
+        }
+        .admit(&h, &mut owner)
+        .unwrap();
+        outs::cuMemCreate {
+            handle: 0xa10,
+            ..Default::default()
+        }
+        .register(&mut h, &owner);
+        outs::cuMemRetainAllocationHandle {
+            handle: 0xa10,
+            addr: (),
+        }
+        .register(&mut h, &owner);
+        let map = |handle| args::cuMemMap {
+            ptr: 0,
+            size: 0,
+            offset: 0,
+            handle,
+            flags: 0,
+        };
+        assert_eq!(admit(&h, &map(0xa10)), Ok(()));
+        assert_eq!(admit(&h, &map(0xa11)), Err(CUresult::INVALID_HANDLE));
+        let release = ApiCall::cuMemRelease(args::cuMemRelease { handle: 0xa10 });
+        assert_eq!(
+            Effect::of(&release),
+            Effect::Destroy(Kind::MemHandle, 0xa10)
+        );
+        h.apply(Effect::of(&release), None);
+        assert_eq!(admit(&h, &map(0xa10)), Ok(()), "one reference left");
+        let died = h.apply(Effect::of(&release), None);
+        assert_eq!(died.handles, [(Kind::MemHandle, 0xa10)]);
+        assert_eq!(admit(&h, &map(0xa10)), Err(CUresult::INVALID_HANDLE));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::copy::Copy3D;
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
 

@@ -309,6 +309,7 @@ impl RealBackend {
         match (effect, reply) {
             // cuCtxCreate makes the new context current.
             (_, ApiReply::cuCtxCreate_v2(out)) => self.current = Some(out.pctx),
+            (_, ApiReply::cuCtxCreate_v3(out)) => self.current = Some(out.pctx),
             // The driver's current context may have changed behind our back.
             (Effect::Destroy(Kind::Context, _) | Effect::PrimaryReset(_), _) => self.current = None,
             _ => {}

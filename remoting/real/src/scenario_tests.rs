@@ -318,9 +318,9 @@ pub(crate) fn scenario<B: Backend>(backend: B) {
 
 #[test]
 fn scenario_on_the_emu_backend() {
-    scenario(gleam_emu::EmuBackend::new(gleam_emu::EmuConfig {
-        memory_bytes: 64 << 20,
-    }));
+    scenario(gleam_emu::EmuBackend::new(
+        gleam_emu::EmuConfig::with_memory(64 << 20),
+    ));
 }
 
 #[test]

@@ -21,9 +21,9 @@ use std::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::backend::Backend;
-use crate::mirrors::{self, Mirrors};
 use crate::images::Images;
 pub use crate::images::use_content_cache;
+use crate::mirrors::{self, Mirrors};
 use gleam_protocol::api::ApiCall;
 use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
@@ -248,6 +248,7 @@ impl<B: Backend> Session<B> {
                 if matches!(
                     call,
                     ApiCall::cuCtxCreate_v2(_)
+                        | ApiCall::cuCtxCreate_v3(_)
                         | ApiCall::cuCtxDestroy_v2(_)
                         | ApiCall::cuDevicePrimaryCtxReset_v2(_)
                 ) {

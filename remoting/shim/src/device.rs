@@ -14,7 +14,6 @@ pub const OFFLINE_DRIVER_VERSION: i32 = 13000;
 // Attributes whose features the shim does not provide across the network, so it reports them absent
 // (a program then takes the paths Gleam supports).
 const PAGEABLE_MEMORY_ACCESS: u32 = 88;
-const MEMORY_POOLS_SUPPORTED: u32 = 115;
 const COMPUTE_CAPABILITY_MAJOR: u32 = 75;
 const COMPUTE_CAPABILITY_MINOR: u32 = 76;
 // Mirrored memory (`crate::hostmem`): managed memory and concurrent access are the server's (its copy is
@@ -31,7 +30,6 @@ const READ_ONLY_HOST_REGISTER_SUPPORTED: u32 = 113;
 pub fn attribute(dev: i32, attrib: u32) -> Result<i32, CUresult> {
     match attrib {
         PAGEABLE_MEMORY_ACCESS
-        | MEMORY_POOLS_SUPPORTED
         | CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
         | PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES
         | DIRECT_MANAGED_MEM_ACCESS_FROM_HOST => {

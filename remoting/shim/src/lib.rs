@@ -37,16 +37,17 @@ pub mod exports;
 pub mod forward;
 pub mod handles;
 pub mod hostmem;
-pub mod managed;
 pub mod images;
 pub mod integrity;
 pub mod library;
+pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod occupancy;
 pub mod primary;
 pub mod proc;
 pub mod state;
+pub mod streams;
 pub mod tensor;
 pub mod trace;
 
@@ -62,8 +63,10 @@ pub mod hand {
         cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
     };
     pub use crate::context::{
-        cuCtxCreate_v2, cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
-        cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
+        cuCtxAttach, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy,
+        cuCtxDestroy_v2, cuCtxDetach, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
+        cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent, cuCtxPushCurrent_v2,
+        cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
     };
     pub use crate::device::{
         cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetCount,
@@ -85,9 +88,12 @@ pub mod hand {
         cuLibraryUnload,
     };
     pub use crate::memory::{
-        cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocPitch_v2, cuMemFree_v2, cuMemFreeAsync,
-        cuMemGetAddressRange_v2, cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2,
-        cuMemcpyHtoD_v2, cuMemcpyHtoDAsync_v2, cuPointerGetAttribute, cuPointerGetAttributes,
+        cuDeviceSetMemPool, cuMemAddressFree, cuMemAddressReserve, cuMemAlloc_v2, cuMemAllocAsync,
+        cuMemAllocFromPoolAsync, cuMemAllocPitch_v2, cuMemFree_v2, cuMemFreeAsync,
+        cuMemGetAddressRange_v2, cuMemMap, cuMemPoolDestroy, cuMemPoolGetAttribute,
+        cuMemPoolSetAccess, cuMemPoolSetAttribute, cuMemSetAccess, cuMemSetMemPool, cuMemUnmap,
+        cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpyHtoD_v2,
+        cuMemcpyHtoDAsync_v2, cuPointerGetAttribute, cuPointerGetAttributes,
     };
     pub use crate::module::{
         cuFuncGetAttribute, cuFuncGetModule, cuFuncGetName, cuFuncGetParamInfo, cuFuncIsLoaded,
@@ -103,6 +109,7 @@ pub mod hand {
     };
     pub use crate::primary::{cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxSetFlags_v2};
     pub use crate::proc::{cuGetProcAddress, cuGetProcAddress_v2};
+    pub use crate::streams::{cuEventDestroy, cuStreamDestroy};
     pub use crate::tensor::{
         cuTensorMapEncodeIm2col, cuTensorMapEncodeIm2colWide, cuTensorMapEncodeTiled,
     };

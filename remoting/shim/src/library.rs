@@ -19,9 +19,10 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 
-use gleam_protocol::api::{CStr as CStrArg, Context, Event, Function, Kernel, Library, Module};
 use gleam_protocol::api::{Array, SurfObject, TexObject};
+use gleam_protocol::api::{CStr as CStrArg, Context, Event, Function, Kernel, Library, Module};
 use gleam_protocol::api::{Graph, GraphExec, In, InOut, LaunchConfig, OptOut, Out, Plain, Stream};
+use gleam_protocol::api::{MemHandle, MemPool, PtrValue};
 use gleam_protocol::registry::{Kind, Owner};
 use gleam_protocol::types::{CUfunction, CUkernel, CUlibrary, CUmodule, CUresult};
 use gleam_protocol::wire::ParamSlot;
@@ -190,6 +191,9 @@ as_is!(
     LaunchConfig,
     Graph,
     GraphExec,
+    MemPool,
+    MemHandle,
+    PtrValue,
     Array,
     TexObject,
     SurfObject
@@ -213,14 +217,17 @@ where
     }
 }
 
-impl<T: Plain> Translate for In<T> {
-    fn translate(request: Box<T>) -> Result<Box<T>, CUresult> {
+impl<T: gleam_protocol::api::Value> Translate for In<T>
+where
+    T::C: Default,
+{
+    fn translate(request: Box<T::W>) -> Result<Box<T::W>, CUresult> {
         Ok(request)
     }
 }
 
-impl<T: Plain> Translate for gleam_protocol::api::InOpt<T> {
-    fn translate(request: Option<Box<T>>) -> Result<Option<Box<T>>, CUresult> {
+impl<T: gleam_protocol::api::Value> Translate for gleam_protocol::api::InOpt<T> {
+    fn translate(request: Option<Box<T::W>>) -> Result<Option<Box<T::W>>, CUresult> {
         Ok(request)
     }
 }
