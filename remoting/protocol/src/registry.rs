@@ -1293,7 +1293,7 @@ mod tests {
             assert_ne!(Effect::of(&call), Effect::None, "{}", call.name());
         }
         assert_eq!(Effect::of(&calls[1]), Effect::PrimaryReset(1));
-        assert_eq!(Effect::of(&calls[8]), Effect::Destroy(Kind::Graph, 7));
+        assert_eq!(Effect::of(&calls[11]), Effect::Destroy(Kind::Graph, 7));
     }
 
     #[test]
