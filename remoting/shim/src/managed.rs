@@ -1229,7 +1229,11 @@ pub fn register(p: u64, len: usize, flags: u32, ctx: u64) -> Result<u64, CUresul
     let Some(mirror) = t.mirrors.get_mut(&start) else {
         return Err(CUresult::UNKNOWN);
     };
-    // Pages shared with other data are never protected (their twins are filled without allocating).
+    // Pages shared with other data are never protected. They are writable again before their twins are
+    // filled: a twin is heap memory and may itself lie in one of them (a write to a read-only page here
+    // would wait for the fault resolver, which waits for the lock this thread holds). A write by another
+    // thread before the fill is in the twin and in the first push below, which reads after it.
+    mirror.protect_each(&loose, libc::PROT_READ | libc::PROT_WRITE);
     for &i in &loose {
         let page_bytes = mirror.alias_page(i).as_ptr();
         if let Some(twin) = mirror.twins.get_mut(&i) {
@@ -1237,7 +1241,6 @@ pub fn register(p: u64, len: usize, flags: u32, ctx: u64) -> Result<u64, CUresul
             unsafe { std::ptr::copy_nonoverlapping(page_bytes, twin.as_mut_ptr(), page) };
         }
     }
-    mirror.protect_each(&loose, libc::PROT_READ | libc::PROT_WRITE);
     UNPUSHED.fetch_add(loose.len(), Ordering::AcqRel);
     for i in 0..npages {
         if mirror.pages[i].state == State::Clean {

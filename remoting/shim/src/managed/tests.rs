@@ -268,6 +268,37 @@ fn registered_memory_keeps_its_address_and_its_neighbours() {
     drop(backing);
 }
 
+/// `cudaHostRegister(malloc(n))`: the buffer shares its first and last pages with the allocator's other
+/// blocks, which stay usable by this and other threads while and after it is registered. (Where the
+/// allocator puts the mirror's own bookkeeping is not controllable here; `tests/cuda/unified_textures.cu`
+/// is the program in which it landed on the buffer's last page and registration deadlocked.)
+#[test]
+fn registering_a_heap_buffer_leaves_its_heap_neighbours_usable() {
+    let (_g, f) = fake();
+    let (done, finished) = std::sync::mpsc::channel();
+    // On its own thread, so that a deadlock fails the test instead of hanging it.
+    std::thread::spawn(move || {
+        for n in [12_000, 5000, 100] {
+            let mut buffer = vec![2u8; n];
+            let p = buffer.as_mut_ptr() as u64;
+            let device = register(p, n, 0, 7).unwrap();
+            assert!(f.device_reads(device, n).iter().all(|&b| b == 2));
+            // Allocations next to it still work, and the buffer is still the application's.
+            let neighbours: Vec<Vec<u8>> = (0..64).map(|i| vec![i; 100]).collect();
+            buffer[n - 1] = 3;
+            before_work().unwrap();
+            assert_eq!(f.device_reads(device + n as u64 - 1, 1), [3]);
+            unregister(p).unwrap();
+            drop(neighbours);
+            drop(buffer);
+        }
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("registration of heap buffers finished");
+}
+
 #[test]
 fn diffs_are_byte_exact() {
     assert_eq!(diff(&[1, 2, 3, 4], &[1, 2, 3, 4]), []);
