@@ -3,8 +3,9 @@
 //! Device pointers are the server's values (identity), recorded here at allocation so that `cuMemFree` is
 //! validated locally, `cuMemGetAddressRange` and `cuPointerGetAttribute(s)` need no round trip, and a
 //! unified `cuMemcpy` knows its direction. Classification uses only this table, never address ranges: a
-//! client host pointer may equal a live device pointer of the server. Host ("pinned") memory is local
-//! page-aligned memory; nothing is mapped into the device (`CAN_MAP_HOST_MEMORY` is reported as 0).
+//! client host pointer may equal a live device pointer of the server. Managed and page-locked host
+//! memory are mirrored ([`crate::managed`], [`crate::hostmem`]): copies from and to them move only what
+//! the other side lacks.
 //!
 //! Memory pools and virtual memory management keep the same identity: an allocation from a pool is
 //! recorded with its pool; `cuMemAddressReserve` records the reserved range (beside the table: nothing is
@@ -20,7 +21,7 @@ use gleam_protocol::types::{
     CUmemoryPool, CUresult, CUstream,
 };
 
-use crate::{context, forward, handles, put, state};
+use crate::{context, forward, handles, managed, put, state};
 
 /// What an address range of the table is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,11 +166,35 @@ pub unsafe fn htod(
     if dst == 0 && n > 0 {
         return Err(CUresult::INVALID_VALUE);
     }
+    // From mirrored memory: the server's copy has the bytes once the host's writes are pushed.
+    if let Some(m) = managed::containing(src as u64, n as u64) {
+        managed::flush_range(src as u64, n as u64)?;
+        let from = m.device + (src as u64 - m.host);
+        // SAFETY: plain values.
+        return unsafe {
+            match stream {
+                // From page-locked memory the synchronous copy is complete when it returns: the host may
+                // write the source again at once.
+                None => forward::cuMemcpyDtoD_v2(dst, from, n).and_then(|()| managed::complete()),
+                Some(s) => forward::cuMemcpyDtoDAsync_v2(dst, from, n, s as CUstream),
+            }
+        };
+    }
+    // Partly mirrored (odd, but legal): read here, holding no lock, so that faults resolve.
+    // SAFETY: `bytes` is the application's source, `n` readable bytes.
+    let staged =
+        managed::overlaps(src as u64, n as u64).then(|| unsafe { managed::staged(src.cast(), n) });
+    let bytes = staged.as_deref().unwrap_or(bytes);
+    managed::before_work()?;
     session
         .client
         .memcpy_htod(context::current(), dst, bytes, stream)
         .map_err(state::lost)?
-        .result()
+        .result()?;
+    if stream.is_none() {
+        managed::after_sync()?;
+    }
+    Ok(())
 }
 
 /// Device to host; waits for the data (the asynchronous form too: its completion is observable only
@@ -189,17 +214,64 @@ pub unsafe fn dtoh(
     if src == 0 && n > 0 {
         return Err(CUresult::INVALID_VALUE);
     }
-    session
-        .client
-        .memcpy_dtoh(context::current(), bytes, src, stream)
-        .map_err(state::lost)?
-        .result()
+    managed::before_work()?;
+    let mirrored = managed::containing(dst as u64, n as u64);
+    if mirrored.is_some() || managed::overlaps(dst as u64, n as u64) {
+        // Into mirrored memory: the server's copy is written in stream order too, and the bytes are
+        // installed here without faults (nor pushed back).
+        if let Some(m) = mirrored {
+            // What the host wrote there goes first, so that the copy lands on top of it.
+            managed::flush_range(dst as u64, n as u64)?;
+            let to = m.device + (dst as u64 - m.host);
+            // SAFETY: plain values.
+            unsafe {
+                match stream {
+                    None => forward::cuMemcpyDtoD_v2(to, src, n)?,
+                    Some(s) => forward::cuMemcpyDtoDAsync_v2(to, src, n, s as CUstream)?,
+                }
+            }
+        }
+        let mut staged = vec![0u8; n];
+        session
+            .client
+            .memcpy_dtoh(context::current(), &mut staged, src, stream)
+            .map_err(state::lost)?
+            .result()?;
+        // The synchronization first (it may make every mirror stale), then the fresh bytes.
+        managed::after_sync()?;
+        if mirrored.is_none() || !managed::install(dst as u64, &staged) {
+            // Written here, holding no lock: faults resolve.
+            bytes.copy_from_slice(&staged);
+        }
+    } else {
+        session
+            .client
+            .memcpy_dtoh(context::current(), bytes, src, stream)
+            .map_err(state::lost)?
+            .result()?;
+    }
+    // The data came after the stream's (or the legacy stream's) earlier work.
+    managed::after_sync()
 }
 
 /// `cuMemcpy`/`cuMemcpyAsync`: the direction comes from the allocation table.
 unsafe fn unified(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> Result<(), CUresult> {
     state::session()?;
     let on_device = |p: u64| lookup(p).is_some_and(|r| r.kind.is_device());
+    // Mirrored memory on one side: the other side decides (copies from and to it are optimized there);
+    // on both: a device-to-device copy of the server's copies, the source pushed first.
+    if let (Some(d), Some(s)) = (managed::lookup(dst), managed::lookup(src)) {
+        managed::flush_range(src, n as u64)?;
+        managed::flush_range(dst, n as u64)?;
+        let (to, from) = (d.device + (dst - d.host), s.device + (src - s.host));
+        // SAFETY: plain values.
+        return unsafe {
+            match stream {
+                None => forward::cuMemcpyDtoD_v2(to, from, n).and_then(|()| managed::complete()),
+                Some(st) => forward::cuMemcpyDtoDAsync_v2(to, from, n, st),
+            }
+        };
+    }
     // SAFETY: forwarded; the table says which side each pointer lives on.
     unsafe {
         match (on_device(dst), on_device(src), stream) {
@@ -216,28 +288,6 @@ unsafe fn unified(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> Res
             }
         }
     }
-}
-
-fn host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void, CUresult> {
-    if bytes == 0 {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    // SAFETY: an anonymous private mapping; page-aligned as pinned memory is.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(CUresult::OUT_OF_MEMORY);
-    }
-    record(p as u64, bytes as u64, Kind::Host { flags }, None);
-    Ok(p)
 }
 
 /// Bytes written for each `CUpointer_attribute` (booleans are C `bool`s).
@@ -561,6 +611,9 @@ pub unsafe fn cuMemAllocPitch_v2(
 
 pub unsafe fn cuMemFree_v2(dptr: u64) -> Result<(), CUresult> {
     state::session()?;
+    if let Some(freed) = managed::free(dptr, false) {
+        return freed;
+    }
     unrecord(dptr, true)?;
     // SAFETY: plain values.
     unsafe { forward::cuMemFree_v2(dptr) }
@@ -579,6 +632,18 @@ pub unsafe fn cuMemGetAddressRange_v2(
     dptr: u64,
 ) -> Result<(), CUresult> {
     state::session()?;
+    if let Some(m) = managed::lookup(dptr).filter(|m| dptr >= m.host && dptr < m.host + m.len) {
+        // SAFETY: the caller's out-pointers, each NULL (not wanted) or writable.
+        unsafe {
+            if !base.is_null() {
+                put(base, m.host)?;
+            }
+            if !size.is_null() {
+                put(size, m.len as usize)?;
+            }
+        }
+        return Ok(());
+    }
     let Some(region) = lookup(dptr).filter(|r| r.kind.is_device()) else {
         // Not an allocation of this process's table (a module global, say): the server knows. Either
         // out-pointer may be NULL here, as in CUDA.
@@ -607,58 +672,21 @@ pub unsafe fn cuMemGetAddressRange_v2(
     Ok(())
 }
 
-pub unsafe fn cuMemHostAlloc(
-    pp: *mut *mut c_void,
-    bytesize: usize,
-    flags: u32,
-) -> Result<(), CUresult> {
-    state::session()?;
-    if pp.is_null() {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    // SAFETY: the caller's out-pointer, non-NULL.
-    unsafe { put(pp, host_alloc(bytesize, flags)?) }
-}
-
-pub unsafe fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> Result<(), CUresult> {
-    state::session()?;
-    if pp.is_null() {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    // SAFETY: the caller's out-pointer, non-NULL.
-    unsafe { put(pp, host_alloc(bytesize, 0)?) }
-}
-
-pub unsafe fn cuMemFreeHost(p: *mut c_void) -> Result<(), CUresult> {
-    state::session()?;
-    let region = unrecord(p as u64, false)?;
-    // SAFETY: the mapping made by host_alloc for exactly this range.
-    unsafe { libc::munmap(p, region.size as usize) };
-    Ok(())
-}
-
-pub unsafe fn cuMemHostGetDevicePointer_v2(
-    pdptr: *mut u64,
-    p: *mut c_void,
-    flags: u32,
-) -> Result<(), CUresult> {
-    state::session()?;
-    if pdptr.is_null() || flags != 0 {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    match lookup(p as u64) {
-        // Host memory is not mapped into the remote device (CAN_MAP_HOST_MEMORY = 0).
-        Some(r) if !r.kind.is_device() => Err(CUresult::NOT_SUPPORTED),
-        _ => Err(CUresult::INVALID_VALUE),
-    }
-}
-
 pub unsafe fn cuPointerGetAttribute(
     data: *mut c_void,
     attribute: u32,
     ptr: u64,
 ) -> Result<(), CUresult> {
     state::session()?;
+    if let Some(answer) = crate::hostmem::pointer_attribute(attribute, ptr) {
+        let (bytes, n) = answer?;
+        if data.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: the caller's buffer holds the attribute's C type, `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), data.cast::<u8>(), n) };
+        return Ok(());
+    }
     // SAFETY: the caller's attribute buffer, as the C API requires.
     unsafe { pointer_attribute(data, attribute, ptr, lookup(ptr), false) }
 }
@@ -678,6 +706,13 @@ pub unsafe fn cuPointerGetAttributes(
         // SAFETY: `attributes` and `data` hold `count` entries each (checked non-NULL above).
         let (attribute, out) = unsafe { (*attributes.add(i), *data.add(i)) };
         if out.is_null() {
+            continue;
+        }
+        if let Some(answer) = crate::hostmem::pointer_attribute(attribute, ptr) {
+            // Attributes that do not apply read as zeros here, as for unknown pointers.
+            let (bytes, n) = answer.unwrap_or(([0; 16], attribute_size(attribute).unwrap_or(0)));
+            // SAFETY: the caller's buffer for this attribute.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.cast::<u8>(), n) };
             continue;
         }
         // SAFETY: the caller's buffer for this attribute.

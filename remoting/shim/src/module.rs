@@ -488,11 +488,14 @@ unsafe fn launch(a: &LaunchArgs, attrs: Vec<LaunchAttr>) -> Result<(), CUresult>
     } else {
         Call::LaunchKernelEx { launch, attrs }
     };
-    session
-        .client
-        .send(context::current(), call)
-        .map_err(state::lost)?
-        .result()
+    // Mirrored memory the host wrote reaches the device before the kernel runs.
+    crate::managed::around("cuLaunchKernel", || {
+        session
+            .client
+            .send(context::current(), call)
+            .map_err(state::lost)?
+            .result()
+    })
 }
 
 /// `cuLaunchKernelEx`: the configuration's attributes go to the serving driver as given (cluster
