@@ -7,12 +7,15 @@
 //! * [`wire`]: the session's messages: [`wire::Request`] / [`wire::Call`] from the client,
 //!   [`wire::ReplyFrame`] / [`wire::Reply`] from the server, and the hello exchange.
 //! * [`registry`]: [`registry::Handles`], the registry of live handles with each kind's lifetime rules.
+//! * [`order`]: lanes and dependencies: which requests must run after which ([`order::Sequencer`] on
+//!   the client, [`order::Scheduler`] on the serving side).
 //! * [`types`]: the C ABI types (`CUresult`, handles, constants) shared by every layer.
 //! * [`tuning`]: the waiting strategy both ends of a session share.
 
 #[macro_use]
 pub mod api;
 pub mod frame;
+pub mod order;
 pub mod registry;
 pub mod tuning;
 pub mod types;

@@ -4,8 +4,6 @@
 //!   GPU-less `gleam-emu`), and [`ApiBackend`](backend::ApiBackend), one method per listed driver call.
 //! * [`session`]: [`Session`](session::Session), the sans-IO engine applying CUDA's ordering and error rules
 //!   (deferred and sticky errors) to one client's requests.
-//! * [`worker`]: the session process's loop, a [`Session`](session::Session) between stdin and stdout.
 
 pub mod backend;
 pub mod session;
-pub mod worker;
