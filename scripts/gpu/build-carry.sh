@@ -44,7 +44,7 @@ fi
 if [ "${WITH_TESTS:-0}" = 1 ]; then
     mkdir -p .carry/tests
     # shellcheck disable=SC2086
-    cargo test $flag --no-run --message-format=json -p gleam-real --lib -p gleam-facts --lib 2>/dev/null |
+    cargo test $flag --no-run --message-format=json -p gleam-real -p gleam-facts --lib 2>/dev/null |
         python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

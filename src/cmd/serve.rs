@@ -34,7 +34,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config_dir = args.config.path();
+    let config_dir = args.config.path()?;
     let identity = Identity::load_or_create(&config_dir).with_context(|| {
         format!(
             "loading this device's identity from {}",

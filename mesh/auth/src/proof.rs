@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use quinn::{ConnectionError, VarInt};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::identity::{MeshSecret, PeerId};
 use crate::tls::{TlsError, remote_peer_id};
@@ -51,7 +51,7 @@ pub async fn authenticate_as_server(
 #[non_exhaustive]
 pub enum AuthError {
     /// The connection failed for a reason other than authentication.
-    #[error("connection lost during authentication: {0}")]
+    #[error("connection lost during authentication")]
     ConnectionLost(#[source] ConnectionError),
     /// TLS keying material could not be exported (the handshake is not complete).
     #[error("cannot export TLS keying material")]
@@ -138,7 +138,8 @@ fn finish(
         // Already closed by the peer or the network, or refused by it: nothing to tell.
         _ => return Err(err),
     };
-    warn!(%peer, remote = %conn.remote_address(), error = %err, "refusing peer");
+    // The caller decides how loudly to report it (a device of another mesh retries forever).
+    debug!(%peer, remote = %conn.remote_address(), error = %err, "refusing peer");
     conn.close(CLOSE_AUTH_FAILED, reason);
     Err(err)
 }
@@ -329,7 +330,7 @@ mod tests {
         // Both ends see the connection closed with the auth-failed code.
         match client.closed().await {
             ConnectionError::ApplicationClosed(close) => {
-                assert_eq!(close.error_code, CLOSE_AUTH_FAILED)
+                assert_eq!(close.error_code, CLOSE_AUTH_FAILED);
             }
             other => panic!("{other}"),
         }
@@ -369,7 +370,7 @@ mod tests {
         assert!(started.elapsed() >= AUTH_TIMEOUT);
         match client.closed().await {
             ConnectionError::ApplicationClosed(close) => {
-                assert_eq!(&close.reason[..], b"authentication timed out")
+                assert_eq!(&close.reason[..], b"authentication timed out");
             }
             other => panic!("{other}"),
         }
