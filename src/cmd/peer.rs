@@ -83,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (device, handler) = if args.borrow_only {
         borrow_only()
     } else {
-        serving(args.backend)?
+        serving(args.backend, &dir)?
     };
     // What this device caches by content is gossiped with its GPU facts, for cache-affine placement.
     let device: Arc<dyn DeviceInfo> = match BlobStore::open(dir.join("cache"), CACHE_BUDGET) {
@@ -116,13 +116,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// What a serving peer advertises, and its handler: each authenticated CUDA session gets its own
 /// `gleam session --backend X` process.
-fn serving(backend: Backend) -> anyhow::Result<(Arc<dyn DeviceInfo>, SessionHandler)> {
+fn serving(
+    backend: Backend,
+    config_dir: &std::path::Path,
+) -> anyhow::Result<(Arc<dyn DeviceInfo>, SessionHandler)> {
     let choice = backend.resolve()?;
     let device: Arc<dyn DeviceInfo> = match choice {
         Backend::Cuda => Arc::new(RealDevice::new()),
         Backend::Emu | Backend::Auto => Arc::new(EmulatedDevice::new()),
     };
-    let worker = choice.session_command()?;
+    let worker = choice.session_command(config_dir)?;
     let handler: SessionHandler = Arc::new(move |conn: quinn::Connection, peer: PeerId| {
         let worker = worker.clone();
         tokio::spawn(async move { gleam_host::serve_connection(conn, peer, worker).await });

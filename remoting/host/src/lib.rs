@@ -62,7 +62,6 @@ pub struct SessionCommand {
 pub async fn serve_connection(
     conn: quinn::Connection,
     peer: gleam_auth::identity::PeerId,
-    local: SocketAddr,
     command: SessionCommand,
 ) {
     let started = Instant::now();
@@ -107,8 +106,9 @@ pub async fn serve_connection(
         return;
     }
 
-    // The session process listens where this connection arrived (any address of that family).
-    let bind = match local {
+    // The session process listens on every address of the client's family: the client dials the address
+    // it reached this peer on, at the session's port.
+    let bind = match remote {
         SocketAddr::V4(_) => "0.0.0.0".to_owned(),
         SocketAddr::V6(_) => "::".to_owned(),
     };

@@ -47,6 +47,10 @@ use crate::{CLOSE_ENDED, CLOSE_PROTOCOL_VIOLATION};
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the last replies (Goodbye's) may take to leave before the connection closes.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bulk bytes one lane may have received and not yet run; past it, the lane's reader stops reading and
+/// QUIC flow control holds the client back. Per lane, so a lane waiting on another never starves it: the
+/// request everything waits for is always at the head of its own lane.
+const LANE_QUEUE_LIMIT: usize = 64 << 20;
 
 /// What the session process needs to know.
 #[derive(Debug)]
@@ -221,7 +225,11 @@ impl Shared {
     /// The exit reason when the executor ended without one of its own.
     fn outcome(&self) -> ExitReason {
         match self.ending() {
-            None | Some(End::Executor | End::ClientGone(_)) => ExitReason::Ended,
+            None | Some(End::Executor) => ExitReason::Ended,
+            Some(End::ClientGone(why)) => {
+                info!(%why, "the client left");
+                ExitReason::Ended
+            }
             Some(End::NoClient(after)) => ExitReason::NoClient(after),
             Some(End::Protocol(why)) => ExitReason::Protocol(why),
             Some(End::Network(why)) => ExitReason::Network(why),
@@ -234,6 +242,8 @@ impl Shared {
 struct Inbox {
     state: Mutex<InboxState>,
     ready: Condvar,
+    /// Wakes lane readers held back by [`LANE_QUEUE_LIMIT`].
+    drained: Notify,
     /// The executor is (about to be) asleep on `ready`.
     sleeping: AtomicBool,
 }
@@ -241,7 +251,25 @@ struct Inbox {
 #[derive(Debug, Default)]
 struct InboxState {
     scheduler: Scheduler<(Request, Bytes)>,
+    /// Bulk bytes queued per lane.
+    queued: HashMap<Lane, usize>,
     closed: bool,
+}
+
+impl InboxState {
+    /// Takes the next runnable request off the scheduler, releasing its lane's quota.
+    #[allow(clippy::type_complexity)]
+    fn pop(&mut self, drained: &Notify) -> Option<(Lane, u64, (Request, Bytes))> {
+        let next = self.scheduler.pop()?;
+        if let Some(queued) = self.queued.get_mut(&next.0) {
+            let was_full = *queued >= LANE_QUEUE_LIMIT;
+            *queued -= next.2.1.len();
+            if was_full && *queued < LANE_QUEUE_LIMIT {
+                drained.notify_waiters();
+            }
+        }
+        Some(next)
+    }
 }
 
 impl Inbox {
@@ -249,8 +277,9 @@ impl Inbox {
     fn push(&self, lane: Lane, request: Request, bulk: Bytes) -> Result<(), OrderError> {
         {
             let mut state = lock(&self.state);
-            let (seq, deps) = (request.seq, request.deps.clone());
+            let (seq, deps, len) = (request.seq, request.deps.clone(), bulk.len());
             state.scheduler.push(lane, seq, deps, (request, bulk))?;
+            *state.queued.entry(lane).or_default() += len;
         }
         if self.sleeping.load(Ordering::Acquire) {
             self.ready.notify_one();
@@ -262,6 +291,23 @@ impl Inbox {
     fn close(&self) {
         lock(&self.state).closed = true;
         self.ready.notify_one();
+        self.drained.notify_waiters();
+    }
+
+    /// Waits while `lane` has more than [`LANE_QUEUE_LIMIT`] bulk bytes queued (the executor is behind).
+    async fn room(&self, lane: Lane) {
+        loop {
+            let drained = self.drained.notified();
+            let mut drained = pin!(drained);
+            drained.as_mut().enable();
+            {
+                let state = lock(&self.state);
+                if state.closed || state.queued.get(&lane).copied().unwrap_or(0) < LANE_QUEUE_LIMIT {
+                    return;
+                }
+            }
+            drained.await;
+        }
     }
 
     /// The next request that may run, waiting (spinning first) until there is one; `None` once closed.
@@ -271,7 +317,7 @@ impl Inbox {
         loop {
             {
                 let mut state = lock(&self.state);
-                if let Some(next) = state.scheduler.pop() {
+                if let Some(next) = state.pop(&self.drained) {
                     return Some(next);
                 }
                 if state.closed {
@@ -285,7 +331,7 @@ impl Inbox {
                         .wait_timeout(state, Duration::from_millis(100))
                         .map_or_else(|e| e.into_inner().0, |(s, _)| s);
                     self.sleeping.store(false, Ordering::Release);
-                    if let Some(next) = state.scheduler.pop() {
+                    if let Some(next) = state.pop(&self.drained) {
                         return Some(next);
                     }
                     if state.closed {
@@ -465,8 +511,16 @@ fn network(
 
 fn bind(options: &Options) -> Result<quinn::Endpoint, String> {
     let server = tls::server_config(&options.identity).map_err(|e| format!("TLS: {e}"))?;
-    tls::endpoint(SocketAddr::new(options.bind, 0), Some(server))
-        .map_err(|e| format!("cannot bind a session endpoint on {}: {e}", options.bind))
+    let endpoint = |ip: IpAddr| tls::endpoint(SocketAddr::new(ip, 0), Some(server.clone()));
+    match endpoint(options.bind) {
+        Ok(endpoint) => Ok(endpoint),
+        // A host without IPv6 cannot bind `::`; IPv4 clients still reach an IPv4 socket.
+        Err(_) if options.bind == IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED) => {
+            endpoint(IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED))
+                .map_err(|e| format!("cannot bind a session endpoint: {e}"))
+        }
+        Err(err) => Err(format!("cannot bind a session endpoint on {}: {err}", options.bind)),
+    }
 }
 
 /// Waits for the client's connection: authenticated as `client`, its first stream presenting `token`.
@@ -606,6 +660,9 @@ async fn lane_reader(
                 break 'lane End::Protocol(err.to_string());
             }
         }
+        // Backpressure: stop reading while this lane's queue is full (QUIC flow control then holds
+        // the client).
+        shared.inbox.room(lane).await;
         match recv.read_chunk(usize::MAX, true).await {
             Ok(Some(chunk)) => frames.feed(&chunk.bytes),
             Ok(None) if frames.is_mid_frame() => {

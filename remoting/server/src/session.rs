@@ -479,6 +479,7 @@ mod tests {
             seq,
             ctx,
             expects_reply,
+            deps: Default::default(),
             call,
         }
     }
