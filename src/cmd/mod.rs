@@ -16,6 +16,7 @@ pub mod peers;
 pub mod run;
 pub mod serve;
 pub mod session;
+pub mod trace;
 
 /// Gleam: run CUDA programs on another device's GPU, over the LAN.
 #[derive(Debug, Parser)]
@@ -45,6 +46,8 @@ pub enum Command {
     Linkemu(linkemu::Args),
     /// Look at or empty this device's content cache (weights and modules clients sent before).
     Cache(cache::Args),
+    /// Run a program through Gleam, then print the driver calls it made and what they cost.
+    Trace(trace::TraceArgs),
     /// Internal: one client's session, in its own process (started by `serve`/`peer`).
     #[command(hide = true)]
     Session(session::Args),
@@ -59,6 +62,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => run::run(args),
         Command::Linkemu(args) => linkemu::run(args),
         Command::Cache(args) => cache::run(args),
+        Command::Trace(args) => trace::run(args),
         Command::Session(args) => session::run(args),
     }
 }

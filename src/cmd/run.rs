@@ -300,10 +300,14 @@ fn find_shim() -> anyhow::Result<PathBuf> {
         .parent()
         .context("the gleam executable has no directory")?;
     let candidates = shim_candidates(dir);
-    for candidate in &candidates {
-        if candidate.is_file() {
-            return Ok(candidate.canonicalize()?);
-        }
+    // In a cargo target directory both `./` and `deps/` may hold one (a direct build and a test build):
+    // the newest is the one that matches this `gleam`. An install has only one.
+    let newest = candidates
+        .iter()
+        .filter(|p| p.is_file())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
+    if let Some(found) = newest {
+        return Ok(found.canonicalize()?);
     }
     let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
     bail!(
@@ -313,7 +317,7 @@ fn find_shim() -> anyhow::Result<PathBuf> {
     )
 }
 
-/// Where `gleam` in `exe_dir` looks for the shim, in order.
+/// Where `gleam` in `exe_dir` looks for the shim.
 fn shim_candidates(exe_dir: &Path) -> Vec<PathBuf> {
     let mut candidates = vec![
         exe_dir.join("libgleamcuda.so"),

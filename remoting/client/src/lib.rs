@@ -58,6 +58,35 @@ const BATCH_FLUSH: usize = 256 << 10;
 /// QUIC application close code of an orderly client exit.
 const CLOSE_CLIENT_EXIT: u32 = 0;
 
+/// What the calling thread sent, for `gleam trace` (which classifies each driver call by it): one
+/// thread-local byte set per request, read and reset by the shim around each call.
+pub mod sent {
+    use std::cell::Cell;
+
+    /// A request without a reply was queued.
+    pub const FIRE_AND_FORGET: u8 = 1;
+    /// A request whose reply the caller waits for was queued.
+    pub const WAITED: u8 = 2;
+
+    thread_local! {
+        static SENT: Cell<u8> = const { Cell::new(0) };
+    }
+
+    pub(crate) fn note(expects_reply: bool) {
+        let bit = if expects_reply {
+            WAITED
+        } else {
+            FIRE_AND_FORGET
+        };
+        let _ = SENT.try_with(|s| s.set(s.get() | bit));
+    }
+
+    /// What this thread sent since the last call (a combination of the bits above), and forget it.
+    pub fn take() -> u8 {
+        SENT.try_with(|s| s.replace(0)).unwrap_or(0)
+    }
+}
+
 /// Why a session could not be established, or why it ended.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
@@ -364,6 +393,7 @@ impl Client {
         bulk: &[u8],
         expects_reply: bool,
     ) -> Result<Option<Pending>, ClientError> {
+        sent::note(expects_reply);
         self.shared.submit(ctx, call, bulk, expects_reply)
     }
 

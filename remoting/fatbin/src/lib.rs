@@ -22,6 +22,7 @@ use std::ffi::c_void;
 use std::io::Read;
 
 pub mod arch;
+pub mod kernels;
 
 pub use arch::{ArchVariant, ComputeCapability, SmArch};
 

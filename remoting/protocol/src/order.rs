@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::ApiCall;
 use crate::types::CU_STREAM_LEGACY;
-use crate::wire::Call;
+use crate::wire::{Call, LaunchAttr};
 
 /// A lane: one ordered sequence of requests, travelling on one QUIC stream.
 #[derive(Clone, Copy, Debug, Deserialize, Eq, Hash, Ord, PartialEq, PartialOrd, Serialize)]
@@ -78,11 +78,17 @@ impl Call {
             Call::Api(call) => api_ordering(call),
             Call::MemcpyHtoD { stream, .. } | Call::MemcpyDtoH { stream, .. } => on(*stream),
             Call::LaunchKernel(launch) => on(Some(launch.stream)),
+            // An event named by a launch attribute is recorded by the launch (at its start or end).
+            Call::LaunchKernelEx { launch, attrs } => Ordering {
+                records: attrs.iter().find_map(LaunchAttr::event),
+                ..on(Some(launch.stream))
+            },
             Call::Hello(_)
             | Call::ModuleLoad
             | Call::ModuleGetFunction { .. }
             | Call::LibraryLoad
-            | Call::KernelGetFunction { .. } => Ordering::default(),
+            | Call::KernelGetFunction { .. }
+            | Call::LoadImage { .. } => Ordering::default(),
             // The session's end runs after everything the client sent before it.
             Call::Goodbye => Ordering {
                 barrier: true,

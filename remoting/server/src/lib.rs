@@ -6,4 +6,5 @@
 //!   (deferred and sticky errors) to one client's requests.
 
 pub mod backend;
+pub mod images;
 pub mod session;

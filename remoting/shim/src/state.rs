@@ -193,8 +193,12 @@ fn connect() -> Result<Session, CUresult> {
     }
 }
 
-/// Logs to stderr through `tracing`, filtered by `GLEAM_LOG` (default: warnings only).
+/// Logs to stderr through `tracing`, filtered by `GLEAM_LOG` (default: warnings only). Nothing is logged
+/// once the calling thread's thread-local storage is gone or the library is torn down
+/// ([`crate::logging_safe`]): the CUDA runtime calls the driver from `exit()`.
 pub fn init_logging() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_env("GLEAM_LOG")
@@ -202,10 +206,18 @@ pub fn init_logging() {
         // Colour only on a terminal: the program's stderr is often a file or a pipe.
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
             && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(ansi)
-            .with_writer(std::io::stderr)
+        // Global filters only (no per-layer filter, which keeps thread-local state); the teardown check
+        // is the outermost, so it runs first.
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(ansi)
+                    .with_writer(std::io::stderr),
+            )
+            .with(tracing_subscriber::filter::filter_fn(|_| {
+                crate::logging_safe()
+            }))
             .try_init();
     });
 }
