@@ -482,7 +482,13 @@ fn generate(entries: &[Entry]) -> String {
             .iter()
             .filter(|p| p.ty == "Event" && Some(p.name.as_str()) != recorded)
             .collect();
-        let barrier = e.tags.iter().any(|t| t == "barrier");
+        // A call that destroys a handle runs after every earlier request, whatever its lane: one of
+        // them may still name the handle (a wait on an event, a launch of a module's function), and
+        // CUDA lets a program destroy what queued work still uses.
+        let barrier = e
+            .tags
+            .iter()
+            .any(|t| t == "barrier" || t.starts_with("destroys("));
         let _ = writeln!(
             s,
             "        ApiCall::{}(a) => crate::order::Ordering {{ stream: {}, barrier: {barrier}, \

@@ -186,7 +186,13 @@ impl Client {
                 self.last_bulk = frame.bulk.to_vec();
                 return frame.decode().map_err(|e| e.to_string());
             }
-            match self.recv.read_chunk(usize::MAX, true).await {
+            // The session process dying shows on the lifeline (its parent closes it with the reason),
+            // not on the session connection, whose far end just goes silent.
+            let chunk = tokio::select! {
+                chunk = self.recv.read_chunk(usize::MAX, true) => chunk,
+                closed = self.lifeline.closed() => return Err(format!("lifeline closed: {closed}")),
+            };
+            match chunk {
                 Ok(Some(chunk)) => self.frames.feed(&chunk.bytes),
                 Ok(None) => return Err("session stream ended".into()),
                 Err(e) => return Err(e.to_string()),
@@ -284,8 +290,15 @@ impl Client {
     }
 
     /// Waits for the connection to close; the close code and reason, or why it closed otherwise.
+    /// How the session ended, as its lifeline's close says (the session process's exit, or the session
+    /// connection's own close when that came first).
     pub async fn closed(&self, within: Duration) -> quinn::ConnectionError {
-        tokio::time::timeout(within, self.conn.closed())
+        tokio::time::timeout(within, async {
+            tokio::select! {
+                closed = self.lifeline.closed() => closed,
+                closed = self.conn.closed() => closed,
+            }
+        })
             .await
             .expect("the connection closes in time")
     }

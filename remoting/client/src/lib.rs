@@ -198,6 +198,29 @@ impl Pending {
     }
 }
 
+/// Bytes and datagrams a session moved over the network (see [`Client::wire_stats`]).
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct WireStats {
+    /// UDP payload bytes sent.
+    pub sent_bytes: u64,
+    /// UDP datagrams sent.
+    pub sent_datagrams: u64,
+    /// UDP payload bytes received.
+    pub received_bytes: u64,
+    /// UDP datagrams received.
+    pub received_datagrams: u64,
+}
+
+impl WireStats {
+    /// As a JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            r#"{{"sent_bytes":{},"sent_datagrams":{},"received_bytes":{},"received_datagrams":{}}}"#,
+            self.sent_bytes, self.sent_datagrams, self.received_bytes, self.received_datagrams
+        )
+    }
+}
+
 /// An established session with a serving peer.
 pub struct Client {
     shared: Arc<Shared>,
@@ -508,6 +531,20 @@ impl Client {
         Ok(first_error.unwrap_or(CUresult::SUCCESS))
     }
 
+    /// What this session has put on the network and taken from it so far: UDP payload bytes and
+    /// datagrams (QUIC and TLS overhead included) over the session connection and the lifeline together.
+    pub fn wire_stats(&self) -> WireStats {
+        let mut total = WireStats::default();
+        for connection in [&self.shared.connection, &self.lifeline] {
+            let stats = connection.stats();
+            total.sent_bytes += stats.udp_tx.bytes;
+            total.sent_datagrams += stats.udp_tx.datagrams;
+            total.received_bytes += stats.udp_rx.bytes;
+            total.received_datagrams += stats.udp_rx.datagrams;
+        }
+        total
+    }
+
     /// Ends the session in order: waits (briefly) for the server to finish queued work and free
     /// everything, then closes the connections.
     pub fn close(&self, timeout: Duration) {
@@ -571,6 +608,8 @@ struct Core {
 
 /// One lane's sending half.
 struct LaneTx {
+    /// No request was put in the batch yet (it holds only the opening frame).
+    fresh: AtomicBool,
     state: Mutex<TxState>,
     /// Wakes the lane's writer task.
     flush: Notify,
@@ -644,6 +683,7 @@ impl Shared {
     /// Registers a lane's stream and starts its reader and writer tasks.
     fn add_lane(self: &Arc<Self>, lane: Lane, send: quinn::SendStream, recv: quinn::RecvStream) {
         let tx = Arc::new(LaneTx {
+            fresh: AtomicBool::new(false),
             state: Mutex::new(TxState {
                 send,
                 batch: BytesMut::new(),
@@ -673,7 +713,10 @@ impl Shared {
         // The lane's opening frame goes out with its first request.
         let mut opening = Vec::new();
         frame::encode(&StreamOpen::Lane { lane }, &[], &mut opening).map_err(lost_frame)?;
+        // Counted like any request's bytes: the flush that hands them to quinn subtracts them.
+        self.buffered.fetch_add(opening.len(), Ordering::AcqRel);
         let tx = Arc::new(LaneTx {
+            fresh: AtomicBool::new(true),
             state: Mutex::new(TxState {
                 send,
                 batch: BytesMut::from(&opening[..]),
@@ -729,7 +772,10 @@ impl Shared {
             self.fail_all(err.clone());
             return Err(err);
         }
-        let was_empty = state.batch.is_empty() && state.pending.is_empty();
+        // Whether this request starts a burst: then the writer task must be woken for it. A new lane's
+        // batch already holds the opening frame, which is no burst of its own.
+        let was_empty = (state.batch.is_empty() && state.pending.is_empty())
+            || tx.fresh.swap(false, Ordering::AcqRel);
         state.batch.extend_from_slice(&head);
         state.batch.extend_from_slice(bulk);
         self.buffered

@@ -392,6 +392,38 @@ mod tests {
     }
 
     #[test]
+    fn a_destroyed_event_outlives_the_waits_queued_before_its_destruction() {
+        // Record on A, wait on B, destroy: B's wait must find the event even when lane A's record (and so
+        // B's wait) arrives after the destroy on the control lane (a race the streams example hit).
+        let record = Call::Api(ApiCall::cuEventRecord(args::cuEventRecord {
+            event: EVENT,
+            stream: A,
+        }));
+        let wait = Call::Api(ApiCall::cuStreamWaitEvent(args::cuStreamWaitEvent {
+            stream: B,
+            event: EVENT,
+            flags: 0,
+        }));
+        let destroy = Call::Api(ApiCall::cuEventDestroy_v2(args::cuEventDestroy_v2 {
+            event: EVENT,
+        }));
+        assert!(destroy.ordering().barrier, "destroying a handle is a barrier");
+        let mut seq = Sequencer::new(1);
+        let reqs = vec![
+            seq.next(record.ordering()),
+            seq.next(wait.ordering()),
+            seq.next(destroy.ordering()),
+        ];
+        for order in [
+            vec![Lane(A), Lane::CONTROL, Lane(B)],
+            vec![Lane::CONTROL, Lane(B), Lane(A)],
+            vec![Lane(B), Lane::CONTROL, Lane(A)],
+        ] {
+            assert_eq!(run(&reqs, &order), [1, 2, 3], "{order:?}");
+        }
+    }
+
+    #[test]
     fn independent_lanes_do_not_wait_for_each_other() {
         // A big upload on A is still arriving while B runs its small calls.
         let mut seq = Sequencer::new(1);

@@ -153,6 +153,26 @@ pub enum Call {
     Goodbye,
 }
 
+impl Call {
+    /// What kind of call this is, for logs (a listed call's C name is [`ApiCall::name`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Call::Hello(_) => "Hello",
+            Call::Api(call) => call.name(),
+            Call::MemcpyHtoD { .. } => "MemcpyHtoD",
+            Call::MemcpyDtoH { .. } => "MemcpyDtoH",
+            Call::ModuleLoad => "ModuleLoad",
+            Call::ModuleGetFunction { .. } => "ModuleGetFunction",
+            Call::LibraryLoad => "LibraryLoad",
+            Call::KernelGetFunction { .. } => "KernelGetFunction",
+            Call::LaunchKernel(_) => "LaunchKernel",
+            Call::LaunchKernelEx { .. } => "LaunchKernelEx",
+            Call::LoadImage { .. } => "LoadImage",
+            Call::Goodbye => "Goodbye",
+        }
+    }
+}
+
 /// A module image, by content: its BLAKE3 hash and length.
 #[derive(Clone, Copy, Debug, Deserialize, Eq, PartialEq, Serialize)]
 pub struct ImageRef {
