@@ -503,11 +503,17 @@ fn generate(entries: &[Entry]) -> String {
             stream.map_or("None".to_owned(), |p| format!("Some(a.{})", p.name)),
             recorded.map_or("None".to_owned(), |arg| format!("Some(a.{arg})")),
             (0..2)
-                .map(|i| waits.get(i).map_or("None".to_owned(), |p| format!("Some(a.{})", p.name)))
+                .map(|i| waits
+                    .get(i)
+                    .map_or("None".to_owned(), |p| format!("Some(a.{})", p.name)))
                 .collect::<Vec<_>>()
                 .join(", "),
         );
-        assert!(waits.len() <= 2, "{}: more than two event arguments", e.name);
+        assert!(
+            waits.len() <= 2,
+            "{}: more than two event arguments",
+            e.name
+        );
     }
     s.push_str("    }\n}\n");
     s

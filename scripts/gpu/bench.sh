@@ -2,7 +2,7 @@
 # On the GPU machine: run the driver micro-benchmark (examples/bench_driver.rs) three ways, side by side in
 # one run, and print the ratios:
 #   local     - NVIDIA's driver directly;
-#   loopback  - through Gleam: shim -> QUIC on loopback -> `gleam serve --backend cuda` on the same machine;
+#   loopback  - through Gleam: shim -> QUIC on loopback -> `gleam serve --backend "${BACKEND:-cuda}"` on the same machine;
 #   link      - the same, through `gleam linkemu` emulating a 1 Gbit/s link with 1 ms RTT (0.5 ms each way).
 # Needs the binaries built on the dev machine and carried in .carry/ (gleam, libgleamcuda.so,
 # examples/bench_driver). Results go to $OUT (bench-*.json, logs).
@@ -17,7 +17,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
 trap cleanup EXIT
 
 # The server gets a clean environment, so it loads NVIDIA's driver and never the shim.
-env -i PATH="$PATH" HOME="$HOME" GLEAM_LOG=info "$C/gleam" serve 127.0.0.1:0 --backend cuda --config-dir "$cfg" \
+env -i PATH="$PATH" HOME="$HOME" GLEAM_LOG=info "$C/gleam" serve 127.0.0.1:0 --backend "${BACKEND:-cuda}" --config-dir "$cfg" \
     >"$OUT/serve.out" 2>"$OUT/serve.log" &
 pids+=($!)
 for _ in $(seq 300); do grep -q "listening on" "$OUT/serve.out" 2>/dev/null && break; sleep 0.1; done
@@ -27,8 +27,19 @@ id=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
 port=${addr##*:}
 echo "server: $id at $addr"
 
-"$C/gleam" linkemu --listen 127.0.0.1:47000 --to "127.0.0.1:$port" --rate 1gbit --delay 0.5ms \
+# The link: a second server whose session processes listen on port 47100 only (GLEAM_SESSION_PORTS), and two
+# emulated links on 127.0.0.2 (all of 127/8 is loopback): one to the server's port (authentication, the
+# session's lifeline), one to the session port (every CUDA call), so the session's traffic crosses the link.
+env -i PATH="$PATH" HOME="$HOME" GLEAM_LOG=info GLEAM_SESSION_PORTS=47100 "$C/gleam" serve 127.0.0.1:0 \
+    --backend "${BACKEND:-cuda}" --config-dir "$cfg" >"$OUT/serve-link.out" 2>"$OUT/serve-link.log" &
+pids+=($!)
+for _ in $(seq 300); do grep -q "listening on" "$OUT/serve-link.out" 2>/dev/null && break; sleep 0.1; done
+link_port=$(sed -nE 's/.*listening on [^ ]+:([0-9]+) as .*/\1/p' "$OUT/serve-link.out")
+"$C/gleam" linkemu --listen 127.0.0.2:47000 --to "127.0.0.1:$link_port" --rate 1gbit --delay 0.5ms \
     2>"$OUT/linkemu.log" &
+pids+=($!)
+"$C/gleam" linkemu --listen 127.0.0.2:47100 --to 127.0.0.1:47100 --rate 1gbit --delay 0.5ms \
+    2>"$OUT/linkemu-session.log" &
 pids+=($!)
 sleep 0.5
 
@@ -41,8 +52,8 @@ run() { # name, then the command
     fi
 }
 run local "$C/examples/bench_driver"
-run loopback "$C/gleam" run --peer "$id@$addr" --config-dir "$cfg" -- "$C/examples/bench_driver"
-run link "$C/gleam" run --peer "$id@127.0.0.1:47000" --config-dir "$cfg" -- "$C/examples/bench_driver"
+run loopback env GLEAM_STATS="$OUT/wire-loopback.json" "$C/gleam" run --peer "$id@$addr" --config-dir "$cfg" -- "$C/examples/bench_driver"
+run link env GLEAM_STATS="$OUT/wire-link.json" "$C/gleam" run --peer "$id@127.0.0.2:47000" --config-dir "$cfg" -- "$C/examples/bench_driver"
 
 python3 - "$OUT" <<'PY'
 import json, sys, os
@@ -72,3 +83,6 @@ if "link" in res:
         print(f"{key} over the emulated link vs the link rate ({link_mib_s:.1f} MiB/s): "
               f"{res['link'][key] / link_mib_s:.3f}")
 PY
+for name in loopback link; do
+    [ -f "$OUT/wire-$name.json" ] && echo "wire bytes, $name: $(cat "$OUT/wire-$name.json")"
+done

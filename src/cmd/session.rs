@@ -37,8 +37,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config_dir = args.config.path()?;
     // Module images clients sent are kept in the serving device's content cache.
     gleam_server::session::use_content_cache(config_dir.join("cache"));
-    let identity = Identity::load(&config_dir)
-        .with_context(|| format!("loading this device's identity from {}", config_dir.display()))?;
+    let identity = Identity::load(&config_dir).with_context(|| {
+        format!(
+            "loading this device's identity from {}",
+            config_dir.display()
+        )
+    })?;
     let options = Options {
         bind: args.bind,
         identity,

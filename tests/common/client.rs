@@ -299,8 +299,8 @@ impl Client {
                 closed = self.conn.closed() => closed,
             }
         })
-            .await
-            .expect("the connection closes in time")
+        .await
+        .expect("the connection closes in time")
     }
 }
 

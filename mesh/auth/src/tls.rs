@@ -109,7 +109,23 @@ pub fn transport_config() -> quinn::TransportConfig {
     // One bidi stream per CUDA stream, plus request streams: allow many at once.
     transport.max_concurrent_bidi_streams(quinn::VarInt::from_u32(MAX_STREAMS));
     transport.max_concurrent_uni_streams(quinn::VarInt::from_u32(MAX_STREAMS));
+    // Datagrams as large as the path carries, up to `GLEAM_UDP_PAYLOAD_MAX` (path MTU discovery with
+    // black-hole detection, from 1200 bytes). The default stays at Ethernet's 1452: with a higher ceiling,
+    // a bulk copy over loopback overflows the receiver's socket buffer with large datagrams and quinn's
+    // black-hole detector falls back to 1200 bytes for good (measured: 9000 and 65527 both ended at 1200).
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(udp_payload_max());
+    transport.mtu_discovery_config(Some(mtu));
     transport
+}
+
+/// The largest UDP payload QUIC may use: `GLEAM_UDP_PAYLOAD_MAX` (1200-65527; for jumbo-frame LANs), else
+/// 1452 (Ethernet). Path MTU discovery finds what the path carries below it.
+pub fn udp_payload_max() -> u16 {
+    std::env::var("GLEAM_UDP_PAYLOAD_MAX")
+        .ok()
+        .and_then(|v| v.trim().parse::<u16>().ok())
+        .map_or(ETHERNET_UDP_PAYLOAD, |v| v.clamp(1200, MAX_UDP_PAYLOAD))
 }
 
 /// A QUIC endpoint on `addr` (a server when `server` is given) whose UDP socket has large kernel
@@ -119,12 +135,11 @@ pub fn endpoint(
     server: Option<quinn::ServerConfig>,
 ) -> std::io::Result<quinn::Endpoint> {
     let socket = bind_udp(addr)?;
-    quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
-        server,
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )
+    let mut config = quinn::EndpointConfig::default();
+    config
+        .max_udp_payload_size(udp_payload_max())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    quinn::Endpoint::new(config, server, socket, Arc::new(quinn::TokioRuntime))
 }
 
 /// Binds a UDP socket for QUIC and asks for [`UDP_BUFFER`] bytes of kernel buffer each way.
@@ -304,4 +319,8 @@ const UDP_BUFFER: libc::c_int = 8 << 20;
 const IDLE_TIMEOUT_MS: u32 = 5_000;
 const KEEP_ALIVE: Duration = Duration::from_secs(1);
 const MAX_STREAMS: u32 = 1024;
+/// The largest UDP payload over IPv4 or IPv6 (a 65535-byte datagram less its headers).
+const MAX_UDP_PAYLOAD: u16 = 65527;
+/// A 1500-byte Ethernet MTU less IPv6 and UDP headers.
+const ETHERNET_UDP_PAYLOAD: u16 = 1452;
 const STREAM_WINDOW: u32 = 16 * 1024 * 1024;

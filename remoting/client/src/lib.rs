@@ -178,10 +178,7 @@ impl std::fmt::Debug for Pending {
 impl Pending {
     /// Blocks until the reply arrives (or the session ends).
     pub fn wait(self) -> Result<Answer, ClientError> {
-        match self
-            .slot
-            .wait(gleam_protocol::tuning::spin_budget(), None)
-        {
+        match self.slot.wait(gleam_protocol::tuning::spin_budget(), None) {
             Some(outcome) => outcome,
             None => Err(ClientError::Lost("the session ended".into())),
         }
@@ -209,14 +206,20 @@ pub struct WireStats {
     pub received_bytes: u64,
     /// UDP datagrams received.
     pub received_datagrams: u64,
+    /// The session connection's datagram size (path MTU discovery's current answer).
+    pub mtu: u16,
 }
 
 impl WireStats {
     /// As a JSON object.
     pub fn to_json(&self) -> String {
         format!(
-            r#"{{"sent_bytes":{},"sent_datagrams":{},"received_bytes":{},"received_datagrams":{}}}"#,
-            self.sent_bytes, self.sent_datagrams, self.received_bytes, self.received_datagrams
+            r#"{{"sent_bytes":{},"sent_datagrams":{},"received_bytes":{},"received_datagrams":{},"mtu":{}}}"#,
+            self.sent_bytes,
+            self.sent_datagrams,
+            self.received_bytes,
+            self.received_datagrams,
+            self.mtu
         )
     }
 }
@@ -315,7 +318,11 @@ impl Client {
             let mut session_addr = addr;
             session_addr.set_port(port);
             let connection = endpoint
-                .connect_with(config.clone(), session_addr, &gleam_auth::tls::server_name(peer))
+                .connect_with(
+                    config.clone(),
+                    session_addr,
+                    &gleam_auth::tls::server_name(peer),
+                )
                 .map_err(|e| unreachable(peer, session_addr, e))?
                 .await
                 .map_err(|e| unreachable(peer, session_addr, e))?;
@@ -534,7 +541,10 @@ impl Client {
     /// What this session has put on the network and taken from it so far: UDP payload bytes and
     /// datagrams (QUIC and TLS overhead included) over the session connection and the lifeline together.
     pub fn wire_stats(&self) -> WireStats {
-        let mut total = WireStats::default();
+        let mut total = WireStats {
+            mtu: self.shared.connection.stats().path.current_mtu,
+            ..WireStats::default()
+        };
         for connection in [&self.shared.connection, &self.lifeline] {
             let stats = connection.stats();
             total.sent_bytes += stats.udp_tx.bytes;
@@ -699,7 +709,11 @@ impl Shared {
 
     /// Opens the QUIC stream of a new lane (under the core lock, so the lane's first frame precedes any
     /// request on it).
-    fn open_lane(self: &Arc<Self>, core: &mut Core, lane: Lane) -> Result<Arc<LaneTx>, ClientError> {
+    fn open_lane(
+        self: &Arc<Self>,
+        core: &mut Core,
+        lane: Lane,
+    ) -> Result<Arc<LaneTx>, ClientError> {
         if let Some(tx) = core.lanes.get(&lane) {
             return Ok(tx.clone());
         }
@@ -1011,7 +1025,9 @@ async fn watch_lifeline(lifeline: quinn::Connection, shared: Arc<Shared>) {
         && close.error_code != quinn::VarInt::from_u32(0)
     {
         let reason = String::from_utf8_lossy(&close.reason).into_owned();
-        shared.end(ClientError::Lost(format!("the peer's session process failed: {reason}")));
+        shared.end(ClientError::Lost(format!(
+            "the peer's session process failed: {reason}"
+        )));
     }
 }
 
@@ -1061,4 +1077,3 @@ fn describe_self() -> String {
         .unwrap_or_default();
     format!("{program} (pid {}) on {host}", std::process::id())
 }
-

@@ -107,7 +107,6 @@ impl Slot {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

@@ -16,7 +16,7 @@
 pub mod process;
 
 use std::ffi::OsString;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -106,18 +106,28 @@ pub async fn serve_connection(
         return;
     }
 
-    // The session process listens on every address of the client's family: the client dials the address
-    // it reached this peer on, at the session's port.
-    let bind = match remote {
-        SocketAddr::V4(_) => "0.0.0.0".to_owned(),
-        SocketAddr::V6(_) => "::".to_owned(),
+    // The session process listens on the address the client reached this peer on (the client dials it
+    // there, at the session's port), or on every address of the client's family where that address is
+    // unknown or needs a scope (link-local IPv6).
+    let bind = match (conn.local_ip(), remote) {
+        (Some(IpAddr::V4(ip)), SocketAddr::V4(_)) => ip.to_string(),
+        (Some(IpAddr::V6(ip)), SocketAddr::V6(_)) if !ip.is_unicast_link_local() => ip.to_string(),
+        (_, SocketAddr::V4(_)) => "0.0.0.0".to_owned(),
+        (_, SocketAddr::V6(_)) => "::".to_owned(),
     };
     let mut child = match spawn(&command, peer, &bind) {
         Ok(child) => child,
         Err(err) => {
             warn!(%peer, program = %command.program.display(), error = %err, "cannot start the session process");
-            let _ = write_control(&mut send, &refuse("the peer could not start a session process".into())).await;
-            conn.close(CLOSE_WORKER_START, b"server could not start a session process");
+            let _ = write_control(
+                &mut send,
+                &refuse("the peer could not start a session process".into()),
+            )
+            .await;
+            conn.close(
+                CLOSE_WORKER_START,
+                b"server could not start a session process",
+            );
             return;
         }
     };
@@ -129,13 +139,21 @@ pub async fn serve_connection(
             let status = child.wait().await;
             let why = status.map_or_else(|e| e.to_string(), |s| describe_exit(s).1);
             warn!(%peer, pid, error = %err, %why, "the session process did not start");
-            let _ = write_control(&mut send, &refuse(format!("the session process did not start: {why}"))).await;
+            let _ = write_control(
+                &mut send,
+                &refuse(format!("the session process did not start: {why}")),
+            )
+            .await;
             conn.close(CLOSE_WORKER_START, why.as_bytes());
             return;
         }
         Err(_) => {
             kill(&mut child).await;
-            let _ = write_control(&mut send, &refuse("the session process did not start in time".into())).await;
+            let _ = write_control(
+                &mut send,
+                &refuse("the session process did not start in time".into()),
+            )
+            .await;
             conn.close(CLOSE_WORKER_START, b"session process did not start in time");
             return;
         }
@@ -176,7 +194,9 @@ async fn read_control(recv: &mut quinn::RecvStream) -> Result<Control, String> {
     let mut frames = FrameReader::new();
     loop {
         if let Some(frame) = frames.next_frame().map_err(|e| e.to_string())? {
-            return frame.decode().map_err(|e| format!("malformed session request: {e}"));
+            return frame
+                .decode()
+                .map_err(|e| format!("malformed session request: {e}"));
         }
         match recv.read_chunk(64 << 10, true).await {
             Ok(Some(chunk)) => frames.feed(&chunk.bytes),
@@ -192,7 +212,11 @@ async fn write_control(send: &mut quinn::SendStream, msg: &Control) -> Result<()
     send.write_all(&out).await.map_err(|e| e.to_string())
 }
 
-fn spawn(command: &SessionCommand, client: gleam_auth::identity::PeerId, bind: &str) -> std::io::Result<Child> {
+fn spawn(
+    command: &SessionCommand,
+    client: gleam_auth::identity::PeerId,
+    bind: &str,
+) -> std::io::Result<Child> {
     let mut cmd = Command::new(&command.program);
     // SAFETY: the closure runs between fork and exec and only makes an async-signal-safe syscall.
     // If the server dies without killing its sessions (SIGKILL), the kernel kills them. (The signal is

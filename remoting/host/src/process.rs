@@ -141,7 +141,9 @@ pub fn run<B: Backend>(
         Err(_) => return ExitReason::Network("the network thread ended at start".into()),
     };
     if let Err(err) = announce(port, &token) {
-        shared.end(End::Network(format!("cannot tell the parent our port: {err}")));
+        shared.end(End::Network(format!(
+            "cannot tell the parent our port: {err}"
+        )));
     }
     let reason = execute(backend, &shared);
     shared.end(End::Executor);
@@ -302,7 +304,8 @@ impl Inbox {
             drained.as_mut().enable();
             {
                 let state = lock(&self.state);
-                if state.closed || state.queued.get(&lane).copied().unwrap_or(0) < LANE_QUEUE_LIMIT {
+                if state.closed || state.queued.get(&lane).copied().unwrap_or(0) < LANE_QUEUE_LIMIT
+                {
                     return;
                 }
             }
@@ -419,7 +422,8 @@ impl Outbox {
             return Err(format!("no stream for lane {}", lane.0));
         };
         let mut head = Vec::with_capacity(64);
-        frame::encode_head(&answer.frame, answer.bulk.len(), &mut head).map_err(|e| e.to_string())?;
+        frame::encode_head(&answer.frame, answer.bulk.len(), &mut head)
+            .map_err(|e| e.to_string())?;
         let mut state = lock(&tx.state);
         let was_idle = state.pending.is_empty();
         state.pending.push(Bytes::from(head));
@@ -441,12 +445,19 @@ impl Outbox {
         Ok(())
     }
 
-    /// Flushes every lane (at the session's end).
+    /// Flushes every lane and waits until the client has received it all (at the session's end: closing
+    /// the connection drops whatever is not yet acknowledged, Goodbye's answer included).
     async fn flush_all(&self) {
         let lanes: Vec<Arc<LaneTx>> = lock(&self.lanes).values().cloned().collect();
+        let mut delivered = Vec::with_capacity(lanes.len());
         for tx in lanes {
             let _ = poll_fn(|cx| lock(&tx.state).poll_flush(cx)).await;
-            let _ = lock(&tx.state).send.finish();
+            let mut state = lock(&tx.state);
+            let _ = state.send.finish();
+            delivered.push(state.send.stopped());
+        }
+        for stopped in delivered {
+            let _ = stopped.await;
         }
     }
 }
@@ -509,18 +520,48 @@ fn network(
     });
 }
 
+/// Binds the session's endpoint on `options.bind`, at a port of `GLEAM_SESSION_PORTS` (`LO-HI`, for a
+/// firewall that opens only those) or any free one. An address that cannot be bound (a host without IPv6,
+/// an address that went away) falls back to every address of its family.
 fn bind(options: &Options) -> Result<quinn::Endpoint, String> {
     let server = tls::server_config(&options.identity).map_err(|e| format!("TLS: {e}"))?;
-    let endpoint = |ip: IpAddr| tls::endpoint(SocketAddr::new(ip, 0), Some(server.clone()));
-    match endpoint(options.bind) {
-        Ok(endpoint) => Ok(endpoint),
-        // A host without IPv6 cannot bind `::`; IPv4 clients still reach an IPv4 socket.
-        Err(_) if options.bind == IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED) => {
-            endpoint(IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED))
-                .map_err(|e| format!("cannot bind a session endpoint: {e}"))
+    let ports = match std::env::var("GLEAM_SESSION_PORTS") {
+        Ok(text) => session_ports(&text).ok_or_else(|| {
+            format!("GLEAM_SESSION_PORTS={text:?} is not LO-HI (e.g. 47100-47199)")
+        })?,
+        Err(_) => 0..=0,
+    };
+    let on = |ip: IpAddr| {
+        let mut last = None;
+        for port in ports.clone() {
+            match tls::endpoint(SocketAddr::new(ip, port), Some(server.clone())) {
+                Ok(endpoint) => return Ok(endpoint),
+                Err(err) => last = Some(err),
+            }
         }
-        Err(err) => Err(format!("cannot bind a session endpoint on {}: {err}", options.bind)),
-    }
+        Err(last.map_or_else(|| "no port to try".to_owned(), |e| e.to_string()))
+    };
+    let wildcard = |ip: IpAddr| match ip {
+        IpAddr::V4(_) => IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED),
+    };
+    on(options.bind)
+        .or_else(|_| on(wildcard(options.bind)))
+        // A host without IPv6 cannot bind `::`; IPv4 clients still reach an IPv4 socket.
+        .or_else(|_| on(IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED)))
+        .map_err(|e| {
+            format!(
+                "cannot bind a session endpoint on {} ({:?}): {e}",
+                options.bind, ports
+            )
+        })
+}
+
+/// `LO-HI` (or one port) as a range of ports.
+fn session_ports(text: &str) -> Option<std::ops::RangeInclusive<u16>> {
+    let (lo, hi) = text.split_once('-').unwrap_or((text, text));
+    let (lo, hi) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
+    (lo <= hi && lo > 0).then_some(lo..=hi)
 }
 
 /// Waits for the client's connection: authenticated as `client`, its first stream presenting `token`.
@@ -561,9 +602,7 @@ async fn admit(
         let mut frames = FrameReader::new();
         let mut recv = recv;
         match read_opening(&mut recv, &mut frames).await {
-            Ok(StreamOpen::Attach { token: presented })
-                if constant_time_eq(&presented, token) =>
-            {
+            Ok(StreamOpen::Attach { token: presented }) if constant_time_eq(&presented, token) => {
                 let tx = shared.outbox.add(Lane::CONTROL, send);
                 tokio::spawn(lane_writer(tx, shared.clone()));
                 tokio::spawn(lane_reader(recv, frames, Lane::CONTROL, shared.clone()));
@@ -724,11 +763,34 @@ mod tests {
     fn exit_codes_round_trip_their_meaning() {
         for (reason, text) in [
             (ExitReason::Ended, "session ended"),
-            (ExitReason::Protocol("x".into()), "the client broke the protocol"),
-            (ExitReason::Network("x".into()), "the session's network endpoint failed"),
-            (ExitReason::NoClient(ATTACH_TIMEOUT), "the client never attached"),
+            (
+                ExitReason::Protocol("x".into()),
+                "the client broke the protocol",
+            ),
+            (
+                ExitReason::Network("x".into()),
+                "the session's network endpoint failed",
+            ),
+            (
+                ExitReason::NoClient(ATTACH_TIMEOUT),
+                "the client never attached",
+            ),
         ] {
             assert_eq!(ExitReason::describe_code(i32::from(reason.code())), text);
         }
+    }
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::session_ports;
+
+    #[test]
+    fn session_ports_are_a_range_or_one_port() {
+        assert_eq!(session_ports("47100-47199"), Some(47100..=47199));
+        assert_eq!(session_ports("47100"), Some(47100..=47100));
+        assert_eq!(session_ports("47199-47100"), None);
+        assert_eq!(session_ports("0-10"), None);
+        assert_eq!(session_ports("a-b"), None);
     }
 }

@@ -354,7 +354,10 @@ mod tests {
     fn streams_get_lanes_and_the_legacy_stream_is_a_barrier_on_the_control_lane() {
         assert_eq!(Lane::of_stream(0), Lane::CONTROL);
         assert_eq!(Lane::of_stream(CU_STREAM_LEGACY), Lane::CONTROL);
-        assert_eq!(Lane::of_stream(CU_STREAM_PER_THREAD), Lane(CU_STREAM_PER_THREAD));
+        assert_eq!(
+            Lane::of_stream(CU_STREAM_PER_THREAD),
+            Lane(CU_STREAM_PER_THREAD)
+        );
         assert_eq!(Lane::of_stream(A), Lane(A));
         let mut seq = Sequencer::new(1);
         let (s1, l1, d1) = seq.next(launch(A));
@@ -414,7 +417,10 @@ mod tests {
         let destroy = Call::Api(ApiCall::cuEventDestroy_v2(args::cuEventDestroy_v2 {
             event: EVENT,
         }));
-        assert!(destroy.ordering().barrier, "destroying a handle is a barrier");
+        assert!(
+            destroy.ordering().barrier,
+            "destroying a handle is a barrier"
+        );
         let mut seq = Sequencer::new(1);
         let reqs = vec![
             seq.next(record.ordering()),
