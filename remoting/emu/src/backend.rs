@@ -82,6 +82,10 @@ mod kind {
     pub const GRAPH_EXEC: u64 = 0x0ae0_0000_0000;
 }
 
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
+const GRAPH_AUTO_FREE_ON_LAUNCH: u64 = 0x1;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH`.
+const GRAPH_DEVICE_LAUNCH: u64 = 0x4;
 /// `CU_EXEC_AFFINITY_TYPE_SM_COUNT`.
 const EXEC_AFFINITY_SM_COUNT: u32 = 0;
 /// `CU_MEM_ALLOCATION_TYPE_MANAGED` (pools of managed memory).
@@ -662,8 +666,10 @@ impl EmuBackend {
             .enqueue_signal(key, self.current, signal, target)
     }
 
-    fn elapsed(&self, start: u64, end: u64) -> Result<f32, CUresult> {
+    fn elapsed(&mut self, start: u64, end: u64) -> Result<f32, CUresult> {
         self.check()?;
+        self.captures.query_event(start)?;
+        self.captures.query_event(end)?;
         let s = self.events.get(&start).ok_or(CUresult::INVALID_HANDLE)?;
         let e = self.events.get(&end).ok_or(CUresult::INVALID_HANDLE)?;
         e.elapsed_since(s)
@@ -1942,7 +1948,11 @@ impl ApiBackend for EmuBackend {
     ) -> Result<outs::cuGraphInstantiateWithFlags, CUresult> {
         self.ctx()?;
         // Flags: auto-free on launch, upload, device launch, use node priority: none changes a replay here.
-        if a.flags & !0xf != 0 {
+        // A graph launched from the device cannot free memory on launch (CUDA refuses the pair).
+        if a.flags & !0xf != 0
+            || a.flags & (GRAPH_AUTO_FREE_ON_LAUNCH | GRAPH_DEVICE_LAUNCH)
+                == GRAPH_AUTO_FREE_ON_LAUNCH | GRAPH_DEVICE_LAUNCH
+        {
             return Err(CUresult::INVALID_VALUE);
         }
         let exec = self.handle(kind::GRAPH_EXEC);
@@ -2179,6 +2189,10 @@ impl ApiBackend for EmuBackend {
         a: args::cuEventSynchronize,
     ) -> Result<outs::cuEventSynchronize, CUresult> {
         self.check()?;
+        if !self.events.contains_key(&a.event) {
+            return Err(CUresult::INVALID_HANDLE);
+        }
+        self.captures.query_event(a.event)?;
         let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
         e.signal.wait_for(e.records);
         self.synchronized();
@@ -2188,6 +2202,10 @@ impl ApiBackend for EmuBackend {
 
     fn cuEventQuery(&mut self, a: args::cuEventQuery) -> Result<outs::cuEventQuery, CUresult> {
         self.check()?;
+        if !self.events.contains_key(&a.event) {
+            return Err(CUresult::INVALID_HANDLE);
+        }
+        self.captures.query_event(a.event)?;
         let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
         if !e.complete() {
             return Err(CUresult::NOT_READY);
