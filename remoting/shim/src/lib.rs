@@ -43,7 +43,6 @@ pub mod occupancy;
 pub mod primary;
 pub mod proc;
 pub mod state;
-pub mod streams;
 pub mod tensor;
 pub mod trace;
 
@@ -54,10 +53,9 @@ pub mod hand {
         cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
     };
     pub use crate::context::{
-        cuCtxAttach, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy,
-        cuCtxDestroy_v2, cuCtxDetach, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
-        cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent, cuCtxPushCurrent_v2,
-        cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
+        cuCtxAttach, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy_v2, cuCtxDetach,
+        cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2, cuCtxPopCurrent, cuCtxPopCurrent_v2,
+        cuCtxPushCurrent, cuCtxPushCurrent_v2, cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
     };
     pub use crate::device::{
         cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetCount,
@@ -95,7 +93,6 @@ pub mod hand {
     };
     pub use crate::primary::{cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxSetFlags_v2};
     pub use crate::proc::{cuGetProcAddress, cuGetProcAddress_v2};
-    pub use crate::streams::{cuEventDestroy, cuStreamDestroy};
     pub use crate::tensor::{
         cuTensorMapEncodeIm2col, cuTensorMapEncodeIm2colWide, cuTensorMapEncodeTiled,
     };
