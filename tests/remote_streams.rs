@@ -38,3 +38,37 @@ fn captures_fork_join_replay_and_refuse_questions_about_captured_events() {
     );
     assert!(stdout.contains("captured events ok"), "{stdout}");
 }
+
+/// Stream attributes are kept per stream, checked as the driver checks them, copied by
+/// `cuStreamCopyAttributes`; the priority attribute is the stream's scheduling priority.
+#[test]
+fn stream_attributes_are_kept_checked_and_copied() {
+    let stdout = run("attributes");
+    assert!(stdout.contains("access policy window ok"), "{stdout}");
+}
+
+/// Streams wait on values in device memory (every comparison, 32 and 64 bits) without blocking other
+/// streams, released by another stream's write or by a host copy; batches run in order; a captured
+/// write replays with its graph.
+#[test]
+fn streams_wait_on_and_write_values_in_device_memory() {
+    let stdout = run("memops");
+    for line in [
+        "wait EQ released by a stream write ok",
+        "wait GEQ (cyclic) released by a host copy ok",
+        "wait AND ok",
+        "wait NOR ok",
+        "64-bit wait and write ok",
+        "batch ok",
+        "captured write ok",
+    ] {
+        assert!(stdout.contains(line), "{line}:\n{stdout}");
+    }
+}
+
+/// The CUDA 3.x names (`cuCtxCreate`, `cuStreamDestroy`, `cuEventDestroy`, `cuCtxDestroy`, the v1 stream
+/// memory operations) are the same calls as their successors.
+#[test]
+fn old_names_are_their_successors() {
+    run("old-names");
+}

@@ -370,6 +370,8 @@ static void memops(void) {
     CHECK(cuMemsetD32_v2(flag, 0, 4));
     CHECK(cuMemsetD32_v2(marker, 0, 1));
     CHECK(cuMemsetD32_v2(wide, 0, 2));
+    /* A memset of device memory may return before it is done: the waits below must see its values. */
+    CHECK(cuCtxSynchronize());
     /* Non-blocking: the legacy stream's copies below never wait for them. */
     CUstream waiter, writer;
     CHECK(cuStreamCreate(&waiter, 1));
@@ -404,7 +406,8 @@ static void memops(void) {
 
     if (nor) {
         /* NOR: ~(*addr | value) != 0, here: bit 0 of *addr clear. */
-        CHECK(cuMemsetD32_v2(flag, 1, 1));
+        CHECK(cuStreamWriteValue32_v2(writer, flag, 1, 0));
+        CHECK(cuStreamSynchronize(writer));
         CHECK(cuStreamWaitValue32_v2(waiter, flag, 0xfffffffeu, WAIT_NOR));
         CHECK(cuMemsetD32Async(marker, 10, 1, waiter));
         expect_blocked(waiter, marker);
@@ -487,6 +490,7 @@ static void old_names(void) {
     CUdeviceptr p;
     CHECK(cuMemAlloc_v2(&p, 4));
     CHECK(cuMemsetD32_v2(p, 0, 1));
+    CHECK(cuCtxSynchronize());
     CHECK(cuStreamWriteValue32(s, p, 4, 0));
     CHECK(cuStreamWaitValue32(s, p, 4, WAIT_EQ));
     CHECK(cuEventRecord(e, s));

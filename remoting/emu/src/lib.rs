@@ -35,6 +35,7 @@
 //! cores quickly. A fault or a timeout stops the session's other running kernels too (their context is
 //! lost anyway), and the end of the session stops running kernels and skips queued work.
 
+pub mod attrs;
 mod backend;
 pub mod capture;
 pub mod device;

@@ -661,6 +661,13 @@ handle_kinds! {
     MemHandle, |_, _| {};
 }
 
+impl HandleArg for crate::api::One {
+    fn check(_: &Handles, _: &(), _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
 impl HandleArg for PtrValue {
     fn check(_: &Handles, _: &u64, _: &mut Owner) -> Result<(), CUresult> {
         Ok(())

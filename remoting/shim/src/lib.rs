@@ -37,6 +37,7 @@ pub mod handles;
 pub mod images;
 pub mod integrity;
 pub mod library;
+pub mod memops;
 pub mod memory;
 pub mod module;
 pub mod occupancy;
@@ -69,6 +70,10 @@ pub mod hand {
         cuKernelSetAttribute, cuLibraryEnumerateKernels, cuLibraryGetKernel,
         cuLibraryGetKernelCount, cuLibraryGetModule, cuLibraryLoadData, cuLibraryLoadFromFile,
         cuLibraryUnload,
+    };
+    pub use crate::memops::{
+        cuStreamBatchMemOp_v2, cuStreamWaitValue32_v2, cuStreamWaitValue64_v2,
+        cuStreamWriteValue32_v2, cuStreamWriteValue64_v2,
     };
     pub use crate::memory::{
         cuDeviceSetMemPool, cuMemAddressFree, cuMemAddressReserve, cuMemAlloc_v2, cuMemAllocAsync,
