@@ -14,7 +14,10 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// Runs `driver_streams <mode>` through Gleam against a fresh emu server; returns its stdout once it
 /// succeeded.
 fn run(mode: &str) -> String {
-    let server = Server::start("emu");
+    run_on(&Server::start("emu"), mode)
+}
+
+fn run_on(server: &Server, mode: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let exe = compile_c("driver_streams", dir.path());
     let out = output_within(server.run(&exe, &[mode]), LIMIT);
@@ -71,4 +74,33 @@ fn streams_wait_on_and_write_values_in_device_memory() {
 #[test]
 fn old_names_are_their_successors() {
     run("old-names");
+}
+
+/// On a machine with a GPU: the same program on NVIDIA's driver directly (what CUDA itself says) and
+/// through Gleam on that GPU. On the GPU machine without Rust, `scripts/gpu/driver-api.sh` does the same
+/// from a carried build.
+#[test]
+#[ignore = "needs a GPU: driver_streams on NVIDIA's driver and through gleam serve --backend cuda"]
+fn the_same_program_passes_on_nvidias_driver_and_through_gleam_on_a_gpu() {
+    let server = Server::start("cuda");
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_c("driver_streams", dir.path());
+    for mode in ["capture", "attributes", "memops", "old-names"] {
+        // Run directly, the program loads the system's libcuda.so.1.
+        let native = output_within(
+            {
+                let mut cmd = std::process::Command::new(&exe);
+                cmd.arg(mode).env_remove("LD_LIBRARY_PATH");
+                cmd
+            },
+            LIMIT,
+        );
+        assert!(
+            native.status.success(),
+            "{mode} on NVIDIA's driver:\n{}{}",
+            text(&native.stdout),
+            text(&native.stderr)
+        );
+        run_on(&server, mode);
+    }
 }
