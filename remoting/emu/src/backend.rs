@@ -2469,7 +2469,10 @@ impl Backend for EmuBackend {
                 self.shared
                     .mem
                     .write_bytes(dst, data)
-                    .map_err(|_| CUresult::INVALID_VALUE)
+                    .map_err(|_| CUresult::INVALID_VALUE)?;
+                // A stream may be waiting for a value this copy wrote.
+                self.streams.memory_changed();
+                Ok(())
             }
             Some(s) => {
                 // A graph would copy from host memory at each launch: not from a remote client.
