@@ -13,7 +13,9 @@
 #
 # Prints one line per test (`ok`, `FAILED`, or `skipped` with the reason for those listed below: they need
 # two GPUs, PCIe timings or a GPU's throughput, or fail without Gleam too) and a summary with the suite's
-# wall time. Exits 1 if any other test failed.
+# wall time. Exits 1 if any other test failed, or if a test listed in EXPECTED_FAIL (what Gleam does not
+# implement yet, each named with the reason) passed: it then belongs to the suite, so take it off the list.
+# CI (.ci/run) runs it after the test suite, with the same build.
 #
 # Env: CUDARC_SUITE_OUT (build folder, default target/cudarc-suite), CUDARC_TEST_TIMEOUT (seconds per test,
 # default 120), CUDARC_FILTER (run only tests whose name contains it), CUDARC_INCLUDE_SLOW=1 (also the
@@ -49,6 +51,17 @@ declare -A TOO_SLOW=(
 # Tests that fail without Gleam too, against CUDA 13.0.
 declare -A UPSTREAM=(
     [driver::safe::launch::tests::test_launch_with_half]="compiles for compute_53, which NVRTC 13 no longer accepts (and includes cuda_fp16.h from /usr/include)"
+)
+# Tests that fail through Gleam today, each named with what is missing. Nothing else may fail; each leaves
+# this list in the change that makes it pass (the run fails while a listed test passes).
+declare -A EXPECTED_FAIL=(
+    [driver::safe::core::tests::test_event_try_is_complete]="cuLaunchHostFunc (host callbacks) is not implemented yet"
+    [driver::safe::unified_memory::tests::test_unified_memory_global]="cuMemAllocManaged (managed memory) is not implemented yet"
+    [driver::safe::unified_memory::tests::test_unified_memory_host]="cuMemAllocManaged (managed memory) is not implemented yet"
+    [driver::safe::unified_memory::tests::test_unified_memory_single_stream]="cuMemAllocManaged (managed memory) is not implemented yet"
+    [driver::safe::unified_memory::tests::test_unified_slice_copy_to_views]="cuMemAllocManaged (managed memory) is not implemented yet"
+    [driver::safe::unified_memory::tests::test_unified_slice_split_at]="cuMemAllocManaged (managed memory) is not implemented yet"
+    [driver::safe::unified_memory::tests::test_unified_slice_views_respect_stream_attachment]="cuMemAllocManaged (managed memory) is not implemented yet"
 )
 if [ "${CUDARC_INCLUDE_SLOW:-0}" = 1 ]; then
     TOO_SLOW=()
@@ -160,7 +173,9 @@ mkdir -p "$logs"
 passed=0
 failed=0
 skipped=0
+expected=0
 failures=()
+unexpected_passes=()
 for t in "${tests[@]}"; do
     [ -n "$FILTER" ] && [[ "$t" != *"$FILTER"* ]] && continue
     why=""
@@ -178,9 +193,18 @@ for t in "${tests[@]}"; do
         "$bin" "$t" --exact --include-ignored --test-threads 1 > "$logs/$t.log" 2>&1
     rc=$?
     secs=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$t0" "$(date +%s.%N)")
+    known=${EXPECTED_FAIL[$t]:-}
     if [ "$rc" -eq 0 ] && grep -q '^test result: ok. 1 passed' "$logs/$t.log"; then
         passed=$((passed + 1))
-        echo "cudarc-suite: $t: ok (${secs}s)"
+        if [ -n "$known" ]; then
+            unexpected_passes+=("$t")
+            echo "cudarc-suite: $t: ok (${secs}s), but listed as an expected failure ($known): take it off EXPECTED_FAIL"
+        else
+            echo "cudarc-suite: $t: ok (${secs}s)"
+        fi
+    elif [ -n "$known" ]; then
+        expected=$((expected + 1))
+        echo "cudarc-suite: $t: FAILED as expected (exit $rc, ${secs}s): $known"
     else
         failed=$((failed + 1))
         failures+=("$t")
@@ -189,8 +213,12 @@ for t in "${tests[@]}"; do
     fi
 done
 elapsed=$(($(date +%s) - started))
-echo "cudarc-suite: $passed passed, $failed failed, $skipped skipped; ${elapsed}s in all (logs in $logs)"
+echo "cudarc-suite: $passed passed, $failed failed, $expected failed as expected, $skipped skipped;" \
+    "${elapsed}s in all (logs in $logs)"
 for t in "${failures[@]}"; do
     echo "cudarc-suite: failed: $t"
 done
-[ "$failed" -eq 0 ]
+for t in "${unexpected_passes[@]}"; do
+    echo "cudarc-suite: passed but listed in EXPECTED_FAIL (take it off the list): $t"
+done
+[ "$failed" -eq 0 ] && [ "${#unexpected_passes[@]}" -eq 0 ]

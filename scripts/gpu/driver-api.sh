@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Contexts, pools, virtual memory, streams and events on a real GPU, and cudarc 0.19.10's tests: each run
+# Contexts, pools, virtual memory, streams and events (driver_api.c), stream capture, attributes and memory
+# operations (driver_streams.c) on a real GPU, and cudarc 0.19.10's tests: each run
 # on NVIDIA's driver directly and through Gleam (`gleam serve --backend cuda` on loopback), side by side.
 #
 # Here (the development machine):
@@ -56,6 +57,21 @@ for mode in contexts pools vmm streams; do
     echo "driver_api $mode: NVIDIA's driver exit $native, through Gleam exit $gleam" | tee -a "$LOG"
     [ "$native" -eq 0 ] || tail -n 5 "$OUT/$mode.native.out" | sed 's/^/    native: /' | tee -a "$LOG"
     [ "$gleam" -eq 0 ] || tail -n 5 "$OUT/$mode.gleam.out" | sed 's/^/    gleam: /' | tee -a "$LOG"
+done
+
+# Stream capture, stream attributes, stream memory operations, the CUDA 3.x names (tests/remote/driver_streams.c):
+# `note:` lines are values the program reports without checking (defaults of the real driver), compare them.
+gcc -O1 -o "$W/driver_streams" "$ROOT/tests/remote/driver_streams.c" -L"$W/link" -lcuda 2>> "$LOG"
+for mode in capture attributes memops old-names; do
+    timeout 120 env ${SYSTEM_LD:+LD_LIBRARY_PATH="$SYSTEM_LD"} "$W/driver_streams" "$mode" \
+        > "$OUT/streams-$mode.native.out" 2>&1
+    native=$?
+    timeout 120 "$g" "$W/driver_streams" "$mode" > "$OUT/streams-$mode.gleam.out" 2>&1
+    gleam=$?
+    echo "driver_streams $mode: NVIDIA's driver exit $native, through Gleam exit $gleam" | tee -a "$LOG"
+    [ "$native" -eq 0 ] || tail -n 5 "$OUT/streams-$mode.native.out" | sed 's/^/    native: /' | tee -a "$LOG"
+    [ "$gleam" -eq 0 ] || tail -n 5 "$OUT/streams-$mode.gleam.out" | sed 's/^/    gleam: /' | tee -a "$LOG"
+    grep -h '^note:' "$OUT/streams-$mode.native.out" 2>/dev/null | sed 's/^/    native /' | tee -a "$LOG"
 done
 
 # cudarc's tests: every one, alone, locally and through Gleam.

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gleam_protocol::api::{args, outs};
 use gleam_protocol::copy::Copy3D;
+use gleam_protocol::api::{MemOp, args, outs};
 use gleam_protocol::registry::{Died, Handles, Kind};
 use gleam_protocol::types::{
     CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CUmemAllocationProp, CUmemLocation,
@@ -17,6 +17,7 @@ use gleam_ptx::{ExecError, LaunchConfig, LaunchOptions, StopReason};
 use gleam_server::backend::{ApiBackend, Backend};
 
 use crate::arrays::Objects;
+use crate::attrs::{self, Attr, StreamAttrs};
 use crate::capture::{Captures, Op, STATUS_NONE, Step};
 use crate::device::{self, Resources, func_attr};
 use crate::managed::Mirrored;
@@ -85,6 +86,10 @@ mod kind {
     pub const GRAPH_EXEC: u64 = 0x0ae0_0000_0000;
 }
 
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
+const GRAPH_AUTO_FREE_ON_LAUNCH: u64 = 0x1;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH`.
+const GRAPH_DEVICE_LAUNCH: u64 = 0x4;
 /// `CU_EXEC_AFFINITY_TYPE_SM_COUNT`.
 const EXEC_AFFINITY_SM_COUNT: u32 = 0;
 /// `CU_MEM_ALLOCATION_TYPE_MANAGED` (pools of managed memory).
@@ -163,6 +168,8 @@ pub struct EmuBackend {
     mirrored: Mirrored,
     /// Stream captures, graphs and executable graphs.
     captures: Captures,
+    /// Attributes given to streams (`cuStreamSetAttribute`); a stream not here has the defaults.
+    stream_attrs: HashMap<StreamKey, StreamAttrs>,
     next_handle: u64,
     next_context_id: u64,
 }
@@ -207,6 +214,7 @@ impl EmuBackend {
             objects: Objects::default(),
             mirrored: Mirrored::default(),
             captures: Captures::default(),
+            stream_attrs: HashMap::new(),
             next_handle: 1,
             next_context_id: 1,
         }
@@ -671,8 +679,96 @@ impl EmuBackend {
             .enqueue_signal(key, self.current, signal, target)
     }
 
-    fn elapsed(&self, start: u64, end: u64) -> Result<f32, CUresult> {
+    /// The priority of the stream `key` names.
+    fn stream_priority(&mut self, key: StreamKey) -> Result<i32, CUresult> {
+        Ok(match key {
+            StreamKey::Created(h) => self.streams.get(h).map_or(0, |s| s.priority),
+            _ => self.streams.stream(key)?.priority,
+        })
+    }
+
+    /// Applies a checked attribute to the stream `key` names.
+    fn set_stream_attr(&mut self, key: StreamKey, attr: Attr) -> Result<(), CUresult> {
+        match attr {
+            Attr::Priority(p) => {
+                let (least, greatest) = device::STREAM_PRIORITIES;
+                self.streams.set_priority(key, p.clamp(greatest, least))
+            }
+            other => {
+                self.stream_attrs.entry(key).or_default().set(other);
+                Ok(())
+            }
+        }
+    }
+
+    /// A stream memory operation (`cuStreamWaitValue32`, `cuStreamWriteValue64`, an entry of
+    /// `cuStreamBatchMemOp`...), in `stream`'s order. A wait holds no worker while its value is not there
+    /// (the workers poll it); in a capture it becomes a step that polls when the graph replays.
+    fn mem_op(&mut self, stream: u64, op: MemOp) -> Result<(), CUresult> {
+        self.ctx()?;
+        let key = self.streams.resolve(stream)?;
+        match op {
+            MemOp::Write {
+                address,
+                value,
+                wide,
+                ..
+            } => {
+                let len = if wide { 8 } else { 4 };
+                self.shared.mem.check(address, len as u64, true)?;
+                let bytes = value.to_le_bytes();
+                self.submit(stream, "stream write value", move |mem| {
+                    mem.write_bytes(address, &bytes[..len])
+                        .map_err(|_| CUresult::ILLEGAL_ADDRESS)
+                })
+            }
+            MemOp::Wait { address, wide, .. } => {
+                let len = if wide { 8 } else { 4 };
+                self.shared.mem.check(address, len as u64, false)?;
+                let shared = self.shared.clone();
+                // Open once the value is there; also once work is being skipped (after a fault, or
+                // the session is over), so that nothing waits for it forever.
+                let open = move || {
+                    let mut bytes = [0u8; 8];
+                    let read = shared.mem.read_bytes(address, &mut bytes[..len]);
+                    crate::memory::clear_thread_cache();
+                    if read.is_err() {
+                        tracing::error!(
+                            "a stream's wait on the value at {address:#x}: the memory is gone"
+                        );
+                        shared.set_sticky(CUresult::ILLEGAL_ADDRESS);
+                    }
+                    shared.skip_work() || op.satisfied_by(u64::from_le_bytes(bytes))
+                };
+                if self.captures.capturing(key) {
+                    let shared = self.shared.clone();
+                    let step = Step {
+                        what: "stream wait value".into(),
+                        op: Arc::new(move |_| {
+                            while !open() {
+                                std::thread::sleep(Duration::from_micros(200));
+                            }
+                            match shared.sticky() {
+                                Some(e) if !shared.cancelled.load(Ordering::Acquire) => Err(e),
+                                _ => Ok(()),
+                            }
+                        }),
+                    };
+                    self.captures.record(key, step)?;
+                    return Ok(());
+                }
+                self.streams.enqueue_gate(key, self.current, Arc::new(open))
+            }
+            // Memory is coherent here, and a stream's work runs in its order: nothing to flush or fence
+            // beyond what the stream already does.
+            MemOp::Barrier { .. } | MemOp::FlushRemoteWrites => Ok(()),
+        }
+    }
+
+    fn elapsed(&mut self, start: u64, end: u64) -> Result<f32, CUresult> {
         self.check()?;
+        self.captures.query_event(start)?;
+        self.captures.query_event(end)?;
         let s = self.events.get(&start).ok_or(CUresult::INVALID_HANDLE)?;
         let e = self.events.get(&end).ok_or(CUresult::INVALID_HANDLE)?;
         e.elapsed_since(s)
@@ -1952,7 +2048,11 @@ impl ApiBackend for EmuBackend {
     ) -> Result<outs::cuGraphInstantiateWithFlags, CUresult> {
         self.ctx()?;
         // Flags: auto-free on launch, upload, device launch, use node priority: none changes a replay here.
-        if a.flags & !0xf != 0 {
+        // A graph launched from the device cannot free memory on launch (CUDA refuses the pair).
+        if a.flags & !0xf != 0
+            || a.flags & (GRAPH_AUTO_FREE_ON_LAUNCH | GRAPH_DEVICE_LAUNCH)
+                == GRAPH_AUTO_FREE_ON_LAUNCH | GRAPH_DEVICE_LAUNCH
+        {
             return Err(CUresult::INVALID_VALUE);
         }
         let exec = self.handle(kind::GRAPH_EXEC);
@@ -2024,6 +2124,7 @@ impl ApiBackend for EmuBackend {
     ) -> Result<outs::cuStreamDestroy_v2, CUresult> {
         self.check()?;
         self.streams.destroy(a.stream)?;
+        self.stream_attrs.remove(&StreamKey::Created(a.stream));
         Ok(Default::default())
     }
 
@@ -2147,6 +2248,100 @@ impl ApiBackend for EmuBackend {
         })
     }
 
+    fn cuStreamGetAttribute(
+        &mut self,
+        a: args::cuStreamGetAttribute,
+    ) -> Result<outs::cuStreamGetAttribute, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        let priority = self.stream_priority(key)?;
+        let attrs = self.stream_attrs.get(&key).copied().unwrap_or_default();
+        Ok(outs::cuStreamGetAttribute {
+            value: attrs.get(a.attr, priority)?.value(),
+            ..Default::default()
+        })
+    }
+
+    fn cuStreamSetAttribute(
+        &mut self,
+        a: args::cuStreamSetAttribute,
+    ) -> Result<outs::cuStreamSetAttribute, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        let limits = attrs::Limits {
+            max_window: device::MAX_ACCESS_POLICY_WINDOW as u64,
+            domains: device::MEM_SYNC_DOMAINS as u8,
+        };
+        let attr = Attr::parse(a.attr, &a.value, limits)?;
+        self.set_stream_attr(key, attr)?;
+        Ok(Default::default())
+    }
+
+    fn cuStreamCopyAttributes(
+        &mut self,
+        a: args::cuStreamCopyAttributes,
+    ) -> Result<outs::cuStreamCopyAttributes, CUresult> {
+        self.check()?;
+        let (dst, src) = (self.streams.resolve(a.dst)?, self.streams.resolve(a.src)?);
+        let attrs = self.stream_attrs.get(&src).copied().unwrap_or_default();
+        let priority = self.stream_priority(src)?;
+        self.stream_attrs.insert(dst, attrs);
+        self.set_stream_attr(dst, Attr::Priority(priority))?;
+        Ok(Default::default())
+    }
+
+    // --- Stream memory operations ---------------------------------------------------------------------
+
+    fn cuStreamWaitValue32_v2(
+        &mut self,
+        a: args::cuStreamWaitValue32_v2,
+    ) -> Result<outs::cuStreamWaitValue32_v2, CUresult> {
+        self.mem_op(
+            a.stream,
+            MemOp::wait(a.addr, a.value.into(), false, a.flags)?,
+        )?;
+        Ok(Default::default())
+    }
+
+    fn cuStreamWaitValue64_v2(
+        &mut self,
+        a: args::cuStreamWaitValue64_v2,
+    ) -> Result<outs::cuStreamWaitValue64_v2, CUresult> {
+        self.mem_op(a.stream, MemOp::wait(a.addr, a.value, true, a.flags)?)?;
+        Ok(Default::default())
+    }
+
+    fn cuStreamWriteValue32_v2(
+        &mut self,
+        a: args::cuStreamWriteValue32_v2,
+    ) -> Result<outs::cuStreamWriteValue32_v2, CUresult> {
+        self.mem_op(
+            a.stream,
+            MemOp::write(a.addr, a.value.into(), false, a.flags)?,
+        )?;
+        Ok(Default::default())
+    }
+
+    fn cuStreamWriteValue64_v2(
+        &mut self,
+        a: args::cuStreamWriteValue64_v2,
+    ) -> Result<outs::cuStreamWriteValue64_v2, CUresult> {
+        self.mem_op(a.stream, MemOp::write(a.addr, a.value, true, a.flags)?)?;
+        Ok(Default::default())
+    }
+
+    fn cuStreamBatchMemOp_v2(
+        &mut self,
+        a: args::cuStreamBatchMemOp_v2,
+    ) -> Result<outs::cuStreamBatchMemOp_v2, CUresult> {
+        // One operation per message (`count` is always 1: `api::One`).
+        if a.flags != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        self.mem_op(a.stream, MemOp::try_from(*a.ops)?)?;
+        Ok(Default::default())
+    }
+
     // --- Events ---------------------------------------------------------------------------------------
 
     fn cuEventCreate(&mut self, a: args::cuEventCreate) -> Result<outs::cuEventCreate, CUresult> {
@@ -2189,6 +2384,10 @@ impl ApiBackend for EmuBackend {
         a: args::cuEventSynchronize,
     ) -> Result<outs::cuEventSynchronize, CUresult> {
         self.check()?;
+        if !self.events.contains_key(&a.event) {
+            return Err(CUresult::INVALID_HANDLE);
+        }
+        self.captures.query_event(a.event)?;
         let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
         e.signal.wait_for(e.records);
         self.synchronized();
@@ -2198,6 +2397,10 @@ impl ApiBackend for EmuBackend {
 
     fn cuEventQuery(&mut self, a: args::cuEventQuery) -> Result<outs::cuEventQuery, CUresult> {
         self.check()?;
+        if !self.events.contains_key(&a.event) {
+            return Err(CUresult::INVALID_HANDLE);
+        }
+        self.captures.query_event(a.event)?;
         let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
         if !e.complete() {
             return Err(CUresult::NOT_READY);
@@ -2550,7 +2753,10 @@ impl Backend for EmuBackend {
                 self.shared
                     .mem
                     .write_bytes(dst, data)
-                    .map_err(|_| CUresult::INVALID_VALUE)
+                    .map_err(|_| CUresult::INVALID_VALUE)?;
+                // A stream may be waiting for a value this copy wrote.
+                self.streams.memory_changed();
+                Ok(())
             }
             Some(s) => {
                 // A graph would copy from host memory at each launch: not from a remote client.
@@ -2786,6 +2992,7 @@ impl Backend for EmuBackend {
             match kind {
                 Kind::Stream => {
                     self.captures.stream_gone(StreamKey::Created(handle));
+                    self.stream_attrs.remove(&StreamKey::Created(handle));
                     let _ = self.streams.destroy(handle);
                 }
                 Kind::Event => {
@@ -2830,6 +3037,7 @@ impl Backend for EmuBackend {
         self.functions.clear();
         self.libraries.clear();
         self.captures.clear();
+        self.stream_attrs.clear();
         self.modules.clear();
         self.objects.clear();
         self.mirrored.clear();

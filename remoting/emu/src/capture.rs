@@ -171,6 +171,19 @@ impl Captures {
         }
     }
 
+    /// `cuEventQuery`, `cuEventSynchronize` or `cuEventElapsedTime` on `event`: an event last recorded in
+    /// a capture in progress marks a point of a graph, not work that completes, so asking about it is
+    /// illegal during capture (`CUDA_ERROR_CAPTURED_EVENT`) and invalidates that capture.
+    pub fn query_event(&mut self, event: u64) -> Result<(), CUresult> {
+        let Some(graph) = self.events.get(&event) else {
+            return Ok(());
+        };
+        if let Some(c) = self.active.get_mut(graph) {
+            c.invalidated = true;
+        }
+        Err(CUresult::CAPTURED_EVENT)
+    }
+
     /// `cuStreamWaitEvent` on an event recorded in a capture: `key` joins that capture. `Ok(false)` if
     /// the event belongs to no capture.
     pub fn wait_event(&mut self, key: StreamKey, event: u64) -> Result<bool, CUresult> {
@@ -293,6 +306,20 @@ mod tests {
         assert_eq!(c.end(B), Ok(2));
         c.instantiate(2, 200).unwrap();
         assert_eq!(c.exec(200).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn asking_about_a_captured_event_invalidates_the_capture() {
+        let mut c = Captures::default();
+        assert_eq!(c.query_event(0xe1), Ok(()));
+        c.begin(A, 1).unwrap();
+        assert!(c.record_event(A, 0xe1).unwrap());
+        assert_eq!(c.query_event(0xe2), Ok(()));
+        assert_eq!(c.query_event(0xe1), Err(CUresult::CAPTURED_EVENT));
+        assert_eq!(c.info(A).0, STATUS_INVALIDATED);
+        assert_eq!(c.end(A), Err(CUresult::STREAM_CAPTURE_INVALIDATED));
+        // Once the capture is over, the event is an ordinary one again.
+        assert_eq!(c.query_event(0xe1), Ok(()));
     }
 
     #[test]

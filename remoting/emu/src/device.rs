@@ -37,6 +37,11 @@ pub const CONST_BYTES: u32 = 64 << 10;
 pub const LOCAL_PER_THREAD: u32 = 512 << 10;
 /// `cuCtxGetStreamPriorityRange`: (least, greatest).
 pub const STREAM_PRIORITIES: (i32, i32) = (0, -5);
+/// `CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE`: an H200's. A stream keeps its window as the hint
+/// it is (there is no L2 cache to steer here).
+pub const MAX_ACCESS_POLICY_WINDOW: i32 = 134_213_632;
+/// `CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT`.
+pub const MEM_SYNC_DOMAINS: i32 = 1;
 
 /// Texture, surface and array size limits of sm_75 (in elements), and alignments.
 pub mod limits {
@@ -183,7 +188,12 @@ pub fn attributes() -> Vec<i32> {
     set(115, 1); // MEMORY_POOLS_SUPPORTED
     set(119, 0); // MEMPOOL_SUPPORTED_HANDLE_TYPES: none (pools are not shared with other processes)
     set(120, 0); // CLUSTER_LAUNCH
-    set(126, 1); // MEM_SYNC_DOMAIN_COUNT
+    // Stream memory operations (cuStreamWaitValue/WriteValue, 64-bit ones and the NOR comparison too)
+    // and access-policy windows.
+    set(122, 1); // CAN_USE_64_BIT_STREAM_MEM_OPS
+    set(123, 1); // CAN_USE_STREAM_WAIT_VALUE_NOR
+    set(109, MAX_ACCESS_POLICY_WINDOW);
+    set(126, MEM_SYNC_DOMAINS);
     set(131, -1); // NUMA_ID
     set(134, -1); // HOST_NUMA_ID
     a

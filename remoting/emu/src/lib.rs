@@ -36,6 +36,7 @@
 //! lost anyway), and the end of the session stops running kernels and skips queued work.
 
 pub mod arrays;
+pub mod attrs;
 mod backend;
 pub mod capture;
 pub mod device;

@@ -117,6 +117,14 @@ pub type Job = Box<dyn FnOnce() + Send + 'static>;
 /// A dependency: `signal` must reach the value.
 pub type Dep = (Arc<Signal>, u64);
 
+/// A condition on device memory an item waits for (`cuStreamWaitValue32`): evaluated by the workers
+/// whenever they look for work, and at least every [`POLL`] while any item waits on one, since memory
+/// changes without any signal advancing (a host copy, a kernel of another stream).
+pub type Gate = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a gated item is looked at again when nothing else wakes the workers.
+const POLL: std::time::Duration = std::time::Duration::from_micros(500);
+
 /// One item of a stream's queue.
 struct Work {
     deps: Vec<Dep>,
@@ -125,6 +133,8 @@ struct Work {
     /// Signals to raise once the stream itself has reached `ticket` (event records): whoever sees one of
     /// them complete also sees the stream's work up to here complete, as `cuStreamQuery` must.
     completes: Vec<Dep>,
+    /// Runs only once this holds, too.
+    gate: Option<Gate>,
 }
 
 /// One queue of the pool.
@@ -151,6 +161,10 @@ struct PoolState {
     idle: usize,
     /// Set by [`Streams::shutdown`]: workers exit once every queue is drained.
     stopping: bool,
+    /// Queued items with a gate: while there are any, one idle worker polls.
+    gated: usize,
+    /// An idle worker is polling the gates.
+    polling: bool,
     handles: Vec<JoinHandle<()>>,
 }
 
@@ -161,9 +175,11 @@ impl PoolState {
     fn pick(&self) -> Option<u64> {
         self.waiting.iter().map(|&(_, id)| id).find(|id| {
             self.queues.get(id).is_some_and(|q| {
-                q.items
-                    .front()
-                    .is_some_and(|w| self.stopping || w.deps.iter().all(|(s, t)| s.reached(*t)))
+                q.items.front().is_some_and(|w| {
+                    self.stopping
+                        || (w.deps.iter().all(|(s, t)| s.reached(*t))
+                            && w.gate.as_ref().is_none_or(|open| open()))
+                })
             })
         })
     }
@@ -177,6 +193,9 @@ impl PoolState {
         let Some(q) = self.queues.get_mut(&id) else {
             return Err(work);
         };
+        if work.gate.is_some() {
+            self.gated += 1;
+        }
         q.items.push_back(work);
         if !q.running {
             self.waiting.insert((q.priority, id));
@@ -242,10 +261,21 @@ fn worker(pool: &Weak<Pool>) {
                 break;
             }
             state.idle += 1;
-            state = pool
-                .ready
-                .wait(state)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if state.gated > 0 && !state.polling {
+                // Gates change with memory, which raises no signal: look again shortly.
+                state.polling = true;
+                state = pool
+                    .ready
+                    .wait_timeout(state, POLL)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .0;
+                state.polling = false;
+            } else {
+                state = pool
+                    .ready
+                    .wait(state)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
             state.idle -= 1;
             continue;
         };
@@ -256,8 +286,12 @@ fn worker(pool: &Weak<Pool>) {
             continue;
         };
         queue.running = true;
+        let gated = work.gate.is_some();
         let (done, priority) = (queue.done.clone(), queue.priority);
         state.waiting.remove(&(priority, id));
+        if gated {
+            state.gated -= 1;
+        }
         // Other runnable queues may be waiting for a worker.
         if state.pick().is_some() {
             pool.ready.notify_one();
@@ -280,6 +314,8 @@ fn worker(pool: &Weak<Pool>) {
         state = pool.lock();
         if let Some(queue) = state.queues.get_mut(&id) {
             queue.running = false;
+            // Its priority may have changed meanwhile (`cuStreamSetAttribute`).
+            let priority = queue.priority;
             if !queue.items.is_empty() {
                 state.waiting.insert((priority, id));
             } else if queue.closed {
@@ -528,7 +564,13 @@ impl Streams {
         extra: Vec<Dep>,
         job: Option<Job>,
     ) -> Result<(), CUresult> {
-        self.enqueue_work(key, ctx, extra, job, Vec::new())
+        self.enqueue_work(key, ctx, extra, job, Vec::new(), None)
+    }
+
+    /// Queues an item on `key` that completes once `gate` holds (after everything queued before it), so
+    /// later work on `key` waits for it, without holding a worker meanwhile.
+    pub fn enqueue_gate(&mut self, key: StreamKey, ctx: u64, gate: Gate) -> Result<(), CUresult> {
+        self.enqueue_work(key, ctx, Vec::new(), None, Vec::new(), Some(gate))
     }
 
     /// Queues a marker that raises `signal` to `target` once everything queued on `key` before it is done
@@ -540,7 +582,7 @@ impl Streams {
         signal: Arc<Signal>,
         target: u64,
     ) -> Result<(), CUresult> {
-        self.enqueue_work(key, ctx, Vec::new(), None, vec![(signal, target)])
+        self.enqueue_work(key, ctx, Vec::new(), None, vec![(signal, target)], None)
     }
 
     /// `cuCtxRecordEvent`: raises `signal` to `target` once everything queued so far in context `ctx`
@@ -557,7 +599,14 @@ impl Streams {
             .filter(|s| (s.ctx == ctx || s.ctx == 0) && s.pending())
             .map(|s| (s.done.clone(), s.submitted))
             .collect();
-        self.enqueue_work(StreamKey::Markers, ctx, deps, None, vec![(signal, target)])
+        self.enqueue_work(
+            StreamKey::Markers,
+            ctx,
+            deps,
+            None,
+            vec![(signal, target)],
+            None,
+        )
     }
 
     /// `cuCtxWaitEvent`: everything queued later in context `ctx` waits for `signal` to reach `target`.
@@ -573,6 +622,7 @@ impl Streams {
         extra: Vec<Dep>,
         job: Option<Job>,
         completes: Vec<Dep>,
+        gate: Option<Gate>,
     ) -> Result<(), CUresult> {
         self.ensure(key)?;
         let mut deps = self.implicit_deps(key);
@@ -597,6 +647,7 @@ impl Streams {
             job,
             ticket: stream.submitted,
             completes,
+            gate,
         };
         let queue = stream.queue;
         let mut state = self.pool.lock();
@@ -613,6 +664,30 @@ impl Streams {
         self.pool.grow(&mut state);
         self.pool.ready.notify_one();
         Ok(())
+    }
+
+    /// Sets the priority of the stream `key` names: work it queues from now on is served by it.
+    pub fn set_priority(&mut self, key: StreamKey, priority: i32) -> Result<(), CUresult> {
+        self.ensure(key)?;
+        let stream = self.streams.get_mut(&key).ok_or(CUresult::INVALID_HANDLE)?;
+        stream.priority = priority;
+        let id = stream.queue;
+        let mut state = self.pool.lock();
+        if let Some(q) = state.queues.get_mut(&id) {
+            let old = std::mem::replace(&mut q.priority, priority);
+            if state.waiting.remove(&(old, id)) {
+                state.waiting.insert((priority, id));
+            }
+        }
+        Ok(())
+    }
+
+    /// Memory may have changed outside any stream (a synchronous host copy): gated items are looked at
+    /// again now rather than at the next poll.
+    pub fn memory_changed(&self) {
+        if self.pool.lock().gated > 0 {
+            self.pool.wake();
+        }
     }
 
     /// Blocks until everything queued on `key` so far (and what an item queued now would wait for) is done.
@@ -654,6 +729,7 @@ impl Streams {
         let mut state = self.pool.lock();
         state.queues.clear();
         state.waiting.clear();
+        state.gated = 0;
         state.stopping = false;
         drop(state);
         self.streams.clear();
@@ -835,6 +911,80 @@ mod tests {
         gate.advance_to(1);
         streams.synchronize(StreamKey::Created(0x100));
         assert!(!streams.busy(StreamKey::Created(0x100)));
+    }
+
+    /// An item waiting on a gate holds no worker, and runs once the gate opens, even though nothing
+    /// signals the change (the workers poll).
+    #[test]
+    fn gated_work_waits_without_a_worker_and_runs_once_the_gate_opens() {
+        let mut streams = Streams::new(1);
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        streams.create(0x100, 1, 0, 1).unwrap();
+        streams.create(0x200, 1, 0, 1).unwrap();
+        let o = open.clone();
+        streams
+            .enqueue_gate(
+                StreamKey::Created(0x100),
+                1,
+                Arc::new(move || o.load(Ordering::Acquire)),
+            )
+            .unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = ran.clone();
+        let after: Job = Box::new(move || {
+            r.fetch_add(1, Ordering::Relaxed);
+        });
+        streams
+            .enqueue(StreamKey::Created(0x100), 1, Vec::new(), Some(after))
+            .unwrap();
+        // The only worker still serves another stream.
+        streams
+            .enqueue(StreamKey::Created(0x200), 1, Vec::new(), None)
+            .unwrap();
+        streams.synchronize(StreamKey::Created(0x200));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(streams.busy(StreamKey::Created(0x100)));
+        assert_eq!(ran.load(Ordering::Relaxed), 0);
+        open.store(true, Ordering::Release);
+        streams.synchronize(StreamKey::Created(0x100));
+        assert_eq!(ran.load(Ordering::Relaxed), 1);
+    }
+
+    /// A stream's priority can change while it has work queued.
+    #[test]
+    fn a_new_priority_applies_to_queued_work() {
+        let mut streams = Streams::new(1);
+        let gate = streams.signal();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        for h in [0x100, 0x200, 0x300] {
+            streams.create(h, 1, 0, 1).unwrap();
+        }
+        let g = gate.clone();
+        streams
+            .enqueue(
+                StreamKey::Created(0x300),
+                1,
+                Vec::new(),
+                Some(Box::new(move || g.wait_for(1))),
+            )
+            .unwrap();
+        for (h, name) in [(0x100, "first queued"), (0x200, "raised")] {
+            let log = log.clone();
+            streams
+                .enqueue(
+                    StreamKey::Created(h),
+                    1,
+                    Vec::new(),
+                    Some(Box::new(move || log.lock().unwrap().push(name))),
+                )
+                .unwrap();
+        }
+        streams.set_priority(StreamKey::Created(0x200), -5).unwrap();
+        assert_eq!(streams.get(0x200).unwrap().priority, -5);
+        std::thread::sleep(Duration::from_millis(20));
+        gate.advance_to(1);
+        streams.synchronize_all();
+        assert_eq!(*log.lock().unwrap(), ["raised", "first queued"]);
     }
 
     /// Higher-priority streams (lower numbers) are served first when both are ready.

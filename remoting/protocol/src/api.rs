@@ -83,6 +83,176 @@ pub struct TensorMap(pub [u64; 16]);
 
 impl Plain for TensorMap {}
 
+/// A `CUstreamAttrValue` (= `CUlaunchAttributeValue`): a 64-byte union whose member the attribute id
+/// names (an access-policy window, a synchronization policy, a priority, a memory sync domain or map).
+/// Travels as its bytes; the window's base pointer is a device address, the same on both sides.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct AttrValue(pub [u64; 8]);
+
+impl Plain for AttrValue {}
+
+/// One `CUstreamBatchMemOpParams`: a 48-byte union, the operation in its first 4 bytes (wait or write a
+/// 32/64-bit value at a device address, a memory barrier, a flush of remote writes).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct MemOpParams(pub [u64; 6]);
+
+impl Plain for MemOpParams {}
+
+/// The count of an array argument that travels one element per message (`cuStreamBatchMemOp`'s
+/// `count`): 1 at the forwarder's C ABI (anything else is `CUDA_ERROR_INVALID_VALUE`), nothing on the
+/// wire, and 1 for the serving driver, which so never reads past the one element a message carries,
+/// whatever a client sends.
+#[derive(Clone, Copy, Debug)]
+pub enum One {}
+
+impl CType for One {
+    type C = u32;
+}
+
+impl Arg for One {
+    type C = u32;
+    type Request = ();
+    type Reply = ();
+    type Slot = ();
+
+    unsafe fn to_request(c: u32) -> Result<(), CUresult> {
+        if c == 1 {
+            Ok(())
+        } else {
+            Err(CUresult::INVALID_VALUE)
+        }
+    }
+    unsafe fn write_reply(_: u32, _: ()) {}
+    fn slot(_: ()) {}
+    fn slot_c(_: &mut ()) -> u32 {
+        1
+    }
+    fn slot_reply(_: ()) {}
+}
+
+/// A stream memory operation, as [`MemOpParams`] or the single-operation calls describe it, checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemOp {
+    /// Wait until the value at `address` compares with `value` as `flags` says.
+    Wait {
+        address: u64,
+        value: u64,
+        wide: bool,
+        flags: u32,
+    },
+    /// Write `value` at `address`.
+    Write {
+        address: u64,
+        value: u64,
+        wide: bool,
+        flags: u32,
+    },
+    /// `CU_STREAM_MEM_OP_BARRIER`: orders memory accesses (`CU_STREAM_MEMORY_BARRIER_TYPE_SYS` or `_GPU`).
+    Barrier { flags: u32 },
+    /// `CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES`.
+    FlushRemoteWrites,
+}
+
+impl MemOp {
+    /// `CUstreamBatchMemOpType` values.
+    pub const WAIT_VALUE_32: u32 = 1;
+    pub const WRITE_VALUE_32: u32 = 2;
+    pub const FLUSH_REMOTE_WRITES: u32 = 3;
+    pub const WAIT_VALUE_64: u32 = 4;
+    pub const WRITE_VALUE_64: u32 = 5;
+    pub const BARRIER: u32 = 6;
+    /// `CU_STREAM_WAIT_VALUE_GEQ` / `_EQ` / `_AND` / `_NOR` (the low bits of a wait's flags).
+    pub const WAIT_GEQ: u32 = 0;
+    pub const WAIT_EQ: u32 = 1;
+    pub const WAIT_AND: u32 = 2;
+    pub const WAIT_NOR: u32 = 3;
+    /// `CU_STREAM_WAIT_VALUE_FLUSH`.
+    pub const WAIT_FLUSH: u32 = 1 << 30;
+    /// `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`.
+    pub const WRITE_NO_MEMORY_BARRIER: u32 = 1;
+
+    /// `cuStreamWaitValue32/64`: the address must be aligned to the value's size, the comparison known.
+    pub fn wait(address: u64, value: u64, wide: bool, flags: u32) -> Result<Self, CUresult> {
+        aligned(address, wide)?;
+        if flags & !Self::WAIT_FLUSH > Self::WAIT_NOR {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(Self::Wait {
+            address,
+            value,
+            wide,
+            flags,
+        })
+    }
+
+    /// `cuStreamWriteValue32/64`.
+    pub fn write(address: u64, value: u64, wide: bool, flags: u32) -> Result<Self, CUresult> {
+        aligned(address, wide)?;
+        if flags & !Self::WRITE_NO_MEMORY_BARRIER != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(Self::Write {
+            address,
+            value,
+            wide,
+            flags,
+        })
+    }
+
+    /// Whether a wait is over when memory holds `current` (GEQ compares cyclically, as CUDA does:
+    /// `(int32_t)(*addr - value) >= 0`).
+    pub fn satisfied_by(&self, current: u64) -> bool {
+        let Self::Wait {
+            value, wide, flags, ..
+        } = *self
+        else {
+            return true;
+        };
+        let mask = if wide { u64::MAX } else { u64::from(u32::MAX) };
+        let (current, value) = (current & mask, value & mask);
+        match flags & !Self::WAIT_FLUSH {
+            Self::WAIT_GEQ if wide => current.wrapping_sub(value) as i64 >= 0,
+            Self::WAIT_GEQ => (current as u32).wrapping_sub(value as u32) as i32 >= 0,
+            Self::WAIT_EQ => current == value,
+            Self::WAIT_AND => current & value != 0,
+            _ => !(current | value) & mask != 0,
+        }
+    }
+}
+
+fn aligned(address: u64, wide: bool) -> Result<(), CUresult> {
+    let align = if wide { 8 } else { 4 };
+    if address == 0 || !address.is_multiple_of(align) {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    Ok(())
+}
+
+impl TryFrom<MemOpParams> for MemOp {
+    type Error = CUresult;
+
+    /// One entry of a `cuStreamBatchMemOp` array. Waits and writes: operation (u32), address (u64 at
+    /// byte 8), value (u32 or u64 at byte 16), flags (u32 at byte 24). Barrier and flush: flags (u32 at
+    /// byte 4).
+    fn try_from(p: MemOpParams) -> Result<Self, CUresult> {
+        let w = p.0;
+        let operation = w[0] as u32;
+        let short_flags = (w[0] >> 32) as u32;
+        let (address, flags) = (w[1], w[3] as u32);
+        match operation {
+            Self::WAIT_VALUE_32 => Self::wait(address, w[2] & u64::from(u32::MAX), false, flags),
+            Self::WAIT_VALUE_64 => Self::wait(address, w[2], true, flags),
+            Self::WRITE_VALUE_32 => Self::write(address, w[2] & u64::from(u32::MAX), false, flags),
+            Self::WRITE_VALUE_64 => Self::write(address, w[2], true, flags),
+            Self::BARRIER if short_flags <= 1 => Ok(Self::Barrier { flags: short_flags }),
+            Self::FLUSH_REMOTE_WRITES if short_flags == 0 => Ok(Self::FlushRemoteWrites),
+            _ => Err(CUresult::INVALID_VALUE),
+        }
+    }
+}
+
 /// Something an out-pointer can point to: a plain value or a handle.
 pub trait Value {
     /// The C type.
@@ -863,5 +1033,88 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), LISTED.len());
+    }
+}
+
+#[cfg(test)]
+mod memop_tests {
+    use super::*;
+
+    fn params(words: [u64; 6]) -> MemOpParams {
+        MemOpParams(words)
+    }
+
+    #[test]
+    fn batch_entries_parse_by_their_operation() {
+        // WRITE_VALUE_32 of 21 at 0x1000, no flags.
+        let write = params([2, 0x1000, 0xdead_0000_0015, 0, 0, 0]);
+        assert_eq!(
+            MemOp::try_from(write),
+            Ok(MemOp::Write {
+                address: 0x1000,
+                value: 21,
+                wide: false,
+                flags: 0
+            })
+        );
+        // WAIT_VALUE_64, EQ.
+        let wait = params([4, 0x2000, 1 << 40, 1, 0, 0]);
+        assert!(matches!(
+            MemOp::try_from(wait),
+            Ok(MemOp::Wait {
+                wide: true,
+                value: 0x100_0000_0000,
+                flags: 1,
+                ..
+            })
+        ));
+        // A GPU-scope barrier carries its flags right after the operation.
+        assert_eq!(
+            MemOp::try_from(params([6 | (1 << 32), 0, 0, 0, 0, 0])),
+            Ok(MemOp::Barrier { flags: 1 })
+        );
+        // Unknown operations, misaligned addresses, unknown flags.
+        for bad in [
+            params([77, 0x1000, 0, 0, 0, 0]),
+            params([8, 0x1000, 0, 0, 0, 0]),
+            params([1, 0x1002, 0, 0, 0, 0]),
+            params([4, 0x1004, 0, 0, 0, 0]),
+            params([2, 0x1000, 0, 2, 0, 0]),
+            params([1, 0x1000, 0, 4, 0, 0]),
+            params([6 | (2 << 32), 0, 0, 0, 0, 0]),
+            params([3 | (1 << 32), 0, 0, 0, 0, 0]),
+        ] {
+            assert_eq!(
+                MemOp::try_from(bad),
+                Err(CUresult::INVALID_VALUE),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn waits_compare_as_cuda_says() {
+        let wait = |value, wide, flags| MemOp::wait(0x1000, value, wide, flags).unwrap();
+        // GEQ is cyclic: 0xfffffff0 is before 5, 6 is after.
+        assert!(!wait(5, false, MemOp::WAIT_GEQ).satisfied_by(0xffff_fff0));
+        assert!(wait(5, false, MemOp::WAIT_GEQ).satisfied_by(6));
+        assert!(wait(5, false, MemOp::WAIT_GEQ).satisfied_by(5));
+        assert!(wait(u64::MAX - 1, true, MemOp::WAIT_GEQ).satisfied_by(1));
+        assert!(!wait(2, true, MemOp::WAIT_GEQ).satisfied_by(1));
+        assert!(wait(7, false, MemOp::WAIT_EQ).satisfied_by(7));
+        assert!(!wait(7, false, MemOp::WAIT_EQ).satisfied_by(8));
+        assert!(wait(0x10, false, MemOp::WAIT_AND).satisfied_by(0x30));
+        assert!(!wait(0x10, false, MemOp::WAIT_AND).satisfied_by(0x20));
+        // NOR: ~(*addr | value) != 0, within the value's width.
+        assert!(!wait(0xffff_fffe, false, MemOp::WAIT_NOR).satisfied_by(1));
+        assert!(wait(0xffff_fffe, false, MemOp::WAIT_NOR).satisfied_by(2));
+        assert!(!wait(u64::MAX - 1, true, MemOp::WAIT_NOR).satisfied_by(1));
+        // The flush flag does not change the comparison.
+        assert!(wait(7, false, MemOp::WAIT_EQ | MemOp::WAIT_FLUSH).satisfied_by(7));
+        assert_eq!(
+            MemOp::wait(0x1000, 0, false, 4),
+            Err(CUresult::INVALID_VALUE)
+        );
+        assert_eq!(MemOp::write(0, 0, false, 0), Err(CUresult::INVALID_VALUE));
     }
 }

@@ -657,7 +657,9 @@ no_embedded_handles!(
     u64,
     [u64; 5],
     [i32; 5],
-    [u32; 5]
+    [u32; 5],
+    crate::api::AttrValue,
+    crate::api::MemOpParams
 );
 
 impl Embedded for CUDA_RESOURCE_DESC {
@@ -795,6 +797,13 @@ handle_kinds! {
     GraphExec, |_, _| {};
     MemPool, |_, _| {};
     MemHandle, |_, _| {};
+}
+
+impl HandleArg for crate::api::One {
+    fn check(_: &Handles, _: &(), _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
 impl HandleArg for PtrValue {

@@ -3,7 +3,9 @@
 //! then replays with one `cuGraphLaunch` message.
 //!
 //! `cuStreamIsCapturing` is asked around every allocation and launch by PyTorch, so the client mirrors
-//! which streams it put in capture mode and answers it locally.
+//! which streams it put in capture mode and answers it locally while no capture is in progress. During
+//! a capture the peer answers: a stream may have joined it (by waiting for an event recorded in it), and
+//! an illegal call may have invalidated it, which only the peer knows.
 
 use std::collections::HashSet;
 use std::ffi::{c_char, c_void};
@@ -15,7 +17,6 @@ use crate::{forward, put, state};
 
 /// `CUstreamCaptureStatus`.
 const CAPTURE_NONE: u32 = 0;
-const CAPTURE_ACTIVE: u32 = 1;
 /// `CU_STREAM_CAPTURE_MODE_GLOBAL`.
 const MODE_GLOBAL: u32 = 0;
 
@@ -26,11 +27,6 @@ fn capturing() -> MutexGuard<'static, Option<HashSet<u64>>> {
     CAPTURING
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Whether `stream` is in capture mode.
-pub fn is_capturing(stream: u64) -> bool {
-    capturing().as_ref().is_some_and(|s| s.contains(&stream))
 }
 
 pub unsafe fn cuStreamBeginCapture(stream: CUstream) -> Result<(), CUresult> {
@@ -60,16 +56,24 @@ pub unsafe fn cuStreamEndCapture(
     ended
 }
 
+/// Whether any stream of this process is in capture mode.
+fn any_capturing() -> bool {
+    capturing().as_ref().is_some_and(|s| !s.is_empty())
+}
+
 pub unsafe fn cuStreamIsCapturing(stream: CUstream, status: *mut u32) -> Result<(), CUresult> {
     state::session()?;
     crate::handles::check(gleam_protocol::registry::Kind::Stream, stream as u64)?;
-    let value = if is_capturing(stream as u64) {
-        CAPTURE_ACTIVE
-    } else {
-        CAPTURE_NONE
-    };
+    if status.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    if any_capturing() {
+        let mut id = 0u64;
+        // SAFETY: forwarded; `status` is the caller's (non-NULL) out-pointer, `id` ours.
+        return unsafe { forward::cuStreamGetCaptureInfo(stream, status, &raw mut id) };
+    }
     // SAFETY: the caller's out-pointer (NULL is refused).
-    unsafe { put(status, value) }
+    unsafe { put(status, CAPTURE_NONE) }
 }
 
 pub unsafe fn cuStreamGetCaptureInfo_v2(
@@ -139,12 +143,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn capture_mode_is_mirrored_per_stream() {
-        assert!(!is_capturing(0x77));
+    fn captures_in_progress_are_mirrored() {
+        assert!(!any_capturing());
         capturing().get_or_insert_with(HashSet::new).insert(0x77);
-        assert!(is_capturing(0x77));
-        assert!(!is_capturing(0x78));
+        assert!(any_capturing());
         capturing().as_mut().unwrap().remove(&0x77);
-        assert!(!is_capturing(0x77));
+        assert!(!any_capturing());
     }
 }

@@ -3,9 +3,9 @@
 //!
 //! Context handles come from the server (`cuDevicePrimaryCtxRetain`, `cuCtxCreate_v2`/`_v3`) and live in
 //! the session's registry ([`crate::handles`]), which knows each one's device, so `cuCtxGetDevice` needs
-//! no round trip. The older exports (`cuCtxCreate`, `cuCtxDestroy`, `cuCtxPushCurrent`, the primary
-//! context calls without `_v2`...) are what binaries built against old headers call: same semantics,
-//! same code. `cuCtxCreate_v4` takes its parameters as a struct of pointers, read here.
+//! no round trip. The older exports (`cuCtxPushCurrent`, the primary context calls without `_v2`...)
+//! are what binaries built against old headers call: same semantics, same code (`cuCtxCreate` and
+//! `cuCtxDestroy` are the list's aliases of their `_v2`). `cuCtxCreate_v4` takes its parameters as a struct of pointers, read here.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -146,11 +146,6 @@ fn created(ctx: u64, dev: i32) {
     let _ = STACK.try_with(|s| s.borrow_mut().push(ctx));
 }
 
-pub unsafe fn cuCtxCreate(pctx: *mut CUcontext, flags: u32, dev: i32) -> Result<(), CUresult> {
-    // SAFETY: the same call under its CUDA 3.x name.
-    unsafe { cuCtxCreate_v2(pctx, flags, dev) }
-}
-
 /// `cuCtxCreate_v3`: with execution affinity parameters. There is one kind of affinity (an SM count),
 /// so at most one parameter means anything; none is `cuCtxCreate_v2`.
 pub unsafe fn cuCtxCreate_v3(
@@ -222,11 +217,6 @@ pub unsafe fn cuCtxDestroy_v2(ctx: CUcontext) -> Result<(), CUresult> {
     let _ = STACK.try_with(|s| s.borrow_mut().retain(|&c| c != ctx));
     attachments().remove(&ctx);
     Ok(())
-}
-
-pub unsafe fn cuCtxDestroy(ctx: CUcontext) -> Result<(), CUresult> {
-    // SAFETY: the same call under its CUDA 3.x name.
-    unsafe { cuCtxDestroy_v2(ctx) }
 }
 
 /// Usage counts of `cuCtxAttach`/`cuCtxDetach` (CUDA 2.x), beyond the creation's own.

@@ -41,13 +41,13 @@ pub mod images;
 pub mod integrity;
 pub mod library;
 pub mod managed;
+pub mod memops;
 pub mod memory;
 pub mod module;
 pub mod occupancy;
 pub mod primary;
 pub mod proc;
 pub mod state;
-pub mod streams;
 pub mod tensor;
 pub mod trace;
 
@@ -63,10 +63,9 @@ pub mod hand {
         cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
     };
     pub use crate::context::{
-        cuCtxAttach, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy,
-        cuCtxDestroy_v2, cuCtxDetach, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
-        cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent, cuCtxPushCurrent_v2,
-        cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
+        cuCtxAttach, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy_v2, cuCtxDetach,
+        cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2, cuCtxPopCurrent, cuCtxPopCurrent_v2,
+        cuCtxPushCurrent, cuCtxPushCurrent_v2, cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
     };
     pub use crate::device::{
         cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetCount,
@@ -86,6 +85,10 @@ pub mod hand {
         cuKernelSetAttribute, cuLibraryEnumerateKernels, cuLibraryGetKernel,
         cuLibraryGetKernelCount, cuLibraryGetModule, cuLibraryLoadData, cuLibraryLoadFromFile,
         cuLibraryUnload,
+    };
+    pub use crate::memops::{
+        cuStreamBatchMemOp_v2, cuStreamWaitValue32_v2, cuStreamWaitValue64_v2,
+        cuStreamWriteValue32_v2, cuStreamWriteValue64_v2,
     };
     pub use crate::memory::{
         cuDeviceSetMemPool, cuMemAddressFree, cuMemAddressReserve, cuMemAlloc_v2, cuMemAllocAsync,
@@ -109,7 +112,6 @@ pub mod hand {
     };
     pub use crate::primary::{cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxSetFlags_v2};
     pub use crate::proc::{cuGetProcAddress, cuGetProcAddress_v2};
-    pub use crate::streams::{cuEventDestroy, cuStreamDestroy};
     pub use crate::tensor::{
         cuTensorMapEncodeIm2col, cuTensorMapEncodeIm2colWide, cuTensorMapEncodeTiled,
     };
