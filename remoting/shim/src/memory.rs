@@ -5,11 +5,19 @@
 //! unified `cuMemcpy` knows its direction. Classification uses only this table, never address ranges: a
 //! client host pointer may equal a live device pointer of the server. Host ("pinned") memory is local
 //! page-aligned memory; nothing is mapped into the device (`CAN_MAP_HOST_MEMORY` is reported as 0).
+//!
+//! A copy checks its device range before it touches a host byte, as NVIDIA's driver does: an oversized
+//! count (up to `SIZE_MAX`) is `CUDA_ERROR_INVALID_VALUE`, never a read past the application's buffer.
+//! The range comes from this table (allocations, and module globals recorded when
+//! `cuModuleGetGlobal`/`cuLibraryGetGlobal` return them), else from the server (`cuMemGetAddressRange`:
+//! device memory this table does not know, such as memory mapped by other calls).
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
+use gleam_protocol::api::ApiReply;
+use gleam_protocol::registry::Owner;
 use gleam_protocol::types::{CUresult, CUstream};
 
 use crate::{context, forward, handles, put, state};
@@ -24,6 +32,19 @@ pub enum Kind {
         /// `CU_MEMHOSTALLOC_*` flags.
         flags: u32,
     },
+    /// A module global (device memory the application did not allocate and cannot free), as
+    /// `cuModuleGetGlobal`/`cuLibraryGetGlobal` returned it; gone with its module or library.
+    Global {
+        /// The module or library handle it belongs to.
+        holder: u64,
+    },
+}
+
+impl Kind {
+    /// Whether the range is device memory (an allocation or a module global).
+    pub fn on_device(self) -> bool {
+        matches!(self, Self::Device | Self::Global { .. })
+    }
 }
 
 /// One allocation.
@@ -51,7 +72,7 @@ fn table() -> MutexGuard<'static, BTreeMap<u64, Region>> {
 pub fn lookup(ptr: u64) -> Option<Region> {
     let table = table();
     let (_, region) = table.range(..=ptr).next_back()?;
-    (ptr < region.base + region.size.max(1)).then_some(*region)
+    (ptr < region.base.saturating_add(region.size.max(1))).then_some(*region)
 }
 
 fn record(base: u64, size: u64, kind: Kind) {
@@ -66,11 +87,18 @@ fn record(base: u64, size: u64, kind: Kind) {
     );
 }
 
-/// Removes the allocation starting exactly at `base` if it is of the wanted kind.
+/// Removes the allocation starting exactly at `base` if it is of the wanted kind (device allocation, or
+/// host allocation).
 fn unrecord(base: u64, device: bool) -> Result<Region, CUresult> {
     let mut table = table();
     match table.get(&base) {
-        Some(r) if (r.kind == Kind::Device) == device => {
+        Some(r)
+            if if device {
+                r.kind == Kind::Device
+            } else {
+                matches!(r.kind, Kind::Host { .. })
+            } =>
+        {
             let region = *r;
             table.remove(&base);
             Ok(region)
@@ -81,7 +109,69 @@ fn unrecord(base: u64, device: bool) -> Result<Region, CUresult> {
 
 /// `ctx` lost everything it held: its device allocations are gone (the server's driver freed them).
 pub fn context_emptied(ctx: u64) {
-    table().retain(|_, r| !(r.ctx == ctx && r.kind == Kind::Device));
+    table().retain(|_, r| !(r.ctx == ctx && r.kind.on_device()));
+}
+
+/// A listed call returned a module global's address: records its range (see the module documentation).
+/// `owner` is what the call was admitted with (it names the module or library).
+pub fn note_global(reply: &ApiReply, owner: &Owner) {
+    let (base, size, holder) = match reply {
+        ApiReply::cuModuleGetGlobal_v2(o) => (o.dptr, o.bytes, owner.module),
+        ApiReply::cuLibraryGetGlobal(o) => (o.dptr, o.bytes, owner.library),
+        _ => return,
+    };
+    let Some(holder) = holder.filter(|_| base != 0) else {
+        return;
+    };
+    // An allocation already recorded at this address is the better description.
+    table().entry(base).or_insert(Region {
+        base,
+        size: size as u64,
+        kind: Kind::Global { holder },
+        ctx: context::current(),
+    });
+}
+
+/// Modules and libraries died: their globals' ranges go with them.
+pub fn holders_died(died: &[(gleam_protocol::registry::Kind, u64)]) {
+    use gleam_protocol::registry::Kind as Handle;
+    let gone: Vec<u64> = died
+        .iter()
+        .filter(|(kind, _)| matches!(kind, Handle::Module | Handle::Library))
+        .map(|&(_, handle)| handle)
+        .collect();
+    if !gone.is_empty() {
+        table().retain(|_, r| !matches!(r.kind, Kind::Global { holder } if gone.contains(&holder)));
+    }
+}
+
+/// Checks that `[ptr, ptr + n)` lies in one range of device memory, before a copy touches any host byte
+/// (`n` = 0 checks nothing, as CUDA's zero-byte copies succeed).
+pub(crate) fn check_device_range(ptr: u64, n: usize) -> Result<(), CUresult> {
+    if n == 0 {
+        return Ok(());
+    }
+    if ptr == 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let end = ptr.checked_add(n as u64).ok_or(CUresult::INVALID_VALUE)?;
+    let (base, size) = match lookup(ptr) {
+        Some(r) if r.kind.on_device() => (r.base, r.size),
+        // Host memory is not mapped into the remote device.
+        Some(_) => return Err(CUresult::INVALID_VALUE),
+        None => {
+            // Device memory this table does not know: the server's driver does.
+            let (mut base, mut size) = (0u64, 0usize);
+            // SAFETY: valid out-pointers to locals.
+            unsafe { forward::cuMemGetAddressRange_v2(&raw mut base, &raw mut size, ptr) }
+                .map_err(|_| CUresult::INVALID_VALUE)?;
+            (base, size as u64)
+        }
+    };
+    if end > base.saturating_add(size) {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    Ok(())
 }
 
 /// Host bytes of a copy source (`n` may be 0, then `src` may be NULL).
@@ -118,11 +208,10 @@ pub unsafe fn htod(
     if let Some(s) = stream {
         handles::check(gleam_protocol::registry::Kind::Stream, s)?;
     }
-    // SAFETY: forwarded.
+    // Before the source is read: a count larger than the destination must not read past the source.
+    check_device_range(dst, n)?;
+    // SAFETY: forwarded; the destination holds `n` bytes, so the caller's `n` is the copy's size.
     let bytes = unsafe { host_slice(src, n)? };
-    if dst == 0 && n > 0 {
-        return Err(CUresult::INVALID_VALUE);
-    }
     session
         .client
         .memcpy_htod(context::current(), dst, bytes, stream)
@@ -142,11 +231,9 @@ pub unsafe fn dtoh(
     if let Some(s) = stream {
         handles::check(gleam_protocol::registry::Kind::Stream, s)?;
     }
-    // SAFETY: forwarded.
+    check_device_range(src, n)?;
+    // SAFETY: forwarded; the source holds `n` bytes, so the caller's `n` is the copy's size.
     let bytes = unsafe { host_slice_mut(dst, n)? };
-    if src == 0 && n > 0 {
-        return Err(CUresult::INVALID_VALUE);
-    }
     session
         .client
         .memcpy_dtoh(context::current(), bytes, src, stream)
@@ -157,7 +244,7 @@ pub unsafe fn dtoh(
 /// `cuMemcpy`/`cuMemcpyAsync`: the direction comes from the allocation table.
 unsafe fn unified(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> Result<(), CUresult> {
     state::session()?;
-    let on_device = |p: u64| lookup(p).is_some_and(|r| r.kind == Kind::Device);
+    let on_device = |p: u64| lookup(p).is_some_and(|r| r.kind.on_device());
     // SAFETY: forwarded; the table says which side each pointer lives on.
     unsafe {
         match (on_device(dst), on_device(src), stream) {
@@ -229,14 +316,14 @@ unsafe fn pointer_attribute(
         (None, 9) => set(&(-2i32).to_le_bytes()),
         (None, _) => {}
         (Some(r), 1) => set(&r.ctx.to_le_bytes()),
-        (Some(r), 2) => set(&(if r.kind == Kind::Device { 2u32 } else { 1 }).to_le_bytes()),
-        (Some(r), 3) if r.kind == Kind::Device => set(&ptr.to_le_bytes()),
-        (Some(r), 4) if r.kind != Kind::Device => set(&ptr.to_le_bytes()),
+        (Some(r), 2) => set(&(if r.kind.on_device() { 2u32 } else { 1 }).to_le_bytes()),
+        (Some(r), 3) if r.kind.on_device() => set(&ptr.to_le_bytes()),
+        (Some(r), 4) if !r.kind.on_device() => set(&ptr.to_le_bytes()),
         (Some(_), 3 | 4) if !lenient => return Err(CUresult::INVALID_VALUE),
         (Some(_), 3 | 4) => {}
         (Some(r), 7 | 20) => set(&r.base.to_le_bytes()),
         (Some(_), 8 | 10 | 15 | 21) => set(&[0]),
-        (Some(r), 6 | 13) => set(&[u8::from(r.kind == Kind::Device)]),
+        (Some(r), 6 | 13) => set(&[u8::from(r.kind.on_device())]),
         (Some(r), 9) => set(&context::device_of(r.ctx).unwrap_or(0).to_le_bytes()),
         (Some(r), 11 | 19) => set(&r.base.to_le_bytes()),
         (Some(r), 12 | 18) => set(&r.size.to_le_bytes()),
@@ -316,7 +403,7 @@ pub unsafe fn cuMemGetAddressRange_v2(
     dptr: u64,
 ) -> Result<(), CUresult> {
     state::session()?;
-    let Some(region) = lookup(dptr).filter(|r| r.kind == Kind::Device) else {
+    let Some(region) = lookup(dptr).filter(|r| r.kind.on_device()) else {
         // Not an allocation of this process's table (a module global, say): the server knows. Either
         // out-pointer may be NULL here, as in CUDA.
         let (mut b, mut n) = (0u64, 0usize);
@@ -385,7 +472,7 @@ pub unsafe fn cuMemHostGetDevicePointer_v2(
     }
     match lookup(p as u64) {
         // Host memory is not mapped into the remote device (CAN_MAP_HOST_MEMORY = 0).
-        Some(r) if r.kind != Kind::Device => Err(CUresult::NOT_SUPPORTED),
+        Some(r) if matches!(r.kind, Kind::Host { .. }) => Err(CUresult::NOT_SUPPORTED),
         _ => Err(CUresult::INVALID_VALUE),
     }
 }

@@ -1,0 +1,1 @@
+//! Target `shim` (being written).
