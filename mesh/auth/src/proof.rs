@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use gleam_ratelimit::RateLimit;
 use quinn::{ConnectionError, VarInt};
 use tracing::{debug, warn};
 
@@ -25,6 +26,10 @@ pub const CLOSE_AUTH_FAILED: VarInt = VarInt::from_u32(0x4741_0001);
 pub const EXPORTER_LABEL: &[u8] = b"gleam/1 mesh auth";
 /// How long either side waits for the other's proof.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Refusals are logged a few a minute (anyone who can reach the port can cause one); the rest are counted
+/// in the next one logged.
+static REFUSALS: RateLimit = RateLimit::new(20, Duration::from_secs(60));
 
 /// Proves membership to the server of `conn` and checks its proof. Returns the server's id.
 pub async fn authenticate_as_client(
@@ -138,7 +143,9 @@ fn finish(
         // Already closed by the peer or the network, or refused by it: nothing to tell.
         _ => return Err(err),
     };
-    warn!(%peer, remote = %conn.remote_address(), error = %err, "refusing peer");
+    if let Some(suppressed) = REFUSALS.admit() {
+        warn!(%peer, remote = %conn.remote_address(), error = %err, suppressed, "refusing peer");
+    }
     conn.close(CLOSE_AUTH_FAILED, reason);
     Err(err)
 }

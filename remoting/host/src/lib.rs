@@ -21,6 +21,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tracing::{debug, info, warn};
 
 use gleam_protocol::frame::{FrameError, Scanner};
+use gleam_ratelimit::RateLimit;
 use gleam_server::worker::ExitReason;
 
 /// Close code: the session ended normally (Goodbye, or the client finished its stream).
@@ -44,6 +45,10 @@ const RELAY_BUFFER: usize = 1 << 20;
 const RELAY_CHUNKS: usize = 256;
 /// Size asked for the session process's pipes.
 const PIPE_SIZE: libc::c_int = 1 << 20;
+
+/// Warnings about one connection (clients decide how often those happen): a few a minute, the rest
+/// counted in the next one logged.
+static CONNECTION_WARNINGS: RateLimit = RateLimit::new(20, Duration::from_secs(60));
 
 /// The program that runs one session (`gleam session --backend X`).
 #[derive(Clone, Debug)]
@@ -88,7 +93,9 @@ pub async fn serve_connection(
             return;
         }
         Err(_) => {
-            warn!(%peer, %remote, "client opened no session stream: closing");
+            if let Some(suppressed) = CONNECTION_WARNINGS.admit() {
+                warn!(%peer, %remote, suppressed, "client opened no session stream: closing");
+            }
             conn.close(CLOSE_NO_STREAM, b"no session stream opened");
             return;
         }
@@ -97,7 +104,10 @@ pub async fn serve_connection(
     let mut child = match spawn(&worker) {
         Ok(child) => child,
         Err(err) => {
-            warn!(%peer, program = %worker.program.display(), error = %err, "cannot start the session process");
+            if let Some(suppressed) = CONNECTION_WARNINGS.admit() {
+                warn!(%peer, program = %worker.program.display(), error = %err, suppressed,
+                    "cannot start the session process");
+            }
             conn.close(
                 CLOSE_WORKER_START,
                 b"server could not start a session process",
@@ -181,8 +191,9 @@ pub async fn serve_connection(
     let duration_ms = started.elapsed().as_millis() as u64;
     if level_ok {
         info!(%peer, %remote, pid, duration_ms, from_client, to_client, %reason, "session ended");
-    } else {
-        warn!(%peer, %remote, pid, duration_ms, from_client, to_client, %reason, "session failed");
+    } else if let Some(suppressed) = CONNECTION_WARNINGS.admit() {
+        warn!(%peer, %remote, pid, duration_ms, from_client, to_client, %reason, suppressed,
+            "session failed");
     }
 }
 
