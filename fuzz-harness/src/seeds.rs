@@ -447,6 +447,18 @@ fn files(dir: &str, ext: &str) -> Vec<Vec<u8>> {
         .map(|p| std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
         .collect()
 }
+/// Seeds of the `shim` target: its input is decoded into operations ([`arbitrary`]), so any bytes are a
+/// sequence of calls; these are pseudo-random ones of a few lengths (the fuzzer finds the structure).
 pub fn shim() -> Vec<Vec<u8>> {
-    Vec::new()
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    [64, 128, 256, 512, 1024, 2048, 4096]
+        .iter()
+        .map(|&len| (0..len).map(|_| next() as u8).collect())
+        .collect()
 }
