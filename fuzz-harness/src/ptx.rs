@@ -3,7 +3,7 @@
 //!
 //! The text is parsed with [`LIMITS`] (small, so that a few kilobytes of input can reach every limit).
 //! For a module that parses, its globals are placed in a [`FlatMemory`] arena with their initial values,
-//! and up to [`MAX_KERNELS`] kernels are launched on a small grid with every pointer-sized parameter
+//! and up to [`MAX_KERNELS`] kernels are launched on one block with every pointer-sized parameter
 //! pointing at a buffer of the arena, under a budget of [`BUDGET`] thread-instructions (and a deadline as a
 //! backstop). Errors of any kind are fine; a panic, a hang or an allocation out of proportion is a bug.
 
@@ -18,7 +18,7 @@ use gleam_ptx::{
 pub const LIMITS: Limits = Limits {
     max_tokens: 1 << 16,
     max_kernels: 64,
-    max_global_bytes: 1 << 20,
+    max_global_bytes: 64 << 10,
     max_kernel_instructions: 1 << 15,
     max_module_instructions: 1 << 17,
 };
@@ -27,7 +27,7 @@ pub const MAX_KERNELS: usize = 4;
 /// Thread-instructions one launch may execute.
 pub const BUDGET: u64 = 1 << 17;
 /// Bytes of the arena the globals and buffers live in.
-const ARENA: usize = 4 << 20;
+const ARENA: usize = 256 << 10;
 /// Bytes of the buffer each pointer parameter points at.
 const BUFFER: usize = 4096;
 /// A launch stops at this deadline if the budget has not stopped it (it should have, long before).
@@ -97,7 +97,9 @@ pub fn run(data: &[u8]) {
         }
         let threads = kernel.max_threads_per_block().clamp(1, 64);
         let cfg = LaunchConfig {
-            grid: [2, 1, 1],
+            // One block: the interpreter runs it on this thread (more would start a thread per core for
+            // every launch, which costs more than the kernel).
+            grid: [1, 1, 1],
             block: [threads, 1, 1],
             dynamic_shared_bytes: 256,
         };

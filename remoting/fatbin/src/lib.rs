@@ -112,6 +112,24 @@ pub enum ImageKind {
     Ptx,
 }
 
+/// The first four bytes of the image at `image`, read one at a time up to a NUL (zeros after it): PTX
+/// text may be shorter than four bytes (`""` is one), and no magic number holds a zero byte, so this reads
+/// nothing an image does not have and classifies the same.
+///
+/// # Safety
+/// `image` is readable up to its first NUL byte or for four bytes, whichever comes first.
+unsafe fn head(image: *const u8) -> [u8; 4] {
+    let mut head = [0u8; 4];
+    for (i, byte) in head.iter_mut().enumerate() {
+        // SAFETY: no NUL among the bytes before this one, so the caller promised this one is readable.
+        *byte = unsafe { image.add(i).read() };
+        if *byte == 0 {
+            break;
+        }
+    }
+    head
+}
+
 /// Classifies an image by its first four bytes.
 pub fn classify(head: &[u8]) -> ImageKind {
     let magic = head
@@ -136,9 +154,9 @@ pub unsafe fn unwrap_fatbin_wrapper(image: *const c_void) -> Result<*const c_voi
     if image.is_null() {
         return Err(ImageError::Null);
     }
-    // SAFETY: any valid image is at least 4 bytes (the shortest, PTX text, is NUL-terminated and longer).
-    let head = unsafe { std::slice::from_raw_parts(image.cast::<u8>(), 4) };
-    if classify(head) != ImageKind::FatbinWrapper {
+    // SAFETY: the image is readable up to its first NUL or for its whole header.
+    let head = unsafe { head(image.cast()) };
+    if classify(&head) != ImageKind::FatbinWrapper {
         return Ok(image);
     }
     // SAFETY: a wrapper is 24 bytes: magic u32, version u32, data u64, filename_or_fatbins u64.
@@ -163,9 +181,9 @@ pub unsafe fn unwrap_fatbin_wrapper(image: *const c_void) -> Result<*const c_voi
 pub unsafe fn image_size(image: *const c_void) -> Result<usize, ImageError> {
     // SAFETY: forwarded contract.
     let image = unsafe { unwrap_fatbin_wrapper(image)? }.cast::<u8>();
-    // SAFETY: every valid image has at least 4 readable bytes.
-    let head = unsafe { std::slice::from_raw_parts(image, 4) };
-    match classify(head) {
+    // SAFETY: the image is readable up to its first NUL or for its whole header.
+    let head = unsafe { head(image) };
+    match classify(&head) {
         ImageKind::Fatbin => {
             // SAFETY: a fatbin header is 16 bytes.
             let header = unsafe { std::slice::from_raw_parts(image, FATBIN_HEADER_BYTES) };
