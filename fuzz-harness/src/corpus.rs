@@ -1,4 +1,6 @@
-//! The checked-in corpora (`fuzz/corpus/<target>/`), for the stable tests that replay them.
+//! The checked-in corpora (`fuzz/corpus/<target>/`, minimised by the fuzzer) and the inputs of bugs the
+//! fuzzers found (`fuzz/regressions/<target>/`, kept whatever minimisation does), for the stable tests that
+//! replay them.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
@@ -10,11 +12,19 @@ pub fn dir(target: &str) -> PathBuf {
         .join(target)
 }
 
-/// Every file of `target`'s corpus, sorted by name.
+/// Where the regression inputs of `target` live.
+pub fn regressions_dir(target: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/regressions")
+        .join(target)
+}
+
+/// Every file of `target`'s corpus and regressions, sorted by name.
 pub fn files(target: &str) -> Vec<PathBuf> {
-    let dir = dir(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("corpus {}: {e}", dir.display()))
+    let mut files: Vec<PathBuf> = [dir(target), regressions_dir(target)]
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|p| p.is_file())
         .collect();

@@ -19,7 +19,10 @@ fn before_guard_page(bytes: &[u8]) -> *const u8 {
         );
         assert_ne!(p, libc::MAP_FAILED);
         let guard = p.cast::<u8>().add(page);
-        assert_eq!(libc::mprotect(guard.cast::<c_void>(), page, libc::PROT_NONE), 0);
+        assert_eq!(
+            libc::mprotect(guard.cast::<c_void>(), page, libc::PROT_NONE),
+            0
+        );
         let start = guard.sub(bytes.len());
         std::ptr::copy_nonoverlapping(bytes.as_ptr(), start, bytes.len());
         start

@@ -468,14 +468,17 @@ impl<'a> Fatbin<'a> {
             if entry_header > MAX_ENTRY_HEADER_BYTES {
                 return Err(ImageError::Implausible(entry_header));
             }
-            let compressed = read_u32(entry, 16).map_or(0, u64::from);
-            let sm_arch = read_u32(entry, 28).unwrap_or(0);
-            let flags = read_u64(entry, 40).unwrap_or(0);
+            // The optional fields are read from the entry's own header only: one shorter than 64 bytes lacks
+            // them (reading on would take the payload or the next entry for them).
+            let header = &entry[..(entry_header as usize).min(entry.len())];
+            let compressed = read_u32(header, 16).map_or(0, u64::from);
+            let sm_arch = read_u32(header, 28).unwrap_or(0);
+            let flags = read_u64(header, 40).unwrap_or(0);
             let version = (
-                read_u16(entry, 26).unwrap_or(0),
-                read_u16(entry, 24).unwrap_or(0),
+                read_u16(header, 26).unwrap_or(0),
+                read_u16(header, 24).unwrap_or(0),
             );
-            let uncompressed_size = read_u64(entry, 56).unwrap_or(0);
+            let uncompressed_size = read_u64(header, 56).unwrap_or(0);
             let compressed_flag = flags & (FLAG_COMPRESSED_LZ4 | FLAG_COMPRESSED_ZSTD) != 0;
             // A compressed payload is `compressed_size` bytes; the stride covers whichever is larger.
             let stored = if compressed_flag && compressed > 0 {
