@@ -160,11 +160,15 @@ pub(crate) fn check_device_range(ptr: u64, n: usize) -> Result<(), CUresult> {
         // Host memory is not mapped into the remote device.
         Some(_) => return Err(CUresult::INVALID_VALUE),
         None => {
-            // Device memory this table does not know: the server's driver does.
+            // Device memory this table does not know: the server's driver does. Any other error is the
+            // session's (a deferred error of an earlier call, reported instead, as by any waiting call).
             let (mut base, mut size) = (0u64, 0usize);
             // SAFETY: valid out-pointers to locals.
             unsafe { forward::cuMemGetAddressRange_v2(&raw mut base, &raw mut size, ptr) }
-                .map_err(|_| CUresult::INVALID_VALUE)?;
+                .map_err(|err| match err {
+                    CUresult::NOT_FOUND | CUresult::INVALID_VALUE => CUresult::INVALID_VALUE,
+                    other => other,
+                })?;
             (base, size as u64)
         }
     };
