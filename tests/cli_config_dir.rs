@@ -132,3 +132,112 @@ fn peers_finds_the_daemon_of_its_config_dir() {
     assert_eq!(rows[0]["cache"]["entries"], 2, "{rows:?}");
     assert_eq!(rows[0]["cache"]["bytes"], 26, "{rows:?}");
 }
+
+/// Issue 10, item 9: `gleam mesh show` only looks; it makes no identity.
+#[test]
+fn mesh_show_creates_nothing() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("empty");
+    let shown = show(gleam_cmd(&[
+        "mesh",
+        "show",
+        "--json",
+        "--config-dir",
+        arg(&dir),
+    ]));
+    assert!(shown["peer_id"].is_null(), "{shown}");
+    assert!(
+        !dir.join("identity.key").exists(),
+        "mesh show made an identity"
+    );
+    let out = ok(gleam_cmd(&["mesh", "show", "--config-dir", arg(&dir)]));
+    assert!(
+        text(&out.stdout).contains("none yet"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Once there is one, it is shown.
+    ok(gleam_cmd(&["mesh", "init", "--config-dir", arg(&dir)]));
+    let shown = show(gleam_cmd(&[
+        "mesh",
+        "show",
+        "--json",
+        "--config-dir",
+        arg(&dir),
+    ]));
+    assert!(shown["peer_id"].is_string(), "{shown}");
+}
+
+/// Issue 10, item 9: without `$HOME` the config directory is the user's home from the user database, never
+/// `.gleam` in whatever directory the command runs in.
+#[test]
+fn no_home_means_the_user_databases_home_not_the_current_directory() {
+    let temp = tempfile::tempdir().unwrap();
+    let mut command = gleam_cmd(&["mesh", "show", "--json"]);
+    command
+        .current_dir(temp.path())
+        .env_remove("HOME")
+        .env_remove("XDG_CONFIG_HOME");
+    let shown = show(command);
+    let dir = shown["config_dir"].as_str().expect("a config dir");
+    assert!(Path::new(dir).is_absolute(), "{dir}");
+    assert!(dir.ends_with(".config/gleam"), "{dir}");
+    assert!(!temp.path().join(".gleam").exists());
+}
+
+/// Issue 10, item 9: a program that does not exist is the shell's 127 (126: not executable), at once and
+/// without asking any daemon.
+#[test]
+fn gleam_run_of_a_missing_program_exits_127_without_a_daemon() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("cfg");
+    let started = std::time::Instant::now();
+    let out = output_within(
+        gleam_cmd(&[
+            "run",
+            "--config-dir",
+            arg(&dir),
+            "--",
+            "gleam-no-such-program",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("command not found"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(
+        !dir.exists(),
+        "nothing was set up for a program that cannot run"
+    );
+    let data = temp.path().join("data.txt");
+    std::fs::write(&data, "not a program").unwrap();
+    let out = output_within(gleam_cmd(&["run", "--", arg(&data)]), LIMIT);
+    assert_eq!(out.status.code(), Some(126), "{}", text(&out.stderr));
+}
+
+/// Issue 10, item 6: logs carry no colour codes when stderr is not a terminal, and an OS error is
+/// printed once.
+#[test]
+fn logs_to_a_file_have_no_colour_and_os_errors_are_said_once() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("cfg");
+    let mut command = gleam_cmd(&["mesh", "init", "--config-dir", arg(&dir)]);
+    command.env("GLEAM_LOG", "info");
+    let out = ok(command);
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("created a new device identity"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "colour codes in {stderr:?}");
+
+    let out = output_within(
+        gleam_cmd(&["peers", "list", "--config-dir", arg(&dir)]),
+        LIMIT,
+    );
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.matches("os error 2").count(), 1, "{stderr}");
+    assert!(stderr.contains("is `gleam peer` running?"), "{stderr}");
+}

@@ -35,6 +35,11 @@ fn c_program_copies_and_checks_errors() {
         "{stdout}"
     );
     assert!(stdout.contains("all ok"), "{stdout}");
+    // cuDeviceGetExecAffinitySupport: forwarded by its one line in driver-api.list, answered by the emu.
+    assert!(
+        stdout.contains("exec affinity (SM count) supported: 0"),
+        "{stdout}"
+    );
     // The stub logged its name.
     assert!(stderr.contains("cuArrayCreate_v2"), "{stderr}");
 }

@@ -101,6 +101,9 @@ fn killed_server_gives_a_cuda_error_within_seconds() {
     assert!(line.starts_with("driver"), "{line}");
     line.clear();
     stdout.read_line(&mut line).unwrap();
+    assert!(line.starts_with("exec affinity"), "{line}");
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
     assert_eq!(line, "ready\n");
 
     // Kill the server (its session process loses its parent and its connection with it).
@@ -114,12 +117,9 @@ fn killed_server_gives_a_cuda_error_within_seconds() {
         let _ = std::io::Read::read_to_string(&mut stdout, &mut rest);
         let _ = tx.send(rest);
     });
-    let rest = match rx.recv_timeout(Duration::from_secs(20)) {
-        Ok(rest) => rest,
-        Err(_) => {
-            let _ = child.kill();
-            panic!("the program hung after the server died");
-        }
+    let Ok(rest) = rx.recv_timeout(Duration::from_secs(20)) else {
+        let _ = child.kill();
+        panic!("the program hung after the server died");
     };
     let elapsed = started.elapsed();
     let status = child.wait().unwrap();

@@ -104,11 +104,10 @@ async fn add_one_on_emu() {
 
 /// On a machine with a GPU, the same through NVIDIA's driver.
 #[tokio::test]
-async fn add_one_on_cuda_when_a_gpu_is_present() {
-    match gleam_real::probe() {
-        Ok(_) => add_one_on("cuda").await,
-        Err(why) => {
-            eprintln!("no GPU here ({why}): the cuda backend is exercised on the GPU machine");
-        }
+#[ignore = "needs a GPU: run on the GPU machine with --ignored"]
+async fn add_one_on_cuda() {
+    if let Err(why) = gleam_real::probe() {
+        panic!("this test needs a GPU and NVIDIA's driver: {why}");
     }
+    add_one_on("cuda").await;
 }

@@ -8,11 +8,12 @@
 //! device memory, and each answer is encoded as a reply frame. At the end the session is finished as when
 //! a connection drops. Any panic, hang or unbounded allocation on the way is a bug.
 //!
-//! Two things a hostile stream could do are known not to be bounded yet (issue 11, item 2: a stream pool
-//! and a kernel watchdog are being built elsewhere), so the harness does not let them through and counts
-//! them as refused: launches of kernels other than the harness's own loop-free module ([`KERNELS_PTX`])
-//! or of more than [`MAX_LAUNCH_THREADS`] threads, and more than [`MAX_STREAMS`] stream creations (each
-//! is a thread today). Everything else reaches the engine as sent.
+//! One thing a hostile stream can do is bounded only in time: a kernel runs until the emu's watchdog
+//! stops it (10 s by default), which would make every such input a hang to the fuzzer. So the harness
+//! lets through only launches of its own loop-free module ([`KERNELS_PTX`]) of at most
+//! [`MAX_LAUNCH_THREADS`] threads (plain, `LaunchKernelEx`, or replayed by a graph), and counts the rest
+//! as refused; the PTX interpreter meets hostile kernels in the `ptx` target. Everything else (streams
+//! included: the emu bounds them and runs them on a small pool) reaches the engine as sent.
 
 use std::collections::HashSet;
 use std::io::Cursor;
@@ -27,8 +28,6 @@ use gleam_server::session::{Answer, Session};
 pub const EMU_MEMORY: u64 = 16 << 20;
 /// Most threads one admitted launch may run.
 pub const MAX_LAUNCH_THREADS: u64 = 4096;
-/// Most streams one session may create.
-pub const MAX_STREAMS: usize = 8;
 /// The module whose kernels may be launched (no loops: every launch is short).
 pub const KERNELS_PTX: &str = include_str!("kernels.ptx");
 
@@ -38,9 +37,7 @@ pub fn run(data: &[u8]) {
         return;
     };
     let frames = agreed_frames(stream, usize::from(chunk));
-    let mut session = Session::new(EmuBackend::new(EmuConfig {
-        memory_bytes: EMU_MEMORY,
-    }));
+    let mut session = Session::new(EmuBackend::new(EmuConfig::with_memory(EMU_MEMORY)));
     let mut guard = Guard::default();
     let mut head = Vec::new();
     for frame in &frames {
@@ -161,24 +158,21 @@ struct Guard {
     safe_images: HashSet<u64>,
     /// Functions and kernels of those.
     launchable: HashSet<u64>,
-    streams: usize,
+    /// Content hashes of [`KERNELS_PTX`] images the session accepted (`Call::LoadImage`).
+    safe_hashes: HashSet<[u8; 32]>,
     refused: u64,
 }
 
 impl Guard {
     fn admit(&mut self, request: &Request) -> bool {
         let ok = match &request.call {
-            Call::LaunchKernel(launch) => {
+            Call::LaunchKernel(launch) | Call::LaunchKernelEx { launch, .. } => {
                 let threads = launch
                     .grid
                     .iter()
                     .chain(&launch.block)
                     .fold(1u64, |n, &d| n.saturating_mul(u64::from(d)));
                 self.launchable.contains(&launch.function) && threads <= MAX_LAUNCH_THREADS
-            }
-            Call::Api(ApiCall::cuStreamCreate(_) | ApiCall::cuStreamCreateWithPriority(_)) => {
-                self.streams += 1;
-                self.streams <= MAX_STREAMS
             }
             _ => true,
         };
@@ -192,6 +186,25 @@ impl Guard {
     fn observe(&mut self, call: &Call, bulk: &[u8], answer: &Answer) {
         let safe_image = image_is_kernels(bulk);
         match (call, &answer.frame.reply) {
+            (
+                Call::LoadImage { image, .. },
+                Reply::Module { handle } | Reply::Library { handle },
+            ) => {
+                // The server checked the bytes against the hash; without bytes it used what it kept.
+                let safe = if bulk.is_empty() {
+                    self.safe_hashes.contains(&image.hash)
+                } else {
+                    if safe_image {
+                        self.safe_hashes.insert(image.hash);
+                    }
+                    safe_image
+                };
+                if safe {
+                    self.safe_images.insert(*handle);
+                } else {
+                    self.safe_images.remove(handle);
+                }
+            }
             (Call::ModuleLoad, Reply::Module { handle })
             | (Call::LibraryLoad, Reply::Library { handle }) => {
                 if safe_image {

@@ -49,9 +49,7 @@ struct Recorder {
 impl Recorder {
     fn new() -> Self {
         Self {
-            session: Session::new(EmuBackend::new(EmuConfig {
-                memory_bytes: EMU_MEMORY,
-            })),
+            session: Session::new(EmuBackend::new(EmuConfig::with_memory(EMU_MEMORY))),
             stream: vec![0],
             seq: 0,
             ctx: 0,
@@ -253,8 +251,8 @@ fn launch_session() -> Vec<u8> {
     });
     s.call(Call::Api(ApiCall::cuModuleGetGlobal_v2(
         args::cuModuleGetGlobal_v2 {
-            dptr: (),
-            bytes: (),
+            dptr: true,
+            bytes: true,
             module,
             name: "counter".into(),
         },
@@ -371,8 +369,8 @@ fn library_session() -> Vec<u8> {
     s.bare(launch(kernel, 4, 64, 1u32.to_le_bytes().to_vec()));
     s.call(Call::Api(ApiCall::cuLibraryGetGlobal(
         args::cuLibraryGetGlobal {
-            dptr: (),
-            bytes: (),
+            dptr: true,
+            bytes: true,
             library,
             name: "table".into(),
         },

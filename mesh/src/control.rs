@@ -82,8 +82,13 @@ pub struct PeerRow {
     pub loss: f32,
     /// Its cache summary.
     pub cache: CacheDigest,
-    /// Addresses it can be reached at.
+    /// Addresses it can be reached at from this device, best first (link-local ones with this
+    /// device's interface).
     pub addrs: Vec<SocketAddr>,
+    /// Problems the daemon wants its user to see (only on this device's own row; e.g. another device
+    /// using this device's identity).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Where to run a job.
@@ -91,23 +96,70 @@ pub struct PeerRow {
 pub struct BestPeer {
     /// The chosen peer (pin it with [`gleam_auth::tls::client_config`]).
     pub id: PeerId,
-    /// Its addresses, the one this daemon is connected through first.
+    /// Its addresses, best first: the one this daemon is connected through, then every other (link-local
+    /// ones with this device's interface). Try them all.
     pub addrs: Vec<SocketAddr>,
-    /// Expected completion time of the job there, seconds.
+    /// Expected completion time of the job there, seconds (a ranking figure, not a prediction).
     pub expected_secs: f64,
+    /// The host name it reports.
+    #[serde(default)]
+    pub host: String,
+    /// Smoothed RTT from this device, microseconds (`None` for this device itself).
+    #[serde(default)]
+    pub rtt_us: Option<u32>,
+    /// Bandwidth from this device, bits per second (`None` until measured, or for this device).
+    #[serde(default)]
+    pub bandwidth_bps: Option<u64>,
+    /// Whether its GPU is Gleam's emulated one (kernels interpreted on the CPU).
+    #[serde(default)]
+    pub emulated: bool,
+    /// Whether it is this device.
+    #[serde(default)]
+    pub is_self: bool,
 }
 
 /// The control socket: `$GLEAM_CONFIG_DIR/daemon.sock` when that variable is set, else
 /// `$XDG_RUNTIME_DIR/gleam/daemon.sock`, else `daemon.sock` in the default config directory.
-pub fn default_socket_path() -> PathBuf {
+pub fn default_socket_path() -> Result<PathBuf, gleam_auth::identity::ConfigDirError> {
     let non_empty = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
     if let Some(dir) = non_empty("GLEAM_CONFIG_DIR") {
-        return PathBuf::from(dir).join(SOCKET_NAME);
+        return Ok(PathBuf::from(dir).join(SOCKET_NAME));
     }
     if let Some(dir) = non_empty("XDG_RUNTIME_DIR") {
-        return PathBuf::from(dir).join("gleam").join(SOCKET_NAME);
+        return Ok(PathBuf::from(dir).join("gleam").join(SOCKET_NAME));
     }
-    gleam_auth::identity::default_config_dir().join(SOCKET_NAME)
+    Ok(gleam_auth::identity::default_config_dir()?.join(SOCKET_NAME))
+}
+
+/// Where the system service (`contrib/gleam-peer.service`) listens; users in group `gleam` may talk
+/// to it.
+pub const SYSTEM_SOCKET: &str = "/run/gleam/daemon.sock";
+
+/// `preferred` when a daemon could be there (the socket exists), else the system service's socket when
+/// that exists, else `preferred` (so the error names the place the user expects).
+pub fn socket_or_system(preferred: PathBuf) -> PathBuf {
+    let system = Path::new(SYSTEM_SOCKET);
+    // A socket we may not even look at is still the one to name: the error then says why.
+    let system_there = match std::fs::metadata(system) {
+        Ok(_) => true,
+        Err(err) => err.kind() == std::io::ErrorKind::PermissionDenied,
+    };
+    match preferred.exists() || !system_there {
+        true => preferred,
+        false => system.to_owned(),
+    }
+}
+
+/// What to do about a failed connection to the daemon's socket.
+fn connect_hint(path: &Path, err: &std::io::Error) -> &'static str {
+    match err.kind() {
+        std::io::ErrorKind::PermissionDenied if path.starts_with("/run/gleam") => {
+            "; the system service's socket is for group `gleam`: `sudo usermod -aG gleam $USER`, then log \
+             in again"
+        }
+        std::io::ErrorKind::PermissionDenied => "",
+        _ => " (is `gleam peer` running?)",
+    }
 }
 
 /// Sends one request to the daemon listening on `socket` and waits for its answer.
@@ -160,7 +212,7 @@ pub enum ControlError {
     #[error("the daemon closed the connection without answering")]
     Closed,
     /// No daemon listens on the socket.
-    #[error("cannot reach the Gleam daemon at {path}: {source} (is `gleam peer` running?)")]
+    #[error("cannot reach the Gleam daemon at {}{}", path.display(), connect_hint(path, source))]
     Connect {
         path: PathBuf,
         source: std::io::Error,
@@ -169,10 +221,10 @@ pub enum ControlError {
     #[error("daemon: {0}")]
     Daemon(String),
     /// Reading or writing the socket failed (or timed out).
-    #[error("control socket: {0}")]
+    #[error("talking to the Gleam daemon over its control socket failed")]
     Io(#[source] std::io::Error),
     /// A message was not valid JSON of the expected shape.
-    #[error("control message: {0}")]
+    #[error("the Gleam daemon's answer is not what this gleam expects (same version on both?)")]
     Json(#[source] serde_json::Error),
     /// The daemon answered a different question.
     #[error("unexpected answer from the daemon")]
@@ -213,10 +265,13 @@ mod tests {
     }
 
     #[test]
-    fn no_daemon_is_a_clear_error() {
+    fn no_daemon_is_a_clear_error_that_says_the_os_error_once() {
         let dir = tempfile::tempdir().unwrap();
         let err = list_peers(&dir.path().join("daemon.sock")).unwrap_err();
         assert!(matches!(err, ControlError::Connect { .. }), "{err}");
         assert!(err.to_string().contains("gleam peer"));
+        // The cause is the source, not also part of the message: `{err:#}`-style chains say it once.
+        let chain = gleam_auth::Chain(&err).to_string();
+        assert_eq!(chain.matches("os error 2").count(), 1, "{chain}");
     }
 }

@@ -4,19 +4,25 @@
 //! Ownership and data flow:
 //!
 //! * [`Daemon::run`] owns everything mutable in one actor loop (`Actor`): the [`Gossip`]
-//!   instance, the [`MeshView`], the mesh connections, known addresses and our own state.
+//!   instance, the [`MeshView`], the mesh links, the [`AddrBook`] and our own state.
 //! * Spawned tasks never touch that state; they send `Event`s to the loop:
 //!   - the accept loop: every incoming connection is handshaken and authenticated
 //!     ([`gleam_auth::proof`]); `gleam-mesh/1` ones become mesh links, `gleam-cuda/1` ones go to the
 //!     [`SessionHandler`];
-//!   - dial tasks (towards peers found by mDNS or given as seeds);
-//!   - per-link readers: QUIC datagrams and uni streams carry foca packets, bidi streams carry
-//!     bandwidth probes;
+//!   - dial tasks (towards peers found by mDNS, seeds or gossip), which try every address of a peer
+//!     ([`gleam_auth::dial`]);
+//!   - per-link readers: QUIC datagrams and uni streams carry foca packets and link messages
+//!     ([`LinkMessage`]), bidi streams carry bandwidth probes and liveness echoes;
 //!   - foca timers, probe results, mDNS events and control requests.
+//!
+//! Links: the first link from a peer is used at once. A second link from a linked peer waits for its
+//! hello, which names the daemon run behind it: the same run (a reconnection or a dial race), a
+//! restart (the old link no longer answers), or a second device with the same identity, which the
+//! [`duplicate`](crate::duplicate) rules settle.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,19 +33,26 @@ use foca::Timer;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
+use crate::addrs::{AddrBook, DialOutcome, RefusalLog};
 use crate::control::{BestPeer, MAX_LINE, PeerRow, Request, Response};
 use crate::discovery::{Advertisement, Discovery, DiscoveryError, DiscoveryEvent};
+use crate::duplicate::{self, CLOSE_DUPLICATE_ID, LinkMessage, Run, TAG_LINK, Verdict};
 use crate::gossip::{Gossip, Member, Output};
-use crate::probe::{self, LossMeter, PROBE_BYTES, STREAM_PROBE};
+use crate::probe::{self, LossMeter, ProbeReport, Prober, STREAM_PROBE};
 use crate::select::{self, Candidate};
 use crate::state::{
     CacheDigest, GpuSummary, LinkQuality, LinkReport, Load, MeshView, PROTOCOL_VERSION, PeerState,
 };
+use gleam_auth::Chain;
+use gleam_auth::dial::{self, Pace};
 use gleam_auth::identity::{Identity, MeshSecret, PeerId};
 use gleam_auth::proof::{AuthError, authenticate_as_client, authenticate_as_server};
+use gleam_auth::target::{PeerAddr, display_addr};
 use gleam_auth::tls::{self, ALPN_CUDA, ALPN_MESH};
+
+pub use gleam_auth::target::DEFAULT_PORT;
 
 /// Serves one authenticated CUDA session (`gleam-cuda/1` connection) from `PeerId`. Called on the
 /// daemon's runtime; it must return quickly (spawn the work).
@@ -80,15 +93,19 @@ pub struct DaemonConfig {
     pub listen: SocketAddr,
     /// The Unix control socket.
     pub control_socket: PathBuf,
+    /// Its permission bits (0600 by default: only this user; the system service uses 0660 so the
+    /// `gleam` group may ask it too).
+    pub control_socket_mode: u32,
     /// Advertise and browse with mDNS.
     pub mdns: bool,
-    /// Restrict mDNS to these interfaces (empty: all).
+    /// Restrict mDNS (and the addresses this device advertises) to these interfaces (empty: all).
     pub interfaces: Vec<String>,
     /// Peers to connect to without discovery.
-    pub seeds: Vec<(PeerId, SocketAddr)>,
+    pub seeds: Vec<PeerAddr>,
     /// Host name shown to others.
     pub host: String,
-    /// How often each link's bandwidth is probed.
+    /// How often each link's bandwidth is probed at most (slow links less often: probes never take
+    /// more than [`probe::SHARE_PERCENT`] % of a link).
     pub probe_interval: Duration,
 }
 
@@ -98,11 +115,12 @@ impl DaemonConfig {
         Self {
             listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, DEFAULT_PORT)),
             control_socket,
+            control_socket_mode: 0o600,
             mdns: true,
             interfaces: Vec::new(),
             seeds: Vec::new(),
             host: host_name(),
-            probe_interval: Duration::from_secs(10),
+            probe_interval: Duration::from_secs(1),
         }
     }
 }
@@ -116,6 +134,16 @@ pub struct Daemon {
     handler: SessionHandler,
     endpoint: quinn::Endpoint,
     control: UnixListener,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The handler and the device are closures and trait objects: not shown.
+        f.debug_struct("Daemon")
+            .field("peer_id", &self.identity.peer_id())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Daemon {
@@ -143,7 +171,7 @@ impl Daemon {
                 });
             }
         };
-        let control = bind_control(&config.control_socket)?;
+        let control = bind_control(&config.control_socket, config.control_socket_mode)?;
         Ok(Self {
             config,
             identity: Arc::new(identity),
@@ -168,13 +196,14 @@ impl Daemon {
     /// Runs until `shutdown` completes, then leaves the mesh gracefully.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
         let me = self.identity.peer_id();
-        let port = self.local_addr()?.port();
+        let local = self.local_addr()?;
         let boot = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(1);
         let (events, inbox) = mpsc::unbounded_channel();
         let sessions = Arc::new(Sessions::default());
+        let refusals = Arc::new(RefusalLog::default());
 
         let gpus = self.device.gpus();
         let discovery = match self.config.mdns {
@@ -182,7 +211,7 @@ impl Daemon {
                 let (tx, mut rx) = mpsc::unbounded_channel();
                 let ad = Advertisement {
                     id: me,
-                    port,
+                    port: local.port(),
                     gpus: gpus.clone(),
                 };
                 let discovery = Discovery::start(&ad, &self.config.interfaces, tx)?;
@@ -205,10 +234,11 @@ impl Daemon {
             events.clone(),
             self.handler.clone(),
             sessions.clone(),
+            refusals.clone(),
         ));
         tokio::spawn(control_loop(self.control, events.clone()));
 
-        let mut own = PeerState {
+        let own = PeerState {
             id: me,
             boot,
             version: 0,
@@ -220,36 +250,42 @@ impl Daemon {
             cache: CacheDigest::default(),
             links: Vec::new(),
         };
-        if !self.config.listen.ip().is_unspecified() {
-            own.addrs
-                .push(SocketAddr::new(self.config.listen.ip(), port));
-        }
         let mut actor = Actor {
             me,
+            run: Run::new(boot),
             identity: self.identity,
             secret: self.secret,
             endpoint: self.endpoint,
+            local,
+            interfaces: self.config.interfaces.clone(),
             gossip: Gossip::new(
                 Member { id: me, boot },
                 boot ^ u64::from_le_bytes(seed_bytes(me)),
             ),
             view: MeshView::default(),
             links: HashMap::new(),
-            known: HashMap::new(),
+            pending: HashMap::new(),
+            book: AddrBook::default(),
             dialing: HashSet::new(),
             events,
             device: self.device,
             sessions,
+            refusals,
             own,
+            local_ips: Vec::new(),
             probe_interval: self.config.probe_interval,
             last_publish: None,
+            last_addr_check: None,
+            warnings: Vec::new(),
+            traffic: HashMap::new(),
         };
-        for (id, addr) in &self.config.seeds {
-            actor.learn_addrs(*id, vec![*addr]);
+        for seed in &self.config.seeds {
+            actor.book.learn_seed(seed.id, seed.addrs.clone());
         }
-        // Real load and cache figures from the first answer on, not the placeholders above.
+        // Real load, cache and address figures from the first answer on, not placeholders.
+        actor.refresh_addrs(Instant::now());
         actor.refresh_own_state();
-        info!(peer = %me, %port, "gleam peer running");
+        info!(peer = %me, port = local.port(), "gleam peer running");
         actor.run(inbox, shutdown).await;
         if let Some(discovery) = discovery {
             // mdns-sd blocks briefly while sending goodbyes.
@@ -265,16 +301,18 @@ impl Daemon {
 #[non_exhaustive]
 pub enum DaemonError {
     /// The QUIC port is taken or not allowed.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error(
+        "cannot listen on {addr} (another `gleam peer` or program on that UDP port? --listen picks another)"
+    )]
     Bind {
         addr: SocketAddr,
         source: std::io::Error,
     },
     /// Another daemon answers on the control socket.
-    #[error("a Gleam daemon is already running (control socket {0})")]
+    #[error("a Gleam daemon is already running (control socket {})", .0.display())]
     AlreadyRunning(PathBuf),
     /// The control socket could not be created.
-    #[error("control socket {path}: {source}")]
+    #[error("cannot create the control socket {}", path.display())]
     Control {
         path: PathBuf,
         source: std::io::Error,
@@ -283,8 +321,8 @@ pub enum DaemonError {
     #[error(transparent)]
     Discovery(#[from] DiscoveryError),
     /// Other I/O.
-    #[error(transparent)]
-    Io(std::io::Error),
+    #[error("I/O error")]
+    Io(#[source] std::io::Error),
     /// The TLS configuration could not be built.
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
@@ -292,16 +330,27 @@ pub enum DaemonError {
 
 /// Messages to the actor loop.
 enum Event {
+    Checked {
+        pending: usize,
+        answers: bool,
+    },
     Closed {
         peer: PeerId,
         stable_id: usize,
+        /// The other side closed it as a duplicate identity, with this reason.
+        duplicate: Option<String>,
     },
     Control(Request, oneshot::Sender<Response>),
     DialDone {
         peer: PeerId,
-        refused: bool,
+        outcome: DialOutcome,
     },
     Discovery(DiscoveryEvent),
+    LinkMessage {
+        peer: PeerId,
+        stable_id: usize,
+        message: LinkMessage,
+    },
     MeshLink {
         peer: PeerId,
         conn: quinn::Connection,
@@ -309,25 +358,37 @@ enum Event {
     },
     Packet {
         peer: PeerId,
+        stable_id: usize,
         data: Bytes,
     },
     Probed {
         peer: PeerId,
         stable_id: usize,
-        bps: Option<u64>,
+        report: Option<ProbeReport>,
+        cost: Duration,
     },
     Timer(Timer<Member>),
 }
 
-/// Counts CUDA sessions and their mean duration.
+/// Counts CUDA sessions and their mean duration, and keeps their connections so the traffic they
+/// carry can be read.
 #[derive(Debug, Default)]
 struct Sessions {
     active: AtomicU32,
     done: AtomicU64,
     mean_secs: Mutex<f32>,
+    conns: Mutex<Vec<(PeerId, quinn::Connection)>>,
 }
 
 impl Sessions {
+    fn started(&self, peer: PeerId, conn: &quinn::Connection) {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        self.conns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((peer, conn.clone()));
+    }
+
     fn finished(&self, duration: Duration) {
         self.active.fetch_sub(1, Ordering::Relaxed);
         let n = self.done.fetch_add(1, Ordering::Relaxed) + 1;
@@ -339,41 +400,64 @@ impl Sessions {
         let weight = 1.0 / (n.min(20) as f32);
         *mean += (duration.as_secs_f32() - *mean) * weight;
     }
+
+    /// The open session connections (closed ones are dropped).
+    fn open(&self) -> Vec<(PeerId, quinn::Connection)> {
+        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        conns.retain(|(_, conn)| conn.close_reason().is_none());
+        conns.clone()
+    }
 }
 
 struct Link {
     conn: quinn::Connection,
     dialer: PeerId,
+    run: Option<Run>,
     meter: LossMeter,
     quality: LinkQuality,
-    probing: bool,
-    last_probe: Option<Instant>,
+    prober: Prober,
     connected: Instant,
+    last_announce: Option<Instant>,
 }
 
-#[derive(Default)]
-struct Known {
-    addrs: Vec<SocketAddr>,
-    next_dial: Option<Instant>,
-    failures: u32,
+/// A second link from a linked peer, held until its hello (and maybe a liveness check of the first)
+/// says what it is.
+struct Pending {
+    peer: PeerId,
+    conn: quinn::Connection,
+    dialer: PeerId,
+    run: Option<Run>,
+    since: Instant,
+    checking: bool,
 }
 
 struct Actor {
     me: PeerId,
+    run: Run,
     identity: Arc<Identity>,
     secret: Arc<MeshSecret>,
     endpoint: quinn::Endpoint,
+    local: SocketAddr,
+    interfaces: Vec<String>,
     gossip: Gossip,
     view: MeshView,
     links: HashMap<PeerId, Link>,
-    known: HashMap<PeerId, Known>,
+    pending: HashMap<usize, Pending>,
+    book: AddrBook,
     dialing: HashSet<PeerId>,
     events: mpsc::UnboundedSender<Event>,
     device: Arc<dyn DeviceInfo>,
     sessions: Arc<Sessions>,
+    refusals: Arc<RefusalLog>,
     own: PeerState,
+    local_ips: Vec<IpAddr>,
     probe_interval: Duration,
     last_publish: Option<Instant>,
+    last_addr_check: Option<Instant>,
+    /// Problems shown on this device's row of `gleam peers list`, with when they last happened.
+    warnings: Vec<(String, Instant)>,
+    /// Bytes seen on each served session connection at the last tick (by stable id).
+    traffic: HashMap<usize, (Instant, u64)>,
 }
 
 impl Actor {
@@ -396,7 +480,7 @@ impl Actor {
         }
         info!("leaving the mesh");
         if let Err(err) = self.gossip.leave() {
-            debug!(%err, "leave");
+            debug!(error = %Chain(&err), "leave");
         }
         self.drain_gossip();
         // Give the leave packets a moment to go out before closing.
@@ -409,8 +493,15 @@ impl Actor {
     }
 
     fn handle(&mut self, event: Event) {
+        let now = Instant::now();
         match event {
-            Event::Closed { peer, stable_id } => {
+            Event::Checked { pending, answers } => self.settle(pending, answers),
+            Event::Closed {
+                peer,
+                stable_id,
+                duplicate,
+            } => {
+                self.pending.remove(&stable_id);
                 if self
                     .links
                     .get(&peer)
@@ -418,23 +509,36 @@ impl Actor {
                 {
                     debug!(%peer, "mesh link closed");
                     self.links.remove(&peer);
+                    self.book.link_lost(&peer, now);
+                }
+                if let Some(reason) = duplicate {
+                    self.book.dialled(peer, DialOutcome::Duplicate, now);
+                    let text = format!(
+                        "peer {peer} refused this device: another device already uses this device's \
+                         identity ({}) in the mesh ({reason}). This config directory was probably \
+                         copied from that device: remove identity.key from it and restart `gleam peer` \
+                         to get a new identity",
+                        self.me
+                    );
+                    if self.refusals.should_warn(peer, now) {
+                        error!("{text}");
+                    } else {
+                        debug!("{text}");
+                    }
+                    self.warn_user(
+                        "another device uses this device's identity in the mesh; this one \
+                                    was refused (remove identity.key here and restart gleam peer)",
+                    );
                 }
             }
             Event::Control(request, reply) => {
                 let _ = reply.send(self.answer(request));
             }
-            Event::DialDone { peer, refused } => {
+            Event::DialDone { peer, outcome } => {
                 self.dialing.remove(&peer);
-                if !self.links.contains_key(&peer)
-                    && let Some(known) = self.known.get_mut(&peer)
+                if !matches!(outcome, DialOutcome::Connected(_)) && !self.links.contains_key(&peer)
                 {
-                    known.failures += 1;
-                    // A peer of another mesh will refuse us again: retry rarely (it may join).
-                    let backoff = match refused {
-                        true => REFUSED_BACKOFF,
-                        false => DIAL_BACKOFF * 2u32.pow(known.failures.min(3)),
-                    };
-                    known.next_dial = Some(Instant::now() + backoff);
+                    self.book.dialled(peer, outcome, now);
                 }
             }
             Event::Discovery(DiscoveryEvent::Found {
@@ -443,50 +547,52 @@ impl Actor {
                 protocol,
             }) => {
                 if id == self.me {
-                    // Our own advertisement tells us our addresses as others see them (loopback
-                    // is of no use to them).
-                    let addrs: Vec<SocketAddr> = addrs
-                        .into_iter()
-                        .filter(|addr| !addr.ip().is_loopback())
-                        .collect();
-                    if self.own.addrs != addrs {
-                        self.own.addrs = addrs;
-                        self.own.version += 1;
-                    }
+                    self.own_id_advertised(&addrs, now);
                 } else if protocol != PROTOCOL_VERSION {
                     debug!(peer = %id, protocol, "ignoring a peer with another protocol version");
-                } else {
-                    self.learn_addrs(id, addrs);
+                } else if self.book.learn_mdns(id, addrs, now) {
+                    self.dial_if_due(id, now);
                 }
             }
             Event::Discovery(DiscoveryEvent::Lost { id }) => {
                 debug!(peer = %id, "mDNS: peer withdrew");
-                self.known.remove(&id);
+                self.book.forget_mdns(&id);
             }
+            Event::LinkMessage {
+                peer,
+                stable_id,
+                message,
+            } => self.link_message(peer, stable_id, message),
             Event::MeshLink { peer, conn, dialer } => self.add_link(peer, conn, dialer),
-            Event::Packet { peer, data } => {
-                if let Err(err) = self.gossip.handle_data_from(peer, &data) {
-                    debug!(%err, "dropping a gossip packet");
+            Event::Packet {
+                peer,
+                stable_id,
+                data,
+            } => {
+                // Only the link in use speaks for a peer (a pending one may be an impostor).
+                let current = self
+                    .links
+                    .get(&peer)
+                    .is_some_and(|link| link.conn.stable_id() == stable_id);
+                if current && let Err(err) = self.gossip.handle_data_from(peer, &data) {
+                    debug!(error = %Chain(&err), "dropping a gossip packet");
                 }
             }
             Event::Probed {
                 peer,
                 stable_id,
-                bps,
+                report,
+                cost,
             } => {
                 if let Some(link) = self.links.get_mut(&peer)
                     && link.conn.stable_id() == stable_id
                 {
-                    link.probing = false;
-                    link.last_probe = Some(Instant::now());
-                    if let Some(bps) = bps {
-                        link.quality.bandwidth_bps = bps;
-                    }
+                    link.prober.on_probe_done(now, report, cost);
                 }
             }
             Event::Timer(timer) => {
                 if let Err(err) = self.gossip.handle_timer(timer) {
-                    debug!(%err, "gossip timer");
+                    debug!(error = %Chain(&err), "gossip timer");
                 }
             }
         }
@@ -494,6 +600,13 @@ impl Actor {
 
     fn tick(&mut self) {
         let now = Instant::now();
+        if self
+            .last_addr_check
+            .is_none_or(|at| now.duration_since(at) >= ADDR_CHECK_EVERY)
+        {
+            self.refresh_addrs(now);
+        }
+        self.sample_sessions(now);
         self.refresh_own_state();
         let due = self
             .last_publish
@@ -501,27 +614,118 @@ impl Actor {
         if due {
             self.last_publish = Some(now);
             if let Err(err) = self.gossip.publish(&self.own) {
-                warn!(%err, "cannot publish our state");
+                warn!(error = %Chain(&err), "cannot publish our state");
             }
         }
         for peer in self.view.expire(now) {
             debug!(%peer, "peer state went stale");
         }
-        // (Re)dial peers we know an address of but have no link to.
-        let to_dial: Vec<PeerId> = self
-            .known
+        for peer in self.book.expire(now) {
+            debug!(%peer, "forgot a peer nothing names any more");
+        }
+        // A peer we are linked to but that is not a member (declared down while its link stayed
+        // up, or its announce was lost): ask it in again.
+        for (peer, link) in &mut self.links {
+            if link
+                .last_announce
+                .is_none_or(|at| now.duration_since(at) >= REANNOUNCE_EVERY)
+            {
+                link.last_announce = Some(now);
+                match self.gossip.announce_if_absent(*peer) {
+                    Ok(true) => debug!(%peer, "linked but not a member: announcing"),
+                    Ok(false) => {}
+                    Err(err) => debug!(error = %Chain(&err), "announce"),
+                }
+            }
+        }
+        // Pending links whose hello never came: judge them as an earlier Gleam's.
+        let silent: Vec<usize> = self
+            .pending
             .iter()
-            .filter(|(id, known)| {
-                !self.links.contains_key(id)
-                    && !self.dialing.contains(id)
-                    && known.next_dial.is_none_or(|at| now >= at)
+            .filter(|(_, pending)| {
+                !pending.checking && now.duration_since(pending.since) >= HELLO_TIMEOUT
             })
             .map(|(id, _)| *id)
             .collect();
-        for peer in to_dial {
-            self.dial(peer);
+        for id in silent {
+            self.check_existing(id);
+        }
+        // (Re)dial peers we know an address of but have no link to.
+        let me = self.me;
+        let due = self.book.due(now, |peer| {
+            *peer == me || self.links.contains_key(peer) || self.dialing.contains(peer)
+        });
+        for peer in due {
+            self.dial(peer, now);
         }
         self.start_probes(now);
+    }
+
+    /// This host's addresses (what we advertise, and how we tell our own id advertised elsewhere).
+    fn refresh_addrs(&mut self, now: Instant) {
+        self.last_addr_check = Some(now);
+        let Ok(interfaces) = if_addrs::get_if_addrs() else {
+            return;
+        };
+        self.local_ips = interfaces.iter().map(if_addrs::Interface::ip).collect();
+        let port = self.local.port();
+        let mut addrs: Vec<SocketAddr> = match self.local.ip() {
+            ip if !ip.is_unspecified() => vec![SocketAddr::new(ip, port)],
+            listen => interfaces
+                .iter()
+                .filter(|iface| !iface.is_loopback())
+                .filter(|iface| self.interfaces.is_empty() || self.interfaces.contains(&iface.name))
+                // A v4 socket serves no IPv6; a dual-stack `[::]` one serves both.
+                .filter(|iface| listen.is_ipv6() || iface.ip().is_ipv4())
+                .map(|iface| match iface.ip() {
+                    IpAddr::V6(v6) if gleam_auth::target::needs_scope(&v6) => SocketAddr::V6(
+                        std::net::SocketAddrV6::new(v6, port, 0, iface.index.unwrap_or(0)),
+                    ),
+                    ip => SocketAddr::new(ip, port),
+                })
+                .collect(),
+        };
+        // IPv4 first (no scope to get wrong), then IPv6; deterministic within each.
+        addrs.sort_by_key(|addr| (addr.is_ipv6(), *addr));
+        addrs.dedup();
+        if self.own.addrs != addrs {
+            self.own.addrs = addrs;
+            self.own.version += 1;
+            self.last_publish = None;
+        }
+    }
+
+    /// mDNS resolved our own id: addresses that are not ours mean another device advertises it.
+    fn own_id_advertised(&mut self, addrs: &[SocketAddr], now: Instant) {
+        let foreign = duplicate::foreign(addrs, &self.local_ips);
+        if foreign.is_empty() {
+            return;
+        }
+        let shown: Vec<String> = foreign.iter().map(display_addr).collect();
+        let text = format!(
+            "mDNS shows this device's id {} advertised from {}, which is not this device: another device \
+             may be using a copy of this config directory (identity.key); the mesh keeps the device that \
+             was there first",
+            self.me,
+            shown.join(", ")
+        );
+        if self.refusals.should_warn(self.me, now) {
+            warn!("{text}");
+        } else {
+            debug!("{text}");
+        }
+        self.warn_user(&format!(
+            "another device ({}) advertises this device's identity",
+            shown.join(", ")
+        ));
+    }
+
+    fn warn_user(&mut self, text: &str) {
+        let now = Instant::now();
+        match self.warnings.iter_mut().find(|(known, _)| known == text) {
+            Some((_, at)) => *at = now,
+            None => self.warnings.push((text.to_owned(), now)),
+        }
     }
 
     fn refresh_own_state(&mut self) {
@@ -544,13 +748,17 @@ impl Actor {
             .links
             .iter_mut()
             .map(|(peer, link)| {
-                let measured =
-                    probe::link_quality(&link.conn, &mut link.meter, link.quality.bandwidth_bps);
+                let bandwidth = link.prober.bandwidth_bps().unwrap_or(0);
+                let measured = probe::link_quality(&link.conn, &mut link.meter, bandwidth);
                 link.quality = measured;
-                // Publish RTT coarsely (100 us steps) so jitter does not bump the version each tick.
+                // Publish RTT and bandwidth to 2 significant digits (RTT in 100 us steps at least),
+                // so jitter does not bump the version each tick.
                 let mut quality = measured;
-                quality.rtt_us = quality.rtt_us.div_ceil(100) * 100;
+                quality.rtt_us = two_digits(u64::from(quality.rtt_us.div_ceil(100) * 100))
+                    .try_into()
+                    .unwrap_or(u32::MAX);
                 quality.loss = (quality.loss * 100.0).round() / 100.0;
+                quality.bandwidth_bps = two_digits(quality.bandwidth_bps);
                 LinkReport {
                     peer: *peer,
                     quality,
@@ -560,142 +768,380 @@ impl Actor {
         state.links.sort_by_key(|link| link.peer);
         state.truncate_to_limits();
         if state != self.own {
+            // Load, sessions, GPUs go out at once; link figures alone wait for the next periodic
+            // publication (on a slow link, gossip must not become traffic of its own).
+            let links_only = PeerState {
+                links: self.own.links.clone(),
+                ..state.clone()
+            } == self.own;
             state.version = self.own.version + 1;
             self.own = state;
-            self.last_publish = None;
-        }
-    }
-
-    fn learn_addrs(&mut self, peer: PeerId, addrs: Vec<SocketAddr>) {
-        let known = self.known.entry(peer).or_default();
-        if known.addrs != addrs {
-            known.addrs = addrs;
-            known.next_dial = None;
-            known.failures = 0;
-        }
-        if !self.links.contains_key(&peer) && !self.dialing.contains(&peer) {
-            let ready = known.next_dial.is_none_or(|at| Instant::now() >= at);
-            if ready {
-                self.dial(peer);
+            if !links_only {
+                self.last_publish = None;
             }
         }
     }
 
-    fn dial(&mut self, peer: PeerId) {
-        let Some(known) = self.known.get_mut(&peer) else {
-            return;
-        };
-        if known.addrs.is_empty() {
+    /// Traffic of the CUDA sessions we serve is a measurement of the link to each client.
+    fn sample_sessions(&mut self, now: Instant) {
+        let conns = self.sessions.open();
+        let mut seen = HashSet::new();
+        for (peer, conn) in conns {
+            let id = conn.stable_id();
+            seen.insert(id);
+            let stats = conn.stats();
+            let bytes = stats.udp_tx.bytes + stats.udp_rx.bytes;
+            if let Some((at, before)) = self.traffic.insert(id, (now, bytes)) {
+                let secs = now.duration_since(at).as_secs_f64();
+                let bps = (bytes.saturating_sub(before) as f64 * 8.0 / secs.max(1e-3)) as u64;
+                // Only a busy interval says anything about the link.
+                if bps >= TRAFFIC_MIN_BPS
+                    && let Some(link) = self.links.get_mut(&peer)
+                {
+                    link.prober.on_traffic(now, bps);
+                }
+            }
+        }
+        self.traffic.retain(|id, _| seen.contains(id));
+    }
+
+    fn dial_if_due(&mut self, peer: PeerId, now: Instant) {
+        let me = self.me;
+        let due = self.book.due(now, |candidate| {
+            *candidate != peer
+                || *candidate == me
+                || self.links.contains_key(candidate)
+                || self.dialing.contains(candidate)
+        });
+        if due.contains(&peer) {
+            self.dial(peer, now);
+        }
+    }
+
+    fn dial(&mut self, peer: PeerId, now: Instant) {
+        let addrs = self.book.addrs(&peer);
+        if addrs.is_empty() {
             return;
         }
-        let addrs = known.addrs.clone();
-        // Pace retries even when the dial task never reports (it always does, but be safe).
-        known.next_dial = Some(Instant::now() + DIAL_BACKOFF);
-        self.dialing.insert(peer);
         let config = match tls::client_config(&self.identity, peer, ALPN_MESH) {
             Ok(config) => config,
             Err(err) => {
-                warn!(%err, "cannot build a client config");
+                warn!(error = %Chain(&err), "cannot build a client config");
                 return;
             }
         };
+        self.book.dialling(&peer, now);
+        self.dialing.insert(peer);
         let endpoint = self.endpoint.clone();
         let secret = self.secret.clone();
         let events = self.events.clone();
+        let refusals = self.refusals.clone();
         let me = self.me;
         tokio::spawn(async move {
-            let mut refused = false;
-            for addr in addrs {
-                match connect(&endpoint, config.clone(), addr, peer, &secret).await {
-                    Ok(conn) => {
+            let pace = Pace {
+                stagger: DIAL_STAGGER,
+                attempt_timeout: HANDSHAKE_TIMEOUT,
+            };
+            let outcome = match dial::dial(&endpoint, &config, peer, &addrs, pace).await {
+                Err(err) => {
+                    debug!(%peer, error = %Chain(&err), "dial failed");
+                    DialOutcome::Failed
+                }
+                Ok(dialed) => match authenticate_as_client(&dialed.conn, &secret).await {
+                    Ok(_) => {
                         let _ = events.send(Event::MeshLink {
                             peer,
-                            conn,
+                            conn: dialed.conn,
                             dialer: me,
                         });
-                        break;
+                        DialOutcome::Connected(dialed.addr)
                     }
-                    Err(DialError::Refused(err)) => {
-                        warn!(%peer, %addr, %err, "cannot join this peer");
-                        refused = true;
-                        break;
+                    Err(err @ (AuthError::Refused { .. } | AuthError::SecretMismatch { .. })) => {
+                        let addr = display_addr(&dialed.addr);
+                        // A device of another mesh on the LAN: say so once, not every retry.
+                        if refusals.should_warn(peer, Instant::now()) {
+                            warn!(%peer, %addr, error = %Chain(&err), "cannot join this peer (it is in another mesh); retrying rarely");
+                        } else {
+                            debug!(%peer, %addr, error = %Chain(&err), "cannot join this peer");
+                        }
+                        DialOutcome::Refused
                     }
-                    Err(DialError::Other(err)) => debug!(%peer, %addr, %err, "dial failed"),
-                }
-            }
-            let _ = events.send(Event::DialDone { peer, refused });
+                    Err(err) => {
+                        debug!(%peer, error = %Chain(&err), "authentication failed");
+                        DialOutcome::Failed
+                    }
+                },
+            };
+            let _ = events.send(Event::DialDone { peer, outcome });
         });
     }
 
     fn add_link(&mut self, peer: PeerId, conn: quinn::Connection, dialer: PeerId) {
+        let now = Instant::now();
+        let remote = canonical(conn.remote_address());
         if peer == self.me {
-            conn.close(CLOSE_DUPLICATE, b"connected to itself");
-            return;
-        }
-        if let Some(existing) = self.links.get(&peer)
-            && existing.conn.close_reason().is_none()
-        {
-            // Both sides dialed at once: both keep the link dialed by the smaller id. Otherwise
-            // the newer link wins: the old one may be dead (the peer restarted) but not yet timed
-            // out.
-            let preferred = self.me.min(peer);
-            let race = existing.connected.elapsed() < DIAL_RACE_WINDOW;
-            if race && existing.dialer == preferred && dialer != preferred {
-                conn.close(CLOSE_DUPLICATE, b"duplicate mesh link");
+            // Our own key on the other end: this daemon through another address of ours, or a copy
+            // of our config directory on another device.
+            if remote.ip().is_loopback() || self.local_ips.contains(&remote.ip()) {
+                conn.close(CLOSE_DUPLICATE, b"connected to itself");
                 return;
             }
-            existing.conn.close(CLOSE_DUPLICATE, b"duplicate mesh link");
-        }
-        debug!(%peer, remote = %conn.remote_address(), "mesh link up");
-        if let Some(known) = self.known.get_mut(&peer) {
-            known.failures = 0;
+            let text = format!(
+                "a device at {} presents this device's identity ({}): its config directory is a copy of \
+                 this one. It was refused; remove identity.key there and restart its `gleam peer`",
+                display_addr(&remote),
+                self.me
+            );
+            if self.refusals.should_warn(self.me, now) {
+                error!("{text}");
+            } else {
+                debug!("{text}");
+            }
+            self.warn_user(&format!(
+                "another device ({}) uses this device's identity",
+                display_addr(&remote)
+            ));
+            conn.close(
+                CLOSE_DUPLICATE_ID,
+                format!(
+                    "this identity is already in use by the device at {}",
+                    self.own.host
+                )
+                .as_bytes(),
+            );
+            return;
         }
         spawn_link_readers(conn.clone(), peer, self.events.clone());
-        self.links.insert(
+        send_link_message(&conn, &LinkMessage::Hello(self.run));
+        let existing_alive = self
+            .links
+            .get(&peer)
+            .is_some_and(|link| link.conn.close_reason().is_none());
+        if existing_alive {
+            // Judged when its hello arrives (see `link_message`).
+            debug!(%peer, remote = %display_addr(&remote), "second mesh link: waiting for its hello");
+            self.pending.insert(
+                conn.stable_id(),
+                Pending {
+                    peer,
+                    conn,
+                    dialer,
+                    run: None,
+                    since: now,
+                    checking: false,
+                },
+            );
+            return;
+        }
+        self.adopt(peer, conn, dialer, None, now);
+    }
+
+    /// Makes `conn` the link to `peer`.
+    fn adopt(
+        &mut self,
+        peer: PeerId,
+        conn: quinn::Connection,
+        dialer: PeerId,
+        run: Option<Run>,
+        now: Instant,
+    ) {
+        let remote = canonical(conn.remote_address());
+        debug!(%peer, remote = %display_addr(&remote), "mesh link up");
+        self.book.dialled(peer, DialOutcome::Connected(remote), now);
+        if let Some(old) = self.links.insert(
             peer,
             Link {
                 conn,
                 dialer,
+                run,
                 meter: LossMeter::default(),
                 quality: LinkQuality::default(),
-                probing: false,
-                last_probe: None,
-                connected: Instant::now(),
+                prober: Prober::new(now, FIRST_PROBE_AFTER, self.probe_interval),
+                connected: now,
+                last_announce: Some(now),
             },
-        );
+        ) {
+            old.conn
+                .close(CLOSE_DUPLICATE, b"replaced by a newer mesh link");
+        }
         if let Err(err) = self.gossip.announce(peer) {
-            debug!(%err, "announce");
+            debug!(error = %Chain(&err), "announce");
         }
         self.last_publish = None;
     }
 
+    fn link_message(&mut self, peer: PeerId, stable_id: usize, message: LinkMessage) {
+        match message {
+            LinkMessage::Hello(run) => {
+                if let Some(link) = self.links.get_mut(&peer)
+                    && link.conn.stable_id() == stable_id
+                {
+                    link.run = Some(run);
+                    return;
+                }
+                let Some(pending) = self.pending.get_mut(&stable_id) else {
+                    return;
+                };
+                pending.run = Some(run);
+                let existing_run = self.links.get(&peer).and_then(|link| link.run);
+                if existing_run == Some(run) {
+                    self.settle_same_run(stable_id);
+                } else {
+                    self.check_existing(stable_id);
+                }
+            }
+            LinkMessage::Duplicate { addr } => {
+                let current = self
+                    .links
+                    .get(&peer)
+                    .is_some_and(|link| link.conn.stable_id() == stable_id);
+                if !current {
+                    return;
+                }
+                let text = format!(
+                    "peer {peer} reports a device at {} using this device's identity ({}); it was \
+                     refused and this device keeps its place. If that device's config directory is a \
+                     copy of this one, remove identity.key there and restart its `gleam peer`",
+                    display_addr(&addr),
+                    self.me
+                );
+                if self.refusals.should_warn(self.me, Instant::now()) {
+                    error!("{text}");
+                } else {
+                    debug!("{text}");
+                }
+                self.warn_user(&format!(
+                    "another device ({}) uses this device's identity",
+                    display_addr(&addr)
+                ));
+            }
+        }
+    }
+
+    /// The same run linked twice (a dial race, or a reconnection): both sides keep the link dialled
+    /// by the smaller id during a race; otherwise the newer link wins (the old one may be dead but not
+    /// yet timed out).
+    fn settle_same_run(&mut self, pending: usize) {
+        let Some(new) = self.pending.remove(&pending) else {
+            return;
+        };
+        let now = Instant::now();
+        if let Some(existing) = self.links.get(&new.peer) {
+            let preferred = self.me.min(new.peer);
+            let race = existing.connected.elapsed() < DIAL_RACE_WINDOW;
+            if race && existing.dialer == preferred && new.dialer != preferred {
+                new.conn.close(CLOSE_DUPLICATE, b"duplicate mesh link");
+                return;
+            }
+        }
+        self.adopt(new.peer, new.conn, new.dialer, new.run, now);
+    }
+
+    /// Asks the existing link of a pending one's peer whether it still answers.
+    fn check_existing(&mut self, pending: usize) {
+        let Some(new) = self.pending.get_mut(&pending) else {
+            return;
+        };
+        new.checking = true;
+        let Some(existing) = self.links.get(&new.peer) else {
+            // The old link went away meanwhile.
+            self.settle(pending, false);
+            return;
+        };
+        let conn = existing.conn.clone();
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            let answers = matches!(
+                tokio::time::timeout(LIVENESS_TIMEOUT, echo(&conn)).await,
+                Ok(Ok(()))
+            );
+            let _ = events.send(Event::Checked { pending, answers });
+        });
+    }
+
+    /// Settles a pending link once we know whether the existing one still answers.
+    fn settle(&mut self, pending: usize, answers: bool) {
+        let Some(new) = self.pending.get(&pending) else {
+            return;
+        };
+        let peer = new.peer;
+        let existing_run = self.links.get(&peer).and_then(|link| link.run);
+        let answers = answers && self.links.contains_key(&peer);
+        match duplicate::judge(existing_run, answers, new.run) {
+            Verdict::SameRun => self.settle_same_run(pending),
+            Verdict::Restarted => {
+                let Some(new) = self.pending.remove(&pending) else {
+                    return;
+                };
+                debug!(%peer, "the peer restarted: its new run replaces the old link");
+                self.adopt(peer, new.conn, new.dialer, new.run, Instant::now());
+            }
+            Verdict::Duplicate { keep_existing } => {
+                let Some(new) = self.pending.remove(&pending) else {
+                    return;
+                };
+                let Some(existing) = self.links.get(&peer) else {
+                    return;
+                };
+                let (kept, refused) = match keep_existing {
+                    true => (existing.conn.clone(), new.conn.clone()),
+                    false => (new.conn.clone(), existing.conn.clone()),
+                };
+                let kept_addr = canonical(kept.remote_address());
+                let refused_addr = canonical(refused.remote_address());
+                let text = format!(
+                    "two devices present peer id {peer}: one at {} and one at {}. Keeping the one that \
+                     joined the mesh first ({}) and refusing the other. A copied config directory \
+                     (identity.key) is the usual cause: on the copy, remove identity.key and restart \
+                     `gleam peer` to get a new identity",
+                    display_addr(&kept_addr),
+                    display_addr(&refused_addr),
+                    display_addr(&kept_addr),
+                );
+                if self.refusals.should_warn(peer, Instant::now()) {
+                    error!("{text}");
+                } else {
+                    debug!("{text}");
+                }
+                self.book.shun(peer, refused_addr.ip());
+                refused.close(
+                    CLOSE_DUPLICATE_ID,
+                    format!(
+                        "another device ({}) holds this identity in the mesh since earlier",
+                        display_addr(&kept_addr)
+                    )
+                    .as_bytes(),
+                );
+                send_link_message(&kept, &LinkMessage::Duplicate { addr: refused_addr });
+                if !keep_existing {
+                    self.adopt(peer, new.conn, new.dialer, new.run, Instant::now());
+                }
+            }
+        }
+    }
+
     fn start_probes(&mut self, now: Instant) {
-        // Do not disturb running work: no probes while we serve sessions.
+        // Do not disturb running work: no probes while we serve sessions (their traffic measures
+        // the links they use).
         if self.sessions.active.load(Ordering::Relaxed) > 0 {
             return;
         }
         for (peer, link) in &mut self.links {
-            let due = match link.last_probe {
-                None => now.duration_since(link.connected) >= FIRST_PROBE_AFTER,
-                Some(last) => now.duration_since(last) >= self.probe_interval,
-            };
-            if link.probing || !due {
+            let Some(bytes) = link.prober.poll_probe(now) else {
                 continue;
-            }
-            link.probing = true;
+            };
             let conn = link.conn.clone();
             let events = self.events.clone();
             let peer = *peer;
             tokio::spawn(async move {
-                let result = tokio::time::timeout(
-                    PROBE_TIMEOUT,
-                    probe::measure_bandwidth(&conn, PROBE_BYTES),
-                )
-                .await;
-                let bps = match result {
-                    Ok(Ok(bps)) => Some(bps),
+                let started = Instant::now();
+                let result =
+                    tokio::time::timeout(PROBE_TIMEOUT, probe::measure_bandwidth(&conn, bytes))
+                        .await;
+                let report = match result {
+                    Ok(Ok(report)) => Some(report),
                     Ok(Err(err)) => {
-                        debug!(%peer, %err, "probe failed");
+                        debug!(%peer, error = %Chain(&err), "probe failed");
                         None
                     }
                     Err(_) => {
@@ -706,7 +1152,8 @@ impl Actor {
                 let _ = events.send(Event::Probed {
                     peer,
                     stable_id: conn.stable_id(),
-                    bps,
+                    report,
+                    cost: started.elapsed(),
                 });
             });
         }
@@ -730,7 +1177,14 @@ impl Actor {
                 }
                 Output::State(state) => {
                     if state.id != self.me && self.gossip.is_active(&state.id) {
-                        self.view.apply(state, Instant::now());
+                        let now = Instant::now();
+                        // A peer's own addresses: a way to reach it even where mDNS does not.
+                        if self.book.learn_gossip(state.id, &state.addrs, now)
+                            && !self.links.contains_key(&state.id)
+                        {
+                            self.dial_if_due(state.id, now);
+                        }
+                        self.view.apply(state, now);
                     }
                 }
             }
@@ -740,9 +1194,7 @@ impl Actor {
     fn send_packet(&mut self, peer: PeerId, data: Bytes) {
         let Some(link) = self.links.get(&peer) else {
             // No link yet: the packet is lost (SWIM copes); make sure we dial.
-            if self.known.contains_key(&peer) && !self.dialing.contains(&peer) {
-                self.dial(peer);
-            }
+            self.dial_if_due(peer, Instant::now());
             return;
         };
         let mut framed = Vec::with_capacity(data.len() + 1);
@@ -780,9 +1232,7 @@ impl Actor {
                             has_gpu: !state.gpus.is_empty(),
                             emulated: state.gpus.iter().all(|gpu| gpu.emulated),
                             rtt: link.map(|link| link.conn.rtt()),
-                            bandwidth_bps: link
-                                .map(|link| link.quality.bandwidth_bps)
-                                .filter(|bps| *bps > 0),
+                            bandwidth_bps: link.and_then(|link| link.prober.bandwidth_bps()),
                             loss: link.map_or(0.0, |link| f64::from(link.quality.loss)),
                             utilization: f64::from(state.load.utilization),
                             free_memory: state.load.free_memory,
@@ -793,26 +1243,22 @@ impl Actor {
                     .chain(self.own_candidate())
                     .collect();
                 let best = select::choose(&candidates, &hint).map(|choice| {
-                    let mut addrs: Vec<SocketAddr> = if choice.id == self.own.id {
-                        self.own_loopback_addr().into_iter().collect()
-                    } else {
-                        self.links
-                            .get(&choice.id)
-                            .map(|link| canonical(link.conn.remote_address()))
-                            .into_iter()
-                            .collect()
+                    let is_self = choice.id == self.own.id;
+                    let state = match is_self {
+                        true => Some(&self.own),
+                        false => self.view.state(&choice.id),
                     };
-                    if let Some(state) = self.view.state(&choice.id) {
-                        for addr in &state.addrs {
-                            if !addrs.contains(addr) {
-                                addrs.push(*addr);
-                            }
-                        }
-                    }
+                    let link = self.links.get(&choice.id).filter(|_| !is_self);
                     BestPeer {
                         id: choice.id,
-                        addrs,
+                        addrs: self.addrs_of(&choice.id),
                         expected_secs: choice.expected.as_secs_f64(),
+                        host: state.map(|state| state.host.clone()).unwrap_or_default(),
+                        rtt_us: link.map(|link| rtt_us(&link.conn)),
+                        bandwidth_bps: link.and_then(|link| link.prober.bandwidth_bps()),
+                        emulated: state
+                            .is_some_and(|state| state.gpus.iter().all(|gpu| gpu.emulated)),
+                        is_self,
                     }
                 });
                 Response::Best { best }
@@ -822,6 +1268,26 @@ impl Actor {
                 message: "unsupported request".into(),
             },
         }
+    }
+
+    /// Every address of `peer` worth trying from here, best first: the one our link uses, then all
+    /// the others the book knows (link-local ones with our interface). For ourselves: loopback.
+    fn addrs_of(&self, peer: &PeerId) -> Vec<SocketAddr> {
+        if *peer == self.me {
+            return self.own_loopback_addr().into_iter().collect();
+        }
+        let mut addrs: Vec<SocketAddr> = self
+            .links
+            .get(peer)
+            .map(|link| canonical(link.conn.remote_address()))
+            .into_iter()
+            .collect();
+        for addr in self.book.addrs(peer) {
+            if !addrs.contains(&addr) {
+                addrs.push(addr);
+            }
+        }
+        addrs
     }
 
     /// This device as a place to run a job: over loopback, so transfers are cheap and the RTT is tiny
@@ -844,13 +1310,12 @@ impl Actor {
 
     /// Where a client on this device reaches this daemon's endpoint.
     fn own_loopback_addr(&self) -> Option<SocketAddr> {
-        let local = self.endpoint.local_addr().ok()?;
-        let ip: std::net::IpAddr = match local.ip() {
+        let ip: IpAddr = match self.local.ip() {
             // Unspecified (`[::]` is dual-stack, `0.0.0.0` v4): loopback v4 reaches both.
             ip if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
             ip => ip,
         };
-        Some(canonical(SocketAddr::new(ip, local.port())))
+        Some(canonical(SocketAddr::new(ip, self.local.port())))
     }
 
     fn rows(&self) -> Vec<PeerRow> {
@@ -866,14 +1331,23 @@ impl Actor {
                 utilization: state.load.utilization,
                 active_sessions: state.load.active_sessions,
                 queue_len: state.load.queue_len,
-                rtt_us: link
-                    .map(|link| u32::try_from(link.conn.rtt().as_micros()).unwrap_or(u32::MAX)),
-                bandwidth_bps: link
-                    .map(|link| link.quality.bandwidth_bps)
-                    .filter(|bps| *bps > 0),
+                rtt_us: link.map(|link| rtt_us(&link.conn)),
+                bandwidth_bps: link.and_then(|link| link.prober.bandwidth_bps()),
                 loss: link.map_or(0.0, |link| link.quality.loss),
                 cache: state.cache.clone(),
-                addrs: state.addrs.clone(),
+                addrs: match is_self {
+                    true => state.addrs.clone(),
+                    false => self.addrs_of(&state.id),
+                },
+                warnings: match is_self {
+                    true => self
+                        .warnings
+                        .iter()
+                        .filter(|(_, at)| at.elapsed() < WARNING_SHOWN_FOR)
+                        .map(|(text, _)| text.clone())
+                        .collect(),
+                    false => Vec::new(),
+                },
             }
         };
         let mut rows = vec![row(&self.own, true)];
@@ -887,33 +1361,17 @@ impl Actor {
     }
 }
 
-enum DialError {
-    /// The peer is not in our mesh (or we are not in its mesh).
-    Refused(AuthError),
-    Other(String),
+fn rtt_us(conn: &quinn::Connection) -> u32 {
+    u32::try_from(conn.rtt().as_micros()).unwrap_or(u32::MAX)
 }
 
-async fn connect(
-    endpoint: &quinn::Endpoint,
-    config: quinn::ClientConfig,
-    addr: SocketAddr,
-    peer: PeerId,
-    secret: &MeshSecret,
-) -> Result<quinn::Connection, DialError> {
-    let connecting = endpoint
-        .connect_with(config, addr, &tls::server_name(peer))
-        .map_err(|err| DialError::Other(err.to_string()))?;
-    let conn = tokio::time::timeout(HANDSHAKE_TIMEOUT, connecting)
-        .await
-        .map_err(|_| DialError::Other("handshake timed out".to_owned()))?
-        .map_err(|err| DialError::Other(err.to_string()))?;
-    match authenticate_as_client(&conn, secret).await {
-        Ok(_) => Ok(conn),
-        Err(err @ (AuthError::Refused { .. } | AuthError::SecretMismatch { .. })) => {
-            Err(DialError::Refused(err))
-        }
-        Err(err) => Err(DialError::Other(err.to_string())),
+/// `bps` rounded to two significant digits.
+fn two_digits(bps: u64) -> u64 {
+    let mut scale = 1;
+    while bps / scale >= 100 {
+        scale *= 10;
     }
+    (bps + scale / 2) / scale * scale
 }
 
 async fn accept_loop(
@@ -922,29 +1380,48 @@ async fn accept_loop(
     events: mpsc::UnboundedSender<Event>,
     handler: SessionHandler,
     sessions: Arc<Sessions>,
+    refusals: Arc<RefusalLog>,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let secret = secret.clone();
         let events = events.clone();
         let handler = handler.clone();
         let sessions = sessions.clone();
+        let refusals = refusals.clone();
         tokio::spawn(async move {
-            let remote = incoming.remote_address();
+            let remote = canonical(incoming.remote_address());
             let conn = match tokio::time::timeout(HANDSHAKE_TIMEOUT, incoming).await {
                 Ok(Ok(conn)) => conn,
                 Ok(Err(err)) => {
-                    info!(%remote, %err, "handshake failed");
+                    info!(remote = %display_addr(&remote), error = %Chain(&err), "handshake failed");
                     return;
                 }
                 Err(_) => {
-                    info!(%remote, "handshake timed out");
+                    info!(remote = %display_addr(&remote), "handshake timed out");
                     return;
                 }
             };
             let alpn = alpn_of(&conn);
-            // auth logs refusals with the reason.
-            let Ok(peer) = authenticate_as_server(&conn, &secret).await else {
-                return;
+            let peer = match authenticate_as_server(&conn, &secret).await {
+                Ok(peer) => peer,
+                Err(err) => {
+                    let who = match &err {
+                        AuthError::SecretMismatch { peer } | AuthError::TimedOut { peer } => {
+                            Some(*peer)
+                        }
+                        _ => None,
+                    };
+                    // Another mesh's device on the LAN keeps trying: say so once, then quietly.
+                    match who {
+                        Some(peer) if refusals.should_warn(peer, Instant::now()) => {
+                            warn!(%peer, remote = %display_addr(&remote), error = %Chain(&err), "refusing peer");
+                        }
+                        _ => {
+                            debug!(remote = %display_addr(&remote), error = %Chain(&err), "refusing peer");
+                        }
+                    }
+                    return;
+                }
             };
             match alpn.as_deref() {
                 Some(ALPN_MESH) => {
@@ -955,10 +1432,11 @@ async fn accept_loop(
                     });
                 }
                 Some(ALPN_CUDA) => {
-                    info!(%peer, %remote, "CUDA session starts");
-                    sessions.active.fetch_add(1, Ordering::Relaxed);
+                    info!(%peer, remote = %display_addr(&remote), "CUDA session starts");
+                    sessions.started(peer, &conn);
                     let started = Instant::now();
                     let watched = conn.clone();
+                    let sessions = sessions.clone();
                     tokio::spawn(async move {
                         let reason = watched.closed().await;
                         info!(%peer, %reason, "CUDA session ended");
@@ -979,8 +1457,42 @@ fn alpn_of(conn: &quinn::Connection) -> Option<Vec<u8>> {
         .protocol
 }
 
-/// Reads gossip datagrams and streams, and answers probes, until the link closes.
+/// Sends a [`LinkMessage`] on its own uni stream (reliable, unlike a datagram).
+fn send_link_message(conn: &quinn::Connection, message: &LinkMessage) {
+    let Ok(body) = postcard::to_allocvec(message) else {
+        return;
+    };
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        if let Ok(mut send) = conn.open_uni().await {
+            let mut framed = Vec::with_capacity(body.len() + 1);
+            framed.push(TAG_LINK);
+            framed.extend_from_slice(&body);
+            let _ = send.write_all(&framed).await;
+            let _ = send.finish();
+        }
+    });
+}
+
+/// One round trip on a fresh bidi stream: proves the other side of `conn` is alive now.
+async fn echo(conn: &quinn::Connection) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let (mut send, mut recv) = conn.open_bi().await?;
+    let nonce: [u8; 8] = rand::random();
+    send.write_all(&[STREAM_ECHO]).await?;
+    send.write_all(&nonce).await?;
+    send.finish()?;
+    let mut back = [0u8; 8];
+    recv.read_exact(&mut back).await?;
+    match back == nonce {
+        true => Ok(()),
+        false => Err("echo mismatch".into()),
+    }
+}
+
+/// Reads gossip datagrams and streams, link messages, and answers probes and echoes, until the link
+/// closes.
 fn spawn_link_readers(conn: quinn::Connection, peer: PeerId, events: mpsc::UnboundedSender<Event>) {
+    let stable_id = conn.stable_id();
     let datagrams = conn.clone();
     let tx = events.clone();
     tokio::spawn(async move {
@@ -989,6 +1501,7 @@ fn spawn_link_readers(conn: quinn::Connection, peer: PeerId, events: mpsc::Unbou
                 && tx
                     .send(Event::Packet {
                         peer,
+                        stable_id,
                         data: datagram.slice(1..),
                     })
                     .is_err()
@@ -996,9 +1509,18 @@ fn spawn_link_readers(conn: quinn::Connection, peer: PeerId, events: mpsc::Unbou
                 return;
             }
         }
+        let duplicate = match datagrams.close_reason() {
+            Some(quinn::ConnectionError::ApplicationClosed(close))
+                if close.error_code == CLOSE_DUPLICATE_ID =>
+            {
+                Some(String::from_utf8_lossy(&close.reason).into_owned())
+            }
+            _ => None,
+        };
         let _ = tx.send(Event::Closed {
             peer,
-            stable_id: datagrams.stable_id(),
+            stable_id,
+            duplicate,
         });
     });
     let streams = conn.clone();
@@ -1007,33 +1529,60 @@ fn spawn_link_readers(conn: quinn::Connection, peer: PeerId, events: mpsc::Unbou
         while let Ok(mut recv) = streams.accept_uni().await {
             let tx = tx.clone();
             tokio::spawn(async move {
-                if let Ok(data) = recv.read_to_end(MAX_GOSSIP_STREAM).await
-                    && data.first() == Some(&TAG_GOSSIP)
-                {
-                    let _ = tx.send(Event::Packet {
+                let Ok(data) = recv.read_to_end(MAX_GOSSIP_STREAM).await else {
+                    return;
+                };
+                let event = match data.first() {
+                    Some(&TAG_GOSSIP) => Event::Packet {
                         peer,
+                        stable_id,
                         data: Bytes::from(data).slice(1..),
-                    });
-                }
+                    },
+                    Some(&TAG_LINK) => match postcard::from_bytes::<LinkMessage>(&data[1..]) {
+                        Ok(message) => Event::LinkMessage {
+                            peer,
+                            stable_id,
+                            message,
+                        },
+                        Err(err) => {
+                            debug!(%peer, error = %Chain(&err), "malformed link message");
+                            return;
+                        }
+                    },
+                    _ => return,
+                };
+                let _ = tx.send(event);
             });
         }
     });
     tokio::spawn(async move {
-        while let Ok((send, mut recv)) = conn.accept_bi().await {
+        while let Ok((mut send, mut recv)) = conn.accept_bi().await {
             tokio::spawn(async move {
                 let mut kind = [0u8; 1];
-                if recv.read_exact(&mut kind).await.is_ok()
-                    && kind[0] == STREAM_PROBE
-                    && let Err(err) = probe::serve_probe(send, recv).await
-                {
-                    debug!(%peer, %err, "serving a probe");
+                if recv.read_exact(&mut kind).await.is_err() {
+                    return;
+                }
+                match kind[0] {
+                    STREAM_PROBE => {
+                        if let Err(err) = probe::serve_probe(send, recv).await {
+                            debug!(%peer, error = %Chain(&err), "serving a probe");
+                        }
+                    }
+                    STREAM_ECHO => {
+                        let mut nonce = [0u8; 8];
+                        if recv.read_exact(&mut nonce).await.is_ok() {
+                            let _ = send.write_all(&nonce).await;
+                            let _ = send.finish();
+                        }
+                    }
+                    _ => {}
                 }
             });
         }
     });
 }
 
-fn bind_control(path: &std::path::Path) -> Result<UnixListener, DaemonError> {
+fn bind_control(path: &std::path::Path, mode: u32) -> Result<UnixListener, DaemonError> {
     let control_err = |source| DaemonError::Control {
         path: path.to_owned(),
         source,
@@ -1050,7 +1599,8 @@ fn bind_control(path: &std::path::Path) -> Result<UnixListener, DaemonError> {
     }
     let listener = UnixListener::bind(path).map_err(control_err)?;
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(control_err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o777))
+        .map_err(control_err)?;
     Ok(listener)
 }
 
@@ -1062,7 +1612,7 @@ async fn control_loop(listener: UnixListener, events: mpsc::UnboundedSender<Even
         let events = events.clone();
         tokio::spawn(async move {
             if let Err(err) = serve_control(stream, events).await {
-                debug!(%err, "control request");
+                debug!(error = %Chain(&err), "control request");
             }
         });
     }
@@ -1098,17 +1648,28 @@ async fn serve_control(
     write.shutdown().await
 }
 
-/// IPv4 peers reach a dual-stack socket as IPv4-mapped IPv6 addresses; show them as IPv4.
+/// IPv4 peers reach a dual-stack socket as IPv4-mapped IPv6 addresses; show them as IPv4. Every
+/// other address is kept whole: a link-local IPv6 address keeps its interface (scope id).
 fn canonical(addr: SocketAddr) -> SocketAddr {
-    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::from((v4, v6.port())),
+            None => addr,
+        },
+        SocketAddr::V4(_) => addr,
+    }
 }
 
+/// This host's name (`gethostname`, which needs no /proc: services may run with a restricted one).
 fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
-        .ok()
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "unknown".into())
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for its length; gethostname writes at most that many bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let len = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    match rc == 0 && len > 0 {
+        true => String::from_utf8_lossy(&buf[..len]).into_owned(),
+        false => "unknown".into(),
+    }
 }
 
 fn seed_bytes(id: PeerId) -> [u8; 8] {
@@ -1117,25 +1678,63 @@ fn seed_bytes(id: PeerId) -> [u8; 8] {
     seed
 }
 
-/// The default QUIC port of `gleam peer`.
-pub const DEFAULT_PORT: u16 = 4747;
-
+const ADDR_CHECK_EVERY: Duration = Duration::from_secs(2);
 const CLOSE_DUPLICATE: quinn::VarInt = quinn::VarInt::from_u32(0x4741_0002);
 const CLOSE_PROTOCOL: quinn::VarInt = quinn::VarInt::from_u32(0x4741_0003);
 const CLOSE_SHUTDOWN: quinn::VarInt = quinn::VarInt::from_u32(0x4741_0000);
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
-const REFUSED_BACKOFF: Duration = Duration::from_secs(30);
 const DIAL_RACE_WINDOW: Duration = Duration::from_secs(2);
-const DIAL_BACKOFF: Duration = Duration::from_millis(500);
+/// Next address after this long without an answer (a LAN handshake takes a few ms).
+const DIAL_STAGGER: Duration = Duration::from_millis(150);
 const FIRST_PROBE_AFTER: Duration = Duration::from_millis(300);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// A second link whose hello has not come by then is judged without it.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an existing link has to answer an echo to count as alive.
+const LIVENESS_TIMEOUT: Duration = Duration::from_secs(1);
 const MAX_GOSSIP_STREAM: usize = 64 * 1024;
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Our state is re-published this often even unchanged (a view drops a peer silent for 10 s).
+const PUBLISH_EVERY: Duration = Duration::from_secs(3);
+/// How often a linked peer that is not a member is asked in again.
+const REANNOUNCE_EVERY: Duration = Duration::from_secs(1);
+/// Second byte kind on a bidi stream: an echo (liveness check).
+const STREAM_ECHO: u8 = 2;
 const TAG_GOSSIP: u8 = 1;
 const TICK: Duration = Duration::from_millis(250);
+/// Session traffic below this rate says nothing about a link's capacity.
+const TRAFFIC_MIN_BPS: u64 = 1_000_000;
+/// A warning stays on this device's row this long after it last happened.
+const WARNING_SHOWN_FOR: Duration = Duration::from_secs(600);
 
 /// Round trip to this device's own endpoint, as the policy sees it (loopback QUIC: tens of µs).
 const LOOPBACK_RTT: Duration = Duration::from_micros(100);
 /// Copy throughput to this device's own endpoint (loopback QUIC measured ~4 Gbit/s on an H200 host).
 const LOOPBACK_BPS: u64 = 4_000_000_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_keeps_the_scope_of_link_local_addresses() {
+        let scoped = SocketAddr::V6(std::net::SocketAddrV6::new(
+            "fe80::1".parse().unwrap(),
+            4747,
+            0,
+            3,
+        ));
+        assert_eq!(canonical(scoped), scoped);
+        let mapped: SocketAddr = "[::ffff:10.0.0.1]:4747".parse().unwrap();
+        assert_eq!(canonical(mapped), "10.0.0.1:4747".parse().unwrap());
+    }
+
+    #[test]
+    fn published_bandwidth_has_two_significant_digits() {
+        assert_eq!(two_digits(0), 0);
+        assert_eq!(two_digits(99), 99);
+        assert_eq!(two_digits(1_234_567), 1_200_000);
+        assert_eq!(two_digits(1_250_000), 1_300_000);
+        assert_eq!(two_digits(987_654_321), 990_000_000);
+    }
+}

@@ -104,7 +104,7 @@ impl Discovery {
                         match browser.browse(SERVICE_TYPE) {
                             Ok(fresh) => receiver = fresh,
                             Err(err) => {
-                                debug!(%err, "mDNS browsing stopped");
+                                debug!(error = %gleam_auth::Chain(&err), "mDNS browsing stopped");
                                 return;
                             }
                         }
@@ -135,7 +135,7 @@ impl std::fmt::Debug for Discovery {
 
 /// mDNS could not be started.
 #[derive(Debug, thiserror::Error)]
-#[error("mDNS: {0}")]
+#[error("mDNS could not start")]
 pub struct DiscoveryError(#[from] mdns_sd::Error);
 
 fn txt_properties(ad: &Advertisement) -> Vec<(&'static str, String)> {

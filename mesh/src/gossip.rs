@@ -37,10 +37,16 @@ impl foca::Identity for Member {
     type Addr = PeerId;
 
     fn renew(&self) -> Option<Self> {
-        // Declared down while alive (e.g. a long pause): come back at once as a newer run.
+        // Declared down while alive (a partition, a saturated link, a long pause): come back at once
+        // under a newer identity. The current time, not just +1, so the renewed identity also beats any
+        // other run of this id the mesh saw meanwhile (see `duplicate`: the mesh settles which device
+        // keeps an id; foca must not keep preferring a refused copy that started later).
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         Some(Self {
             id: self.id,
-            boot: self.boot.saturating_add(1),
+            boot: self.boot.saturating_add(1).max(now),
         })
     }
 
@@ -105,13 +111,29 @@ impl Gossip {
     /// is suspected within a probe period and declared down 1.2 s later, so a dead member leaves
     /// everyone's list in about 2-3 s (the target is 5 s). A falsely suspected member refutes
     /// the suspicion in that window.
+    ///
+    /// Coming back: a member declared down while alive (a partition, a throttled link) is told so
+    /// (`notify_down_members`) when it next speaks, renews its identity ([`Member`]'s `renew`) and
+    /// is let in again. It speaks again because the daemon announces to every linked peer that is
+    /// not a member ([`Gossip::announce_if_absent`], each second), and foca itself announces to
+    /// down members every few seconds, which it remembers for 10 minutes.
     pub fn config() -> foca::Config {
         let mut config = foca::Config::new_lan(std::num::NonZeroU32::MIN.saturating_add(7));
         config.probe_period = Duration::from_millis(500);
         config.probe_rtt = Duration::from_millis(200);
         config.suspect_to_down_after = Duration::from_millis(1200);
-        config.remove_down_after = Some(Duration::from_secs(30));
+        config.remove_down_after = Some(Duration::from_secs(600));
+        config.notify_down_members = true;
+        config.periodic_announce_to_down_members = Some(foca::PeriodicParams {
+            frequency: Duration::from_secs(3),
+            num_members: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
+        });
         config.max_transmissions = NonZeroU8::new(6).unwrap_or(NonZeroU8::MIN);
+        // Updates also travel with every probe; gossiping each 0.5 s keeps a slow link quiet.
+        config.periodic_gossip = Some(foca::PeriodicParams {
+            frequency: Duration::from_millis(500),
+            num_members: NonZeroUsize::new(3).unwrap_or(NonZeroUsize::MIN),
+        });
         config.max_packet_size = NonZeroUsize::new(MAX_PACKET).unwrap_or(NonZeroUsize::MIN);
         config.periodic_announce = Some(foca::PeriodicParams {
             frequency: Duration::from_secs(5),
@@ -126,6 +148,17 @@ impl Gossip {
         self.foca
             .announce(Member { id: peer, boot: 0 }, &mut self.runtime)?;
         Ok(())
+    }
+
+    /// Announces to `peer` unless it is an active member already; returns whether it did. The daemon
+    /// calls this for every peer it has a link to, so a member dropped while its link stayed up
+    /// (a throttled or briefly cut link) comes back as soon as packets flow again.
+    pub fn announce_if_absent(&mut self, peer: PeerId) -> Result<bool, GossipError> {
+        if self.is_active(&peer) {
+            return Ok(false);
+        }
+        self.announce(peer)?;
+        Ok(true)
     }
 
     /// Feeds a packet that arrived over the authenticated link to `from`; refuses packets whose
@@ -187,7 +220,7 @@ impl Gossip {
                 OwnedNotification::MemberUp(member) => return Some(Output::Up(member)),
                 OwnedNotification::MemberDown(member) => return Some(Output::Down(member)),
                 OwnedNotification::Rename(old, new) => {
-                    debug!(peer = %new.id, old = old.boot, new = new.boot, "member restarted")
+                    debug!(peer = %new.id, old = old.boot, new = new.boot, "member restarted");
                 }
                 other => trace!(?other, "foca notification"),
             }
@@ -210,16 +243,16 @@ impl std::fmt::Debug for Gossip {
 #[non_exhaustive]
 pub enum GossipError {
     /// A packet did not decode.
-    #[error("malformed gossip packet: {0}")]
+    #[error("malformed gossip packet")]
     Decode(#[source] postcard::Error),
     /// A packet on the link to one peer claimed to come from another.
     #[error("gossip packet on the link to {link} claims to come from {claimed}")]
     Spoofed { claimed: PeerId, link: PeerId },
     /// Our own state could not be encoded.
-    #[error("cannot encode peer state: {0}")]
+    #[error("cannot encode peer state")]
     Encode(#[source] postcard::Error),
     /// foca refused the input.
-    #[error("gossip: {0}")]
+    #[error("gossip state machine refused the input")]
     Foca(#[from] foca::Error),
 }
 
@@ -306,7 +339,9 @@ mod tests {
         timers: BinaryHeap<Reverse<(Duration, u64, PeerId)>>,
         pending: HashMap<u64, Timer<Member>>,
         next_timer: u64,
-        wire: VecDeque<(PeerId, Bytes)>,
+        wire: VecDeque<(PeerId, PeerId, Bytes)>,
+        /// Nodes cut off from everyone (packets to and from them are lost).
+        cut: BTreeSet<PeerId>,
     }
 
     struct Node {
@@ -325,6 +360,7 @@ mod tests {
                 pending: HashMap::new(),
                 next_timer: 0,
                 wire: VecDeque::new(),
+                cut: BTreeSet::new(),
             };
             for i in 1..=n {
                 let id = PeerId::from_bytes([i; 16]);
@@ -352,7 +388,7 @@ mod tests {
             };
             while let Some(output) = node.gossip.poll() {
                 match output {
-                    Output::Send(to, data) => self.wire.push_back((to, data)),
+                    Output::Send(to, data) => self.wire.push_back((id, to, data)),
                     Output::Schedule(after, timer) => {
                         self.next_timer += 1;
                         self.pending.insert(self.next_timer, timer);
@@ -374,7 +410,10 @@ mod tests {
         }
 
         fn deliver(&mut self) {
-            while let Some((to, data)) = self.wire.pop_front() {
+            while let Some((from, to, data)) = self.wire.pop_front() {
+                if self.cut.contains(&from) || self.cut.contains(&to) {
+                    continue;
+                }
                 let node = self.nodes.get_mut(&to).unwrap();
                 if node.alive {
                     node.gossip.handle_data(&data).unwrap();
@@ -528,6 +567,72 @@ mod tests {
         sim.run_until(sim.now + Duration::from_millis(500));
         assert!(!sim.nodes[&Sim::id(1)].up.contains(&id3));
         assert!(!sim.nodes[&Sim::id(2)].up.contains(&id3));
+    }
+
+    /// What the daemon does each second: announce to every linked peer that is not a member.
+    fn reannounce_over_links(sim: &mut Sim, n: u8) {
+        for i in 1..=n {
+            let id = Sim::id(i);
+            for j in (1..=n).filter(|j| *j != i) {
+                let node = sim.nodes.get_mut(&id).unwrap();
+                if node.alive {
+                    node.gossip.announce_if_absent(Sim::id(j)).unwrap();
+                }
+            }
+            sim.drain(id);
+        }
+    }
+
+    #[test]
+    fn a_member_cut_off_long_enough_to_be_declared_down_comes_back_within_seconds() {
+        let mut sim = Sim::new(3);
+        sim.join_through_first(3);
+        for i in 1..=3 {
+            sim.publish(i, 1);
+        }
+        sim.run_until(Duration::from_secs(3));
+        let id3 = Sim::id(3);
+        assert!(sim.nodes[&Sim::id(1)].up.contains(&id3));
+
+        // Cut node 3 off for 8 s (its links stay up: the daemon keeps announcing over them).
+        sim.cut.insert(id3);
+        let mut now = sim.now;
+        let healed = now + Duration::from_secs(8);
+        while now < healed {
+            now += Duration::from_secs(1);
+            sim.run_until(now);
+            reannounce_over_links(&mut sim, 3);
+        }
+        assert!(
+            !sim.nodes[&Sim::id(1)].up.contains(&id3),
+            "declared down while cut off"
+        );
+        assert!(
+            sim.nodes[&id3].up.is_empty(),
+            "node 3 declared the others down"
+        );
+
+        // Healed: back in every list within 3 s, states included.
+        sim.cut.clear();
+        let mut back = None;
+        while now < healed + Duration::from_secs(10) {
+            now += Duration::from_millis(250);
+            sim.run_until(now);
+            if (now - healed).as_millis().is_multiple_of(1000) {
+                reannounce_over_links(&mut sim, 3);
+                for i in 1..=3 {
+                    sim.publish(i, 2);
+                }
+            }
+            let all_up = (1..=3u8).all(|i| sim.nodes[&Sim::id(i)].up.len() == 2);
+            if all_up && back.is_none() {
+                back = Some(now - healed);
+            }
+        }
+        let back = back.expect("node 3 never came back");
+        assert!(back <= Duration::from_secs(3), "came back after {back:?}");
+        assert!(sim.nodes[&Sim::id(1)].states.contains_key(&id3));
+        assert!(sim.nodes[&id3].states.contains_key(&Sim::id(1)));
     }
 
     #[test]

@@ -1,13 +1,17 @@
-//! Link measurements: RTT and loss from QUIC's own statistics, bandwidth from short probes.
+//! Link measurements: RTT and loss from QUIC's own statistics, bandwidth from the traffic that flows
+//! and from small, budgeted probes.
 //!
-//! A probe is one bidirectional stream on a mesh connection: the prober sends
-//! [`STREAM_PROBE`], a 4-byte length and that many bytes at low priority; the receiver reads them
-//! all, timing the last three quarters (after congestion control's slow start has opened the
-//! window), and answers with the byte count, the timed byte count and the time it took.
-//! Bandwidth = timed bytes / time, measured where the bytes arrive; when that time is too short
-//! to trust (a very fast link), the prober's own bytes / (elapsed - RTT) bounds it instead.
-//! Probes are small ([`PROBE_BYTES`]) and the daemon skips them while it serves CUDA sessions, so
-//! they do not disturb running work.
+//! A probe is one bidirectional stream on a mesh connection: the prober sends [`STREAM_PROBE`], a
+//! 4-byte length and that many bytes at low priority; the receiver reads them, timing from the first
+//! byte to the last (the dispersion of a packet train, which the bottleneck of the path sets), and
+//! answers with the byte count, the timed byte count and the time it took. A receiver stops a probe
+//! that has taken [`MAX_SPAN`] (STOP_SENDING, then its answer over what arrived), so a probe sized for
+//! a fast link costs a slow one no more than that.
+//!
+//! When and how big: [`Prober`], a sans-IO policy per link. Probes are sized to take about
+//! [`TARGET_SPAN`] at the current estimate, and a token bucket of link time keeps all probes on a link
+//! below [`SHARE_PERCENT`] percent of wall time (so of the link's capacity), however slow the link.
+//! Traffic already flowing (sessions served over a link) raises the estimate without any probe.
 
 use std::time::{Duration, Instant};
 
@@ -17,13 +21,40 @@ use crate::state::LinkQuality;
 
 /// First byte of a probe stream.
 pub const STREAM_PROBE: u8 = 1;
-/// Bytes sent by one probe.
-pub const PROBE_BYTES: u32 = 1 << 20;
 /// The most a peer may ask us to absorb in one probe.
 pub const MAX_PROBE_BYTES: u32 = 16 << 20;
+/// Probes never take more than this share of a link's time (averaged over [`Prober`]'s bucket).
+pub const SHARE_PERCENT: u32 = 2;
+/// The smallest probe: large enough to get past the burst allowance of a shaper (a token bucket
+/// passes its burst at line rate) and to span several packets.
+pub const MIN_PROBE: u32 = 16 << 10;
+/// The largest probe (about 3 ms at 10 Gbit/s).
+pub const MAX_PROBE: u32 = 4 << 20;
+/// A probe is sized to take about this long at the current estimate.
+pub const TARGET_SPAN: Duration = Duration::from_millis(10);
+/// A receiver ends a probe after this long, whatever its size.
+pub const MAX_SPAN: Duration = Duration::from_millis(100);
 
-/// Measures the bandwidth towards the other side of `conn`, in bits per second.
-pub async fn measure_bandwidth(conn: &quinn::Connection, bytes: u32) -> Result<u64, ProbeError> {
+/// What a finished probe measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProbeReport {
+    /// Bytes the receiver got (all of them, or fewer when it stopped the probe at [`MAX_SPAN`]).
+    pub received: u64,
+    /// Bytes that arrived after the first chunk.
+    pub timed_bytes: u64,
+    /// Time from the first chunk to the last, at the receiver.
+    pub timed: Duration,
+    /// Time from the first byte sent to the answer, at the prober (the probe's cost).
+    pub elapsed: Duration,
+    /// The connection's smoothed RTT when the probe started.
+    pub rtt: Duration,
+}
+
+/// Measures the bandwidth towards the other side of `conn` with a probe of `bytes` bytes.
+pub async fn measure_bandwidth(
+    conn: &quinn::Connection,
+    bytes: u32,
+) -> Result<ProbeReport, ProbeError> {
     let rtt = conn.rtt();
     let (mut send, mut recv) = conn.open_bi().await?;
     // Below everything else on this connection.
@@ -37,13 +68,19 @@ pub async fn measure_bandwidth(conn: &quinn::Connection, bytes: u32) -> Result<u
     let mut left = bytes as usize;
     while left > 0 {
         let n = left.min(chunk.len());
-        send.write_all(&chunk[..n]).await?;
-        left -= n;
+        match send.write_all(&chunk[..n]).await {
+            Ok(()) => left -= n,
+            // The receiver ended the probe at its time limit: its answer follows.
+            Err(quinn::WriteError::Stopped(_)) => break,
+            Err(err) => return Err(err.into()),
+        }
     }
-    send.finish()
-        .map_err(|_| ProbeError::Protocol("stream closed early"))?;
+    let _ = send.finish();
     let mut reply = [0u8; 24];
-    recv.read_exact(&mut reply).await.map_err(|err| match err {
+    let read = recv.read_exact(&mut reply).await;
+    // Whatever was not sent yet is not worth sending now.
+    let _ = send.reset(quinn::VarInt::from_u32(0));
+    read.map_err(|err| match err {
         quinn::ReadExactError::ReadError(err) => ProbeError::Read(err),
         quinn::ReadExactError::FinishedEarly(_) => ProbeError::Protocol("no probe reply"),
     })?;
@@ -52,19 +89,19 @@ pub async fn measure_bandwidth(conn: &quinn::Connection, bytes: u32) -> Result<u
         word.copy_from_slice(&reply[i * 8..i * 8 + 8]);
         u64::from_be_bytes(word)
     };
-    let (total, timed_bytes, timed_us) = (field(0), field(1), field(2));
-    if total != u64::from(bytes) || timed_bytes > total {
+    let (received, timed_bytes, timed_us) = (field(0), field(1), field(2));
+    if received > u64::from(bytes) || timed_bytes > received {
         return Err(ProbeError::Protocol("probe reply does not match"));
     }
-    let elapsed = started.elapsed();
-    let transfer = elapsed.saturating_sub(rtt).max(MIN_TRANSFER);
-    let whole = f64::from(bytes) * 8.0 / transfer.as_secs_f64();
-    let bps = match Duration::from_micros(timed_us) {
-        timed if timed >= MIN_TIMED => (timed_bytes as f64 * 8.0 / timed.as_secs_f64()) as u64,
-        _ => whole as u64,
+    let report = ProbeReport {
+        received,
+        timed_bytes,
+        timed: Duration::from_micros(timed_us),
+        elapsed: started.elapsed(),
+        rtt,
     };
-    debug!(peer = %conn.remote_address(), ?elapsed, ?rtt, mbps = bps / 1_000_000, "bandwidth probe");
-    Ok(bps)
+    debug!(peer = %conn.remote_address(), bytes, ?report, "bandwidth probe");
+    Ok(report)
 }
 
 /// Answers a probe whose kind byte was already read from `recv`.
@@ -80,22 +117,41 @@ pub async fn serve_probe(
     if len > MAX_PROBE_BYTES {
         return Err(ProbeError::Protocol("probe too large"));
     }
-    // Time from the first quarter on: by then slow start is over on any link worth measuring.
-    let mark = u64::from(len) / 4;
     let mut total = 0u64;
-    let mut timer: Option<(Instant, u64)> = None;
-    while let Some(chunk) = recv.read_chunk(usize::MAX, true).await? {
+    // When the first chunk arrived, and how many bytes it carried.
+    let mut first: Option<(Instant, u64)> = None;
+    let mut last = None;
+    while total < u64::from(len) {
+        let deadline = first.map(|(at, _)| at + MAX_SPAN);
+        let next = recv.read_chunk(usize::MAX, true);
+        let chunk = match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline.into(), next).await {
+                Ok(chunk) => chunk?,
+                Err(_) => {
+                    // Long enough: stop the sender and answer over what arrived.
+                    let _ = recv.stop(quinn::VarInt::from_u32(0));
+                    break;
+                }
+            },
+            None => next.await?,
+        };
+        let Some(chunk) = chunk else { break };
+        let now = Instant::now();
         total += chunk.bytes.len() as u64;
         if total > u64::from(len) {
             return Err(ProbeError::Protocol("probe longer than announced"));
         }
-        if timer.is_none() && total >= mark {
-            timer = Some((Instant::now(), total));
+        match first {
+            None => first = Some((now, total)),
+            Some(_) => last = Some(now),
         }
     }
-    let (timed_bytes, timed_us) = match timer {
-        Some((since, at)) => (total - at, since.elapsed().as_micros() as u64),
-        None => (0, 0),
+    let (timed_bytes, timed_us) = match (first, last) {
+        (Some((since, at)), Some(until)) => (
+            total - at,
+            until.saturating_duration_since(since).as_micros() as u64,
+        ),
+        _ => (0, 0),
     };
     let mut reply = [0u8; 24];
     reply[..8].copy_from_slice(&total.to_be_bytes());
@@ -105,6 +161,164 @@ pub async fn serve_probe(
     let _ = send.finish();
     Ok(())
 }
+
+/// When to probe one link and how big, and what its bandwidth is (sans-IO: time comes in).
+///
+/// * Cadence: a probe every `interval` (1 s by default), so a change shows within about that.
+/// * Budget: a bucket of link time fills at [`SHARE_PERCENT`] % of wall time up to [`BUCKET`]; every
+///   probe costs the time it took, and none starts while the bucket is empty. On a slow link, where even
+///   the smallest probe takes long, this stretches the cadence instead of exceeding the share.
+/// * Size: [`TARGET_SPAN`] at the current estimate, within [`MIN_PROBE`]..[`MAX_PROBE`]; four times the
+///   last size when the last probe was too quick to time (so the estimate was only a lower bound).
+/// * Estimate: a probe that differs from the estimate by more than 2x replaces it (a link change shows at
+///   once); closer ones are averaged in (noise does not make the choice of peer flap). Traffic that
+///   flowed faster than the estimate raises it ([`Prober::on_traffic`]).
+#[derive(Clone, Debug)]
+pub struct Prober {
+    interval: Duration,
+    estimate: Option<Estimate>,
+    last_size: u32,
+    /// Link time probes may still use; negative after an expensive probe.
+    credit_us: i64,
+    refilled: Instant,
+    /// Earliest start of the next probe.
+    due: Instant,
+    in_flight: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Estimate {
+    bps: u64,
+    /// Only "at least this": the probe was too quick to time.
+    lower_bound: bool,
+    at: Instant,
+}
+
+impl Prober {
+    /// A new link, first probed after `first_after`, then every `interval` (budget permitting).
+    pub fn new(now: Instant, first_after: Duration, interval: Duration) -> Self {
+        Self {
+            interval,
+            estimate: None,
+            last_size: MIN_PROBE,
+            credit_us: BUCKET.as_micros() as i64,
+            refilled: now,
+            due: now + first_after,
+            in_flight: false,
+        }
+    }
+
+    /// The bandwidth estimate in bits per second (`None` until the first measurement).
+    pub fn bandwidth_bps(&self) -> Option<u64> {
+        self.estimate.map(|estimate| estimate.bps)
+    }
+
+    /// Whether a probe should start now, and with how many bytes. Marks it in flight: report its end
+    /// with [`Prober::on_probe_done`].
+    pub fn poll_probe(&mut self, now: Instant) -> Option<u32> {
+        self.refill(now);
+        if self.in_flight || now < self.due || self.credit_us < 0 {
+            return None;
+        }
+        let size = match self.estimate {
+            None => MIN_PROBE,
+            Some(estimate) if estimate.lower_bound => self.last_size.saturating_mul(4),
+            Some(estimate) => {
+                let bytes = estimate.bps as f64 / 8.0 * TARGET_SPAN.as_secs_f64();
+                bytes.min(f64::from(MAX_PROBE)).round() as u32
+            }
+        }
+        .clamp(MIN_PROBE, MAX_PROBE);
+        self.in_flight = true;
+        self.last_size = size;
+        Some(size)
+    }
+
+    /// A probe ended (`None`: it failed after `cost`); charges its cost and updates the estimate.
+    ///
+    /// The cost is the link time the probe took: its duration, or its whole size at the rate it measured
+    /// when that is longer (bytes the receiver stopped may still have been queued), with the headers
+    /// and ACKs that came with it.
+    pub fn on_probe_done(&mut self, now: Instant, report: Option<ProbeReport>, cost: Duration) {
+        self.refill(now);
+        self.in_flight = false;
+        self.due = now + self.interval;
+        // A probe the receiver stopped still had bytes queued at the bottleneck: count the whole probe
+        // at the rate it measured, but no more than half again its span (the sender resets the rest).
+        let airtime = report
+            .filter(|report| report.timed >= MIN_TIMED && report.timed_bytes > 0)
+            .map_or(Duration::ZERO, |report| {
+                let whole = report
+                    .timed
+                    .mul_f64(f64::from(self.last_size) / report.timed_bytes as f64);
+                whole.min(cost.mul_f64(1.5))
+            });
+        let charged = cost.max(airtime).mul_f64(WIRE_OVERHEAD);
+        self.credit_us -= charged.as_micros().min(i64::MAX as u128) as i64;
+        let Some(report) = report else { return };
+        let sample = match report.timed {
+            timed if timed >= MIN_TIMED && report.timed_bytes > 0 => Estimate {
+                bps: (report.timed_bytes as f64 * 8.0 / timed.as_secs_f64()) as u64,
+                lower_bound: false,
+                at: now,
+            },
+            _ => {
+                // Too quick to time: the whole probe within about one round trip at most.
+                let span = report.elapsed.saturating_sub(report.rtt).max(MIN_TIMED);
+                Estimate {
+                    bps: (report.received as f64 * 8.0 / span.as_secs_f64()) as u64,
+                    lower_bound: true,
+                    at: now,
+                }
+            }
+        };
+        self.estimate = Some(match self.estimate {
+            None => sample,
+            Some(old) if sample.lower_bound => match sample.bps > old.bps {
+                true => sample,
+                false => Estimate { at: now, ..old },
+            },
+            Some(old) => {
+                let ratio = sample.bps as f64 / old.bps.max(1) as f64;
+                if old.lower_bound || !(0.5..=2.0).contains(&ratio) {
+                    sample
+                } else {
+                    Estimate {
+                        bps: (old.bps + sample.bps) / 2,
+                        lower_bound: false,
+                        at: now,
+                    }
+                }
+            }
+        });
+    }
+
+    /// Traffic delivered over the link at `bps` (e.g. a CUDA session served to that peer): a rate the
+    /// link evidently has. Raises the estimate when higher, and postpones the next probe.
+    pub fn on_traffic(&mut self, now: Instant, bps: u64) {
+        let higher = self.estimate.is_none_or(|estimate| bps > estimate.bps);
+        if higher && bps > 0 {
+            self.estimate = Some(Estimate {
+                bps,
+                lower_bound: false,
+                at: now,
+            });
+        }
+        if !self.in_flight {
+            self.due = self.due.max(now + self.interval);
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.refilled);
+        self.refilled = now;
+        let earned = elapsed.as_micros() as i64 * i64::from(SHARE_PERCENT) / 100;
+        self.credit_us = (self.credit_us + earned).min(BUCKET.as_micros() as i64);
+    }
+}
+
+/// The most link time probes may save up (so at most this much more than the share in a burst).
+pub const BUCKET: Duration = Duration::from_millis(20);
 
 /// Loss over the interval between two looks at a connection's statistics.
 #[derive(Debug, Default)]
@@ -145,23 +359,26 @@ pub fn link_quality(
 #[non_exhaustive]
 pub enum ProbeError {
     /// The connection went away.
-    #[error("probe: {0}")]
+    #[error("probe: connection lost")]
     Connection(#[from] quinn::ConnectionError),
     /// The other side broke the probe protocol.
     #[error("probe: {0}")]
     Protocol(&'static str),
     /// Reading the probe stream failed.
-    #[error("probe: {0}")]
+    #[error("probe: reading the stream failed")]
     Read(#[from] quinn::ReadError),
     /// Writing the probe stream failed.
-    #[error("probe: {0}")]
+    #[error("probe: writing the stream failed")]
     Write(#[from] quinn::WriteError),
 }
 
-/// Below this, timing noise dominates; cap the estimate instead of dividing by ~0.
-const MIN_TRANSFER: Duration = Duration::from_micros(100);
-/// The receiver's timing is used only when it spans at least this long.
-const MIN_TIMED: Duration = Duration::from_millis(2);
+/// Bytes on the wire per probe byte: QUIC, UDP, IP and Ethernet headers on ~1200-byte packets, and the
+/// ACKs coming back.
+const WIRE_OVERHEAD: f64 = 1.1;
+
+/// The receiver's timing is trusted only when it spans at least this long (scheduling noise is
+/// tens of microseconds).
+const MIN_TIMED: Duration = Duration::from_millis(1);
 
 #[cfg(test)]
 mod tests {
@@ -171,8 +388,12 @@ mod tests {
     use gleam_auth::identity::Identity;
     use gleam_auth::tls::{ALPN_MESH, client_config, server_config, server_name};
 
-    #[tokio::test]
-    async fn probe_measures_a_loopback_link_and_rejects_oversized_probes() {
+    async fn pair() -> (
+        quinn::Connection,
+        quinn::Connection,
+        quinn::Endpoint,
+        quinn::Endpoint,
+    ) {
         let (server_id, client_id) = (
             Identity::ephemeral().unwrap(),
             Identity::ephemeral().unwrap(),
@@ -196,6 +417,12 @@ mod tests {
             },
             async { server.accept().await.unwrap().await.unwrap() },
         );
+        (conn, accepted, client, server)
+    }
+
+    #[tokio::test]
+    async fn probe_measures_a_loopback_link_and_rejects_oversized_probes() {
+        let (conn, accepted, _client, _server) = pair().await;
         let serving = tokio::spawn(async move {
             let mut served = 0;
             while let Ok((send, mut recv)) = accepted.accept_bi().await {
@@ -208,7 +435,13 @@ mod tests {
             }
             served
         });
-        let bps = measure_bandwidth(&conn, PROBE_BYTES).await.unwrap();
+        let report = measure_bandwidth(&conn, 1 << 20).await.unwrap();
+        assert_eq!(report.received, 1 << 20);
+        assert!(report.timed_bytes <= report.received);
+        let mut prober = Prober::new(Instant::now(), Duration::ZERO, Duration::from_secs(1));
+        assert_eq!(prober.poll_probe(Instant::now()), Some(MIN_PROBE));
+        prober.on_probe_done(Instant::now(), Some(report), report.elapsed);
+        let bps = prober.bandwidth_bps().unwrap();
         // Loopback in a debug build: well above 10 Mbit/s, and not absurd.
         assert!(bps > 10_000_000 && bps < 1_000_000_000_000, "{bps}");
         let err = measure_bandwidth(&conn, MAX_PROBE_BYTES + 1)
@@ -228,5 +461,157 @@ mod tests {
         let quality = link_quality(&conn, &mut meter, bps);
         assert_eq!(quality.bandwidth_bps, bps);
         assert!(quality.loss <= 1.0);
+    }
+
+    /// A report of `bytes` at `bps`, timed by the receiver.
+    fn report(bytes: u64, bps: u64) -> (ProbeReport, Duration) {
+        let timed = Duration::from_secs_f64(bytes as f64 * 8.0 / bps as f64);
+        let rtt = Duration::from_micros(300);
+        let report = ProbeReport {
+            received: bytes,
+            timed_bytes: bytes,
+            timed,
+            elapsed: timed + rtt,
+            rtt,
+        };
+        (report, report.elapsed)
+    }
+
+    /// Runs a prober on a virtual clock over a link of `bps` for `secs`; returns the share of link
+    /// time its probes used and the estimates seen.
+    fn simulate(
+        prober: &mut Prober,
+        t0: Instant,
+        from: Duration,
+        secs: u64,
+        bps: u64,
+    ) -> (f64, Duration) {
+        let mut now = t0 + from;
+        let end = now + Duration::from_secs(secs);
+        let mut busy = Duration::ZERO;
+        while now < end {
+            if let Some(size) = prober.poll_probe(now) {
+                // What the receiver would measure: stopped at MAX_SPAN.
+                let full = Duration::from_secs_f64(f64::from(size) * 8.0 / bps as f64);
+                let span = full.min(MAX_SPAN);
+                let bytes = (span.as_secs_f64() * bps as f64 / 8.0) as u64;
+                let (report, cost) = report(bytes, bps);
+                now += cost;
+                busy += span;
+                prober.on_probe_done(now, Some(report), cost);
+            }
+            // The daemon looks every 250 ms.
+            now += Duration::from_millis(250);
+        }
+        (busy.as_secs_f64() / secs as f64, now - t0)
+    }
+
+    #[test]
+    fn probes_take_at_most_the_share_of_a_slow_link() {
+        let t0 = Instant::now();
+        let mut prober = Prober::new(t0, Duration::ZERO, Duration::from_secs(1));
+        // 1 Mbit/s: even the smallest probe takes 131 ms, so the budget, not the interval, paces it.
+        let (share, _) = simulate(&mut prober, t0, Duration::ZERO, 600, 1_000_000);
+        assert!(
+            share <= f64::from(SHARE_PERCENT) / 100.0 * 1.05,
+            "share {share}"
+        );
+        let bps = prober.bandwidth_bps().unwrap();
+        assert!((900_000..1_100_000).contains(&bps), "{bps}");
+        // 200 kbit/s: the probe is cut at MAX_SPAN; still within the share.
+        let mut prober = Prober::new(t0, Duration::ZERO, Duration::from_secs(1));
+        let (share, _) = simulate(&mut prober, t0, Duration::ZERO, 600, 200_000);
+        assert!(
+            share <= f64::from(SHARE_PERCENT) / 100.0 * 1.05,
+            "share {share}"
+        );
+    }
+
+    #[test]
+    fn a_fast_link_is_probed_every_interval_with_probes_sized_to_it() {
+        let t0 = Instant::now();
+        let mut prober = Prober::new(t0, Duration::ZERO, Duration::from_secs(1));
+        let (share, _) = simulate(&mut prober, t0, Duration::ZERO, 60, 1_000_000_000);
+        let bps = prober.bandwidth_bps().unwrap();
+        assert!((900_000_000..1_100_000_000).contains(&bps), "{bps}");
+        // About TARGET_SPAN per second: 1 %.
+        assert!(share < 0.015, "share {share}");
+        let size = prober.poll_probe(t0 + Duration::from_secs(3600)).unwrap();
+        assert_eq!(size, 1_250_000, "10 ms at 1 Gbit/s");
+    }
+
+    #[test]
+    fn a_link_change_replaces_the_estimate_at_the_next_probe() {
+        let t0 = Instant::now();
+        let mut prober = Prober::new(t0, Duration::ZERO, Duration::from_secs(1));
+        let (_, at) = simulate(&mut prober, t0, Duration::ZERO, 10, 1_000_000_000);
+        // The link drops to 20 Mbit/s: within 1.5 s (one interval and a tick) the estimate follows.
+        let (_, _) = simulate(&mut prober, t0, at, 2, 20_000_000);
+        let bps = prober.bandwidth_bps().unwrap();
+        assert!((15_000_000..25_000_000).contains(&bps), "{bps}");
+        // And back up: once the ~160 ms of link time the cut probe cost is paid back (8 s at 2 %), a
+        // first quick probe shows "much faster" (a lower bound), the next ones time it properly.
+        let back = at + Duration::from_secs(2);
+        let (_, _) = simulate(&mut prober, t0, back, 9, 1_000_000_000);
+        let bps = prober.bandwidth_bps().unwrap();
+        assert!(bps > 100_000_000, "{bps}");
+        let (_, _) = simulate(
+            &mut prober,
+            t0,
+            back + Duration::from_secs(9),
+            3,
+            1_000_000_000,
+        );
+        let bps = prober.bandwidth_bps().unwrap();
+        assert!(bps > 500_000_000, "{bps}");
+    }
+
+    #[test]
+    fn small_differences_are_averaged_and_quick_probes_grow() {
+        let t0 = Instant::now();
+        let mut prober = Prober::new(t0, Duration::ZERO, Duration::from_secs(1));
+        assert_eq!(prober.poll_probe(t0), Some(MIN_PROBE));
+        let (first, cost) = report(100_000, 100_000_000);
+        prober.on_probe_done(t0, Some(first), cost);
+        let now = t0 + Duration::from_secs(2);
+        prober.poll_probe(now).unwrap();
+        let (second, cost) = report(100_000, 150_000_000);
+        prober.on_probe_done(now, Some(second), cost);
+        let mean = prober.bandwidth_bps().unwrap();
+        assert!(mean.abs_diff(125_000_000) < 1_000, "{mean}");
+
+        // A probe that arrives in one go (not timed): a lower bound, and the next is 4x bigger.
+        let mut prober = Prober::new(t0, Duration::ZERO, Duration::from_secs(1));
+        let size = prober.poll_probe(t0).unwrap();
+        let quick = ProbeReport {
+            received: u64::from(size),
+            timed_bytes: 0,
+            timed: Duration::ZERO,
+            elapsed: Duration::from_micros(400),
+            rtt: Duration::from_micros(300),
+        };
+        prober.on_probe_done(t0, Some(quick), quick.elapsed);
+        let bound = prober.bandwidth_bps().unwrap();
+        assert_eq!(bound, u64::from(size) * 8 * 1000, "bytes per MIN_TIMED");
+        assert_eq!(
+            prober.poll_probe(t0 + Duration::from_secs(2)),
+            Some(size * 4)
+        );
+    }
+
+    #[test]
+    fn traffic_raises_the_estimate_and_defers_probes() {
+        let t0 = Instant::now();
+        let mut prober = Prober::new(t0, Duration::ZERO, Duration::from_secs(1));
+        prober.on_traffic(t0, 300_000_000);
+        assert_eq!(prober.bandwidth_bps(), Some(300_000_000));
+        assert_eq!(prober.poll_probe(t0 + Duration::from_millis(500)), None);
+        // Slower traffic says nothing about capacity (the application may have sent little).
+        prober.on_traffic(t0, 1_000);
+        assert_eq!(prober.bandwidth_bps(), Some(300_000_000));
+        assert!(prober.poll_probe(t0 + Duration::from_secs(2)).is_some());
+        // A failed probe costs its time but keeps the estimate.
+        prober.on_probe_done(t0 + Duration::from_secs(2), None, Duration::from_millis(10));
+        assert_eq!(prober.bandwidth_bps(), Some(300_000_000));
     }
 }

@@ -99,8 +99,39 @@ pub struct CacheDigest {
     pub entries: u64,
     /// Bytes cached.
     pub bytes: u64,
-    /// Hash over the sorted content addresses (all zero when empty or unknown).
+    /// Hash over the sorted content addresses (all zero when empty or unknown); hex text in JSON.
+    #[serde(with = "hex_bytes")]
     pub digest: [u8; 16],
+}
+
+/// `[u8; 16]` as 32 hex digits in human-readable formats (JSON), raw bytes in compact ones (postcard).
+mod hex_bytes {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8; 16], serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            serializer.serialize_str(&text)
+        } else {
+            serde::Serialize::serialize(bytes, serializer)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<[u8; 16], D::Error> {
+        if !deserializer.is_human_readable() {
+            return <[u8; 16]>::deserialize(deserializer);
+        }
+        let text = String::deserialize(deserializer)?;
+        let mut out = [0u8; 16];
+        if text.len() != 32 || !text.is_ascii() {
+            return Err(D::Error::custom("expected 32 hex digits"));
+        }
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16)
+                .map_err(|_| D::Error::custom("expected 32 hex digits"))?;
+        }
+        Ok(out)
+    }
 }
 
 /// One peer's measurement of its link to another.
@@ -284,6 +315,28 @@ pub(crate) mod tests {
         );
         assert!(view.remove(&PeerId::from_bytes([2; 16])).is_some());
         assert_eq!(view.states().count(), 0);
+    }
+
+    #[test]
+    fn cache_digests_are_hex_in_json_and_bytes_in_gossip() {
+        let mut digest = [0u8; 16];
+        digest[0] = 0xab;
+        digest[15] = 0x01;
+        let cache = CacheDigest {
+            entries: 2,
+            bytes: 26,
+            digest,
+        };
+        let json = serde_json::to_value(&cache).unwrap();
+        assert_eq!(json["digest"], "ab000000000000000000000000000001");
+        assert_eq!(serde_json::from_value::<CacheDigest>(json).unwrap(), cache);
+        let bin = postcard::to_allocvec(&cache).unwrap();
+        assert_eq!(postcard::from_bytes::<CacheDigest>(&bin).unwrap(), cache);
+        assert!(bin.len() < 24, "{} bytes", bin.len());
+        assert!(
+            serde_json::from_str::<CacheDigest>(r#"{"entries":0,"bytes":0,"digest":"xyz"}"#)
+                .is_err()
+        );
     }
 
     #[test]

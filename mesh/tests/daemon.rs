@@ -57,7 +57,7 @@ struct Running {
 fn start(
     dir: &Path,
     secret: &MeshSecret,
-    seeds: Vec<(PeerId, SocketAddr)>,
+    seeds: Vec<gleam_auth::PeerAddr>,
     handler: SessionHandler,
 ) -> Running {
     start_with_device(dir, secret, seeds, handler, Arc::new(FakeGpu))
@@ -66,7 +66,7 @@ fn start(
 fn start_with_device(
     dir: &Path,
     secret: &MeshSecret,
-    seeds: Vec<(PeerId, SocketAddr)>,
+    seeds: Vec<gleam_auth::PeerAddr>,
     handler: SessionHandler,
     device: Arc<dyn DeviceInfo>,
 ) -> Running {
@@ -139,7 +139,7 @@ async fn daemons_join_serve_sessions_to_members_only_and_leave_gracefully() {
     let mut a = start_with_device(
         &dir_a,
         &secret,
-        vec![(b.id, b.addr)],
+        vec![gleam_auth::PeerAddr::new(b.id, [b.addr])],
         refuse_all,
         Arc::new(NoGpu),
     );
@@ -266,7 +266,12 @@ async fn a_restarted_peer_rejoins_and_its_new_run_replaces_the_old() {
     let secret = MeshSecret::generate();
     let handler: SessionHandler = Arc::new(|_, _| {});
     let mut b = start(&dir_b, &secret, Vec::new(), handler.clone());
-    let mut a = start(&dir_a, &secret, vec![(b.id, b.addr)], handler.clone());
+    let mut a = start(
+        &dir_a,
+        &secret,
+        vec![gleam_auth::PeerAddr::new(b.id, [b.addr])],
+        handler.clone(),
+    );
     wait_for_ids(&a.socket, &[a.id, b.id], Duration::from_secs(3)).await;
 
     // B stops, then comes back on the same address with the same identity (a reboot).

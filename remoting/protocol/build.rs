@@ -28,6 +28,8 @@ enum Mode {
     Deferred,
     Stub,
     PerThread,
+    /// Another name of an export with the same contract (an older version of it).
+    Alias,
 }
 
 impl Mode {
@@ -39,6 +41,7 @@ impl Mode {
             "deferred" => Self::Deferred,
             "stub" => Self::Stub,
             "per-thread" => Self::PerThread,
+            "alias" => Self::Alias,
             _ => return None,
         })
     }
@@ -52,6 +55,7 @@ impl Mode {
             Self::Deferred => "deferred",
             Self::Stub => "stub",
             Self::PerThread => "per_thread",
+            Self::Alias => "alias",
         }
     }
 
@@ -63,6 +67,7 @@ impl Mode {
             Self::Deferred => "Deferred",
             Self::Stub => "Stub",
             Self::PerThread => "PerThread",
+            Self::Alias => "Alias",
         }
     }
 }
@@ -117,10 +122,10 @@ fn parse(text: &str) -> Result<Vec<Entry>, String> {
         let mode = Mode::parse(mode_word)
             .ok_or_else(|| format!("line {line_no}: unknown mode `{mode_word}`"))?;
         let rest = rest.trim();
-        if mode == Mode::PerThread {
+        if matches!(mode, Mode::PerThread | Mode::Alias) {
             let (name, base) = rest
                 .split_once('=')
-                .ok_or_else(|| format!("line {line_no}: expected `per-thread <name> = <base>`"))?;
+                .ok_or_else(|| format!("line {line_no}: expected `{mode_word} <name> = <base>`"))?;
             entries.push(Entry {
                 line: line_no,
                 mode,
@@ -203,18 +208,21 @@ fn split_top(s: &str, sep: char) -> Vec<String> {
     out
 }
 
-/// A per-thread form takes its base's parameters.
+/// A per-thread form or an alias takes its base's parameters.
 fn resolve_per_thread(entries: &mut [Entry]) -> Result<(), String> {
     let bases: HashMap<String, (Vec<Param>, Mode)> = entries
         .iter()
-        .filter(|e| e.mode != Mode::PerThread)
+        .filter(|e| !matches!(e.mode, Mode::PerThread | Mode::Alias))
         .map(|e| (e.name.clone(), (e.params.clone(), e.mode)))
         .collect();
-    for e in entries.iter_mut().filter(|e| e.mode == Mode::PerThread) {
+    for e in entries
+        .iter_mut()
+        .filter(|e| matches!(e.mode, Mode::PerThread | Mode::Alias))
+    {
         let base = e.base.as_deref().unwrap_or_default();
         let (params, base_mode) = bases
             .get(base)
-            .ok_or_else(|| format!("line {}: per-thread base `{base}` is not listed", e.line))?;
+            .ok_or_else(|| format!("line {}: base `{base}` is not listed", e.line))?;
         e.params = params.clone();
         // The per-thread form of a call not implemented yet is not implemented either (and says so under
         // its own name).
@@ -284,7 +292,25 @@ fn check(entries: &[Entry]) -> Result<(), String> {
 
 /// Types of the `api` module: how arguments of forwarded calls travel.
 const API_TYPES: &[&str] = &[
-    "Out", "Context", "Module", "Function", "Stream", "Event", "Library", "Kernel", "CStr",
+    "Out",
+    "OptOut",
+    "In",
+    "InOut",
+    "LaunchConfig",
+    "TensorMap",
+    "Graph",
+    "GraphExec",
+    "MemPool",
+    "MemHandle",
+    "PtrValue",
+    "Context",
+    "Module",
+    "Function",
+    "Stream",
+    "Event",
+    "Library",
+    "Kernel",
+    "CStr",
 ];
 
 /// Qualifies the names in a type so it resolves wherever the generated macros expand.
@@ -377,7 +403,7 @@ fn generate(entries: &[Entry]) -> String {
                 .params
                 .iter()
                 .map(|p| {
-                    if is_stream(p) {
+                    if e.mode == Mode::PerThread && is_stream(p) {
                         format!("$crate::api::per_thread({})", p.name)
                     } else {
                         p.name.clone()

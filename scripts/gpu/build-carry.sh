@@ -40,11 +40,11 @@ strip .carry/examples/* 2>/dev/null || true
 if [ "$(du -sm .carry | cut -f1)" -gt 48 ]; then
     strip --strip-debug .carry/gleam .carry/libgleamcuda.so 2>/dev/null || true
 fi
-# WITH_TESTS=1: also the unit-test binaries whose tests need a real GPU (they return early without one).
+# WITH_TESTS=1: also the unit-test binaries whose tests need a real GPU (marked #[ignore] here; verify-all.sh runs them with --include-ignored).
 if [ "${WITH_TESTS:-0}" = 1 ]; then
     mkdir -p .carry/tests
     # shellcheck disable=SC2086
-    cargo test $flag --no-run --message-format=json -p gleam-real --lib -p gleam --bin gleam 2>/dev/null |
+    cargo test $flag --no-run --message-format=json -p gleam-real -p gleam-facts --lib 2>/dev/null |
         python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -10,7 +10,12 @@
 #   OUT=/some/folder bash scripts/gpu/compare-pytorch.sh  # on the GPU machine, carrying .carry
 #
 # Also runs the CI runtime-API programs (tests/cuda/*.cu, cases cuda_NAME), whose local output shows what
-# NVIDIA's driver answers to the error cases they check.
+# NVIDIA's driver answers to the error cases they check, and examples/cuda/launch_errors.cu (what the driver
+# answers an impossible launch, to a driver-API caller and to the runtime).
+# Every Gleam run goes through `gleam trace` (report in the tgz: CASE.trace.tsv): the summary lists, per
+# case, the entry points Gleam does not implement that were reached, the export tables and slots it does
+# not serve, and the module bytes sent; the first case runs a second time at the end, against the same
+# peer (a new session: its images come from the peer's content cache), for module bytes on a second run.
 # Env: CASES (space-separated case names, default all; see `cases` below), CARRY (default .carry),
 # RUN_TIMEOUT (s per run, default 300), LOCAL_RUNS (default 2), PYTHON (default python3),
 # BACKEND (default cuda; emu checks the script itself on a machine without a GPU).
@@ -46,6 +51,7 @@ gpt2_fp32|PY examples/pytorch/gpt2.py --dtype fp32 --new-tokens 16
 gpt2_fp16|PY examples/pytorch/gpt2.py --dtype fp16 --new-tokens 16
 item_latency|PY examples/pytorch/item_latency.py --n 1000
 streams_cublas|BIN/streams_cublas
+launch_errors|BIN/launch_errors
 CASES
     # The CI runtime-API programs: their local output is the ground truth for the error codes they check.
     for src in tests/cuda/*.cu; do
@@ -81,6 +87,11 @@ if ! "$NVCC" -O2 -gencode arch=compute_90,code=[sm_90,compute_90] -o "$BIN/strea
         examples/cuda/streams_cublas.cu -L"$wheel/lib" -l:libcublas.so.13 -Xlinker -rpath="$wheel/lib" \
         >> "$LOGS/streams_cublas.build.log" 2>&1 || say "streams_cublas: did not build (see the tgz)"
 fi
+
+# What the driver answers an impossible launch (driver API and runtime).
+"$NVCC" -O2 -gencode arch=compute_90,code=[sm_90,compute_90] -o "$BIN/launch_errors" examples/cuda/launch_errors.cu \
+    -L"$CUDA_HOME/lib64/stubs" -lcuda > "$LOGS/launch_errors.build.log" 2>&1 ||
+    say "launch_errors: did not build (see the tgz)"
 
 # The CI programs (tests/cuda), as CI builds them (PTX only: the driver JIT-compiles it) and natively.
 for src in tests/cuda/*.cu; do
@@ -151,10 +162,19 @@ if [ -n "$PEER" ]; then
     while IFS='|' read -r name cmd; do
         selected "$name" || continue
         # shellcheck disable=SC2046
-        GLEAM_PRINT_MAPS=1 timeout "$RUN_TIMEOUT" "$GLEAM" run --peer "$PEER" --config-dir "$WORK/config" -- \
-            $(command_of "$cmd") > "$LOGS/$name.gleam.out" 2> "$LOGS/$name.gleam.err"
+        GLEAM_PRINT_MAPS=1 timeout "$RUN_TIMEOUT" "$GLEAM" trace --report "$LOGS/$name.trace.tsv" --peer "$PEER" \
+            --config-dir "$WORK/config" -- $(command_of "$cmd") > "$LOGS/$name.gleam.out" 2> "$LOGS/$name.gleam.err"
         echo $? > "$LOGS/$name.gleam.rc"
+        [ -n "${FIRST_CASE:-}" ] || FIRST_CASE=$name
     done < <(cases)
+    # The first case again: a new session of the same peer, whose content cache has its module images.
+    if [ -n "${FIRST_CASE:-}" ]; then
+        cmd=$(cases | sed -n "s/^$FIRST_CASE|//p")
+        # shellcheck disable=SC2046
+        timeout "$RUN_TIMEOUT" "$GLEAM" trace --report "$LOGS/$FIRST_CASE.second.trace.tsv" --peer "$PEER" \
+            --config-dir "$WORK/config" -- $(command_of "$cmd") > "$LOGS/$FIRST_CASE.second.out" \
+            2> "$LOGS/$FIRST_CASE.second.err"
+    fi
 fi
 
 # ---- verdicts ----
@@ -208,6 +228,29 @@ while IFS='|' read -r name cmd; do
         sed "s/^/  $name: /; s/|/   |   /" | tee -a "$SUMMARY"
     grep -h '^time:' "$LOGS/$name.local1.err" "$LOGS/$name.gleam.err" 2>/dev/null | sed "s/^/  $name: /" | tee -a "$SUMMARY"
 done < <(cases)
+say ""
+say "gleam trace (per case: unimplemented entry points reached | export tables not served | table slots not"
+say "implemented that were called | module images sent, bytes, found on the peer):"
+trace_summary() { # $1: a trace report
+    local f=$1
+    [ -f "$f" ] || { echo "no report"; return; }
+    local calls tables slots modules
+    calls=$(awk -F'\t' '$1=="call" && $7>0 {printf "%s(%s) ", $2, $7}' "$f")
+    tables=$(awk -F'\t' '$1=="table" {printf "%s ", $2}' "$f")
+    slots=$(awk -F'\t' '$1=="slot" {printf "%s/%s(%s) ", substr($2,1,8), $3, $4}' "$f")
+    modules=$(awk -F'\t' '$1=="modules" {printf "%s sent, %s bytes, %s found", $2, $3, $4}' "$f")
+    echo "${calls:-none} | ${tables:-none} | ${slots:-none} | $modules"
+}
+while IFS='|' read -r name cmd; do
+    selected "$name" || continue
+    say "  $name: $(trace_summary "$LOGS/$name.trace.tsv")"
+done < <(cases)
+if [ -n "${FIRST_CASE:-}" ]; then
+    say "module images, $FIRST_CASE: first run: $(awk -F'\t' '$1=="modules" {print $3 " bytes sent (" $2 " images), " $4 " found"}' "$LOGS/$FIRST_CASE.trace.tsv" 2>/dev/null)"
+    say "module images, $FIRST_CASE: second run: $(awk -F'\t' '$1=="modules" {print $3 " bytes sent (" $2 " images), " $4 " found"}' "$LOGS/$FIRST_CASE.second.trace.tsv" 2>/dev/null)"
+    grep -h '^time:' "$LOGS/$FIRST_CASE.second.err" 2>/dev/null | sed "s/^/  $FIRST_CASE second run: /" | tee -a "$SUMMARY"
+fi
+
 say ""
 say "maps of one local run (NVIDIA's driver expected):"
 grep -h '^maps: ' "$LOGS"/resnet50_fp32.local1.err 2>/dev/null | sed 's/^/  /' | tee -a "$SUMMARY"

@@ -53,8 +53,9 @@ impl Backend {
         }
     }
 
-    /// `<this executable> session --backend <self>`: how `gleam serve` and `gleam peer` run each session.
-    pub fn session_command(self) -> anyhow::Result<WorkerCommand> {
+    /// `<this executable> session --backend <self>`: how `gleam serve` and `gleam peer` run each session,
+    /// with `config_dir` (where the session keeps the module images clients sent, in `cache/`).
+    pub fn session_command(self, config_dir: &std::path::Path) -> anyhow::Result<WorkerCommand> {
         let program = std::env::current_exe().context("finding the gleam executable")?;
         Ok(WorkerCommand {
             program,
@@ -63,7 +64,7 @@ impl Backend {
                 "--backend".to_owned(),
                 self.as_str().to_owned(),
             ],
-            env: Vec::new(),
+            env: vec![("GLEAM_CONFIG_DIR".into(), config_dir.into())],
         })
     }
 }

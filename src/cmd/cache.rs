@@ -27,7 +27,7 @@ pub enum Command {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let super::WithConfigDir { config, command } = args;
-    let dir = config.path().join("cache");
+    let dir = config.path()?.join("cache");
     match command {
         Command::Stats { json } => {
             let stats = stats(&dir)?;

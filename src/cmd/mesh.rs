@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use gleam_auth::identity::{Identity, MeshSecret, MeshSecretError};
+use gleam_auth::identity::{Identity, IdentityError, MeshSecret, MeshSecretError};
 
 /// `gleam mesh [--config-dir DIR] COMMAND`.
 pub type Args = super::WithConfigDir<Command>;
@@ -36,7 +36,7 @@ pub enum Command {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = args.config.path();
+    let dir = args.config.path()?;
     match args.command {
         Command::Init { force } => {
             refuse_overwrite(&dir, force)?;
@@ -68,7 +68,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             println!("Joined mesh {} as {}.", secret.fingerprint(), id.peer_id());
         }
         Command::Show { code, json } => {
-            let id = Identity::load_or_create(&dir)?;
+            // Only looks: no identity is made here (that is `mesh init`/`join` or `gleam peer`).
+            let id = match Identity::load(&dir) {
+                Ok(id) => Some(id.peer_id()),
+                Err(IdentityError::Missing { .. }) => None,
+                Err(err) => return Err(err.into()),
+            };
             let secret = match MeshSecret::load(&dir) {
                 Ok(secret) => Some(secret),
                 Err(MeshSecretError::Missing { .. }) => None,
@@ -76,14 +81,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             };
             if json {
                 let value = serde_json::json!({
-                    "peer_id": id.peer_id(),
+                    "peer_id": id,
                     "config_dir": dir,
                     "mesh_fingerprint": secret.as_ref().map(MeshSecret::fingerprint),
                     "join_code": secret.as_ref().filter(|_| code).map(MeshSecret::join_code),
                 });
                 println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
-                println!("peer id:    {}", id.peer_id());
+                match id {
+                    Some(id) => println!("peer id:    {id}"),
+                    None => println!(
+                        "peer id:    none yet (made by `gleam mesh init`, `gleam mesh join` or `gleam peer`)"
+                    ),
+                }
                 println!("config dir: {}", dir.display());
                 match &secret {
                     Some(secret) => println!("mesh:       {}", secret.fingerprint()),

@@ -16,6 +16,7 @@ pub mod peers;
 pub mod run;
 pub mod serve;
 pub mod session;
+pub mod trace;
 
 /// Gleam: run CUDA programs on another device's GPU, over the LAN.
 #[derive(Debug, Parser)]
@@ -45,6 +46,8 @@ pub enum Command {
     Linkemu(linkemu::Args),
     /// Look at or empty this device's content cache (weights and modules clients sent before).
     Cache(cache::Args),
+    /// Run a program through Gleam, then print the driver calls it made and what they cost.
+    Trace(trace::TraceArgs),
     /// Internal: one client's session, in its own process (started by `serve`/`peer`).
     #[command(hide = true)]
     Session(session::Args),
@@ -59,6 +62,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => run::run(args),
         Command::Linkemu(args) => linkemu::run(args),
         Command::Cache(args) => cache::run(args),
+        Command::Trace(args) => trace::run(args),
         Command::Session(args) => session::run(args),
     }
 }
@@ -79,20 +83,33 @@ pub struct ConfigDir {
 }
 
 impl ConfigDir {
-    /// The directory: the flag, else the environment, else the per-user default.
-    pub fn path(&self) -> PathBuf {
-        self.dir
-            .clone()
-            .unwrap_or_else(identity::default_config_dir)
+    /// The directory: the flag, else the environment, else the per-user default (an error when there
+    /// is no home directory to put it in).
+    pub fn path(&self) -> anyhow::Result<PathBuf> {
+        match &self.dir {
+            Some(dir) => Ok(dir.clone()),
+            None => Ok(identity::default_config_dir()?),
+        }
     }
 
     /// The control socket of this directory's daemon: `DIR/daemon.sock` when a directory other
     /// than the default was named, else where the daemon listens by default (which also follows
     /// `$GLEAM_CONFIG_DIR`, then `$XDG_RUNTIME_DIR`).
-    pub fn socket(&self) -> PathBuf {
+    pub fn daemon_socket(&self) -> anyhow::Result<PathBuf> {
+        let default = identity::default_config_dir().ok();
         match &self.dir {
-            Some(dir) if *dir != identity::default_config_dir() => dir.join("daemon.sock"),
-            _ => control::default_socket_path(),
+            Some(dir) if Some(dir) != default.as_ref() => Ok(dir.join("daemon.sock")),
+            _ => Ok(control::default_socket_path()?),
+        }
+    }
+
+    /// The daemon to ask: [`Self::daemon_socket`], or the system service's
+    /// ([`control::SYSTEM_SOCKET`]) when no directory was named and only that one exists.
+    pub fn socket(&self) -> anyhow::Result<PathBuf> {
+        let own = self.daemon_socket()?;
+        match self.dir {
+            Some(_) => Ok(own),
+            None => Ok(control::socket_or_system(own)),
         }
     }
 }
@@ -106,7 +123,9 @@ pub struct WithConfigDir<C: Subcommand> {
     pub command: C,
 }
 
-/// Logs go to stderr through `tracing`; `GLEAM_LOG` (an `EnvFilter` string) wins over `-v`.
+/// Logs go to stderr through `tracing`; `GLEAM_LOG` (an `EnvFilter` string) wins over `-v`. Colour only
+/// on a terminal (not in files, pipes or the journal; `NO_COLOR` turns it off); no timestamps under
+/// systemd, whose journal adds its own.
 pub fn init_tracing(verbose: u8) {
     let default = match verbose {
         0 => "warn,gleam=info",
@@ -116,8 +135,14 @@ pub fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("GLEAM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    let _ = match std::env::var_os("JOURNAL_STREAM").is_some() {
+        true => builder.without_time().try_init(),
+        false => builder.try_init(),
+    };
 }

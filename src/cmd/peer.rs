@@ -1,13 +1,14 @@
 //! `gleam peer` (alias `gleam-peer`): the daemon that joins the mesh and serves this device's GPU.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use gleam_auth::PeerId;
 use gleam_auth::identity::{Identity, MeshSecret};
+use gleam_auth::{PeerAddr, PeerId};
 use gleam_cache::BlobStore;
 use gleam_mesh::daemon::{Daemon, DaemonConfig, DeviceInfo, DeviceLoad, SessionHandler};
 use gleam_mesh::state::{CacheDigest, GpuSummary};
@@ -28,14 +29,16 @@ pub struct Args {
     /// Do not advertise or browse with mDNS (use --seed).
     #[arg(long)]
     pub no_mdns: bool,
-    /// A peer to connect to without discovery, as ID@ADDR:PORT (repeatable).
-    #[arg(long = "seed", value_name = "ID@ADDR", value_parser = parse_seed)]
-    pub seeds: Vec<(PeerId, SocketAddr)>,
+    /// A peer to connect to without discovery, as ID@HOST:PORT (several addresses comma-separated;
+    /// repeatable).
+    #[arg(long = "seed", value_name = "ID@HOST:PORT")]
+    pub seeds: Vec<PeerAddr>,
     /// The name other peers show for this device (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
-    /// Seconds between bandwidth probes of each link.
-    #[arg(long, default_value_t = 10.0)]
+    /// Seconds between bandwidth probes of each link (slow links are probed less often: probes never
+    /// take more than 2% of a link).
+    #[arg(long, default_value_t = 1.0)]
     pub probe_interval: f64,
     /// What executes sessions: `auto` (a GPU if one answers, else `emu`), `cuda` or `emu`.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
@@ -47,16 +50,26 @@ pub struct Args {
     /// Control socket (default: DIR/daemon.sock for --config-dir DIR, else
     /// $XDG_RUNTIME_DIR/gleam/daemon.sock).
     #[arg(long)]
-    pub socket: Option<std::path::PathBuf>,
+    pub socket: Option<PathBuf>,
+    /// Permission bits of the control socket, in octal (0600: this user only; the system service
+    /// uses 0660 so members of its group can use `gleam run` and `gleam peers`).
+    #[arg(long, default_value = "600", value_parser = parse_mode)]
+    pub socket_mode: u32,
     #[command(flatten)]
     pub config: super::ConfigDir,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = args.config.path();
+    let dir = args.config.path()?;
     let identity = Identity::load_or_create(&dir)?;
     let secret = MeshSecret::load(&dir)?;
-    let mut config = DaemonConfig::new(args.socket.unwrap_or_else(|| args.config.socket()));
+    let socket = match args.socket {
+        Some(socket) => socket,
+        // Our own socket, never the system service's.
+        None => args.config.daemon_socket()?,
+    };
+    let mut config = DaemonConfig::new(socket);
+    config.control_socket_mode = args.socket_mode;
     config.listen = args.listen;
     config.mdns = !args.no_mdns;
     config.interfaces = args.interfaces;
@@ -70,13 +83,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (device, handler) = if args.borrow_only {
         borrow_only()
     } else {
-        serving(args.backend)?
+        serving(args.backend, &dir)?
     };
     // What this device caches by content is gossiped with its GPU facts, for cache-affine placement.
     let device: Arc<dyn DeviceInfo> = match BlobStore::open(dir.join("cache"), CACHE_BUDGET) {
         Ok(store) => Arc::new(WithCache::new(device, store)),
         Err(err) => {
-            warn!("content cache unavailable, advertising none: {err}");
+            warn!(
+                "content cache unavailable, advertising none: {}",
+                gleam_auth::Chain(&err)
+            );
             device
         }
     };
@@ -100,13 +116,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// What a serving peer advertises, and its handler: each authenticated CUDA session gets its own
 /// `gleam session --backend X` process.
-fn serving(backend: Backend) -> anyhow::Result<(Arc<dyn DeviceInfo>, SessionHandler)> {
+fn serving(
+    backend: Backend,
+    config_dir: &std::path::Path,
+) -> anyhow::Result<(Arc<dyn DeviceInfo>, SessionHandler)> {
     let choice = backend.resolve()?;
     let device: Arc<dyn DeviceInfo> = match choice {
         Backend::Cuda => Arc::new(RealDevice::new()),
         Backend::Emu | Backend::Auto => Arc::new(EmulatedDevice::new()),
     };
-    let worker = choice.session_command()?;
+    let worker = choice.session_command(config_dir)?;
     let handler: SessionHandler = Arc::new(move |conn: quinn::Connection, peer: PeerId| {
         let worker = worker.clone();
         tokio::spawn(async move { gleam_host::serve_connection(conn, peer, worker).await });
@@ -166,7 +185,7 @@ impl DeviceInfo for WithCache {
                 }
             }
             Err(err) => {
-                debug!("cannot read the content cache: {err}");
+                debug!("cannot read the content cache: {}", gleam_auth::Chain(&err));
                 CacheDigest::default()
             }
         };
@@ -234,7 +253,7 @@ impl DeviceInfo for EmulatedDevice {
         // Reading /proc/loadavg is cheap enough for the daemon's loop; a 1-minute average changes
         // slowly, so a failure (not Linux) just reports an idle device.
         let utilization = self.cpu.utilization().unwrap_or_else(|err| {
-            debug!(%err, "host CPU load");
+            debug!(error = %gleam_auth::Chain(&err), "host CPU load");
             0.0
         });
         DeviceLoad {
@@ -276,7 +295,7 @@ impl RealDevice {
                     info!(count = gpus.len(), "GPU facts from NVML");
                 }
                 let load = LoadSampler::spawn(SAMPLE_PERIOD, move || nvml.sample())
-                    .inspect_err(|err| warn!(%err, "GPU load will not be reported"))
+                    .inspect_err(|err| warn!(error = %gleam_auth::Chain(err), "GPU load will not be reported"))
                     .ok();
                 Self { gpus, load }
             }
@@ -284,7 +303,7 @@ impl RealDevice {
             Err(nvml_err) => match gleam_facts::driver_gpus() {
                 Ok(gpus) => {
                     warn!(
-                        %nvml_err,
+                        nvml_err = %gleam_auth::Chain(&nvml_err),
                         count = gpus.len(),
                         "GPU facts from the CUDA driver instead; GPU utilization and free memory \
                          will not be reported"
@@ -293,8 +312,8 @@ impl RealDevice {
                 }
                 Err(driver_err) => {
                     warn!(
-                        %nvml_err,
-                        %driver_err,
+                        nvml_err = %gleam_auth::Chain(&nvml_err),
+                        driver_err = %gleam_auth::Chain(&driver_err),
                         "no GPU facts: advertising no GPUs, and no GPU load"
                     );
                     Self {
@@ -319,22 +338,18 @@ impl DeviceInfo for RealDevice {
     }
 }
 
-fn parse_seed(text: &str) -> Result<(PeerId, SocketAddr), String> {
-    let (id, addr) = text.split_once('@').ok_or("expected ID@ADDR:PORT")?;
-    let id = id.parse().map_err(|err| format!("{err}"))?;
-    let addr = addr
-        .parse()
-        .map_err(|err| format!("bad address {addr:?}: {err}"))?;
-    Ok((id, addr))
+fn parse_mode(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|mode| *mode <= 0o777)
+        .ok_or_else(|| format!("{text:?} is not an octal permission mode like 600 or 660"))
 }
 
 async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
     };
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

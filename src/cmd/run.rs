@@ -1,31 +1,38 @@
 //! `gleam run`: runs a program with Gleam's `libcuda.so.1` in front of it, so its CUDA work executes on a
 //! peer's GPU.
 //!
-//! The shim (`libgleamcuda.so` beside the `gleam` executable, or `$GLEAM_SHIM`) is exposed in a private
-//! temporary directory as `libcuda.so.1`, `libcuda.so` and `libcuda.so.13` (the names cudart and cudarc
-//! look for), which is prepended to `LD_LIBRARY_PATH`. `GLEAM_PEER` and `GLEAM_CONFIG_DIR` tell the shim
-//! where to connect and as whom. The peer is checked first with one authenticated connection, so an
-//! unreachable peer is a clear message from gleam rather than a CUDA error deep in the program.
+//! The shim ([`find_shim`]) is exposed in a private temporary directory as `libcuda.so.1`, `libcuda.so`
+//! and `libcuda.so.13` (the names cudart and cudarc look for), which is prepended to `LD_LIBRARY_PATH`.
+//! `GLEAM_PEER` and `GLEAM_CONFIG_DIR` tell the shim where to connect and as whom.
+//!
+//! The peer: `--peer` names it (`<id>@HOST:PORT[,HOST:PORT...]`, or a unique id prefix or host name that
+//! the local daemon knows), or the local daemon picks the best one. Every address of the peer is tried
+//! (happy eyeballs), once here as a check (so an unreachable peer is a clear message from gleam rather
+//! than a CUDA error deep in the program) and again by the shim, with the one that answered here first.
+//! `GLEAM_PEER` is `<id>@addr,addr,...` (interface indices on link-local addresses), which the shim parses
+//! with the same [`PeerAddr`] parser.
 
 use std::ffi::OsString;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use gleam_auth::PeerAddr;
 use gleam_auth::identity::{Identity, MeshSecret, PeerId};
+use gleam_auth::target::display_addr;
 use gleam_client::Client;
-use gleam_mesh::control;
+use gleam_mesh::control::{self, PeerRow};
 use gleam_mesh::select::JobHint;
 
 use super::ConfigDir;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The GPU peer, as `<peer-id>@HOST:PORT` (what `gleam serve` prints). Without it, the local mesh
-    /// daemon (`gleam peer`) picks the best peer.
+    /// The GPU peer: `<peer-id>@HOST:PORT` (what `gleam serve` prints; several addresses may follow,
+    /// comma-separated), or a peer id, a unique prefix of one, or a host name that `gleam peers list`
+    /// shows. Without it, the local mesh daemon (`gleam peer`) picks the best peer.
     #[arg(long, env = "GLEAM_PEER")]
     pub peer: Option<String>,
     #[command(flatten)]
@@ -40,13 +47,26 @@ pub struct Args {
     pub command: Vec<OsString>,
 }
 
+/// What a shell returns for a command it cannot find, and for one it cannot execute.
+const NOT_FOUND: u8 = 127;
+const NOT_EXECUTABLE: u8 = 126;
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config_dir = args.config.path();
-    let (peer, addr) = match args.peer {
-        Some(target) => parse_target(&target)?,
-        None => best_peer(&args.config.socket())?,
+    let (program, rest) = args.command.split_first().context("no program to run")?;
+    // Before anything else: a typo in the program name is not worth a trip to the mesh.
+    let program = match locate_program(program) {
+        Ok(path) => path,
+        Err((code, why)) => {
+            eprintln!("gleam: {why}");
+            return Ok(ExitCode::from(code));
+        }
     };
-    check_peer(peer, addr, &config_dir)?;
+    let config_dir = args.config.path()?;
+    let target = match args.peer {
+        Some(text) => named_peer(&text, &args.config)?,
+        None => best_peer(&args.config.socket()?)?,
+    };
+    let target = check_peer(target, &config_dir)?;
 
     let shim = find_shim()?;
     let dir = ShimDir::create(&shim)?;
@@ -55,15 +75,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         library_path.push(":");
         library_path.push(old);
     }
-    let (program, rest) = args.command.split_first().context("no program to run")?;
-    tracing::debug!(?program, shim = %shim.display(), "running through Gleam");
-    let status = std::process::Command::new(program)
+    tracing::debug!(program = %program.display(), shim = %shim.display(), "running through Gleam");
+    let status = std::process::Command::new(&program)
         .args(rest)
         .env("LD_LIBRARY_PATH", library_path)
-        .env("GLEAM_PEER", format!("{peer}@{addr}"))
+        .env("GLEAM_PEER", target.to_string())
         .env("GLEAM_CONFIG_DIR", &config_dir)
         .status()
-        .with_context(|| format!("cannot start {}", Path::new(program).display()))?;
+        .with_context(|| format!("cannot start {}", program.display()))?;
     drop(dir);
     Ok(exit_code(status))
 }
@@ -78,46 +97,158 @@ fn exit_code(status: std::process::ExitStatus) -> ExitCode {
     }
 }
 
+/// The program as the shell would find it: a path as it is, a bare name through `$PATH`. Errors carry
+/// the shell's exit code (127: not found, 126: not executable).
+fn locate_program(program: &std::ffi::OsStr) -> Result<PathBuf, (u8, String)> {
+    let shown = Path::new(program).display().to_string();
+    let executable = |path: &Path| {
+        path.metadata()
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    };
+    if program.as_encoded_bytes().contains(&b'/') {
+        let path = PathBuf::from(program);
+        return match path.metadata() {
+            Err(_) => Err((NOT_FOUND, format!("{shown}: no such file"))),
+            Ok(_) if !executable(&path) => {
+                Err((NOT_EXECUTABLE, format!("{shown}: not executable")))
+            }
+            Ok(_) => Ok(path),
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut found_unexecutable = false;
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join(program);
+        if executable(&candidate) {
+            return Ok(candidate);
+        }
+        found_unexecutable |= candidate.is_file();
+    }
+    match found_unexecutable {
+        true => Err((NOT_EXECUTABLE, format!("{shown}: not executable"))),
+        false => Err((NOT_FOUND, format!("{shown}: command not found"))),
+    }
+}
+
+/// `--peer TEXT`: `<id>@addresses`, or an id, id prefix or host name the local daemon knows.
+fn named_peer(text: &str, config: &ConfigDir) -> anyhow::Result<PeerAddr> {
+    if text.contains('@') {
+        return text.parse().with_context(|| format!("--peer {text:?}"));
+    }
+    let socket = config.socket()?;
+    let rows = control::list_peers(&socket).map_err(|err| {
+        anyhow::anyhow!(
+            "--peer {text:?} names a peer by id or host name, which the local mesh daemon resolves, but it \
+             did not answer ({}); start it with `gleam peer`, or give the address: --peer <peer-id>@HOST:PORT",
+            gleam_auth::Chain(&err)
+        )
+    })?;
+    let row = match_peer(text, &rows)?;
+    if row.addrs.is_empty() {
+        bail!(
+            "the mesh knows no address of peer {} ({})",
+            row.id,
+            row.host
+        );
+    }
+    Ok(PeerAddr::new(row.id, row.addrs.iter().copied()))
+}
+
+/// The one row `text` names: a full id, a unique id prefix, or a unique host name.
+fn match_peer<'a>(text: &str, rows: &'a [PeerRow]) -> anyhow::Result<&'a PeerRow> {
+    let wanted = text.trim().to_ascii_lowercase();
+    if wanted.is_empty() {
+        bail!("--peer is empty");
+    }
+    let by_id: Vec<&PeerRow> = rows
+        .iter()
+        .filter(|row| row.id.to_string().starts_with(&wanted))
+        .collect();
+    let by_host: Vec<&PeerRow> = rows
+        .iter()
+        .filter(|row| row.host.eq_ignore_ascii_case(text.trim()))
+        .collect();
+    let describe = |rows: &[&PeerRow]| {
+        rows.iter()
+            .map(|row| format!("{} ({})", row.id, row.host))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match (by_id.as_slice(), by_host.as_slice()) {
+        ([one], []) | ([], [one]) => Ok(one),
+        ([a], [b]) if a.id == b.id => Ok(a),
+        ([], []) => bail!(
+            "no peer in the mesh has an id starting with {text:?} or the host name {text:?} \
+             (`gleam peers list` shows them)"
+        ),
+        (ids, hosts) => {
+            let mut all: Vec<&PeerRow> = ids.to_vec();
+            all.extend(
+                hosts
+                    .iter()
+                    .filter(|row| !ids.iter().any(|id| id.id == row.id)),
+            );
+            bail!(
+                "--peer {text:?} is ambiguous: it matches {}; give more of the id",
+                describe(&all)
+            )
+        }
+    }
+}
+
 /// Asks the local mesh daemon (`gleam peer`) which peer should run the job.
 /// `socket`: the daemon of this config directory, wherever --config-dir pointed.
-fn best_peer(socket: &Path) -> anyhow::Result<(PeerId, SocketAddr)> {
+fn best_peer(socket: &Path) -> anyhow::Result<PeerAddr> {
     let best = control::best_peer(socket, JobHint::default()).map_err(|err| {
         anyhow::anyhow!(
-            "no --peer given, and the local mesh daemon did not answer ({err}); start it with \
-             `gleam peer`, or pass --peer <peer-id>@HOST:PORT (printed by `gleam serve`)"
+            "no --peer given, and the local mesh daemon did not answer ({}); start it with \
+             `gleam peer`, or pass --peer <peer-id>@HOST:PORT (printed by `gleam serve`)",
+            gleam_auth::Chain(&err)
         )
     })?;
     let best = best.context(
         "the mesh knows no peer with a GPU right now (`gleam peers list` shows the members); \
          pass --peer <peer-id>@HOST:PORT to name one",
     )?;
-    let addr = *best
-        .addrs
-        .first()
-        .with_context(|| format!("the mesh knows no address of peer {}", best.id))?;
-    tracing::info!(peer = %best.id, %addr, expected_secs = best.expected_secs, "chose GPU peer");
-    Ok((best.id, addr))
+    if best.addrs.is_empty() {
+        bail!("the mesh knows no address of peer {}", best.id);
+    }
+    let mut why = Vec::new();
+    if best.is_self {
+        why.push("this device".to_owned());
+    }
+    if let Some(us) = best.rtt_us {
+        why.push(format!("RTT {:.2} ms", f64::from(us) / 1e3));
+    }
+    if let Some(bps) = best.bandwidth_bps {
+        why.push(format!("{:.0} Mbit/s", bps as f64 / 1e6));
+    }
+    if best.emulated {
+        why.push("emulated GPU".to_owned());
+    }
+    tracing::info!(
+        "chose GPU peer {} ({}){}",
+        if best.host.is_empty() {
+            "?"
+        } else {
+            &best.host
+        },
+        short_id(best.id),
+        match why.is_empty() {
+            true => String::new(),
+            false => format!(": {}", why.join(", ")),
+        }
+    );
+    Ok(PeerAddr::new(best.id, best.addrs))
 }
 
-/// Parses `<peer-id>@HOST:PORT`.
-pub fn parse_target(target: &str) -> anyhow::Result<(PeerId, SocketAddr)> {
-    let (id, host) = target
-        .trim()
-        .split_once('@')
-        .with_context(|| format!("peer {target:?} is not <peer-id>@HOST:PORT"))?;
-    let peer: PeerId = id
-        .parse()
-        .map_err(|_| anyhow::anyhow!("{id:?} is not a peer id (26 base32 characters)"))?;
-    let addr = host
-        .to_socket_addrs()
-        .with_context(|| format!("cannot resolve {host:?}"))?
-        .next()
-        .with_context(|| format!("{host:?} resolves to no address"))?;
-    Ok((peer, addr))
+fn short_id(id: PeerId) -> String {
+    id.to_string()[..8].to_owned()
 }
 
-/// One quick authenticated connection, so that a wrong address or mesh is reported by gleam itself.
-fn check_peer(peer: PeerId, addr: SocketAddr, config_dir: &Path) -> anyhow::Result<()> {
+/// One authenticated connection (every address tried), so that a wrong address or mesh is reported by
+/// gleam itself. Returns the target with the address that answered first.
+fn check_peer(mut target: PeerAddr, config_dir: &Path) -> anyhow::Result<PeerAddr> {
     let identity = Identity::load_or_create(config_dir).with_context(|| {
         format!(
             "loading this device's identity from {}",
@@ -130,20 +261,30 @@ fn check_peer(peer: PeerId, addr: SocketAddr, config_dir: &Path) -> anyhow::Resu
             config_dir.display()
         )
     })?;
-    let client = Client::connect(peer, addr, &identity, &secret).map_err(|err| {
-        anyhow::anyhow!(
-            "cannot use GPU peer {peer} at {addr}: {err}\n\
-             check that `gleam serve`/`gleam peer` runs there, that the address is right, and that both \
-             devices are in the same mesh"
-        )
-    })?;
+    let peer = target.id;
+    let client = Client::connect_any(peer, &target.addrs, &identity, &secret, CHECK_TIMEOUT)
+        .map_err(|err| {
+            anyhow::anyhow!(
+                "cannot use GPU peer {peer}: {err}\n\
+                 check that `gleam serve`/`gleam peer` runs there, that the address is right, and that both \
+                 devices are in the same mesh"
+            )
+        })?;
+    let addr = client.peer_addr();
     let hello = client.hello();
-    tracing::debug!(%peer, %addr, backend = %hello.backend, devices = hello.devices.len(), "GPU peer reachable");
+    tracing::debug!(%peer, addr = %display_addr(&addr), backend = %hello.backend, devices = hello.devices.len(), "GPU peer reachable");
     client.close(Duration::from_secs(1));
-    Ok(())
+    // The shim dials in the same order: the address that answered goes first.
+    target.prefer(addr);
+    Ok(target)
 }
 
-/// `$GLEAM_SHIM`, else `libgleamcuda.so` beside this executable.
+/// How long the check may take over all addresses.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `$GLEAM_SHIM`, else `libgleamcuda.so` where the build or the install put it: beside this executable
+/// (cargo's target directory, or `deps/` there), or in `../lib/gleam/` (an install under a prefix:
+/// `scripts/install.sh` puts `gleam` in `PREFIX/bin` and the shim in `PREFIX/lib/gleam`).
 fn find_shim() -> anyhow::Result<PathBuf> {
     if let Some(path) = std::env::var_os("GLEAM_SHIM").filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
@@ -153,22 +294,39 @@ fn find_shim() -> anyhow::Result<PathBuf> {
         return Ok(path.canonicalize()?);
     }
     let exe = std::env::current_exe().context("cannot locate the gleam executable")?;
+    // The real location (a `gleam` symlinked into PATH still finds its lib directory).
+    let exe = exe.canonicalize().unwrap_or(exe);
     let dir = exe
         .parent()
         .context("the gleam executable has no directory")?;
-    for candidate in [
-        dir.join("libgleamcuda.so"),
-        dir.join("deps").join("libgleamcuda.so"),
-    ] {
-        if candidate.is_file() {
-            return Ok(candidate.canonicalize()?);
-        }
+    let candidates = shim_candidates(dir);
+    // In a cargo target directory both `./` and `deps/` may hold one (a direct build and a test build):
+    // the newest is the one that matches this `gleam`. An install has only one.
+    let newest = candidates
+        .iter()
+        .filter(|p| p.is_file())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
+    if let Some(found) = newest {
+        return Ok(found.canonicalize()?);
     }
+    let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
     bail!(
-        "Gleam's libcuda (libgleamcuda.so) is not beside {}; build it with `cargo build -p gleam-shim` \
-         or point GLEAM_SHIM at it",
-        exe.display()
+        "Gleam's libcuda (libgleamcuda.so) is not installed: looked in {}; install it with \
+         scripts/install.sh, build it with `cargo build -p gleam-shim`, or point GLEAM_SHIM at it",
+        looked.join(", ")
     )
+}
+
+/// Where `gleam` in `exe_dir` looks for the shim.
+fn shim_candidates(exe_dir: &Path) -> Vec<PathBuf> {
+    let mut candidates = vec![
+        exe_dir.join("libgleamcuda.so"),
+        exe_dir.join("deps").join("libgleamcuda.so"),
+    ];
+    if let Some(prefix) = exe_dir.parent() {
+        candidates.push(prefix.join("lib").join("gleam").join("libgleamcuda.so"));
+    }
+    candidates
 }
 
 /// A private directory of `libcuda.so*` links to the shim, removed when dropped.
@@ -200,5 +358,104 @@ impl ShimDir {
 impl Drop for ShimDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gleam_mesh::state::CacheDigest;
+
+    fn row(id: [u8; 16], host: &str) -> PeerRow {
+        PeerRow {
+            id: PeerId::from_bytes(id),
+            is_self: false,
+            host: host.to_owned(),
+            gpus: Vec::new(),
+            free_memory: 0,
+            total_memory: 0,
+            utilization: 0.0,
+            active_sessions: 0,
+            queue_len: 0,
+            rtt_us: None,
+            bandwidth_bps: None,
+            loss: 0.0,
+            cache: CacheDigest::default(),
+            addrs: vec!["10.0.0.1:4747".parse().unwrap()],
+            warnings: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn peers_are_named_by_unique_id_prefix_or_host_name() {
+        // Ids whose text forms share a first character but not a second.
+        let a = row([0; 16], "gpu-box");
+        let mut b_id = [0; 16];
+        b_id[0] = 0x04;
+        let b = row(b_id, "laptop");
+        let rows = vec![a.clone(), b.clone()];
+        let (a_text, b_text) = (a.id.to_string(), b.id.to_string());
+        assert_eq!(&a_text[..1], &b_text[..1]);
+        assert_ne!(&a_text[..2], &b_text[..2]);
+
+        assert_eq!(match_peer(&a_text, &rows).unwrap().id, a.id);
+        assert_eq!(match_peer(&b_text[..2], &rows).unwrap().id, b.id);
+        assert_eq!(
+            match_peer(&b_text[..2].to_uppercase(), &rows).unwrap().id,
+            b.id
+        );
+        assert_eq!(match_peer("GPU-box", &rows).unwrap().id, a.id);
+        let err = match_peer(&a_text[..1], &rows).unwrap_err().to_string();
+        assert!(
+            err.contains("ambiguous") && err.contains("gpu-box") && err.contains("laptop"),
+            "{err}"
+        );
+        let err = match_peer("nothing", &rows).unwrap_err().to_string();
+        assert!(err.contains("no peer"), "{err}");
+        // A host name that is also a prefix of another peer's id is ambiguous, not a guess.
+        let c = row([0xff; 16], &b_text[..3]);
+        let err = match_peer(&b_text[..3], &[a, b, c])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ambiguous"), "{err}");
+    }
+
+    #[test]
+    fn programs_are_found_as_a_shell_would_with_its_exit_codes() {
+        assert!(locate_program("sh".as_ref()).is_ok());
+        assert_eq!(
+            locate_program("/bin/sh".as_ref()).unwrap(),
+            PathBuf::from("/bin/sh")
+        );
+        assert_eq!(
+            locate_program("gleam-no-such-program".as_ref())
+                .unwrap_err()
+                .0,
+            NOT_FOUND
+        );
+        assert_eq!(
+            locate_program("./no/such/file".as_ref()).unwrap_err().0,
+            NOT_FOUND
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("data.txt");
+        std::fs::write(&plain, "x").unwrap();
+        assert_eq!(
+            locate_program(plain.as_os_str()).unwrap_err().0,
+            NOT_EXECUTABLE
+        );
+    }
+
+    #[test]
+    fn the_shim_is_looked_for_beside_gleam_and_in_the_prefixes_lib_dir() {
+        let candidates = shim_candidates(Path::new("/usr/local/bin"));
+        assert_eq!(
+            candidates,
+            vec![
+                PathBuf::from("/usr/local/bin/libgleamcuda.so"),
+                PathBuf::from("/usr/local/bin/deps/libgleamcuda.so"),
+                PathBuf::from("/usr/local/lib/gleam/libgleamcuda.so"),
+            ]
+        );
     }
 }

@@ -38,7 +38,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config_dir = args.config.path();
+    let config_dir = args.config.path()?;
     let identity = Identity::load_or_create(&config_dir).with_context(|| {
         format!(
             "loading this device's identity from {}",
@@ -49,7 +49,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let addr = resolve(&args.addr)?;
 
     let choice = args.backend.resolve()?;
-    let worker = choice.session_command()?;
+    let worker = choice.session_command(&config_dir)?;
 
     // Two threads: measured on the H200 box, a current-thread runtime gave the same round trips.
     let runtime = tokio::runtime::Builder::new_multi_thread()

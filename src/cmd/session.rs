@@ -17,9 +17,13 @@ pub struct Args {
     /// What executes the session.
     #[arg(long, value_enum)]
     pub backend: Backend,
+    /// The serving device's config directory: module images clients sent are kept in its `cache/`.
+    #[command(flatten)]
+    pub config: super::ConfigDir,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    gleam_server::session::use_content_cache(args.config.path()?.join("cache"));
     let backend = match args.backend {
         Backend::Auto => Backend::Auto.resolve()?,
         chosen => chosen,

@@ -153,6 +153,65 @@ impl Lab {
         }
     }
 
+    /// Removes the shaping of [`Lab::shape`].
+    pub fn unshape(&self, index: usize) {
+        let node = &self.nodes[index];
+        for (ns, dev) in [(&self.hub, &node.hub_if), (&node.ns, &node.ifname)] {
+            run_ok(Command::new("ip").args([
+                "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root",
+            ]));
+        }
+    }
+
+    /// Cuts a node off the bridge (its bridge port goes down; the node keeps its addresses, as when
+    /// a cable is pulled or Wi-Fi drops).
+    pub fn partition(&self, index: usize) {
+        ip(&[
+            "-n",
+            &self.hub,
+            "link",
+            "set",
+            &self.nodes[index].hub_if,
+            "down",
+        ]);
+    }
+
+    /// Undoes [`Lab::partition`].
+    pub fn heal(&self, index: usize) {
+        ip(&[
+            "-n",
+            &self.hub,
+            "link",
+            "set",
+            &self.nodes[index].hub_if,
+            "up",
+        ]);
+    }
+
+    /// Bytes that crossed a node's link so far: (from the node, to the node), counted on the bridge
+    /// side.
+    pub fn link_counters(&self, index: usize) -> (u64, u64) {
+        let node = &self.nodes[index];
+        let counts: Vec<u64> = ["rx_bytes", "tx_bytes"]
+            .iter()
+            .map(|counter| {
+                let output = Command::new("ip")
+                    .args(["netns", "exec", &self.hub, "cat"])
+                    .arg(format!(
+                        "/sys/class/net/{}/statistics/{counter}",
+                        node.hub_if
+                    ))
+                    .output()
+                    .expect("read link counters");
+                String::from_utf8_lossy(&output.stdout)
+                    .trim()
+                    .parse::<u64>()
+                    .expect("a byte count")
+            })
+            .collect();
+        (counts[0], counts[1])
+    }
+
     /// A command that runs inside a node's namespace.
     pub fn command_in(&self, index: usize, program: impl AsRef<Path>) -> Command {
         let mut command = Command::new("ip");

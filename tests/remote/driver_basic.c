@@ -18,6 +18,7 @@ CUresult cuDeviceGetCount(int *count);
 CUresult cuDeviceGet(CUdevice *dev, int ordinal);
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
 CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev);
+CUresult cuDeviceGetExecAffinitySupport(int *pi, int type, CUdevice dev);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev);
 CUresult cuCtxSetCurrent(CUcontext ctx);
@@ -129,6 +130,12 @@ int main(int argc, char **argv) {
     EXPECT(cuDeviceTotalMem_v2(&total, dev), 0);
     EXPECT(cuDeviceGetAttribute(&major, 75 /* COMPUTE_CAPABILITY_MAJOR */, dev), 0);
     printf("driver %d, %d device(s), device 0: %s, %zu MiB, sm_%d\n", version, count, name, total >> 20, major);
+    /* A call forwarded by one line of the declaration list (driver-api.list). */
+    int affinity = -1;
+    EXPECT(cuDeviceGetExecAffinitySupport(&affinity, 0 /* CU_EXEC_AFFINITY_TYPE_SM_COUNT */, dev), 0);
+    if (affinity != 0 && affinity != 1) { printf("FAIL exec affinity support %d\n", affinity); return 12; }
+    printf("exec affinity (SM count) supported: %d\n", affinity);
+    EXPECT(cuDeviceGetExecAffinitySupport(&affinity, 0, count), 101 /* INVALID_DEVICE */);
 
     EXPECT(cuDevicePrimaryCtxRetain(&ctx, dev), 0);
     EXPECT(cuCtxSetCurrent(ctx), 0);

@@ -29,19 +29,8 @@ pub struct Identity {
 impl Identity {
     /// Loads `config_dir/identity.key`, or creates a fresh key there (mode 0600) if it is missing.
     pub fn load_or_create(config_dir: &Path) -> Result<Self, IdentityError> {
-        let path = config_dir.join(KEY_FILE);
-        let key = match fs::read_to_string(&path) {
-            Ok(pem) => {
-                tighten_permissions(&path).map_err(|source| IdentityError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
-                rcgen::KeyPair::from_pem(&pem).map_err(|source| IdentityError::InvalidKey {
-                    path: path.clone(),
-                    source,
-                })?
-            }
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+        match Self::load(config_dir) {
+            Err(IdentityError::Missing { path }) => {
                 let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519)
                     .map_err(IdentityError::Certificate)?;
                 ensure_private_dir(config_dir).map_err(|source| IdentityError::Io {
@@ -55,10 +44,31 @@ impl Identity {
                     }
                 })?;
                 info!(path = %path.display(), "created a new device identity");
-                key
+                Self::from_key_pair(key)
+            }
+            other => other,
+        }
+    }
+
+    /// Loads `config_dir/identity.key`; [`IdentityError::Missing`] when there is none (nothing is
+    /// created: for commands that only look).
+    pub fn load(config_dir: &Path) -> Result<Self, IdentityError> {
+        let path = config_dir.join(KEY_FILE);
+        let pem = match fs::read_to_string(&path) {
+            Ok(pem) => pem,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                return Err(IdentityError::Missing { path });
             }
             Err(source) => return Err(IdentityError::Io { path, source }),
         };
+        tighten_permissions(&path).map_err(|source| IdentityError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let key = rcgen::KeyPair::from_pem(&pem).map_err(|source| IdentityError::InvalidKey {
+            path: path.clone(),
+            source,
+        })?;
         Self::from_key_pair(key)
     }
 
@@ -311,19 +321,62 @@ impl fmt::Debug for MeshSecret {
 }
 
 /// The directory holding everything per device: `$GLEAM_CONFIG_DIR`, else
-/// `$XDG_CONFIG_HOME/gleam`, else `~/.config/gleam` (or `./.gleam` with no home at all).
-pub fn default_config_dir() -> PathBuf {
+/// `$XDG_CONFIG_HOME/gleam`, else `~/.config/gleam` (the home directory from `$HOME`, else from
+/// the user database). With none of these there is no sensible default: an error says to pass
+/// `--config-dir` (a directory relative to wherever the command happens to run would scatter
+/// identities).
+pub fn default_config_dir() -> Result<PathBuf, ConfigDirError> {
     let non_empty = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
     if let Some(dir) = non_empty("GLEAM_CONFIG_DIR") {
-        return PathBuf::from(dir);
+        return Ok(PathBuf::from(dir));
     }
     if let Some(dir) = non_empty("XDG_CONFIG_HOME") {
-        return PathBuf::from(dir).join("gleam");
+        return Ok(PathBuf::from(dir).join("gleam"));
     }
-    match non_empty("HOME") {
-        Some(home) => PathBuf::from(home).join(".config").join("gleam"),
-        None => PathBuf::from(".gleam"),
+    let home = non_empty("HOME")
+        .map(PathBuf::from)
+        .or_else(home_from_passwd)
+        .filter(|home| home.is_absolute())
+        .ok_or(ConfigDirError::NoHome)?;
+    Ok(home.join(".config").join("gleam"))
+}
+
+/// The home directory of the effective user in the user database (what `~` means without `$HOME`,
+/// e.g. under systemd or `env -i`).
+fn home_from_passwd() -> Option<PathBuf> {
+    use std::ffi::CStr;
+    use std::os::unix::ffi::OsStrExt;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: `passwd` is plain data; getpwuid_r writes only into it and `buf` (whose length we
+    // pass), and `result` points at `passwd` or is null when it returns.
+    unsafe {
+        let mut passwd: libc::passwd = std::mem::zeroed();
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(
+            libc::geteuid(),
+            &raw mut passwd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &raw mut result,
+        );
+        if rc != 0 || result.is_null() || passwd.pw_dir.is_null() {
+            return None;
+        }
+        let dir = CStr::from_ptr(passwd.pw_dir).to_bytes();
+        (!dir.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(dir)))
     }
+}
+
+/// No config directory could be chosen.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigDirError {
+    /// Neither `$GLEAM_CONFIG_DIR`, `$XDG_CONFIG_HOME`, `$HOME` nor the user database names one.
+    #[error(
+        "no config directory: $HOME is not set and the user database has no home directory for \
+         this user; pass --config-dir DIR or set GLEAM_CONFIG_DIR"
+    )]
+    NoHome,
 }
 
 /// Loading or creating the device identity failed.
@@ -331,16 +384,23 @@ pub fn default_config_dir() -> PathBuf {
 #[non_exhaustive]
 pub enum IdentityError {
     /// The certificate could not be made (or a fresh key generated).
-    #[error("cannot make the device certificate: {0}")]
+    #[error("cannot make the device certificate")]
     Certificate(#[source] rcgen::Error),
     /// The key file exists but is not a PKCS#8 PEM key rcgen understands.
-    #[error("invalid identity key in {path}: {source} (move it away to make a new identity)")]
+    #[error("invalid identity key in {path} (move it away to make a new identity)")]
     InvalidKey { path: PathBuf, source: rcgen::Error },
     /// Reading or writing a file in the config directory failed.
-    #[error("{path}: {source}")]
+    #[error("{}", path.display())]
     Io { path: PathBuf, source: io::Error },
+    /// There is no identity key yet ([`Identity::load`] does not make one).
+    #[error(
+        "this device has no identity yet ({} is missing); `gleam mesh init`, `gleam mesh join` or \
+         `gleam peer` make one",
+        path.display()
+    )]
+    Missing { path: PathBuf },
     /// Our own certificate did not parse (a bug: rcgen and webpki disagree).
-    #[error("own certificate does not parse: {0}")]
+    #[error("own certificate does not parse (rcgen and webpki disagree)")]
     OwnCertificate(#[source] rustls::Error),
 }
 
@@ -349,7 +409,7 @@ pub enum IdentityError {
 #[non_exhaustive]
 pub enum MeshSecretError {
     /// The secret file holds something that is not a valid join code.
-    #[error("corrupt mesh secret in {path}: {source}")]
+    #[error("corrupt mesh secret in {}", path.display())]
     Corrupt {
         path: PathBuf,
         source: Box<MeshSecretError>,
@@ -358,12 +418,13 @@ pub enum MeshSecretError {
     #[error("invalid join code: {0}")]
     InvalidJoinCode(&'static str),
     /// Reading or writing the secret file failed.
-    #[error("{path}: {source}")]
+    #[error("{}", path.display())]
     Io { path: PathBuf, source: io::Error },
     /// This device has no mesh secret yet.
     #[error(
-        "no mesh secret at {path}: run `gleam mesh init` on the first device, then \
-         `gleam mesh join CODE` on the others"
+        "no mesh secret at {}: run `gleam mesh init` on the first device, then \
+         `gleam mesh join CODE` on the others",
+        path.display()
     )]
     Missing { path: PathBuf },
 }

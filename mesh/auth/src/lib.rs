@@ -11,10 +11,33 @@
 //! * [`proof`]: the mesh-secret proof run right after the handshake, bound to that TLS session, so a device
 //!   outside the mesh is refused without the secret ever travelling.
 //!
+//! Reaching a peer: [`target::PeerAddr`] (the one parser of `<peer-id>@HOST:PORT[,...]`) and
+//! [`dial::dial`] (try every address of a peer, happy-eyeballs style, first handshake wins).
+//!
 //! The crate does no discovery and keeps no peer state: that is `gleam-mesh`.
 
+pub mod dial;
 pub mod identity;
 pub mod proof;
+pub mod target;
 pub mod tls;
 
 pub use identity::{Identity, MeshSecret, PeerId};
+pub use target::PeerAddr;
+
+/// Shows an error with its chain of causes (`outer: inner: innermost`), for logs: errors here put their
+/// cause in `source()`, not in their own message, so a plain `{}` shows only the outer part.
+#[derive(Debug)]
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(err) = source {
+            write!(f, ": {err}")?;
+            source = err.source();
+        }
+        Ok(())
+    }
+}

@@ -13,9 +13,8 @@
 
 use std::time::Duration;
 
-use gleam_ratelimit::RateLimit;
 use quinn::{ConnectionError, VarInt};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::identity::{MeshSecret, PeerId};
 use crate::tls::{TlsError, remote_peer_id};
@@ -26,10 +25,6 @@ pub const CLOSE_AUTH_FAILED: VarInt = VarInt::from_u32(0x4741_0001);
 pub const EXPORTER_LABEL: &[u8] = b"gleam/1 mesh auth";
 /// How long either side waits for the other's proof.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Refusals are logged a few a minute (anyone who can reach the port can cause one); the rest are counted
-/// in the next one logged.
-static REFUSALS: RateLimit = RateLimit::new(20, Duration::from_secs(60));
 
 /// Proves membership to the server of `conn` and checks its proof. Returns the server's id.
 pub async fn authenticate_as_client(
@@ -56,7 +51,7 @@ pub async fn authenticate_as_server(
 #[non_exhaustive]
 pub enum AuthError {
     /// The connection failed for a reason other than authentication.
-    #[error("connection lost during authentication: {0}")]
+    #[error("connection lost during authentication")]
     ConnectionLost(#[source] ConnectionError),
     /// TLS keying material could not be exported (the handshake is not complete).
     #[error("cannot export TLS keying material")]
@@ -143,9 +138,8 @@ fn finish(
         // Already closed by the peer or the network, or refused by it: nothing to tell.
         _ => return Err(err),
     };
-    if let Some(suppressed) = REFUSALS.admit() {
-        warn!(%peer, remote = %conn.remote_address(), error = %err, suppressed, "refusing peer");
-    }
+    // The caller decides how loudly to report it (a device of another mesh retries forever).
+    debug!(%peer, remote = %conn.remote_address(), error = %err, "refusing peer");
     conn.close(CLOSE_AUTH_FAILED, reason);
     Err(err)
 }
@@ -336,7 +330,7 @@ mod tests {
         // Both ends see the connection closed with the auth-failed code.
         match client.closed().await {
             ConnectionError::ApplicationClosed(close) => {
-                assert_eq!(close.error_code, CLOSE_AUTH_FAILED)
+                assert_eq!(close.error_code, CLOSE_AUTH_FAILED);
             }
             other => panic!("{other}"),
         }
@@ -376,7 +370,7 @@ mod tests {
         assert!(started.elapsed() >= AUTH_TIMEOUT);
         match client.closed().await {
             ConnectionError::ApplicationClosed(close) => {
-                assert_eq!(&close.reason[..], b"authentication timed out")
+                assert_eq!(&close.reason[..], b"authentication timed out");
             }
             other => panic!("{other}"),
         }

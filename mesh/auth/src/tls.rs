@@ -176,16 +176,16 @@ fn set_socket_int(
 #[non_exhaustive]
 pub enum TlsError {
     /// The rustls config could not be built (e.g. the key does not match the certificate).
-    #[error("TLS configuration: {0}")]
+    #[error("TLS configuration")]
     Config(#[from] rustls::Error),
     /// The crypto provider offers no cipher suite QUIC can use for its initial packets.
-    #[error("TLS configuration: {0}")]
+    #[error("TLS configuration")]
     NoInitialCipherSuite(#[from] NoInitialCipherSuite),
     /// The connection has no peer certificate (not a Gleam connection, or not yet established).
     #[error("the connection carries no peer certificate")]
     NoPeerCertificate,
     /// The peer's certificate did not parse.
-    #[error("peer certificate: {0}")]
+    #[error("the peer's certificate does not parse")]
     PeerCertificate(#[source] rustls::Error),
 }
 

@@ -38,7 +38,7 @@ const UNKNOWN_MODEL: &str = "NVIDIA GPU";
 #[derive(Debug, thiserror::Error)]
 pub enum FactsError {
     /// NVML could not be loaded or initialised (no NVIDIA driver, or one without `libnvidia-ml.so.1`).
-    #[error("NVML (libnvidia-ml.so.1) unavailable: {0}")]
+    #[error("NVML (libnvidia-ml.so.1) unavailable")]
     NvmlInit(#[source] NvmlError),
     /// An NVML query failed.
     #[error("NVML {query} failed: {source}")]
@@ -68,7 +68,7 @@ pub enum FactsError {
     #[error("malformed /proc/loadavg: {0:?}")]
     LoadAvg(String),
     /// The background sampler thread could not be started.
-    #[error("starting the load sampler thread: {0}")]
+    #[error("cannot start the load sampler thread")]
     Thread(#[source] std::io::Error),
 }
 
@@ -77,6 +77,14 @@ pub struct NvmlGpus {
     nvml: Nvml,
     /// NVML indices of the served GPUs, in CUDA's order as far as NVML can tell it.
     indices: Vec<u32>,
+}
+
+impl std::fmt::Debug for NvmlGpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlGpus")
+            .field("indices", &self.indices)
+            .finish_non_exhaustive()
+    }
 }
 
 impl NvmlGpus {
@@ -276,6 +284,7 @@ pub fn driver_gpus() -> Result<Vec<GpuSummary>, FactsError> {
 ///
 /// The thread owns the sampling closure (and whatever it captures, e.g. an [`NvmlGpus`]) and stops
 /// at its next wake-up once the sampler is dropped.
+#[derive(Debug)]
 pub struct LoadSampler {
     latest: Arc<Mutex<DeviceLoad>>,
 }
@@ -326,6 +335,7 @@ impl LoadSampler {
 }
 
 /// The host's CPU load, as the emulated device's utilization (its kernels run on these CPUs).
+#[derive(Debug)]
 pub struct HostCpu {
     cores: usize,
 }
@@ -342,7 +352,7 @@ impl HostCpu {
     /// The CPUs this process may use.
     pub fn new() -> Self {
         Self {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cores: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         }
     }
 

@@ -324,14 +324,17 @@ impl IoStats {
 /// When a datagram reached the kernel, from its `SO_TIMESTAMPNS` stamp, as an `Instant`; `now`
 /// without a stamp. Arrivals are kept in order (per link), and a stamp older than
 /// [`MAX_STAMP_AGE`] (the wall clock stepped, say) is not trusted further.
+///
+/// The wall clock is read before the monotonic one it is mapped onto: a preemption between the
+/// two reads then makes the arrival later, never earlier (a datagram must never leave early).
 fn arrival(now: Instant, stamp: Option<Duration>, last: &mut Instant) -> Instant {
-    let age = stamp
-        .and_then(|stamp| {
-            let wall = SystemTime::now().duration_since(UNIX_EPOCH).ok()?;
-            Some(wall.saturating_sub(stamp).min(MAX_STAMP_AGE))
-        })
-        .unwrap_or(Duration::ZERO);
-    let arrived = now.checked_sub(age).unwrap_or(now).max(*last);
+    let mapped = stamp.and_then(|stamp| {
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).ok()?;
+        let mono = Instant::now();
+        let age = wall.saturating_sub(stamp).min(MAX_STAMP_AGE);
+        mono.checked_sub(age)
+    });
+    let arrived = mapped.unwrap_or(now).max(*last);
     *last = arrived;
     arrived
 }

@@ -51,7 +51,7 @@ fn poll(pollfds: &mut [libc::pollfd], timeout: Duration) -> libc::c_int {
         libc::ppoll(
             pollfds.as_mut_ptr(),
             pollfds.len() as libc::nfds_t,
-            &timeout,
+            &raw const timeout,
             std::ptr::null(),
         )
     }
@@ -77,7 +77,7 @@ pub(crate) fn enlarge_buffers(socket: &impl AsRawFd, bytes: usize) {
                 socket.as_raw_fd(),
                 libc::SOL_SOCKET,
                 option,
-                (&value as *const libc::c_int).cast(),
+                (&raw const value).cast(),
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
         };
@@ -100,7 +100,7 @@ pub(crate) fn stamp_arrivals(socket: &impl AsRawFd) {
                 socket.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_TIMESTAMPNS,
-                (&on as *const libc::c_int).cast(),
+                (&raw const on).cast(),
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
         };
@@ -125,10 +125,10 @@ pub(crate) struct Received {
 /// for a while still feeds its link model the true arrival times.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(crate) fn recv_stamped(socket: &impl AsRawFd, buf: &mut [u8]) -> io::Result<Received> {
-    // SAFETY (whole function): every pointer in `msg` refers to a local that outlives the
-    // `recvmsg` call, with its true length; the kernel writes at most those lengths. The cmsg
-    // walk uses libc's macros over the control length the kernel reported, and the payload is
-    // read unaligned.
+    // Every pointer in `msg` refers to a local that outlives the `recvmsg` call, with its true
+    // length; the kernel writes at most those lengths. The cmsg walk uses libc's macros over the
+    // control length the kernel reported, and the payload is read unaligned.
+    // SAFETY: all-zero is a valid sockaddr_storage.
     let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -136,29 +136,35 @@ pub(crate) fn recv_stamped(socket: &impl AsRawFd, buf: &mut [u8]) -> io::Result<
     };
     // u64s keep the control buffer aligned for cmsghdr.
     let mut control = [0u64; 16];
+    // SAFETY: all-zero is a valid msghdr (null pointers, zero lengths), filled in below.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = (&mut addr as *mut libc::sockaddr_storage).cast();
+    msg.msg_name = (&raw mut addr).cast();
     msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    msg.msg_iov = &mut iov;
+    msg.msg_iov = &raw mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&control) as _;
-    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+    // SAFETY: `msg` points only at the locals above, which outlive the call (see the top comment).
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &raw mut msg, libc::MSG_DONTWAIT) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
     let mut stamp = None;
-    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    // SAFETY: `msg` is the header the kernel just filled; the macro reads its control fields.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&raw const msg) };
     while !cmsg.is_null() {
+        // SAFETY: a non-NULL cmsghdr inside `control`, as CMSG_FIRSTHDR/CMSG_NXTHDR return them.
         let header = unsafe { &*cmsg };
         if header.cmsg_level == libc::SOL_SOCKET && header.cmsg_type == libc::SCM_TIMESTAMPNS {
+            // SAFETY: an SCM_TIMESTAMPNS message carries a timespec; read unaligned from `control`.
             let ts: libc::timespec =
                 unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast()) };
             if let (Ok(secs), Ok(nanos)) = (u64::try_from(ts.tv_sec), u32::try_from(ts.tv_nsec)) {
                 stamp = Some(Duration::new(secs, nanos));
             }
         }
-        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
+        // SAFETY: `cmsg` is a header of `msg`'s control buffer; the macro stops at its end.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&raw const msg, cmsg) };
     }
     Ok(Received {
         len: n as usize,

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use gleam_auth::identity::{Identity, MeshSecret, PeerId};
 use gleam_auth::proof::{AuthError, authenticate_as_client};
-use gleam_auth::tls::{ALPN_CUDA, TlsError, client_config, server_name};
+use gleam_auth::tls::{ALPN_CUDA, TlsError, client_config};
 use tokio::sync::mpsc as tokio_mpsc;
 use tracing::{debug, warn};
 
@@ -46,6 +46,35 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const COALESCE_BYTES: usize = 1 << 20;
 /// QUIC application close code of an orderly client exit.
 const CLOSE_CLIENT_EXIT: u32 = 0;
+
+/// What the calling thread sent, for `gleam trace` (which classifies each driver call by it): one
+/// thread-local byte set per request, read and reset by the shim around each call.
+pub mod sent {
+    use std::cell::Cell;
+
+    /// A request without a reply was queued.
+    pub const FIRE_AND_FORGET: u8 = 1;
+    /// A request whose reply the caller waits for was queued.
+    pub const WAITED: u8 = 2;
+
+    thread_local! {
+        static SENT: Cell<u8> = const { Cell::new(0) };
+    }
+
+    pub(crate) fn note(expects_reply: bool) {
+        let bit = if expects_reply {
+            WAITED
+        } else {
+            FIRE_AND_FORGET
+        };
+        let _ = SENT.try_with(|s| s.set(s.get() | bit));
+    }
+
+    /// What this thread sent since the last call (a combination of the bits above), and forget it.
+    pub fn take() -> u8 {
+        SENT.try_with(|s| s.replace(0)).unwrap_or(0)
+    }
+}
 
 /// Why a session could not be established, or why it ended.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -341,6 +370,22 @@ impl Client {
         secret: &MeshSecret,
         timeout: Duration,
     ) -> Result<Self, ClientError> {
+        Self::connect_any(peer, &[addr], identity, secret, timeout)
+    }
+
+    /// Connects to `peer` at whichever of `addrs` answers first (tried in order, happy-eyeballs style:
+    /// [`gleam_auth::dial::dial`]), then as [`Client::connect`]. [`Client::peer_addr`] says which one.
+    pub fn connect_any(
+        peer: PeerId,
+        addrs: &[SocketAddr],
+        identity: &Identity,
+        secret: &MeshSecret,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        let first = addrs
+            .first()
+            .copied()
+            .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("gleam-client")
@@ -349,21 +394,25 @@ impl Client {
             .map_err(|e| ClientError::Endpoint(e.to_string()))?;
         let config =
             client_config(identity, peer, ALPN_CUDA).map_err(|e| ClientError::Tls(Arc::new(e)))?;
-        let bind: SocketAddr = if addr.is_ipv6() {
-            "[::]:0".parse().expect("valid literal")
-        } else {
-            "0.0.0.0:0".parse().expect("valid literal")
-        };
         let endpoint = runtime
-            .block_on(async { gleam_auth::tls::endpoint(bind, None) })
+            .block_on(async { gleam_auth::dial::client_endpoint() })
             .map_err(|e| ClientError::Endpoint(e.to_string()))?;
 
         let secret = secret.clone();
+        let pace = gleam_auth::dial::Pace {
+            stagger: gleam_auth::dial::Pace::default().stagger,
+            attempt_timeout: timeout,
+        };
         let handshake = async {
-            let connecting = endpoint
-                .connect_with(config, addr, &server_name(peer))
-                .map_err(|e| unreachable(peer, addr, e))?;
-            let connection = connecting.await.map_err(|e| unreachable(peer, addr, e))?;
+            let dialed = gleam_auth::dial::dial(&endpoint, &config, peer, addrs, pace)
+                .await
+                .map_err(|e| ClientError::Unreachable {
+                    peer,
+                    addr: first,
+                    reason: e.reasons(),
+                })?;
+            let addr = dialed.addr;
+            let connection = dialed.conn;
             authenticate_as_client(&connection, &secret)
                 .await
                 .map_err(|e| ClientError::Auth(Arc::new(e)))?;
@@ -425,9 +474,10 @@ impl Client {
             .block_on(async { tokio::time::timeout(timeout, handshake).await })
             .map_err(|_| ClientError::Timeout {
                 peer,
-                addr,
+                addr: first,
                 timeout,
             })??;
+        let addr = canonical(connection.remote_address());
 
         let (frames, queued) = tokio_mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
@@ -452,6 +502,11 @@ impl Client {
             endpoint,
             runtime,
         })
+    }
+
+    /// The address this session reached the peer at (the first of those given that answered).
+    pub fn peer_addr(&self) -> SocketAddr {
+        canonical(self.connection.remote_address())
     }
 
     /// What the server said about itself and its devices at connect.
@@ -481,6 +536,7 @@ impl Client {
         if self.is_lost() {
             return Err(self.shared.lost_error());
         }
+        sent::note(expects_reply);
         let mut request = Request {
             seq: 0,
             ctx,
@@ -678,6 +734,17 @@ fn unreachable(peer: PeerId, addr: SocketAddr, err: impl std::fmt::Display) -> C
         peer,
         addr,
         reason: err.to_string(),
+    }
+}
+
+/// A dual-stack socket sees IPv4 peers as IPv4-mapped IPv6 addresses; report them as IPv4.
+fn canonical(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::from((v4, v6.port())),
+            None => addr,
+        },
+        SocketAddr::V4(_) => addr,
     }
 }
 

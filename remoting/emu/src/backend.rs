@@ -1,20 +1,27 @@
 //! [`EmuBackend`]: contexts, memory, modules, streams, events and launches of one session.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use gleam_protocol::api::{args, outs};
 use gleam_protocol::registry::{Died, Handles, Kind};
-use gleam_protocol::types::CUresult;
-use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, ParamSlot};
-use gleam_ptx::{ExecError, LaunchConfig};
+use gleam_protocol::types::{
+    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CUmemAllocationProp, CUmemLocation,
+    CUresult,
+};
+use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr, ParamSlot};
+use gleam_ptx::{ExecError, LaunchConfig, LaunchOptions, StopReason};
 use gleam_server::backend::{ApiBackend, Backend};
 
+use crate::capture::{Captures, Op, STATUS_NONE, Step};
 use crate::device::{self, Resources, func_attr};
-use crate::memory::{ALLOC_ALIGN, DeviceMemory};
+use crate::memory::{ALLOC_ALIGN, DeviceMemory, GRANULARITY};
+use crate::pools::{self, Pools};
 use crate::streams::{
-    EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, Event, Job, STREAM_NON_BLOCKING, StreamKey, Streams,
+    EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, Event, Job, STREAM_NON_BLOCKING,
+    StreamKey, Streams,
 };
 use crate::{EmuConfig, image};
 
@@ -25,6 +32,12 @@ struct Shared {
     sticky: AtomicU32,
     /// Set while shutting down: queued work is skipped rather than run for a client that has left.
     cancelled: AtomicBool,
+    /// Tells running kernels to stop: set by a sticky error (the context is lost) and at shutdown.
+    stop_kernels: AtomicBool,
+    /// The kernel watchdog.
+    kernel_timeout: Option<Duration>,
+    /// Memory pools (stream-ordered frees return memory from the workers).
+    pools: Mutex<Pools>,
 }
 
 impl Shared {
@@ -40,11 +53,19 @@ impl Shared {
         }
     }
 
-    /// Records `err` unless an earlier fault already did (the first one is what CUDA reports).
+    /// Records `err` unless an earlier fault already did (the first one is what CUDA reports), and stops
+    /// the kernels still running: their context is lost.
     fn set_sticky(&self, err: CUresult) {
         let _ = self
             .sticky
             .compare_exchange(0, err.0, Ordering::AcqRel, Ordering::Acquire);
+        self.stop_kernels.store(true, Ordering::Release);
+    }
+
+    fn pools(&self) -> MutexGuard<'_, Pools> {
+        self.pools
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -57,7 +78,16 @@ mod kind {
     pub const STREAM: u64 = 0x0500_0000_0000;
     pub const EVENT: u64 = 0x0e00_0000_0000;
     pub const LIBRARY: u64 = 0x0b00_0000_0000;
+    pub const GRAPH: u64 = 0x0a00_0000_0000;
+    pub const GRAPH_EXEC: u64 = 0x0ae0_0000_0000;
 }
+
+/// `CU_EXEC_AFFINITY_TYPE_SM_COUNT`.
+const EXEC_AFFINITY_SM_COUNT: u32 = 0;
+/// `CU_MEM_ALLOCATION_TYPE_MANAGED` (pools of managed memory).
+const ALLOCATION_TYPE_MANAGED: u32 = 2;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, the one exportable handle type a program may ask for.
+const HANDLE_TYPE_POSIX_FD: u32 = 1;
 
 /// The primary context of device 0 (exists from the start, like the driver's).
 const PRIMARY: u64 = kind::CONTEXT | 0x10;
@@ -73,14 +103,19 @@ struct Context {
     flags: u32,
     limits: [usize; 10],
     cache_config: u32,
+    shared_mem_config: u32,
+    /// `cuCtxGetId`: unique in the session, never reused.
+    id: u64,
 }
 
 impl Context {
-    fn new(flags: u32) -> Self {
+    fn new(flags: u32, id: u64) -> Self {
         Self {
             flags,
             limits: LIMIT_DEFAULTS,
             cache_config: 0,
+            shared_mem_config: 0,
+            id,
         }
     }
 }
@@ -119,7 +154,10 @@ pub struct EmuBackend {
     functions: HashMap<u64, Function>,
     /// Library -> the module it loaded (a library's kernels are that module's functions).
     libraries: HashMap<u64, u64>,
+    /// Stream captures, graphs and executable graphs.
+    captures: Captures,
     next_handle: u64,
+    next_context_id: u64,
 }
 
 impl std::fmt::Debug for EmuBackend {
@@ -132,9 +170,11 @@ impl EmuBackend {
     /// A fresh device with `config.memory_bytes` of memory and only the primary context.
     pub fn new(config: EmuConfig) -> Self {
         let mut contexts = HashMap::new();
-        contexts.insert(PRIMARY, Context::new(0));
+        contexts.insert(PRIMARY, Context::new(0, 1));
         tracing::info!(
             memory_bytes = config.memory_bytes,
+            kernel_timeout = ?config.kernel_timeout,
+            stream_workers = crate::streams::worker_bound(),
             "emu backend: {} (compute capability {}.{})",
             device::NAME,
             device::CC.0,
@@ -145,6 +185,9 @@ impl EmuBackend {
                 mem: DeviceMemory::new(config.memory_bytes),
                 sticky: AtomicU32::new(0),
                 cancelled: AtomicBool::new(false),
+                stop_kernels: AtomicBool::new(false),
+                kernel_timeout: config.kernel_timeout,
+                pools: Mutex::new(Pools::new()),
             }),
             streams: Streams::default(),
             events: HashMap::new(),
@@ -154,7 +197,9 @@ impl EmuBackend {
             modules: HashMap::new(),
             functions: HashMap::new(),
             libraries: HashMap::new(),
+            captures: Captures::default(),
             next_handle: 1,
+            next_context_id: 1,
         }
     }
 
@@ -178,6 +223,16 @@ impl EmuBackend {
         self.shared.sticky().map_or(Ok(()), Err)
     }
 
+    /// `cuMemAllocAsync` (`pool` 0: the device's current pool) and `cuMemAllocFromPoolAsync`. The memory
+    /// exists from now on, which is also valid for the stream's later work.
+    fn pool_alloc(&mut self, pool: u64, bytesize: usize, stream: u64) -> Result<u64, CUresult> {
+        let ctx = self.ctx()?;
+        self.streams.resolve(stream)?;
+        self.shared
+            .pools()
+            .alloc(pool, bytesize as u64, ctx, &self.shared.mem)
+    }
+
     /// The current context, for calls that need one.
     fn ctx(&self) -> Result<u64, CUresult> {
         self.check()?;
@@ -186,6 +241,19 @@ impl EmuBackend {
         } else {
             Err(CUresult::INVALID_CONTEXT)
         }
+    }
+
+    fn create_context(&mut self, flags: u32) -> Result<u64, CUresult> {
+        if flags & !CTX_FLAGS_MASK != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let handle = self.handle(kind::CONTEXT);
+        self.next_context_id += 1;
+        self.contexts
+            .insert(handle, Context::new(flags, self.next_context_id));
+        // Not made current here: the session engine makes each call's context current from the client's
+        // own view (the shim pushes the new context on the creating thread).
+        Ok(handle)
     }
 
     fn ctx_mut(&mut self) -> Result<&mut Context, CUresult> {
@@ -201,25 +269,53 @@ impl EmuBackend {
         }
     }
 
-    /// Queues `f` on `stream`; its failure becomes the sticky error, and it is skipped after a fault.
+    /// Queues `f` on `stream` (or records it, if the stream is capturing); its failure becomes the sticky
+    /// error, and it is skipped after a fault.
     fn submit(
         &mut self,
         stream: u64,
         what: &'static str,
-        f: impl FnOnce(&DeviceMemory) -> Result<(), CUresult> + Send + 'static,
+        f: impl Fn(&DeviceMemory) -> Result<(), CUresult> + Send + Sync + 'static,
     ) -> Result<(), CUresult> {
+        self.submit_steps(
+            stream,
+            vec![Step {
+                what: what.into(),
+                op: Arc::new(f),
+            }],
+        )
+    }
+
+    /// Queues `steps` on `stream` as one job run in order (or records them into its capture).
+    fn submit_steps(&mut self, stream: u64, steps: Vec<Step>) -> Result<(), CUresult> {
         let key = self.streams.resolve(stream)?;
+        if self.captures.record_all(key, &steps)? {
+            return Ok(());
+        }
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
-            if shared.skip_work() {
-                return;
-            }
-            if let Err(e) = f(&shared.mem) {
-                tracing::error!("{what} failed on the device: {e}");
-                shared.set_sticky(e);
+            for step in &steps {
+                if shared.skip_work() {
+                    return;
+                }
+                if let Err(e) = (step.op)(&shared.mem) {
+                    tracing::error!("{} failed on the device: {e}", step.what);
+                    shared.set_sticky(e);
+                    return;
+                }
             }
         });
-        self.streams.enqueue(key, Vec::new(), Some(job))
+        self.streams
+            .enqueue(key, self.current, Vec::new(), Some(job))
+    }
+
+    /// Refuses what cannot happen on a capturing stream (and invalidates its capture).
+    fn not_capturing(&mut self, stream: u64) -> Result<(), CUresult> {
+        let key = self.streams.resolve(stream)?;
+        if self.captures.capturing(key) {
+            return Err(self.captures.invalidate(key));
+        }
+        Ok(())
     }
 
     /// Waits for `stream` (None: the legacy stream, as synchronous copies do), then reports a fault.
@@ -229,7 +325,14 @@ impl EmuBackend {
             None => StreamKey::Legacy,
         };
         self.streams.synchronize(key);
+        self.synchronized();
         self.check()
+    }
+
+    /// The host has synchronised with (part of) the device: pools give back what they keep above
+    /// their release threshold.
+    fn synchronized(&self) {
+        self.shared.pools().synchronized(&self.shared.mem);
     }
 
     /// Frees everything context `ctx` owns (after letting queued work finish).
@@ -238,6 +341,7 @@ impl EmuBackend {
     fn destroy_resources(&mut self, ctx: u64) {
         self.streams.synchronize_all();
         self.shared.mem.free_all(Some(ctx));
+        self.shared.pools().forget_freed(&self.shared.mem);
     }
 
     fn unload(&mut self, module: u64) {
@@ -260,9 +364,23 @@ impl EmuBackend {
             }
             e.code()
         })?;
-        let ptx = gleam_ptx::Module::parse(&text).map_err(|e| {
-            tracing::warn!("module load: the PTX interpreter cannot parse this module: {e}");
-            CUresult::INVALID_PTX
+        // What a module may cost the interpreter: the defaults, with module data bounded by the device's
+        // memory (where it will be placed).
+        let limits = gleam_ptx::Limits {
+            max_global_bytes: self.shared.mem.capacity(),
+            ..gleam_ptx::Limits::default()
+        };
+        let ptx = gleam_ptx::Module::parse_with(&text, &limits).map_err(|e| match e.limit {
+            Some(limit) => {
+                tracing::warn!(
+                    "module load: refused, the module goes over the interpreter's budget ({limit}): {e}"
+                );
+                CUresult::OUT_OF_MEMORY
+            }
+            None => {
+                tracing::warn!("module load: the PTX interpreter cannot parse this module: {e}");
+                CUresult::INVALID_PTX
+            }
         })?;
         // What ptxas would refuse: the interpreter would otherwise try to provide it from host memory.
         for k in ptx.kernels() {
@@ -476,7 +594,7 @@ impl EmuBackend {
             self.streams.resolve(stream)?;
             return Ok(());
         }
-        self.shared.mem.check(dst, bytes)?;
+        self.shared.mem.check(dst, bytes, true)?;
         self.submit(stream, "memset", move |mem| {
             mem.fill(dst, &pattern, n as u64)
                 .map_err(|_| CUresult::ILLEGAL_ADDRESS)
@@ -489,8 +607,8 @@ impl EmuBackend {
             self.streams.resolve(stream)?;
             return Ok(());
         }
-        self.shared.mem.check(dst, bytes as u64)?;
-        self.shared.mem.check(src, bytes as u64)?;
+        self.shared.mem.check(dst, bytes as u64, true)?;
+        self.shared.mem.check(src, bytes as u64, false)?;
         self.submit(stream, "device-to-device copy", move |mem| {
             mem.copy(dst, src, bytes as u64)
                 .map_err(|_| CUresult::ILLEGAL_ADDRESS)
@@ -509,9 +627,30 @@ impl EmuBackend {
         Ok(handle)
     }
 
+    /// The context of a stream: a created stream's own, the current one for the legacy and per-thread
+    /// streams.
+    fn stream_context(&self, stream: u64) -> Result<u64, CUresult> {
+        self.check()?;
+        match self.streams.resolve(stream)? {
+            StreamKey::Created(h) => self
+                .streams
+                .get(h)
+                .map(|s| s.ctx)
+                .ok_or(CUresult::INVALID_HANDLE),
+            _ => self.ctx(),
+        }
+    }
+
     fn record_event(&mut self, event: u64, stream: u64) -> Result<(), CUresult> {
         self.ctx()?;
         let key = self.streams.resolve(stream)?;
+        if !self.events.contains_key(&event) {
+            return Err(CUresult::INVALID_HANDLE);
+        }
+        // In a capture, the event marks a point of the graph, for other streams to fork from.
+        if self.captures.record_event(key, event)? {
+            return Ok(());
+        }
         let e = self
             .events
             .get_mut(&event)
@@ -519,7 +658,8 @@ impl EmuBackend {
         e.records += 1;
         let (signal, target) = (e.signal.clone(), e.records);
         // Not skipped after a fault: waiters on the event must still wake up.
-        self.streams.enqueue_signal(key, signal, target)
+        self.streams
+            .enqueue_signal(key, self.current, signal, target)
     }
 
     fn elapsed(&self, start: u64, end: u64) -> Result<f32, CUresult> {
@@ -563,6 +703,38 @@ impl EmuBackend {
     }
 }
 
+/// A location that names the device (device 0, the only one).
+fn device_location(location: &CUmemLocation) -> Result<(), CUresult> {
+    match (location.kind, location.id) {
+        (CU_MEM_LOCATION_TYPE_DEVICE, 0) => Ok(()),
+        (CU_MEM_LOCATION_TYPE_DEVICE, _) => Err(CUresult::INVALID_DEVICE),
+        _ => Err(CUresult::INVALID_VALUE),
+    }
+}
+
+/// The (location, allocation type) of the `cuMem{Get,Set}{Default,}MemPool` calls: device memory of
+/// device 0; host locations and managed memory are not emulated.
+fn pool_location(location: &CUmemLocation, kind: u32) -> Result<(), CUresult> {
+    match (location.kind, kind) {
+        (CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_ALLOCATION_TYPE_PINNED) => device_location(location),
+        (_, ALLOCATION_TYPE_MANAGED) | (2..=4, CU_MEM_ALLOCATION_TYPE_PINNED) => {
+            Err(CUresult::NOT_SUPPORTED)
+        }
+        _ => Err(CUresult::INVALID_VALUE),
+    }
+}
+
+/// What `cuMemCreate` and `cuMemGetAllocationGranularity` accept: pinned device memory of device 0,
+/// exportable (as declared) at most as a POSIX file descriptor.
+fn allocation_prop(prop: &CUmemAllocationProp) -> Result<(), CUresult> {
+    if prop.kind != CU_MEM_ALLOCATION_TYPE_PINNED
+        || prop.requested_handle_types & !HANDLE_TYPE_POSIX_FD != 0
+    {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    device_location(&prop.location)
+}
+
 /// `CU_FUNC_ATTRIBUTE_PTX_VERSION`: major * 10 + minor of the module's `.version`.
 fn ptx_version(text: &str) -> i32 {
     text.lines()
@@ -581,6 +753,9 @@ fn launch_error(e: &ExecError) -> CUresult {
     match e {
         ExecError::MemoryFault { .. } => CUresult::ILLEGAL_ADDRESS,
         ExecError::Misaligned { .. } => CUresult::MISALIGNED_ADDRESS,
+        ExecError::Stopped(StopReason::Deadline | StopReason::Budget(_)) => {
+            CUresult::LAUNCH_TIMEOUT
+        }
         _ => CUresult::LAUNCH_FAILED,
     }
 }
@@ -626,8 +801,11 @@ impl ApiBackend for EmuBackend {
         self.check()?;
         Self::device(a.dev)?;
         self.destroy_resources(PRIMARY);
-        let flags = self.contexts.get(&PRIMARY).map_or(0, |c| c.flags);
-        self.contexts.insert(PRIMARY, Context::new(flags));
+        let (flags, id) = self
+            .contexts
+            .get(&PRIMARY)
+            .map_or((0, 1), |c| (c.flags, c.id));
+        self.contexts.insert(PRIMARY, Context::new(flags, id));
         Ok(Default::default())
     }
 
@@ -665,13 +843,28 @@ impl ApiBackend for EmuBackend {
     ) -> Result<outs::cuCtxCreate_v2, CUresult> {
         self.check()?;
         Self::device(a.dev)?;
-        if a.flags & !CTX_FLAGS_MASK != 0 {
+        Ok(outs::cuCtxCreate_v2 {
+            pctx: self.create_context(a.flags)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuCtxCreate_v3(
+        &mut self,
+        a: args::cuCtxCreate_v3,
+    ) -> Result<outs::cuCtxCreate_v3, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        if a.num_params < 0 || a.params.kind != EXEC_AFFINITY_SM_COUNT {
             return Err(CUresult::INVALID_VALUE);
         }
-        let handle = self.handle(kind::CONTEXT);
-        self.contexts.insert(handle, Context::new(a.flags));
-        Ok(outs::cuCtxCreate_v2 {
-            pctx: handle,
+        // The device reports no execution affinity support (cuDeviceGetExecAffinitySupport): limiting a
+        // context to some of the host's cores is not emulated.
+        if a.num_params > 0 {
+            return Err(CUresult::UNSUPPORTED_EXEC_AFFINITY);
+        }
+        Ok(outs::cuCtxCreate_v3 {
+            pctx: self.create_context(a.flags)?,
             ..Default::default()
         })
     }
@@ -698,6 +891,7 @@ impl ApiBackend for EmuBackend {
     ) -> Result<outs::cuCtxSynchronize, CUresult> {
         self.ctx()?;
         self.streams.synchronize_all();
+        self.synchronized();
         self.check()?;
         Ok(Default::default())
     }
@@ -713,6 +907,7 @@ impl ApiBackend for EmuBackend {
             return Err(CUresult::INVALID_CONTEXT);
         }
         self.streams.synchronize_all();
+        self.synchronized();
         self.check()?;
         Ok(Default::default())
     }
@@ -784,6 +979,166 @@ impl ApiBackend for EmuBackend {
         Ok(Default::default())
     }
 
+    fn cuCtxGetId(&mut self, a: args::cuCtxGetId) -> Result<outs::cuCtxGetId, CUresult> {
+        self.check()?;
+        let ctx = if a.ctx == 0 { self.ctx()? } else { a.ctx };
+        let c = self.contexts.get(&ctx).ok_or(CUresult::INVALID_CONTEXT)?;
+        Ok(outs::cuCtxGetId {
+            id: c.id,
+            ..Default::default()
+        })
+    }
+
+    fn cuCtxGetSharedMemConfig(
+        &mut self,
+        _: args::cuCtxGetSharedMemConfig,
+    ) -> Result<outs::cuCtxGetSharedMemConfig, CUresult> {
+        let c = self.ctx_mut()?;
+        Ok(outs::cuCtxGetSharedMemConfig {
+            config: c.shared_mem_config,
+        })
+    }
+
+    fn cuCtxSetSharedMemConfig(
+        &mut self,
+        a: args::cuCtxSetSharedMemConfig,
+    ) -> Result<outs::cuCtxSetSharedMemConfig, CUresult> {
+        let c = self.ctx_mut()?;
+        // CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE, FOUR_BYTE_BANK_SIZE, EIGHT_BYTE_BANK_SIZE.
+        if a.config > 2 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        c.shared_mem_config = a.config;
+        Ok(Default::default())
+    }
+
+    fn cuCtxGetExecAffinity(
+        &mut self,
+        a: args::cuCtxGetExecAffinity,
+    ) -> Result<outs::cuCtxGetExecAffinity, CUresult> {
+        self.ctx()?;
+        if a.type_ != EXEC_AFFINITY_SM_COUNT {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // Every context may use the whole device.
+        Ok(outs::cuCtxGetExecAffinity {
+            affinity: gleam_protocol::types::CUexecAffinityParam {
+                kind: EXEC_AFFINITY_SM_COUNT,
+                value: device::multiprocessors().unsigned_abs(),
+            },
+            ..Default::default()
+        })
+    }
+
+    fn cuCtxRecordEvent(
+        &mut self,
+        a: args::cuCtxRecordEvent,
+    ) -> Result<outs::cuCtxRecordEvent, CUresult> {
+        self.check()?;
+        let ctx = if a.ctx == 0 { self.ctx()? } else { a.ctx };
+        let e = self
+            .events
+            .get_mut(&a.event)
+            .ok_or(CUresult::INVALID_HANDLE)?;
+        if e.ctx != ctx {
+            return Err(CUresult::INVALID_HANDLE);
+        }
+        e.records += 1;
+        let (signal, target) = (e.signal.clone(), e.records);
+        self.streams.enqueue_context_signal(ctx, signal, target)?;
+        Ok(Default::default())
+    }
+
+    fn cuCtxWaitEvent(
+        &mut self,
+        a: args::cuCtxWaitEvent,
+    ) -> Result<outs::cuCtxWaitEvent, CUresult> {
+        self.check()?;
+        let ctx = if a.ctx == 0 { self.ctx()? } else { a.ctx };
+        let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
+        if e.records > 0 {
+            let (signal, target) = (e.signal.clone(), e.records);
+            self.streams.context_wait(ctx, signal, target);
+        }
+        Ok(Default::default())
+    }
+
+    fn cuCtxResetPersistingL2Cache(
+        &mut self,
+        _: args::cuCtxResetPersistingL2Cache,
+    ) -> Result<outs::cuCtxResetPersistingL2Cache, CUresult> {
+        // No cache lines persist here (no L2 is emulated), so there is nothing to reset.
+        self.ctx()?;
+        Ok(Default::default())
+    }
+
+    fn cuDeviceCanAccessPeer(
+        &mut self,
+        a: args::cuDeviceCanAccessPeer,
+    ) -> Result<outs::cuDeviceCanAccessPeer, CUresult> {
+        Self::device(a.dev)?;
+        Self::device(a.peer_dev)?;
+        // One device: there is no peer to access (a device is not its own peer).
+        Ok(outs::cuDeviceCanAccessPeer {
+            can_access: 0,
+            ..Default::default()
+        })
+    }
+
+    fn cuDeviceGetP2PAttribute(
+        &mut self,
+        a: args::cuDeviceGetP2PAttribute,
+    ) -> Result<outs::cuDeviceGetP2PAttribute, CUresult> {
+        Self::device(a.src_dev)?;
+        Self::device(a.dst_dev)?;
+        // Source and destination must be two different devices, and there is only one.
+        Err(CUresult::INVALID_DEVICE)
+    }
+
+    fn cuCtxEnablePeerAccess(
+        &mut self,
+        a: args::cuCtxEnablePeerAccess,
+    ) -> Result<outs::cuCtxEnablePeerAccess, CUresult> {
+        self.ctx()?;
+        if a.flags != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        if !self.contexts.contains_key(&a.peer_ctx) {
+            return Err(CUresult::INVALID_CONTEXT);
+        }
+        // Its context is on this same device, which cuDeviceCanAccessPeer says is no peer.
+        Err(CUresult::INVALID_DEVICE)
+    }
+
+    fn cuCtxDisablePeerAccess(
+        &mut self,
+        a: args::cuCtxDisablePeerAccess,
+    ) -> Result<outs::cuCtxDisablePeerAccess, CUresult> {
+        self.ctx()?;
+        if !self.contexts.contains_key(&a.peer_ctx) {
+            return Err(CUresult::INVALID_CONTEXT);
+        }
+        // Never enabled (it cannot be).
+        Err(CUresult::PEER_ACCESS_NOT_ENABLED)
+    }
+
+    fn cuProfilerStart(
+        &mut self,
+        _: args::cuProfilerStart,
+    ) -> Result<outs::cuProfilerStart, CUresult> {
+        // No profiler is attached to the interpreter: as on a GPU without one, starting it does nothing.
+        self.ctx()?;
+        Ok(Default::default())
+    }
+
+    fn cuProfilerStop(
+        &mut self,
+        _: args::cuProfilerStop,
+    ) -> Result<outs::cuProfilerStop, CUresult> {
+        self.ctx()?;
+        Ok(Default::default())
+    }
+
     fn cuCtxGetApiVersion(
         &mut self,
         a: args::cuCtxGetApiVersion,
@@ -839,8 +1194,34 @@ impl ApiBackend for EmuBackend {
         }
         // cuMemFree synchronises with the device: nothing still queued may touch the memory.
         self.streams.synchronize_all();
-        self.shared.mem.free(a.dptr)?;
+        // Memory from a pool goes back to its pool.
+        let pool = self.shared.pools().begin_free(a.dptr)?;
+        match pool {
+            Some(pool) => self
+                .shared
+                .pools()
+                .finish_free(pool, a.dptr, &self.shared.mem),
+            None => self.shared.mem.free(a.dptr)?,
+        }
         Ok(Default::default())
+    }
+
+    fn cuDeviceGetExecAffinitySupport(
+        &mut self,
+        a: args::cuDeviceGetExecAffinitySupport,
+    ) -> Result<outs::cuDeviceGetExecAffinitySupport, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        // CU_EXEC_AFFINITY_TYPE_SM_COUNT is the only affinity type; the interpreter's "multiprocessors"
+        // cannot be partitioned, so it is not supported.
+        const SM_COUNT: u32 = 0;
+        if a.type_ != SM_COUNT {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(outs::cuDeviceGetExecAffinitySupport {
+            pi: 0,
+            ..Default::default()
+        })
     }
 
     fn cuMemGetInfo_v2(
@@ -937,12 +1318,18 @@ impl ApiBackend for EmuBackend {
         &mut self,
         a: args::cuMemAllocAsync,
     ) -> Result<outs::cuMemAllocAsync, CUresult> {
-        let ctx = self.ctx()?;
-        self.streams.resolve(a.stream)?;
-        // Stream-ordered allocation: memory that exists now is also valid for the stream's later work.
-        let dptr = self.shared.mem.alloc(a.bytesize as u64, ALLOC_ALIGN, ctx)?;
         Ok(outs::cuMemAllocAsync {
-            dptr,
+            dptr: self.pool_alloc(0, a.bytesize, a.stream)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemAllocFromPoolAsync(
+        &mut self,
+        a: args::cuMemAllocFromPoolAsync,
+    ) -> Result<outs::cuMemAllocFromPoolAsync, CUresult> {
+        Ok(outs::cuMemAllocFromPoolAsync {
+            dptr: self.pool_alloc(a.pool, a.bytesize, a.stream)?,
             ..Default::default()
         })
     }
@@ -952,14 +1339,310 @@ impl ApiBackend for EmuBackend {
         a: args::cuMemFreeAsync,
     ) -> Result<outs::cuMemFreeAsync, CUresult> {
         self.ctx()?;
-        if self.shared.mem.address_range(a.dptr).map(|r| r.0) != Some(a.dptr) {
+        let key = self.streams.resolve(a.stream)?;
+        let dptr = a.dptr;
+        if self.shared.mem.address_range(dptr).map(|r| r.0) != Some(dptr) {
             return Err(CUresult::INVALID_VALUE);
         }
-        let dptr = a.dptr;
-        self.submit(a.stream, "stream-ordered free", move |mem| {
-            mem.free(dptr).map_err(|_| CUresult::ILLEGAL_ADDRESS)
-        })?;
+        // Taken out of its pool's outstanding allocations now, so a second free is refused at once; the
+        // memory goes back to the pool (or, from cuMemAlloc, to the device) when the stream gets there,
+        // so a later allocation never gets memory that earlier work may still use. Never skipped: after a
+        // fault or at the session's end, memory still has to go back.
+        let pool = self.shared.pools().begin_free(dptr)?;
+        let shared = self.shared.clone();
+        let job: Job = Box::new(move || match pool {
+            Some(pool) => shared.pools().finish_free(pool, dptr, &shared.mem),
+            None => {
+                if shared.mem.free(dptr).is_err() {
+                    tracing::warn!(dptr, "cuMemFreeAsync: the memory was already freed");
+                }
+            }
+        });
+        self.streams
+            .enqueue(key, self.current, Vec::new(), Some(job))?;
         Ok(Default::default())
+    }
+
+    // --- Memory pools ---------------------------------------------------------------------------------
+
+    fn cuDeviceGetDefaultMemPool(
+        &mut self,
+        a: args::cuDeviceGetDefaultMemPool,
+    ) -> Result<outs::cuDeviceGetDefaultMemPool, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        Ok(outs::cuDeviceGetDefaultMemPool {
+            pool_out: self.shared.pools().default_pool(),
+            ..Default::default()
+        })
+    }
+
+    fn cuDeviceGetMemPool(
+        &mut self,
+        a: args::cuDeviceGetMemPool,
+    ) -> Result<outs::cuDeviceGetMemPool, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        Ok(outs::cuDeviceGetMemPool {
+            pool: self.shared.pools().current(),
+            ..Default::default()
+        })
+    }
+
+    fn cuDeviceSetMemPool(
+        &mut self,
+        a: args::cuDeviceSetMemPool,
+    ) -> Result<outs::cuDeviceSetMemPool, CUresult> {
+        self.check()?;
+        Self::device(a.dev)?;
+        self.shared.pools().set_current(a.pool)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemGetDefaultMemPool(
+        &mut self,
+        a: args::cuMemGetDefaultMemPool,
+    ) -> Result<outs::cuMemGetDefaultMemPool, CUresult> {
+        self.check()?;
+        pool_location(&a.location, a.type_)?;
+        Ok(outs::cuMemGetDefaultMemPool {
+            pool_out: self.shared.pools().default_pool(),
+            ..Default::default()
+        })
+    }
+
+    fn cuMemGetMemPool(
+        &mut self,
+        a: args::cuMemGetMemPool,
+    ) -> Result<outs::cuMemGetMemPool, CUresult> {
+        self.check()?;
+        pool_location(&a.location, a.type_)?;
+        Ok(outs::cuMemGetMemPool {
+            pool: self.shared.pools().current(),
+            ..Default::default()
+        })
+    }
+
+    fn cuMemSetMemPool(
+        &mut self,
+        a: args::cuMemSetMemPool,
+    ) -> Result<outs::cuMemSetMemPool, CUresult> {
+        self.check()?;
+        pool_location(&a.location, a.type_)?;
+        self.shared.pools().set_current(a.pool)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemPoolCreate(
+        &mut self,
+        a: args::cuMemPoolCreate,
+    ) -> Result<outs::cuMemPoolCreate, CUresult> {
+        self.check()?;
+        Ok(outs::cuMemPoolCreate {
+            pool: self.shared.pools().create(a.props)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemPoolDestroy(
+        &mut self,
+        a: args::cuMemPoolDestroy,
+    ) -> Result<outs::cuMemPoolDestroy, CUresult> {
+        self.check()?;
+        self.shared.pools().destroy(a.pool, &self.shared.mem)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemPoolGetAttribute(
+        &mut self,
+        a: args::cuMemPoolGetAttribute,
+    ) -> Result<outs::cuMemPoolGetAttribute, CUresult> {
+        self.check()?;
+        Ok(outs::cuMemPoolGetAttribute {
+            value: self.shared.pools().attribute(a.pool, a.attr)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemPoolSetAttribute(
+        &mut self,
+        a: args::cuMemPoolSetAttribute,
+    ) -> Result<outs::cuMemPoolSetAttribute, CUresult> {
+        self.check()?;
+        // An `int` attribute arrives in the low half of the value.
+        let value = if pools::attribute_is_int(a.attr) {
+            a.value & 0xffff_ffff
+        } else {
+            a.value
+        };
+        self.shared.pools().set_attribute(a.pool, a.attr, value)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemPoolTrimTo(
+        &mut self,
+        a: args::cuMemPoolTrimTo,
+    ) -> Result<outs::cuMemPoolTrimTo, CUresult> {
+        self.check()?;
+        self.shared
+            .pools()
+            .trim_to(a.pool, a.min_bytes_to_keep as u64, &self.shared.mem)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemPoolGetAccess(
+        &mut self,
+        a: args::cuMemPoolGetAccess,
+    ) -> Result<outs::cuMemPoolGetAccess, CUresult> {
+        self.check()?;
+        Ok(outs::cuMemPoolGetAccess {
+            flags: self.shared.pools().access(a.pool, &a.location)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemPoolSetAccess(
+        &mut self,
+        a: args::cuMemPoolSetAccess,
+    ) -> Result<outs::cuMemPoolSetAccess, CUresult> {
+        self.check()?;
+        if a.count != 1 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        self.shared
+            .pools()
+            .set_access(a.pool, &a.map.location, a.map.flags)?;
+        Ok(Default::default())
+    }
+
+    // --- Virtual memory management --------------------------------------------------------------------
+
+    fn cuMemGetAllocationGranularity(
+        &mut self,
+        a: args::cuMemGetAllocationGranularity,
+    ) -> Result<outs::cuMemGetAllocationGranularity, CUresult> {
+        self.check()?;
+        allocation_prop(&a.prop)?;
+        // CU_MEM_ALLOC_GRANULARITY_MINIMUM and _RECOMMENDED: the same here.
+        if a.option > 1 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(outs::cuMemGetAllocationGranularity {
+            granularity: GRANULARITY as usize,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemCreate(&mut self, a: args::cuMemCreate) -> Result<outs::cuMemCreate, CUresult> {
+        self.ctx()?;
+        allocation_prop(&a.prop)?;
+        if a.flags != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(outs::cuMemCreate {
+            handle: self.shared.mem.create_physical(a.size as u64, a.prop)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemRelease(&mut self, a: args::cuMemRelease) -> Result<outs::cuMemRelease, CUresult> {
+        self.check()?;
+        self.shared.mem.release_physical(a.handle)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemRetainAllocationHandle(
+        &mut self,
+        a: args::cuMemRetainAllocationHandle,
+    ) -> Result<outs::cuMemRetainAllocationHandle, CUresult> {
+        self.check()?;
+        Ok(outs::cuMemRetainAllocationHandle {
+            handle: self.shared.mem.retain_physical(a.addr)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemGetAllocationPropertiesFromHandle(
+        &mut self,
+        a: args::cuMemGetAllocationPropertiesFromHandle,
+    ) -> Result<outs::cuMemGetAllocationPropertiesFromHandle, CUresult> {
+        self.check()?;
+        Ok(outs::cuMemGetAllocationPropertiesFromHandle {
+            prop: self.shared.mem.physical_properties(a.handle)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemAddressReserve(
+        &mut self,
+        a: args::cuMemAddressReserve,
+    ) -> Result<outs::cuMemAddressReserve, CUresult> {
+        self.check()?;
+        if a.flags != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(outs::cuMemAddressReserve {
+            ptr: self
+                .shared
+                .mem
+                .reserve(a.size as u64, a.alignment as u64, a.addr)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemAddressFree(
+        &mut self,
+        a: args::cuMemAddressFree,
+    ) -> Result<outs::cuMemAddressFree, CUresult> {
+        self.check()?;
+        self.shared.mem.address_free(a.ptr, a.size as u64)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemMap(&mut self, a: args::cuMemMap) -> Result<outs::cuMemMap, CUresult> {
+        self.check()?;
+        if a.flags != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        self.shared
+            .mem
+            .map(a.ptr, a.size as u64, a.offset as u64, a.handle)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemUnmap(&mut self, a: args::cuMemUnmap) -> Result<outs::cuMemUnmap, CUresult> {
+        self.check()?;
+        // Unmapping waits for the device, as cuMemFree does: queued work may still use the range.
+        self.streams.synchronize_all();
+        self.shared.mem.unmap(a.ptr, a.size as u64)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemSetAccess(
+        &mut self,
+        a: args::cuMemSetAccess,
+    ) -> Result<outs::cuMemSetAccess, CUresult> {
+        self.check()?;
+        if a.count != 1 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        device_location(&a.desc.location)?;
+        self.shared
+            .mem
+            .set_access(a.ptr, a.size as u64, a.desc.flags)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemGetAccess(
+        &mut self,
+        a: args::cuMemGetAccess,
+    ) -> Result<outs::cuMemGetAccess, CUresult> {
+        self.check()?;
+        device_location(&a.location)?;
+        Ok(outs::cuMemGetAccess {
+            flags: u64::from(self.shared.mem.access(a.ptr)?),
+            ..Default::default()
+        })
     }
 
     // --- Modules and functions ------------------------------------------------------------------------
@@ -983,6 +1666,10 @@ impl ApiBackend for EmuBackend {
         a: args::cuModuleGetGlobal_v2,
     ) -> Result<outs::cuModuleGetGlobal_v2, CUresult> {
         self.check()?;
+        // One of the out-pointers (not both) may be NULL.
+        if !a.dptr && !a.bytes {
+            return Err(CUresult::INVALID_VALUE);
+        }
         let m = self
             .modules
             .get(&a.module)
@@ -1130,6 +1817,9 @@ impl ApiBackend for EmuBackend {
         a: args::cuLibraryGetGlobal,
     ) -> Result<outs::cuLibraryGetGlobal, CUresult> {
         self.check()?;
+        if !a.dptr && !a.bytes {
+            return Err(CUresult::INVALID_VALUE);
+        }
         let module = *self
             .libraries
             .get(&a.library)
@@ -1160,6 +1850,137 @@ impl ApiBackend for EmuBackend {
     ) -> Result<outs::cuKernelSetAttribute, CUresult> {
         Self::device(a.dev)?;
         self.set_func_attribute(a.kernel, a.attrib, a.value)?;
+        Ok(Default::default())
+    }
+
+    fn cuKernelSetCacheConfig(
+        &mut self,
+        a: args::cuKernelSetCacheConfig,
+    ) -> Result<outs::cuKernelSetCacheConfig, CUresult> {
+        Self::device(a.dev)?;
+        self.function(a.kernel)?;
+        // CU_FUNC_CACHE_PREFER_NONE .. PREFER_EQUAL: a preference the interpreter has no cache to apply.
+        if a.config > 3 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(Default::default())
+    }
+
+    // --- Stream capture and graphs ---------------------------------------------------------------------
+
+    fn cuStreamBeginCapture_v2(
+        &mut self,
+        a: args::cuStreamBeginCapture_v2,
+    ) -> Result<outs::cuStreamBeginCapture_v2, CUresult> {
+        self.ctx()?;
+        if a.mode > 2 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let key = self.streams.resolve(a.stream)?;
+        let graph = self.handle(kind::GRAPH);
+        self.captures.begin(key, graph)?;
+        Ok(Default::default())
+    }
+
+    fn cuStreamEndCapture(
+        &mut self,
+        a: args::cuStreamEndCapture,
+    ) -> Result<outs::cuStreamEndCapture, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        Ok(outs::cuStreamEndCapture {
+            graph: self.captures.end(key)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuStreamGetCaptureInfo(
+        &mut self,
+        a: args::cuStreamGetCaptureInfo,
+    ) -> Result<outs::cuStreamGetCaptureInfo, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        let (status, id, _) = self.captures.info(key);
+        Ok(outs::cuStreamGetCaptureInfo {
+            status,
+            id,
+            ..Default::default()
+        })
+    }
+
+    fn cuStreamGetCaptureInfo_v2(
+        &mut self,
+        a: args::cuStreamGetCaptureInfo_v2,
+    ) -> Result<outs::cuStreamGetCaptureInfo_v2, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        let (status, id, graph) = self.captures.info(key);
+        let active = status != STATUS_NONE;
+        Ok(outs::cuStreamGetCaptureInfo_v2 {
+            status,
+            id: if active { id } else { 0 },
+            graph: if active { graph } else { 0 },
+            // Steps run in order: at most the last one is a dependency of the next.
+            deps: 0,
+            num_deps: 0,
+            ..Default::default()
+        })
+    }
+
+    fn cuThreadExchangeStreamCaptureMode(
+        &mut self,
+        a: args::cuThreadExchangeStreamCaptureMode,
+    ) -> Result<outs::cuThreadExchangeStreamCaptureMode, CUresult> {
+        Ok(outs::cuThreadExchangeStreamCaptureMode {
+            mode: self.captures.exchange_mode(a.mode)?,
+        })
+    }
+
+    fn cuGraphInstantiateWithFlags(
+        &mut self,
+        a: args::cuGraphInstantiateWithFlags,
+    ) -> Result<outs::cuGraphInstantiateWithFlags, CUresult> {
+        self.ctx()?;
+        // Flags: auto-free on launch, upload, device launch, use node priority: none changes a replay here.
+        if a.flags & !0xf != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let exec = self.handle(kind::GRAPH_EXEC);
+        self.captures.instantiate(a.graph, exec)?;
+        Ok(outs::cuGraphInstantiateWithFlags {
+            exec,
+            ..Default::default()
+        })
+    }
+
+    fn cuGraphLaunch(&mut self, a: args::cuGraphLaunch) -> Result<outs::cuGraphLaunch, CUresult> {
+        self.ctx()?;
+        let steps = self.captures.exec(a.exec)?;
+        self.submit_steps(a.stream, steps.to_vec())?;
+        Ok(Default::default())
+    }
+
+    fn cuGraphUpload(&mut self, a: args::cuGraphUpload) -> Result<outs::cuGraphUpload, CUresult> {
+        self.ctx()?;
+        self.captures.exec(a.exec)?;
+        self.streams.resolve(a.stream)?;
+        Ok(Default::default())
+    }
+
+    fn cuGraphExecDestroy(
+        &mut self,
+        a: args::cuGraphExecDestroy,
+    ) -> Result<outs::cuGraphExecDestroy, CUresult> {
+        self.captures.exec(a.exec)?;
+        self.captures.forget(a.exec);
+        Ok(Default::default())
+    }
+
+    fn cuGraphDestroy(
+        &mut self,
+        a: args::cuGraphDestroy,
+    ) -> Result<outs::cuGraphDestroy, CUresult> {
+        self.captures.forget(a.graph);
         Ok(Default::default())
     }
 
@@ -1201,12 +2022,14 @@ impl ApiBackend for EmuBackend {
         a: args::cuStreamSynchronize,
     ) -> Result<outs::cuStreamSynchronize, CUresult> {
         self.check()?;
+        self.not_capturing(a.stream)?;
         self.sync_stream(Some(a.stream))?;
         Ok(Default::default())
     }
 
     fn cuStreamQuery(&mut self, a: args::cuStreamQuery) -> Result<outs::cuStreamQuery, CUresult> {
         self.check()?;
+        self.not_capturing(a.stream)?;
         let key = self.streams.resolve(a.stream)?;
         if self.streams.busy(key) {
             return Err(CUresult::NOT_READY);
@@ -1225,10 +2048,14 @@ impl ApiBackend for EmuBackend {
         }
         let key = self.streams.resolve(a.stream)?;
         let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
+        // An event recorded in a capture brings this stream into that capture.
+        if self.captures.wait_event(key, a.event)? {
+            return Ok(Default::default());
+        }
         // Waiting for a never-recorded event waits for nothing.
         if e.records > 0 {
             let dep = (e.signal.clone(), e.records);
-            self.streams.enqueue(key, vec![dep], None)?;
+            self.streams.enqueue(key, self.current, vec![dep], None)?;
         }
         Ok(Default::default())
     }
@@ -1265,17 +2092,66 @@ impl ApiBackend for EmuBackend {
         })
     }
 
+    fn cuStreamGetCtx(
+        &mut self,
+        a: args::cuStreamGetCtx,
+    ) -> Result<outs::cuStreamGetCtx, CUresult> {
+        Ok(outs::cuStreamGetCtx {
+            pctx: self.stream_context(a.stream)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuStreamGetCtx_v2(
+        &mut self,
+        a: args::cuStreamGetCtx_v2,
+    ) -> Result<outs::cuStreamGetCtx_v2, CUresult> {
+        // No green contexts here: the green context is always NULL.
+        Ok(outs::cuStreamGetCtx_v2 {
+            pctx: self.stream_context(a.stream)?,
+            green_ctx: 0,
+            ..Default::default()
+        })
+    }
+
+    fn cuStreamGetDevice(
+        &mut self,
+        a: args::cuStreamGetDevice,
+    ) -> Result<outs::cuStreamGetDevice, CUresult> {
+        self.stream_context(a.stream)?;
+        Ok(outs::cuStreamGetDevice {
+            device: 0,
+            ..Default::default()
+        })
+    }
+
+    fn cuStreamGetId(&mut self, a: args::cuStreamGetId) -> Result<outs::cuStreamGetId, CUresult> {
+        self.check()?;
+        let key = self.streams.resolve(a.stream)?;
+        if key != StreamKey::Created(a.stream) {
+            self.ctx()?;
+        }
+        Ok(outs::cuStreamGetId {
+            id: self.streams.stream(key)?.id,
+            ..Default::default()
+        })
+    }
+
     // --- Events ---------------------------------------------------------------------------------------
 
     fn cuEventCreate(&mut self, a: args::cuEventCreate) -> Result<outs::cuEventCreate, CUresult> {
         let ctx = self.ctx()?;
-        if a.flags & !0x7 != 0
+        // Blocking sync changes how a real host thread waits (sleeping rather than spinning); here every
+        // wait sleeps on a condition variable, so all three flags are honoured as they are.
+        let known = EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING | EVENT_INTERPROCESS;
+        if a.flags & !known != 0
             || (a.flags & EVENT_INTERPROCESS != 0 && a.flags & EVENT_DISABLE_TIMING == 0)
         {
             return Err(CUresult::INVALID_VALUE);
         }
         let event = self.handle(kind::EVENT);
-        self.events.insert(event, Event::new(a.flags, ctx));
+        self.events
+            .insert(event, Event::new(a.flags, ctx, self.streams.signal()));
         Ok(outs::cuEventCreate {
             event,
             ..Default::default()
@@ -1305,6 +2181,7 @@ impl ApiBackend for EmuBackend {
         self.check()?;
         let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
         e.signal.wait_for(e.records);
+        self.synchronized();
         self.check()?;
         Ok(Default::default())
     }
@@ -1357,7 +2234,12 @@ impl Backend for EmuBackend {
             name: device::NAME.to_owned(),
             uuid: device::UUID,
             total_mem: self.shared.mem.capacity(),
-            attributes: device::attributes(),
+            attributes: {
+                let mut a = device::attributes();
+                // KERNEL_EXEC_TIMEOUT: whether kernels have a run time limit.
+                a[17] = i32::from(self.shared.kernel_timeout.is_some());
+                a
+            },
             pci_bus_id: device::PCI_BUS_ID.to_owned(),
         };
         Ok((device::DRIVER_VERSION, "emu".to_owned(), vec![info]))
@@ -1376,7 +2258,7 @@ impl Backend for EmuBackend {
         if data.is_empty() {
             return Ok(());
         }
-        self.shared.mem.check(dst, data.len() as u64)?;
+        self.shared.mem.check(dst, data.len() as u64, true)?;
         match stream {
             None => {
                 // Ordered after everything the legacy stream would wait for; done when we return.
@@ -1387,6 +2269,8 @@ impl Backend for EmuBackend {
                     .map_err(|_| CUresult::INVALID_VALUE)
             }
             Some(s) => {
+                // A graph would copy from host memory at each launch: not from a remote client.
+                self.not_capturing(s)?;
                 let data = data.to_vec();
                 self.submit(s, "host-to-device copy", move |mem| {
                     mem.write_bytes(dst, &data)
@@ -1406,7 +2290,10 @@ impl Backend for EmuBackend {
         if len == 0 {
             return Ok(Vec::new());
         }
-        self.shared.mem.check(src, len as u64)?;
+        self.shared.mem.check(src, len as u64, false)?;
+        if let Some(s) = stream {
+            self.not_capturing(s)?;
+        }
         self.sync_stream(stream)?;
         let mut out = vec![0u8; len];
         self.shared
@@ -1465,35 +2352,89 @@ impl Backend for EmuBackend {
             dynamic_shared_bytes: launch.shared_mem_bytes,
         };
         let params = launch.params.clone();
-        let key = self.streams.resolve(launch.stream)?;
+        let kernel = name.clone();
         let shared = self.shared.clone();
-        let job: Job = Box::new(move || {
-            if shared.skip_work() {
-                return;
-            }
+        // Replayable: a captured launch runs again at every launch of its graph.
+        let op: Op = Arc::new(move |mem: &DeviceMemory| {
+            let started = Instant::now();
+            let options = LaunchOptions {
+                cancel: Some(&shared.stop_kernels),
+                deadline: shared.kernel_timeout.map(|t| started + t),
+                ..LaunchOptions::default()
+            };
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                gleam_ptx::launch(&module, &name, &cfg, &params, &symbols, &shared.mem)
+                gleam_ptx::launch_with(&module, &kernel, &cfg, &params, &symbols, mem, &options)
             }));
             match run {
-                Ok(Ok(stats)) => tracing::trace!(
-                    kernel = %name,
-                    grid = ?cfg.grid,
-                    block = ?cfg.block,
-                    instructions = stats.thread_instructions,
-                    "kernel done"
-                ),
+                Ok(Ok(stats)) => {
+                    tracing::trace!(
+                        kernel = %kernel,
+                        grid = ?cfg.grid,
+                        block = ?cfg.block,
+                        instructions = stats.thread_instructions,
+                        ms = started.elapsed().as_millis() as u64,
+                        "kernel done"
+                    );
+                    Ok(())
+                }
+                // Stopped because the context is already lost (a fault elsewhere) or the session ended:
+                // that is already reported, or nobody is left to tell.
+                Ok(Err(ExecError::Stopped(StopReason::Cancelled))) => {
+                    tracing::debug!(kernel = %kernel, "kernel stopped: its context is going away");
+                    Ok(())
+                }
                 Ok(Err(e)) => {
                     let code = launch_error(&e);
-                    tracing::error!(kernel = %name, "kernel {name} failed: {e} -> {code}");
-                    shared.set_sticky(code);
+                    if code == CUresult::LAUNCH_TIMEOUT {
+                        tracing::error!(
+                            kernel = %kernel,
+                            "kernel {kernel} ran past the emu backend's watchdog ({:?}, GLEAM_EMU_KERNEL_TIMEOUT) \
+                             and was stopped -> {code}",
+                            shared.kernel_timeout.unwrap_or_default()
+                        );
+                    } else {
+                        tracing::error!(kernel = %kernel, "kernel {kernel} failed: {e} -> {code}");
+                    }
+                    Err(code)
                 }
                 Err(_) => {
-                    tracing::error!(kernel = %name, "the PTX interpreter panicked running {name}");
-                    shared.set_sticky(CUresult::LAUNCH_FAILED);
+                    tracing::error!(kernel = %kernel, "the PTX interpreter panicked running {kernel}");
+                    Err(CUresult::LAUNCH_FAILED)
                 }
             }
         });
-        self.streams.enqueue(key, Vec::new(), Some(job))
+        self.submit_steps(
+            launch.stream,
+            vec![Step {
+                what: format!("kernel {name}").into(),
+                op,
+            }],
+        )
+    }
+
+    fn launch_ex(&mut self, launch: &Launch, attrs: &[LaunchAttr]) -> Result<(), CUresult> {
+        for a in attrs {
+            let refused = match a.id {
+                // Ignore, hints on caching, memory order, scheduling and priority: running kernels one
+                // after the other on their stream already satisfies them.
+                0 | 1 | 3 | 5 | 6 | 8 | 9 | 10 | 13 | 14 | 15 | 16 => false,
+                // A cooperative launch needs every block resident at once (grid-wide sync).
+                LaunchAttr::COOPERATIVE => a.value[0] != 0,
+                // Thread block clusters (compute capability 9.0+).
+                LaunchAttr::CLUSTER_DIMENSION => a.value[..3].iter().any(|&d| d > 1),
+                // Events recorded from inside a kernel's execution.
+                LaunchAttr::PROGRAMMATIC_EVENT | LaunchAttr::LAUNCH_COMPLETION_EVENT => true,
+                _ => return Err(CUresult::INVALID_VALUE),
+            };
+            if refused {
+                tracing::warn!(
+                    attribute = a.id,
+                    "launch attribute not supported by the emu backend"
+                );
+                return Err(CUresult::NOT_SUPPORTED);
+            }
+        }
+        self.launch(launch)
     }
 
     fn forget(&mut self, died: &Died) {
@@ -1502,6 +2443,7 @@ impl Backend for EmuBackend {
         for &(kind, handle) in &died.handles {
             match kind {
                 Kind::Stream => {
+                    self.captures.stream_gone(StreamKey::Created(handle));
                     let _ = self.streams.destroy(handle);
                 }
                 Kind::Event => {
@@ -1516,23 +2458,32 @@ impl Backend for EmuBackend {
                         self.unload(module);
                     }
                 }
-                // A kernel is its module's function here; contexts are handled by their calls.
-                Kind::Kernel | Kind::Context => {}
+                Kind::Graph | Kind::GraphExec => self.captures.forget(handle),
+                // A kernel is its module's function here; contexts, pools and physical allocations are
+                // handled by their own calls.
+                Kind::Kernel | Kind::Context | Kind::MemPool | Kind::MemHandle => {}
             }
         }
         for &ctx in &died.emptied_contexts {
             self.shared.mem.free_all(Some(ctx));
         }
+        if !died.emptied_contexts.is_empty() {
+            self.shared.pools().forget_freed(&self.shared.mem);
+        }
     }
 
     fn shutdown(&mut self, _: &Handles) {
-        // Queued work is skipped; a kernel already running finishes (the interpreter cannot be stopped).
+        // Queued work is skipped and running kernels are stopped: nobody waits for them any more.
         self.shared.cancelled.store(true, Ordering::Release);
+        self.shared.stop_kernels.store(true, Ordering::Release);
         self.streams.shutdown();
         self.shared.cancelled.store(false, Ordering::Release);
+        self.shared.stop_kernels.store(false, Ordering::Release);
+        self.shared.pools().clear();
         self.events.clear();
         self.functions.clear();
         self.libraries.clear();
+        self.captures.clear();
         self.modules.clear();
         self.shared.mem.free_all(None);
         self.contexts.retain(|&c, _| c == PRIMARY);
@@ -1544,8 +2495,9 @@ impl Backend for EmuBackend {
 
 impl Drop for EmuBackend {
     fn drop(&mut self) {
-        // Joins the stream workers, skipping what is still queued.
+        // Joins the stream workers, skipping what is still queued and stopping what runs.
         self.shared.cancelled.store(true, Ordering::Release);
+        self.shared.stop_kernels.store(true, Ordering::Release);
         self.streams.shutdown();
     }
 }

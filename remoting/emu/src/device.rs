@@ -1,8 +1,9 @@
 //! What the emulated device says about itself: attributes (`cuDeviceGetAttribute`), identity, limits, and
 //! the occupancy model. It presents itself as a compute capability 7.5 device (so nvcc's default `sm_75`
 //! PTX is accepted) with the limits of that architecture, and the host's CPU count as its multiprocessors
-//! (blocks run in parallel on that many threads). Features it does not emulate (mapped host memory,
-//! memory pools, managed memory, cooperative launches, clusters...) are reported as absent.
+//! (blocks run in parallel on that many threads). Memory pools and virtual memory management are
+//! emulated; features it does not emulate (mapped host memory, managed memory, cooperative launches,
+//! clusters, exporting memory to other processes...) are reported as absent.
 
 /// `cuDeviceGetName`.
 pub const NAME: &str = "Gleam Emulator (PTX interpreter)";
@@ -77,7 +78,7 @@ pub fn attributes() -> Vec<i32> {
     set(14, 512); // TEXTURE_ALIGNMENT
     set(15, 1); // GPU_OVERLAP
     set(16, multiprocessors());
-    set(17, 0); // KERNEL_EXEC_TIMEOUT
+    set(17, 0); // KERNEL_EXEC_TIMEOUT: set by the backend from its watchdog
     set(18, 0); // INTEGRATED
     set(19, 0); // CAN_MAP_HOST_MEMORY: no mapped host memory
     set(20, 0); // COMPUTE_MODE: default
@@ -108,10 +109,12 @@ pub fn attributes() -> Vec<i32> {
     set(95, 0); // COOPERATIVE_LAUNCH: not emulated
     set(97, SHARED_PER_BLOCK_OPTIN as i32);
     set(99, 0); // HOST_REGISTER_SUPPORTED
-    set(102, 0); // VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED
+    set(102, 1); // VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED
+    set(103, 0); // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: nothing is exported to other processes
     set(106, MAX_BLOCKS_PER_SM as i32);
     set(111, 0); // RESERVED_SHARED_MEMORY_PER_BLOCK
-    set(115, 0); // MEMORY_POOLS_SUPPORTED
+    set(115, 1); // MEMORY_POOLS_SUPPORTED
+    set(119, 0); // MEMPOOL_SUPPORTED_HANDLE_TYPES: none (pools are not shared with other processes)
     set(120, 0); // CLUSTER_LAUNCH
     set(126, 1); // MEM_SYNC_DOMAIN_COUNT
     set(131, -1); // NUMA_ID
@@ -176,7 +179,7 @@ mod tests {
         let a = attributes();
         assert_eq!(a.len(), DEVICE_ATTRIBUTE_END);
         assert_eq!((a[1], a[10], a[75], a[76]), (1024, 32, 7, 5));
-        assert_eq!((a[19], a[41], a[115]), (0, 1, 0));
+        assert_eq!((a[19], a[41], a[102], a[115]), (0, 1, 1, 1));
     }
 
     #[test]

@@ -6,10 +6,13 @@
 //! - [`EmuBackend`]: implements [`gleam_server::backend::ApiBackend`] and
 //!   [`gleam_server::backend::Backend`] for one session. Create it with
 //!   [`EmuBackend::new`]`(`[`EmuConfig`]`)`.
-//! - [`EmuConfig`]: the emulated device's memory size (4 GiB by default, `GLEAM_EMU_MEMORY=2GiB` overrides).
+//! - [`EmuConfig`]: the emulated device's memory size (4 GiB by default, `GLEAM_EMU_MEMORY=2GiB` overrides)
+//!   and its kernel watchdog (10 s by default, `GLEAM_EMU_KERNEL_TIMEOUT=30` overrides, `0` turns it off).
 //! - [`memory::DeviceMemory`]: the allocator over a fake device address range (from
 //!   [`memory::VA_BASE`]) and the interpreter's [`gleam_ptx::GlobalMemory`].
-//! - [`streams::Streams`]: one worker thread per stream, with CUDA's legacy-stream and event ordering.
+//! - [`streams::Streams`]: a queue per stream run by a bounded pool of worker threads, with CUDA's
+//!   legacy-stream and event ordering.
+//! - [`pools::Pools`]: memory pools (stream-ordered allocation).
 //!
 //! # Errors of asynchronous work (the sticky error)
 //! Launches, memsets, device-to-device and async copies are validated when they are submitted (bad
@@ -22,47 +25,77 @@
 //! `cuEventSynchronize`, copies to the host) return it once they have waited. The session engine therefore
 //! needs nothing special: whatever call comes next reports the fault. Only `shutdown`,
 //! `describe` and `set_current_context` ignore it.
+//!
+//! # The kernel watchdog
+//! A kernel that runs longer than [`EmuConfig::kernel_timeout`] is stopped and leaves the sticky
+//! `CUDA_ERROR_LAUNCH_TIMEOUT`, as a display watchdog does on a GPU (the device reports
+//! `KERNEL_EXEC_TIMEOUT` = 1 while the watchdog is on). Ten seconds by default: a few times longer than
+//! any kernel of the test suites and examples takes in the interpreter on a small CI host, yet short
+//! enough that a kernel that never ends (a bug, or a hostile client) frees its session and the host's
+//! cores quickly. A fault or a timeout stops the session's other running kernels too (their context is
+//! lost anyway), and the end of the session stops running kernels and skips queued work.
 
 mod backend;
+pub mod capture;
 pub mod device;
 pub mod image;
 pub mod memory;
+pub mod pools;
 pub mod streams;
+
+use std::time::Duration;
 
 pub use backend::EmuBackend;
 
 /// Default emulated memory: 4 GiB.
 pub const DEFAULT_MEMORY_BYTES: u64 = 4 << 30;
+/// Default kernel watchdog (see the crate documentation for why ten seconds).
+pub const DEFAULT_KERNEL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Configuration of the emulated device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EmuConfig {
     /// Device memory the session may allocate, in bytes (`cuMemGetInfo`'s total).
     pub memory_bytes: u64,
+    /// How long one kernel may run before the watchdog stops it (`None`: no watchdog).
+    pub kernel_timeout: Option<Duration>,
 }
 
 impl EmuConfig {
-    /// The configuration from the environment: `GLEAM_EMU_MEMORY` (e.g. `2GiB`, `512MiB`, `1000000`).
-    pub fn from_env() -> Result<Self, ConfigError> {
-        match std::env::var("GLEAM_EMU_MEMORY") {
-            Ok(v) => Ok(Self {
-                memory_bytes: parse_size(&v)?,
-            }),
-            Err(_) => Ok(Self {
-                memory_bytes: DEFAULT_MEMORY_BYTES,
-            }),
+    /// `memory_bytes` of memory and the default watchdog.
+    pub fn with_memory(memory_bytes: u64) -> Self {
+        Self {
+            memory_bytes,
+            kernel_timeout: Some(DEFAULT_KERNEL_TIMEOUT),
         }
+    }
+
+    /// The configuration from the environment: `GLEAM_EMU_MEMORY` (e.g. `2GiB`, `512MiB`, `1000000`) and
+    /// `GLEAM_EMU_KERNEL_TIMEOUT` (seconds, fractions allowed; `0` = no watchdog).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let memory_bytes = match std::env::var("GLEAM_EMU_MEMORY") {
+            Ok(v) => parse_size(&v)?,
+            Err(_) => DEFAULT_MEMORY_BYTES,
+        };
+        let kernel_timeout = match std::env::var("GLEAM_EMU_KERNEL_TIMEOUT") {
+            Ok(v) => parse_timeout(&v)?,
+            Err(_) => Some(DEFAULT_KERNEL_TIMEOUT),
+        };
+        Ok(Self {
+            memory_bytes,
+            kernel_timeout,
+        })
     }
 }
 
 impl Default for EmuConfig {
-    /// [`EmuConfig::from_env`], falling back to 4 GiB (with a warning) if `GLEAM_EMU_MEMORY` is malformed.
+    /// [`EmuConfig::from_env`], falling back to the defaults (with a warning) if a variable is malformed.
     fn default() -> Self {
         Self::from_env().unwrap_or_else(|e| {
-            tracing::warn!("{e}; using {DEFAULT_MEMORY_BYTES} bytes");
-            Self {
-                memory_bytes: DEFAULT_MEMORY_BYTES,
-            }
+            tracing::warn!(
+                "{e}; using {DEFAULT_MEMORY_BYTES} bytes and a {DEFAULT_KERNEL_TIMEOUT:?} kernel watchdog"
+            );
+            Self::with_memory(DEFAULT_MEMORY_BYTES)
         })
     }
 }
@@ -73,6 +106,23 @@ pub enum ConfigError {
     /// `GLEAM_EMU_MEMORY` is not a size.
     #[error("GLEAM_EMU_MEMORY={0:?} is not a size (examples: 2GiB, 512MiB, 1G, 1048576)")]
     BadSize(String),
+    /// `GLEAM_EMU_KERNEL_TIMEOUT` is not a number of seconds.
+    #[error(
+        "GLEAM_EMU_KERNEL_TIMEOUT={0:?} is not a number of seconds (examples: 10, 2.5, 0 for none)"
+    )]
+    BadTimeout(String),
+}
+
+/// Parses the watchdog: seconds (fractions allowed), `0` for none.
+pub fn parse_timeout(s: &str) -> Result<Option<Duration>, ConfigError> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| ConfigError::BadTimeout(s.to_owned()))?;
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
+        return Err(ConfigError::BadTimeout(s.to_owned()));
+    }
+    Ok((secs > 0.0).then(|| Duration::from_secs_f64(secs)))
 }
 
 /// Parses a byte size: a number with an optional unit (`K`, `M`, `G`, `T`, with or without `iB`/`B`;
@@ -111,5 +161,15 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("0").is_err());
         assert!(parse_size("99999999999TiB").is_err());
+    }
+
+    #[test]
+    fn timeouts_parse() {
+        assert_eq!(parse_timeout("10"), Ok(Some(Duration::from_secs(10))));
+        assert_eq!(parse_timeout(" 0.5 "), Ok(Some(Duration::from_millis(500))));
+        assert_eq!(parse_timeout("0"), Ok(None));
+        assert!(parse_timeout("-1").is_err());
+        assert!(parse_timeout("soon").is_err());
+        assert!(parse_timeout("inf").is_err());
     }
 }

@@ -76,8 +76,8 @@ fn module_globals_are_initialised_and_atomics_add_up() {
     let g = emu
         .b
         .cuModuleGetGlobal_v2(args::cuModuleGetGlobal_v2 {
-            dptr: (),
-            bytes: (),
+            dptr: true,
+            bytes: true,
             module,
             name: "counter".into(),
         })
@@ -95,8 +95,8 @@ fn module_globals_are_initialised_and_atomics_add_up() {
     assert_eq!(
         emu.b
             .cuModuleGetGlobal_v2(args::cuModuleGetGlobal_v2 {
-                dptr: (),
-                bytes: (),
+                dptr: true,
+                bytes: true,
                 module,
                 name: "missing".into(),
             })

@@ -59,9 +59,7 @@ impl Client {
 #[test]
 fn a_client_session_end_to_end() {
     let mut c = Client {
-        session: Session::new(EmuBackend::new(EmuConfig {
-            memory_bytes: 16 << 20,
-        })),
+        session: Session::new(EmuBackend::new(EmuConfig::with_memory(16 << 20))),
         seq: 0,
         ctx: 0,
         bulk: Vec::new(),

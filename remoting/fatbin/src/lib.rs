@@ -22,6 +22,7 @@ use std::ffi::c_void;
 use std::io::Read;
 
 pub mod arch;
+pub mod kernels;
 
 pub use arch::{ArchVariant, ComputeCapability, SmArch};
 
@@ -253,7 +254,7 @@ pub fn image_size_in(bytes: &[u8]) -> Result<usize, ImageError> {
 }
 
 fn fatbin_size(header: &[u8]) -> Result<usize, ImageError> {
-    let header_size = read_u16(header, 6).ok_or(ImageError::Truncated("header"))? as u64;
+    let header_size = u64::from(read_u16(header, 6).ok_or(ImageError::Truncated("header"))?);
     let fat_size = read_u64(header, 8).ok_or(ImageError::Truncated("header"))?;
     if header_size < FATBIN_HEADER_BYTES as u64 {
         return Err(ImageError::NotFatbin("header size below 16"));
@@ -457,7 +458,7 @@ impl<'a> Fatbin<'a> {
             let entry = &bytes[at..end];
             let kind = read_u16(entry, 0).ok_or(ImageError::Truncated("entry header"))?;
             let entry_header =
-                read_u32(entry, 4).ok_or(ImageError::Truncated("entry header"))? as u64;
+                u64::from(read_u32(entry, 4).ok_or(ImageError::Truncated("entry header"))?);
             let payload_size = read_u64(entry, 8).ok_or(ImageError::Truncated("entry header"))?;
             if kind == 0 && entry_header == 0 {
                 break;
@@ -697,6 +698,7 @@ pub mod synth {
     use super::*;
 
     /// One entry to put in a synthetic fatbin.
+    #[derive(Debug)]
     pub struct Entry<'a> {
         /// 1 = PTX, 2 = ELF.
         pub kind: u16,
@@ -769,10 +771,8 @@ mod tests {
         text.extend_from_slice(b"garbage after the NUL");
         assert_eq!(image_size_in(&text).unwrap(), PTX.len() + 1);
         // SAFETY: NUL-terminated.
-        assert_eq!(
-            unsafe { image_size(text.as_ptr().cast()) }.unwrap(),
-            PTX.len() + 1
-        );
+        let size = unsafe { image_size(text.as_ptr().cast()) };
+        assert_eq!(size.unwrap(), PTX.len() + 1);
     }
 
     #[test]
@@ -871,10 +871,8 @@ mod tests {
         // SAFETY: as above.
         assert!(unsafe { read_wrapper(wrapper.as_ptr().cast()) }.is_err());
         // SAFETY: NULL is checked first.
-        assert_eq!(
-            unsafe { read_wrapper(std::ptr::null()) },
-            Err(ImageError::Null)
-        );
+        let null = unsafe { read_wrapper(std::ptr::null()) };
+        assert_eq!(null, Err(ImageError::Null));
     }
 
     #[test]

@@ -285,3 +285,108 @@ fn version_2_wrapper_lists_the_objects_fatbins() {
     assert!(texts[0].contains(".extern .func") && texts[0].contains("helper"));
     assert!(texts[1].contains(".visible .func") && texts[1].contains("helper"));
 }
+
+/// `params.fatbin` (params.cu: scalars of every size, aligned and padded structs, a 160-byte struct, a
+/// templated kernel): the layouts read from the sm_75 and sm_90 cubins equal those read from the PTX, and
+/// the PTX layout is the C ABI's.
+#[test]
+fn cubin_and_ptx_layouts_agree() {
+    use gleam_fatbin::kernels::kernels_of;
+    let bytes = fixture("params.fatbin");
+    let fatbin = Fatbin::parse(&bytes).unwrap();
+    let mut ptx = None;
+    let mut cubins = Vec::new();
+    for e in &fatbin.entries {
+        let payload = e.decompressed(BUDGET).unwrap();
+        let kernels = kernels_of(&payload).unwrap();
+        match e.kind {
+            EntryKind::Ptx => ptx = Some(kernels),
+            EntryKind::Elf => cubins.push((e.sm_arch, kernels)),
+            EntryKind::Other(_) => {}
+        }
+    }
+    let ptx = ptx.expect("a PTX entry");
+    let layout = |name: &str| -> Vec<(u32, u32)> {
+        ptx.get(name)
+            .unwrap_or_else(|| panic!("{name} in the PTX"))
+            .params
+            .iter()
+            .map(|p| (p.offset, p.size))
+            .collect()
+    };
+    assert_eq!(layout("none"), []);
+    assert_eq!(
+        layout("scalars"),
+        [(0, 1), (2, 2), (4, 4), (8, 8), (16, 4), (24, 8), (32, 8)]
+    );
+    assert_eq!(
+        layout("structs"),
+        [(0, 1), (16, 16), (32, 24), (56, 160), (216, 4), (224, 8)]
+    );
+    assert_eq!(layout("_Z9templatedIdEvPT_S0_"), [(0, 8), (8, 8)]);
+    assert_eq!(
+        cubins.iter().map(|(sm, _)| *sm).collect::<Vec<_>>(),
+        [75, 90]
+    );
+    for (sm, kernels) in &cubins {
+        assert_eq!(kernels, &ptx, "sm_{sm} cubin vs PTX");
+    }
+}
+
+/// Every sm_90 cubin of a real library (`GLEAM_FATBIN_LIBRARY`, e.g. torch's `libtorch_cuda.so`): its
+/// `.nv_fatbin` section's fatbins parse, and every kernel's layout is read without error.
+#[test]
+#[ignore = "needs a CUDA library on disk: GLEAM_FATBIN_LIBRARY=/path/to/libtorch_cuda.so"]
+fn a_real_librarys_cubins_all_parse() {
+    use gleam_fatbin::kernels::kernels_of;
+    let path = std::env::var("GLEAM_FATBIN_LIBRARY").expect("GLEAM_FATBIN_LIBRARY");
+    let lib = std::fs::read(&path).unwrap();
+    let section = nv_fatbin_section(&lib).expect("an .nv_fatbin section");
+    let (mut fatbins, mut cubins, mut kernels, mut params) = (0, 0, 0, 0);
+    let mut at = 0;
+    while at + 16 <= section.len() {
+        let rest = &section[at..];
+        let Ok(size) = image_size_in(rest) else {
+            at += 8; // padding between fatbins
+            continue;
+        };
+        let fatbin = Fatbin::parse(&rest[..size]).unwrap();
+        fatbins += 1;
+        for e in fatbin
+            .entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::Elf && e.sm_arch == 90)
+        {
+            let payload = e.decompressed(64 << 20).unwrap();
+            let found =
+                kernels_of(&payload).unwrap_or_else(|err| panic!("fatbin {fatbins}: {err}"));
+            cubins += 1;
+            kernels += found.len();
+            params += found
+                .by_name
+                .values()
+                .map(|k| k.params.len())
+                .sum::<usize>();
+        }
+        at += size.next_multiple_of(8);
+    }
+    eprintln!(
+        "{path}: {fatbins} fatbins, {cubins} sm_90 cubins, {kernels} kernels, {params} parameters"
+    );
+    assert!(cubins > 0 && kernels > 0);
+}
+
+/// The `.nv_fatbin` section of a host ELF.
+fn nv_fatbin_section(elf: &[u8]) -> Option<&[u8]> {
+    let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap()) as usize;
+    let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap()) as usize;
+    let (shoff, shentsize, shnum, shstrndx) = (u64_at(40), u16_at(58), u16_at(60), u16_at(62));
+    let header = |i: usize| shoff + i * shentsize;
+    let names = u64_at(header(shstrndx) + 24);
+    (0..shnum).find_map(|i| {
+        let h = header(i);
+        let name_at = names + u32::from_le_bytes(elf[h..h + 4].try_into().unwrap()) as usize;
+        let name = &elf[name_at..name_at + 11];
+        (name == b".nv_fatbin\0").then(|| &elf[u64_at(h + 24)..u64_at(h + 24) + u64_at(h + 32)])
+    })
+}

@@ -72,6 +72,16 @@ impl Plain for usize {}
 impl Plain for f32 {}
 impl Plain for u8 {}
 impl Plain for u16 {}
+/// Per-dimension arrays of a tensor map (rank at most 5, padded with zeros).
+impl Plain for [u64; 5] {}
+impl Plain for [u32; 5] {}
+impl Plain for [i32; 5] {}
+/// A `CUtensorMap`: 128 opaque bytes, 64-byte aligned (the driver refuses a map that is not).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct TensorMap(pub [u64; 16]);
+
+impl Plain for TensorMap {}
 
 /// Something an out-pointer can point to: a plain value or a handle.
 pub trait Value {
@@ -84,6 +94,30 @@ pub trait Value {
     /// Wire to C.
     fn from_wire(w: Self::W) -> Self::C;
 }
+
+/// C structs that travel as themselves, their pointer fields cleared ([`crate::types::WireStruct`]).
+macro_rules! wire_structs {
+    ($($t:ident),* $(,)?) => {$(
+        impl Value for crate::types::$t {
+            type C = Self;
+            type W = Self;
+            fn to_wire(c: Self) -> Self {
+                crate::types::WireStruct::cleared(c)
+            }
+            fn from_wire(w: Self) -> Self {
+                crate::types::WireStruct::cleared(w)
+            }
+        }
+    )*};
+}
+
+wire_structs!(
+    CUmemLocation,
+    CUmemAllocationProp,
+    CUmemPoolProps,
+    CUmemAccessDesc,
+    CUexecAffinityParam,
+);
 
 impl<T: Plain> Value for T {
     type C = T;
@@ -172,6 +206,123 @@ handles! {
     Library;
     /// `CUkernel`.
     Kernel;
+    /// `CUgraph`.
+    Graph;
+    /// `CUgraphExec`.
+    GraphExec;
+    /// `CUmemoryPool`.
+    MemPool;
+}
+
+/// `CUmemGenericAllocationHandle`: a physical allocation of virtual memory management (`cuMemCreate`). An
+/// integer at the C ABI rather than a pointer, but as much a driver handle as the others: checked against
+/// the registry before the driver sees it.
+#[derive(Clone, Copy, Debug)]
+pub enum MemHandle {}
+
+impl Value for MemHandle {
+    type C = u64;
+    type W = u64;
+    fn to_wire(c: u64) -> u64 {
+        c
+    }
+    fn from_wire(w: u64) -> u64 {
+        w
+    }
+}
+
+impl CType for MemHandle {
+    type C = u64;
+}
+
+impl Arg for MemHandle {
+    type C = u64;
+    type Request = u64;
+    type Reply = ();
+    type Slot = u64;
+
+    unsafe fn to_request(c: u64) -> Result<u64, CUresult> {
+        Ok(c)
+    }
+    unsafe fn write_reply(_: u64, _: ()) {}
+    fn slot(request: u64) -> u64 {
+        request
+    }
+    fn slot_c(slot: &mut u64) -> u64 {
+        *slot
+    }
+    fn slot_reply(_: u64) {}
+}
+
+/// A device address the C API passes as `void*` (`cuMemRetainAllocationHandle`): travels as its value and
+/// is never dereferenced by Gleam (the driver validates it).
+#[derive(Clone, Copy, Debug)]
+pub enum PtrValue {}
+
+impl CType for PtrValue {
+    type C = *mut c_void;
+}
+
+impl Arg for PtrValue {
+    type C = *mut c_void;
+    type Request = u64;
+    type Reply = ();
+    type Slot = u64;
+
+    unsafe fn to_request(c: *mut c_void) -> Result<u64, CUresult> {
+        Ok(c as u64)
+    }
+    unsafe fn write_reply(_: *mut c_void, _: ()) {}
+    fn slot(request: u64) -> u64 {
+        request
+    }
+    fn slot_c(slot: &mut u64) -> *mut c_void {
+        *slot as *mut c_void
+    }
+    fn slot_reply(_: u64) {}
+}
+
+/// An in-argument passed by pointer (`const T*`): the application's value is read at the call and travels
+/// in the request; the driver is given a pointer to the server's copy. NULL is `CUDA_ERROR_INVALID_VALUE`.
+/// Pointers inside `T` (Windows-only fields) never travel: [`Value::to_wire`] clears them.
+#[derive(Clone, Copy, Debug)]
+pub enum In<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+impl<T: Value> Arg for In<T>
+where
+    T::C: Default,
+{
+    type C = *const T::C;
+    type Request = T::W;
+    type Reply = ();
+    type Slot = T::C;
+
+    unsafe fn to_request(c: *const T::C) -> Result<T::W, CUresult> {
+        if c.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, and the C API requires a valid `T` behind it (read unaligned: C callers may
+        // pack it anywhere).
+        Ok(T::to_wire(unsafe { c.read_unaligned() }))
+    }
+    unsafe fn write_reply(_: *const T::C, _: ()) {}
+    fn slot(request: T::W) -> T::C {
+        T::from_wire(request)
+    }
+    fn slot_c(slot: &mut T::C) -> *const T::C {
+        slot
+    }
+    fn slot_reply(_: T::C) {}
+}
+
+impl<T: Value> CType for In<T>
+where
+    T::C: Default,
+{
+    type C = *const T::C;
 }
 
 /// An out-argument: the C side passes a `T*` that the driver writes; the value travels in the reply.
@@ -210,6 +361,232 @@ where
     fn slot_reply(slot: T::C) -> T::W {
         T::to_wire(slot)
     }
+}
+
+/// An in-out argument: the C side passes a `T*` whose value the driver reads and replaces
+/// (`cuThreadExchangeStreamCaptureMode`); the value travels in the request and the new one in the reply.
+#[derive(Clone, Copy, Debug)]
+pub enum InOut<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+impl<T: Plain> Arg for InOut<T> {
+    type C = *mut T;
+    type Request = T;
+    type Reply = T;
+    type Slot = T;
+
+    unsafe fn to_request(c: *mut T) -> Result<T, CUresult> {
+        if c.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, and the caller promised a valid `T*`.
+        Ok(unsafe { c.read_unaligned() })
+    }
+    unsafe fn write_reply(c: *mut T, reply: T) {
+        // SAFETY: `to_request` checked non-NULL.
+        unsafe { c.write_unaligned(reply) }
+    }
+    fn slot(request: T) -> T {
+        request
+    }
+    fn slot_c(slot: &mut T) -> *mut T {
+        slot
+    }
+    fn slot_reply(slot: T) -> T {
+        slot
+    }
+}
+
+impl<T: Plain> CType for InOut<T> {
+    type C = *mut T;
+}
+
+/// An optional out-argument: like [`Out<T>`], but the application may pass NULL when it does not want the
+/// value (`cuModuleGetGlobal`'s `bytes`, "ignored if NULL"). Whether it was wanted travels in the request
+/// (one byte), so the serving driver gets NULL exactly where the application passed NULL, and validates
+/// the combination itself (e.g. both NULL).
+#[derive(Clone, Copy, Debug)]
+pub enum OptOut<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+impl<T: Value> Arg for OptOut<T>
+where
+    T::C: Default,
+{
+    type C = *mut T::C;
+    type Request = bool;
+    type Reply = T::W;
+    type Slot = (bool, T::C);
+
+    unsafe fn to_request(c: *mut T::C) -> Result<bool, CUresult> {
+        Ok(!c.is_null())
+    }
+    unsafe fn write_reply(c: *mut T::C, reply: T::W) {
+        if !c.is_null() {
+            // SAFETY: non-NULL, and the caller promised a valid `T*` where one was passed.
+            unsafe { c.write(T::from_wire(reply)) }
+        }
+    }
+    fn slot(wanted: bool) -> (bool, T::C) {
+        (wanted, T::C::default())
+    }
+    fn slot_c(slot: &mut (bool, T::C)) -> *mut T::C {
+        if slot.0 {
+            &raw mut slot.1
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+    fn slot_reply(slot: (bool, T::C)) -> T::W {
+        T::to_wire(slot.1)
+    }
+}
+
+/// A `const CUlaunchConfig*` (`cuOccupancyMaxActiveClusters`...): its dimensions, stream and attributes
+/// travel by value, and the server rebuilds the structure for its driver.
+#[derive(Clone, Copy, Debug)]
+pub enum LaunchConfig {}
+
+/// [`LaunchConfig`] on the wire.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct LaunchConfigValue {
+    /// `gridDimX/Y/Z`.
+    pub grid: [u32; 3],
+    /// `blockDimX/Y/Z`.
+    pub block: [u32; 3],
+    /// `sharedMemBytes`.
+    pub shared_mem_bytes: u32,
+    /// `hStream`.
+    pub stream: u64,
+    /// `attrs[0..numAttrs]`.
+    pub attrs: Vec<crate::wire::LaunchAttr>,
+}
+
+/// `CUlaunchConfig` at the C ABI.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CLaunchConfig {
+    /// `gridDimX/Y/Z`.
+    pub grid: [u32; 3],
+    /// `blockDimX/Y/Z`.
+    pub block: [u32; 3],
+    /// `sharedMemBytes`.
+    pub shared_mem_bytes: u32,
+    /// `hStream`.
+    pub stream: *mut c_void,
+    /// `attrs`.
+    pub attrs: *const CLaunchAttribute,
+    /// `numAttrs`.
+    pub num_attrs: u32,
+}
+
+/// `CUlaunchAttribute` at the C ABI: an id, 4 bytes of padding, a 64-byte value union.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CLaunchAttribute {
+    /// `CUlaunchAttributeID`.
+    pub id: u32,
+    /// Padding.
+    pub pad: u32,
+    /// The value union.
+    pub value: [u32; 16],
+}
+
+/// Most attributes one configuration may carry here (CUDA defines about twenty ids).
+pub const MAX_LAUNCH_ATTRS: u32 = 64;
+
+impl LaunchConfigValue {
+    /// Reads the application's `CUlaunchConfig` (`CUDA_ERROR_INVALID_VALUE` for NULL, or too many
+    /// attributes).
+    ///
+    /// # Safety
+    /// `c` is NULL or points to a `CUlaunchConfig` whose `attrs` holds `numAttrs` entries.
+    pub unsafe fn read(c: *const c_void) -> Result<Self, CUresult> {
+        if c.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: the caller's configuration.
+        let c = unsafe { c.cast::<CLaunchConfig>().read_unaligned() };
+        if c.num_attrs > MAX_LAUNCH_ATTRS || (c.num_attrs > 0 && c.attrs.is_null()) {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let attrs = (0..c.num_attrs as usize)
+            .map(|i| {
+                // SAFETY: `attrs` holds `numAttrs` entries.
+                let a = unsafe { c.attrs.add(i).read_unaligned() };
+                crate::wire::LaunchAttr {
+                    id: a.id,
+                    value: a.value,
+                }
+            })
+            .collect();
+        Ok(Self {
+            grid: c.grid,
+            block: c.block,
+            shared_mem_bytes: c.shared_mem_bytes,
+            stream: c.stream as u64,
+            attrs,
+        })
+    }
+}
+
+/// Where a [`LaunchConfig`] lives on the server while the driver reads it.
+#[derive(Debug)]
+pub struct LaunchConfigSlot {
+    config: CLaunchConfig,
+    attrs: Vec<CLaunchAttribute>,
+}
+
+impl Arg for LaunchConfig {
+    type C = *const c_void;
+    type Request = LaunchConfigValue;
+    type Reply = ();
+    type Slot = LaunchConfigSlot;
+
+    unsafe fn to_request(c: *const c_void) -> Result<LaunchConfigValue, CUresult> {
+        // SAFETY: forwarded contract.
+        unsafe { LaunchConfigValue::read(c) }
+    }
+    unsafe fn write_reply(_: *const c_void, _: ()) {}
+    fn slot(v: LaunchConfigValue) -> LaunchConfigSlot {
+        let attrs: Vec<CLaunchAttribute> = v
+            .attrs
+            .iter()
+            .map(|a| CLaunchAttribute {
+                id: a.id,
+                pad: 0,
+                value: a.value,
+            })
+            .collect();
+        LaunchConfigSlot {
+            config: CLaunchConfig {
+                grid: v.grid,
+                block: v.block,
+                shared_mem_bytes: v.shared_mem_bytes,
+                stream: v.stream as *mut c_void,
+                attrs: std::ptr::null(),
+                num_attrs: u32::try_from(attrs.len()).unwrap_or(0),
+            },
+            attrs,
+        }
+    }
+    fn slot_c(slot: &mut LaunchConfigSlot) -> *const c_void {
+        slot.config.attrs = if slot.attrs.is_empty() {
+            std::ptr::null()
+        } else {
+            slot.attrs.as_ptr()
+        };
+        (&raw const slot.config).cast()
+    }
+    fn slot_reply(_: LaunchConfigSlot) {}
+}
+
+impl CType for LaunchConfig {
+    type C = *const c_void;
 }
 
 /// A NUL-terminated C string argument (`const char*`), e.g. a symbol name.
@@ -265,6 +642,8 @@ pub enum Travel {
     Stub,
     /// The per-thread-default-stream form of another export.
     PerThread,
+    /// Another name of an export (an older version with the same contract).
+    Alias,
 }
 
 /// The C ABI type of an argument as the declaration list writes it: an [`Arg`] type of a forwarded call,
@@ -309,6 +688,13 @@ impl<T> CType for *const T {
 }
 
 impl<T: Value> CType for Out<T>
+where
+    T::C: Default,
+{
+    type C = *mut T::C;
+}
+
+impl<T: Value> CType for OptOut<T>
 where
     T::C: Default,
 {
@@ -402,6 +788,34 @@ mod tests {
         assert_eq!(back.name(), "cuMemAlloc_v2");
         // Variant index + one varint: the out-pointer costs nothing on the wire.
         assert!(bytes.len() <= 4, "{bytes:?}");
+    }
+
+    /// A struct passed by pointer travels by value, its Windows-only pointer cleared; the server's copy
+    /// is what the driver is given a pointer to.
+    #[test]
+    fn in_structs_travel_by_value_without_their_pointers() {
+        use crate::types::{CUmemAllocationProp, CUmemLocation};
+        let prop = CUmemAllocationProp {
+            kind: 1,
+            requested_handle_types: 1,
+            location: CUmemLocation { kind: 1, id: 0 },
+            win32_handle_meta_data: 0xdead_beef,
+            ..CUmemAllocationProp::default()
+        };
+        // SAFETY: a valid pointer to a local.
+        let request =
+            unsafe { <In<CUmemAllocationProp> as Arg>::to_request(&raw const prop) }.unwrap();
+        assert_eq!(request.win32_handle_meta_data, 0);
+        let bytes = postcard::to_allocvec(&request).unwrap();
+        let back: CUmemAllocationProp = postcard::from_bytes(&bytes).unwrap();
+        let mut slot = <In<CUmemAllocationProp> as Arg>::slot(back);
+        let c = <In<CUmemAllocationProp> as Arg>::slot_c(&mut slot);
+        // SAFETY: points into `slot`.
+        let seen = unsafe { c.read() };
+        assert_eq!((seen.kind, seen.location.kind), (1, 1));
+        // SAFETY: NULL is refused before it is read.
+        let null = unsafe { <In<CUmemAllocationProp> as Arg>::to_request(std::ptr::null()) };
+        assert_eq!(null, Err(CUresult::INVALID_VALUE));
     }
 
     #[test]

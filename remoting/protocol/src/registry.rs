@@ -22,8 +22,9 @@ use std::collections::{HashMap, HashSet};
 use tracing::debug;
 
 use crate::api::{
-    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Kernel, Library, Module, Out, Plain,
-    Stream, Value, args, outs,
+    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Graph, GraphExec, In, InOut, Kernel,
+    LaunchConfig, LaunchConfigValue, Library, MemHandle, MemPool, Module, OptOut, Out, Plain,
+    PtrValue, Stream, Value, args, outs,
 };
 use crate::types::CUresult;
 
@@ -59,6 +60,12 @@ pub enum Kind {
     Event,
     Library,
     Kernel,
+    Graph,
+    GraphExec,
+    /// `CUmemoryPool`: a device's, not a context's.
+    MemPool,
+    /// `CUmemGenericAllocationHandle` (`cuMemCreate`): reference-counted, a device's.
+    MemHandle,
 }
 
 /// Where a handle created by a call belongs, gathered from the call's in-arguments and the current context.
@@ -130,6 +137,15 @@ pub struct Handles {
     events: HashMap<u64, u64>,
     /// Context made by `cuCtxCreate` -> its device (primary contexts: in `contexts`).
     created_on: HashMap<u64, i32>,
+    /// Graphs (context-independent; they live until destroyed).
+    graphs: HashSet<u64>,
+    /// Executable graphs (until destroyed).
+    graph_execs: HashSet<u64>,
+    /// Memory pools (default pools once a call returned them, and created ones).
+    pools: HashSet<u64>,
+    /// Physical allocations -> references (`cuMemCreate` and each `cuMemRetainAllocationHandle` add one,
+    /// each `cuMemRelease` drops one; the handle is invalid at zero).
+    mem_handles: HashMap<u64, u32>,
 }
 
 impl Handles {
@@ -151,6 +167,10 @@ impl Handles {
             }
             Kind::Library => self.libraries.contains(&handle),
             Kind::Kernel => self.kernels.contains_key(&handle),
+            Kind::Graph => self.graphs.contains(&handle),
+            Kind::GraphExec => self.graph_execs.contains(&handle),
+            Kind::MemPool => self.pools.contains(&handle),
+            Kind::MemHandle => self.mem_handles.contains_key(&handle),
         };
         if known {
             Ok(())
@@ -201,6 +221,19 @@ impl Handles {
             }
             Kind::Kernel => {
                 self.kernels.insert(handle, owner.library.unwrap_or(0));
+            }
+            Kind::Graph => {
+                self.graphs.insert(handle);
+            }
+            Kind::GraphExec => {
+                self.graph_execs.insert(handle);
+            }
+            Kind::MemPool => {
+                self.pools.insert(handle);
+            }
+            Kind::MemHandle => {
+                let refs = self.mem_handles.entry(handle).or_insert(0);
+                *refs = refs.saturating_add(1);
             }
         }
     }
@@ -274,6 +307,27 @@ impl Handles {
                 self.events.remove(&event);
                 Vec::new()
             }
+            Effect::Destroy(Kind::Graph, graph) => {
+                self.graphs.remove(&graph);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::GraphExec, exec) => {
+                self.graph_execs.remove(&exec);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::MemPool, pool) => {
+                self.pools.remove(&pool);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::MemHandle, handle) => {
+                if let Some(refs) = self.mem_handles.get_mut(&handle) {
+                    *refs -= 1;
+                    if *refs == 0 {
+                        self.mem_handles.remove(&handle);
+                    }
+                }
+                Vec::new()
+            }
             Effect::Destroy(Kind::Function | Kind::Kernel, handle) => {
                 debug!(
                     handle,
@@ -302,6 +356,10 @@ impl Handles {
             tagged(Kind::Event, &mut self.events.keys().copied()),
             tagged(Kind::Library, &mut self.libraries.iter().copied()),
             tagged(Kind::Kernel, &mut self.kernels.keys().copied()),
+            tagged(Kind::Graph, &mut self.graphs.iter().copied()),
+            tagged(Kind::GraphExec, &mut self.graph_execs.iter().copied()),
+            tagged(Kind::MemPool, &mut self.pools.iter().copied()),
+            tagged(Kind::MemHandle, &mut self.mem_handles.keys().copied()),
         ]
         .into_iter()
         .flatten()
@@ -401,6 +459,14 @@ impl Handles {
             .collect()
     }
 
+    /// Graphs and executable graphs this session made (to destroy at shutdown).
+    pub fn graphs(&self) -> (Vec<u64>, Vec<u64>) {
+        (
+            self.graphs.iter().copied().collect(),
+            self.graph_execs.iter().copied().collect(),
+        )
+    }
+
     /// Libraries this session loaded.
     pub fn libraries(&self) -> Vec<u64> {
         self.libraries.iter().copied().collect()
@@ -484,6 +550,23 @@ impl<T: Plain> OutValue for T {
     fn register(_: &mut Handles, _: &T, _: &Owner) {}
 }
 
+/// C structs an out-pointer may point to (`CUmemAllocationProp`...): not handles.
+macro_rules! struct_out_values {
+    ($($t:ident),*) => {$(
+        impl OutValue for crate::types::$t {
+            fn register(_: &mut Handles, _: &Self, _: &Owner) {}
+        }
+    )*};
+}
+
+struct_out_values!(
+    CUmemLocation,
+    CUmemAllocationProp,
+    CUmemPoolProps,
+    CUmemAccessDesc,
+    CUexecAffinityParam
+);
+
 impl HandleArg for CStr {
     fn check(_: &Handles, _: &String, _: &mut Owner) -> Result<(), CUresult> {
         Ok(())
@@ -501,6 +584,41 @@ where
     fn register(handles: &mut Handles, reply: &T::W, owner: &Owner) {
         T::register(handles, reply, owner);
     }
+}
+
+impl<T: OutValue> HandleArg for OptOut<T>
+where
+    T::C: Default,
+{
+    fn check(_: &Handles, _: &bool, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(handles: &mut Handles, reply: &T::W, owner: &Owner) {
+        T::register(handles, reply, owner);
+    }
+}
+
+impl<T: Plain> HandleArg for InOut<T> {
+    fn check(_: &Handles, _: &T, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &T, _: &Owner) {}
+}
+
+/// The stream of a launch configuration, and events its attributes name, are handles.
+impl HandleArg for LaunchConfig {
+    fn check(handles: &Handles, config: &LaunchConfigValue, _: &mut Owner) -> Result<(), CUresult> {
+        handles.check(Kind::Stream, config.stream)?;
+        for event in config
+            .attrs
+            .iter()
+            .filter_map(crate::wire::LaunchAttr::event)
+        {
+            handles.check(Kind::Event, event)?;
+        }
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
 macro_rules! handle_kinds {
@@ -537,6 +655,27 @@ handle_kinds! {
     Event, |_, _| {};
     Library, |o, h| o.library = Some(h);
     Kernel, |o, h| o.kernel = Some(h);
+    Graph, |_, _| {};
+    GraphExec, |_, _| {};
+    MemPool, |_, _| {};
+    MemHandle, |_, _| {};
+}
+
+impl HandleArg for PtrValue {
+    fn check(_: &Handles, _: &u64, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
+impl<T: Value> HandleArg for In<T>
+where
+    T::C: Default,
+{
+    fn check(_: &Handles, _: &T::W, _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
 /// A listed call's request, checked against the registry before the driver sees it.
@@ -978,6 +1117,8 @@ mod tests {
         "cuLibraryUnload",
         "cuStreamDestroy_v2",
         "cuEventDestroy_v2",
+        "cuGraphExecDestroy",
+        "cuGraphDestroy",
     ];
 
     /// A listed call that destroys something must have an [`Effect`] (a tag in the declaration list), or
@@ -988,8 +1129,11 @@ mod tests {
             let destroys = ["Destroy", "Unload", "Release", "Reset", "Free"]
                 .iter()
                 .any(|w| name.contains(w));
-            // Memory frees take device pointers, which are not handles.
-            if destroys && !name.starts_with("cuMem") {
+            // Memory frees take device pointers, which are not handles (pools and physical allocations
+            // are checked below).
+            // Resetting the persisting L2 lines touches no handle.
+            let resets_cache = *name == "cuCtxResetPersistingL2Cache";
+            if destroys && !name.starts_with("cuMem") && !resets_cache {
                 assert!(DESTROYING.contains(name), "{name} destroys handles");
             }
         }
@@ -1001,6 +1145,8 @@ mod tests {
             ApiCall::cuLibraryUnload(args::cuLibraryUnload { library: 7 }),
             ApiCall::cuStreamDestroy_v2(args::cuStreamDestroy_v2 { stream: 7 }),
             ApiCall::cuEventDestroy_v2(args::cuEventDestroy_v2 { event: 7 }),
+            ApiCall::cuGraphExecDestroy(args::cuGraphExecDestroy { exec: 7 }),
+            ApiCall::cuGraphDestroy(args::cuGraphDestroy { graph: 7 }),
         ];
         let names: Vec<_> = calls.iter().map(ApiCall::name).collect();
         assert_eq!(names, DESTROYING);
@@ -1008,7 +1154,106 @@ mod tests {
             assert_ne!(Effect::of(call), Effect::None, "{}", call.name());
         }
         assert_eq!(Effect::of(&calls[5]), Effect::Destroy(Kind::Stream, 7));
+        for call in [
+            ApiCall::cuMemPoolDestroy(args::cuMemPoolDestroy { pool: 7 }),
+            ApiCall::cuMemRelease(args::cuMemRelease { handle: 7 }),
+        ] {
+            assert_ne!(Effect::of(&call), Effect::None, "{}", call.name());
+        }
         assert_eq!(Effect::of(&calls[1]), Effect::PrimaryReset(1));
+        assert_eq!(Effect::of(&calls[8]), Effect::Destroy(Kind::Graph, 7));
+    }
+
+    #[test]
+    fn graphs_live_until_destroyed() {
+        let mut h = Handles::default();
+        let end = ApiReply::cuStreamEndCapture(outs::cuStreamEndCapture {
+            graph: 0x60,
+            ..Default::default()
+        });
+        end.register(&mut h, &Owner::default());
+        let exec = ApiReply::cuGraphInstantiateWithFlags(outs::cuGraphInstantiateWithFlags {
+            exec: 0x61,
+            ..Default::default()
+        });
+        exec.register(&mut h, &Owner::default());
+        assert_eq!(h.check(Kind::Graph, 0x60), Ok(()));
+        assert_eq!(h.check(Kind::GraphExec, 0x61), Ok(()));
+        // A graph is not an executable graph, nor the reverse.
+        assert_eq!(
+            h.check(Kind::GraphExec, 0x60),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        let died = h.apply(Effect::Destroy(Kind::Graph, 0x60), None);
+        assert_eq!(died.handles, [(Kind::Graph, 0x60)]);
+        assert_eq!(h.check(Kind::Graph, 0x60), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(h.check(Kind::GraphExec, 0x61), Ok(()));
+        assert_eq!(h.graphs(), (vec![], vec![0x61]));
+    }
+
+    /// Pools die by `cuMemPoolDestroy` only (they are a device's, not a context's); physical allocations
+    /// are counted: `cuMemCreate` and each `cuMemRetainAllocationHandle` add a reference, each
+    /// `cuMemRelease` drops one, and the handle is refused once none is left.
+    #[test]
+    fn pools_and_physical_allocations_follow_their_own_calls() {
+        let mut h = primed();
+        let mut owner = Owner::in_context(CTX);
+        outs::cuDeviceGetDefaultMemPool {
+            pool_out: 0x900,
+            dev: (),
+        }
+        .register(&mut h, &owner);
+        let free_async = |pool| args::cuMemPoolTrimTo {
+            pool,
+            min_bytes_to_keep: 0,
+        };
+        assert_eq!(admit(&h, &free_async(0x900)), Ok(()));
+        assert_eq!(admit(&h, &free_async(0x901)), Err(CUresult::INVALID_HANDLE));
+        // A context's end leaves pools alone.
+        h.apply(Effect::PrimaryReset(0), None);
+        assert_eq!(h.check(Kind::MemPool, 0x900), Ok(()));
+        let destroy = ApiCall::cuMemPoolDestroy(args::cuMemPoolDestroy { pool: 0x900 });
+        assert_eq!(Effect::of(&destroy), Effect::Destroy(Kind::MemPool, 0x900));
+        h.apply(Effect::of(&destroy), None);
+        assert_eq!(h.check(Kind::MemPool, 0x900), Err(CUresult::INVALID_HANDLE));
+
+        args::cuMemCreate {
+            handle: (),
+            size: 1 << 21,
+            prop: crate::types::CUmemAllocationProp::default(),
+            flags: 0,
+        }
+        .admit(&h, &mut owner)
+        .unwrap();
+        outs::cuMemCreate {
+            handle: 0xa10,
+            ..Default::default()
+        }
+        .register(&mut h, &owner);
+        outs::cuMemRetainAllocationHandle {
+            handle: 0xa10,
+            addr: (),
+        }
+        .register(&mut h, &owner);
+        let map = |handle| args::cuMemMap {
+            ptr: 0,
+            size: 0,
+            offset: 0,
+            handle,
+            flags: 0,
+        };
+        assert_eq!(admit(&h, &map(0xa10)), Ok(()));
+        assert_eq!(admit(&h, &map(0xa11)), Err(CUresult::INVALID_HANDLE));
+        let release = ApiCall::cuMemRelease(args::cuMemRelease { handle: 0xa10 });
+        assert_eq!(
+            Effect::of(&release),
+            Effect::Destroy(Kind::MemHandle, 0xa10)
+        );
+        h.apply(Effect::of(&release), None);
+        assert_eq!(admit(&h, &map(0xa10)), Ok(()), "one reference left");
+        let died = h.apply(Effect::of(&release), None);
+        assert_eq!(died.handles, [(Kind::MemHandle, 0xa10)]);
+        assert_eq!(admit(&h, &map(0xa10)), Err(CUresult::INVALID_HANDLE));
     }
 
     #[test]

@@ -432,13 +432,156 @@ opaque_handles! {
 
 /// `CUmemLocation`: where memory lives (a type and an id), passed by value.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
 pub struct CUmemLocation {
     /// `CUmemLocationType`.
     pub kind: u32,
     /// Device ordinal, host NUMA node... depending on `kind`.
     pub id: i32,
 }
+
+/// A C struct that travels in a request or reply as itself. Its pointer fields (Windows-only handles and
+/// security attributes, meaningless across a network) are kept as integers of the same size and cleared
+/// before they travel and again when they arrive, so a value from the network never names memory.
+pub trait WireStruct: Copy {
+    /// The struct with every pointer field zeroed.
+    #[must_use]
+    fn cleared(self) -> Self;
+}
+
+impl WireStruct for CUmemLocation {
+    fn cleared(self) -> Self {
+        self
+    }
+}
+
+/// `CUmemLocationType` values used by Gleam.
+pub const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
+
+/// `CUmemAllocationProp::allocFlags`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct CUmemAllocationFlags {
+    /// `CUmemAllocationCompType`.
+    pub compression_type: u8,
+    /// Whether the allocation may be used with GPUDirect RDMA.
+    pub gpu_direct_rdma_capable: u8,
+    /// `CU_MEM_CREATE_USAGE_*` bits.
+    pub usage: u16,
+    /// Must be zero.
+    pub reserved: [u8; 4],
+}
+
+/// `CUmemAllocationProp` (`cuMemCreate`, `cuMemGetAllocationGranularity`): 32 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct CUmemAllocationProp {
+    /// `CUmemAllocationType`.
+    pub kind: u32,
+    /// `CUmemAllocationHandleType` bits the allocation may be exported as.
+    pub requested_handle_types: u32,
+    /// Where the memory lives.
+    pub location: CUmemLocation,
+    /// `void *win32HandleMetaData` (Windows only): cleared.
+    pub win32_handle_meta_data: u64,
+    /// Compression, RDMA and usage flags.
+    pub alloc_flags: CUmemAllocationFlags,
+}
+
+impl WireStruct for CUmemAllocationProp {
+    fn cleared(self) -> Self {
+        Self {
+            win32_handle_meta_data: 0,
+            ..self
+        }
+    }
+}
+
+/// `CUmemPoolProps` (`cuMemPoolCreate`): 88 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct CUmemPoolProps {
+    /// `CUmemAllocationType` of the pool's allocations.
+    pub alloc_type: u32,
+    /// `CUmemAllocationHandleType` bits the pool's allocations may be exported as.
+    pub handle_types: u32,
+    /// Where the pool's memory lives.
+    pub location: CUmemLocation,
+    /// `void *win32SecurityAttributes` (Windows only): cleared.
+    pub win32_security_attributes: u64,
+    /// Most bytes the pool may hold (0: no limit but the device's).
+    pub max_size: u64,
+    /// `CU_MEM_POOL_CREATE_USAGE_*` bits.
+    pub usage: u16,
+    /// `reserved[54]`, which must be zero (two arrays so serde can carry them).
+    pub reserved_head: [u8; 32],
+    /// The rest of `reserved`.
+    pub reserved_tail: [u8; 22],
+}
+
+impl WireStruct for CUmemPoolProps {
+    fn cleared(self) -> Self {
+        Self {
+            win32_security_attributes: 0,
+            ..self
+        }
+    }
+}
+
+/// `CUmemAccessDesc` (`cuMemSetAccess`, `cuMemPoolSetAccess`): 12 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct CUmemAccessDesc {
+    /// Whose access.
+    pub location: CUmemLocation,
+    /// `CUmemAccess_flags`: 0 none, 1 read, 3 read and write.
+    pub flags: u32,
+}
+
+impl WireStruct for CUmemAccessDesc {
+    fn cleared(self) -> Self {
+        self
+    }
+}
+
+/// `CUexecAffinityParam` (`cuCtxCreate_v3`): a type and, for the only type (SM count), a count. 8 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct CUexecAffinityParam {
+    /// `CUexecAffinityType` (0 = SM count).
+    pub kind: u32,
+    /// The union's only member: `smCount.val`.
+    pub value: u32,
+}
+
+impl WireStruct for CUexecAffinityParam {
+    fn cleared(self) -> Self {
+        self
+    }
+}
+
+/// `CUctxCreateParams` (`cuCtxCreate_v4`): read by the shim, never sent as is (its members are pointers).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUctxCreateParams {
+    /// `CUexecAffinityParam *execAffinityParams`.
+    pub exec_affinity_params: *mut CUexecAffinityParam,
+    /// How many.
+    pub num_exec_affinity_params: i32,
+    /// `CUctxCigParam *cigParams` (CUDA in graphics: a shared graphics context).
+    pub cig_params: *mut c_void,
+}
+
+// The C layouts of CUDA 13.0's cuda.h.
+const _: () = {
+    assert!(std::mem::size_of::<CUmemAllocationProp>() == 32);
+    assert!(std::mem::size_of::<CUmemPoolProps>() == 88);
+    assert!(std::mem::size_of::<CUmemAccessDesc>() == 12);
+    assert!(std::mem::size_of::<CUexecAffinityParam>() == 8);
+    assert!(std::mem::size_of::<CUctxCreateParams>() == 24);
+};
 
 /// `CUipcMemHandle`: 64 opaque bytes, passed by value.
 #[repr(C)]

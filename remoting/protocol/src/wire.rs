@@ -17,7 +17,7 @@ use crate::api::{ApiCall, ApiReply};
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
 
@@ -81,8 +81,38 @@ pub enum Call {
     },
     /// `cuLaunchKernel` and friends. Fire-and-forget unless the client runs in blocking mode.
     LaunchKernel(Launch),
+    /// `cuLaunchKernelEx` (and `cuLaunchCooperativeKernel`) with launch attributes (cluster dimensions,
+    /// cooperative, priority, programmatic launch...), which the serving driver gets as given.
+    /// Fire-and-forget like [`Call::LaunchKernel`].
+    LaunchKernelEx {
+        /// The launch.
+        launch: Launch,
+        /// `CUlaunchAttribute`s, in the application's order.
+        attrs: Vec<LaunchAttr>,
+    },
+    /// Loads the module image named by `image` as a module (`cuModuleLoadData`) or a library
+    /// (`cuLibraryLoadData`). Without bulk bytes the server looks the image up among those it already has
+    /// (this session's, and its content cache's: sent by any client before) and answers
+    /// [`Reply::ImageWanted`] if it has none, loading nothing; the client then sends the same call with the
+    /// image as the frame's bulk bytes, which the server checks against the hash and keeps. So an image
+    /// crosses the network once per serving peer. Reply: [`Reply::Module`] / [`Reply::Library`].
+    LoadImage {
+        /// What the image is.
+        image: ImageRef,
+        /// `true`: load it as a library (context-independent), else as a module of the current context.
+        as_library: bool,
+    },
     /// Orderly end of the session: the server frees everything and replies [`Reply::Empty`].
     Goodbye,
+}
+
+/// A module image, by content: its BLAKE3 hash and length.
+#[derive(Clone, Copy, Debug, Deserialize, Eq, PartialEq, Serialize)]
+pub struct ImageRef {
+    /// BLAKE3 of the image's bytes.
+    pub hash: [u8; 32],
+    /// Its length in bytes.
+    pub len: u64,
 }
 
 /// A kernel launch, with its parameters already packed per the function's layout.
@@ -100,6 +130,35 @@ pub struct Launch {
     pub stream: u64,
     /// The packed parameter buffer (`kernelParams` copied per [`FunctionInfo::params`], or `extra`'s buffer).
     pub params: Vec<u8>,
+}
+
+/// One `CUlaunchAttribute`: its id and its 64-byte value, as the application wrote them.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct LaunchAttr {
+    /// `CUlaunchAttributeID`.
+    pub id: u32,
+    /// The `CUlaunchAttributeValue` union's bytes, as 16 little-endian words.
+    pub value: [u32; 16],
+}
+
+impl LaunchAttr {
+    /// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`.
+    pub const COOPERATIVE: u32 = 2;
+    /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
+    pub const CLUSTER_DIMENSION: u32 = 4;
+    /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT` (an event handle in the value).
+    pub const PROGRAMMATIC_EVENT: u32 = 7;
+    /// `CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT` (an event handle in the value).
+    pub const LAUNCH_COMPLETION_EVENT: u32 = 12;
+
+    /// The event handle an attribute names, if it names one.
+    pub fn event(&self) -> Option<u64> {
+        matches!(
+            self.id,
+            Self::PROGRAMMATIC_EVENT | Self::LAUNCH_COMPLETION_EVENT
+        )
+        .then(|| u64::from(self.value[0]) | (u64::from(self.value[1]) << 32))
+    }
 }
 
 /// The client's greeting.
@@ -144,6 +203,8 @@ pub enum Reply {
         /// `CUlibrary`.
         handle: u64,
     },
+    /// The server does not have the image a [`Call::LoadImage`] named: send it.
+    ImageWanted,
     /// A function handle and what the client needs to launch and query it locally.
     Function {
         /// `CUfunction`.

@@ -996,7 +996,7 @@ impl<'a> Cx<'a> {
             },
             Operand::Int(v) => {
                 let bits = match ty {
-                    Ty::F32 => (*v as f32).to_bits() as u64,
+                    Ty::F32 => u64::from((*v as f32).to_bits()),
                     Ty::F64 => (*v as f64).to_bits(),
                     _ => *v as u64,
                 };
@@ -1005,19 +1005,19 @@ impl<'a> Cx<'a> {
             Operand::F32(b) => {
                 let f = f32::from_bits(*b);
                 let bits = match ty {
-                    Ty::F64 => (f as f64).to_bits(),
+                    Ty::F64 => f64::from(f).to_bits(),
                     Ty::F16 => ops::f2h(f),
                     Ty::Bf16 => ops::f2b(f),
-                    _ => *b as u64,
+                    _ => u64::from(*b),
                 };
                 Ok(self.imm(bits))
             }
             Operand::F64(b) => {
                 let f = f64::from_bits(*b);
                 let bits = match ty {
-                    Ty::F32 => (f as f32).to_bits() as u64,
-                    Ty::F16 => half::f16::from_f64(f).to_bits() as u64,
-                    Ty::Bf16 => half::bf16::from_f64(f).to_bits() as u64,
+                    Ty::F32 => u64::from((f as f32).to_bits()),
+                    Ty::F16 => u64::from(half::f16::from_f64(f).to_bits()),
+                    Ty::Bf16 => u64::from(half::bf16::from_f64(f).to_bits()),
                     _ => *b,
                 };
                 Ok(self.imm(bits))
@@ -1040,7 +1040,7 @@ impl<'a> Cx<'a> {
     fn pred_src(&mut self, ins: &Instr, o: &Operand) -> Res<(R, bool)> {
         match o {
             Operand::NotReg(n) => Ok((self.src(ins, &Operand::Reg(n.clone()), Ty::Pred)?, true)),
-            Operand::Int(v) => Ok((self.imm((*v != 0) as u64), false)),
+            Operand::Int(v) => Ok((self.imm(u64::from(*v != 0)), false)),
             o => Ok((self.src(ins, o, Ty::Pred)?, false)),
         }
     }
@@ -1600,7 +1600,7 @@ impl<'a> Cx<'a> {
                         Ty::Bf16x2 => AtomOp::FAddB2,
                         Ty::F16 | Ty::Bf16 => return Err(unsupported(ins, "16-bit float atomics")),
                         _ => AtomOp::Add,
-                    })
+                    });
                 }
                 "min" => op = Some(AtomOp::Min),
                 "max" => op = Some(AtomOp::Max),
@@ -1721,7 +1721,7 @@ impl<'a> Cx<'a> {
                 },
             )?;
             let (t, z) = if types[0] == Ty::F32 {
-                (1f32.to_bits() as u64, 0)
+                (u64::from(1f32.to_bits()), 0)
             } else {
                 (0xffff_ffff, 0)
             };

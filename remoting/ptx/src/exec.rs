@@ -106,8 +106,8 @@ pub fn launch_with(
             cfg.grid, cfg.block
         ));
     }
-    let nthreads = bx as u64 * by as u64 * bz as u64;
-    if nthreads > k.max_threads as u64 || bz > 64 {
+    let nthreads = u64::from(bx) * u64::from(by) * u64::from(bz);
+    if nthreads > u64::from(k.max_threads) || bz > 64 {
         return invalid(format!(
             "block {:?} exceeds the kernel's {} threads per block",
             cfg.block, k.max_threads
@@ -145,7 +145,7 @@ pub fn launch_with(
         };
         consts.push((*r, v));
     }
-    let nblocks = gx as u64 * gy as u64 * gz as u64;
+    let nblocks = u64::from(gx) * u64::from(gy) * u64::from(gz);
     let failed = AtomicBool::new(false);
     let ctx = Ctx {
         prog,
@@ -165,7 +165,7 @@ pub fn launch_with(
         },
     };
     let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
+        .map_or(1, std::num::NonZero::get)
         .min(nblocks as usize)
         .max(1);
     let next = AtomicU64::new(0);
@@ -183,9 +183,9 @@ pub fn launch_with(
                 break;
             }
             let ctaid = [
-                (id % gx as u64) as u32,
-                ((id / gx as u64) % gy as u64) as u32,
-                (id / (gx as u64 * gy as u64)) as u32,
+                (id % u64::from(gx)) as u32,
+                ((id / u64::from(gx)) % u64::from(gy)) as u32,
+                (id / (u64::from(gx) * u64::from(gy))) as u32,
             ];
             // Blocks whose setup outweighs their instructions may never add up to a check inside
             // `run`: check between blocks too.
@@ -217,10 +217,15 @@ pub fn launch_with(
             }
         });
     }
-    if let Some((_, e)) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    if let Some((_, e)) = first_err
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
         return Err(e);
     }
-    Ok(total.into_inner().unwrap_or_else(|p| p.into_inner()))
+    Ok(total
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner))
 }
 
 struct Ctx<'a> {
@@ -539,11 +544,11 @@ impl Mem<'_> {
                 .read(addr, &mut b[..size])
                 .map_err(|f| Fault::Oob("global", f.addr, f.len))?,
             Space::Shared => {
-                b[..size].copy_from_slice(Self::slice(self.shared, space, addr, size)?)
+                b[..size].copy_from_slice(Self::slice(self.shared, space, addr, size)?);
             }
             Space::Local => {
                 let at = self.local_at(addr, size, thread)?;
-                b[..size].copy_from_slice(Self::slice(self.local, space, at, size)?)
+                b[..size].copy_from_slice(Self::slice(self.local, space, at, size)?);
             }
             Space::Param => {
                 let start = usize::try_from(addr).map_err(|_| Fault::Oob("param", addr, size))?;
@@ -673,11 +678,11 @@ impl Block {
                     let tid = [t % bx, (t / bx) % by, t / (bx * by)];
                     let l = lane as u32;
                     let v: u64 = match sp {
-                        Special::Tid(d) => tid[d] as u64,
-                        Special::Ntid(d) => ctx.cfg.block[d] as u64,
-                        Special::Ctaid(d) => ctaid[d] as u64,
-                        Special::Nctaid(d) => ctx.cfg.grid[d] as u64,
-                        Special::LaneId => l as u64,
+                        Special::Tid(d) => u64::from(tid[d]),
+                        Special::Ntid(d) => u64::from(ctx.cfg.block[d]),
+                        Special::Ctaid(d) => u64::from(ctaid[d]),
+                        Special::Nctaid(d) => u64::from(ctx.cfg.grid[d]),
+                        Special::LaneId => u64::from(l),
                         Special::WarpId => w as u64,
                         Special::NWarpId => nwarps as u64,
                         Special::LaneMaskEq => 1u64 << l,
@@ -686,7 +691,7 @@ impl Block {
                         Special::LaneMaskGt => (!((1u64 << (l + 1)) - 1)) & 0xffff_ffff,
                         Special::LaneMaskGe => (!((1u64 << l) - 1)) & 0xffff_ffff,
                         Special::Zero => 0,
-                        Special::DynSmem => ctx.cfg.dynamic_shared_bytes as u64,
+                        Special::DynSmem => u64::from(ctx.cfg.dynamic_shared_bytes),
                         Special::TotalSmem => ctx.shared_total as u64,
                     };
                     regs[r as usize * 32 + lane] = v;
@@ -835,7 +840,7 @@ impl Block {
                 continue;
             }
             steps += 1;
-            tinst += mask.count_ones() as u64;
+            tinst += u64::from(mask.count_ones());
             let line = inst.line as usize;
             let fault = |f: Fault| match f {
                 Fault::Oob(space, addr, len) => ExecError::MemoryFault {
@@ -864,7 +869,7 @@ impl Block {
                         lanes(em, |l| rd!(d, l) = f(rd!(a, l), rd!(b, l)));
                     } else {
                         lanes(em, |l| {
-                            rd!(d, l) = post(fl, f(pre(fl, rd!(a, l)), pre(fl, rd!(b, l))))
+                            rd!(d, l) = post(fl, f(pre(fl, rd!(a, l)), pre(fl, rd!(b, l))));
                         });
                     }
                 }
@@ -876,12 +881,12 @@ impl Block {
                             rd!(d, l) = post(
                                 fl,
                                 f(pre(fl, rd!(a, l)), pre(fl, rd!(b, l)), pre(fl, rd!(c, l))),
-                            )
+                            );
                         });
                     }
                 }
                 Op::Quad { f, d, a, b, c, e } => lanes(em, |l| {
-                    rd!(d, l) = f(rd!(a, l), rd!(b, l), rd!(c, l), rd!(e, l))
+                    rd!(d, l) = f(rd!(a, l), rd!(b, l), rd!(c, l), rd!(e, l));
                 }),
                 Op::Mov { d, a } => lanes(em, |l| rd!(d, l) = rd!(a, l)),
                 Op::Setp {
@@ -903,9 +908,9 @@ impl Block {
                         3 => x != cv,
                         _ => x,
                     };
-                    rd!(d, l) = combine(r) as u64;
+                    rd!(d, l) = u64::from(combine(r));
                     if dn != NONE {
-                        rd!(dn, l) = combine(!r) as u64;
+                        rd!(dn, l) = u64::from(combine(!r));
                     }
                 }),
                 Op::Selp { d, a, b, c, cneg } => lanes(em, |l| {
@@ -917,12 +922,12 @@ impl Block {
                 }),
                 Op::PredLogic { op, d, a, b } => lanes(em, |l| {
                     let (x, y) = (rd!(a, l) != 0, rd!(b, l) != 0);
-                    rd!(d, l) = match op {
+                    rd!(d, l) = u64::from(match op {
                         0 => x && y,
                         1 => x || y,
                         2 => x != y,
                         _ => !x,
-                    } as u64;
+                    });
                 }),
                 Op::Cvt { d, a, spec } => lanes(em, |l| rd!(d, l) = ops::cvt(rd!(a, l), &spec)),
                 Op::Pack { d, n, bits, src } => lanes(em, |l| {
@@ -933,7 +938,7 @@ impl Block {
                     };
                     let mut v = 0u64;
                     for (i, s) in src.iter().take(n as usize).enumerate() {
-                        v |= (rd!(*s, l) & m) << (i as u32 * bits as u32);
+                        v |= (rd!(*s, l) & m) << (i as u32 * u32::from(bits));
                     }
                     rd!(d, l) = v;
                 }),
@@ -945,7 +950,7 @@ impl Block {
                     };
                     let v = rd!(a, l);
                     for (i, s) in dst.iter().take(n as usize).enumerate() {
-                        rd!(*s, l) = (v >> (i as u32 * bits as u32)) & m;
+                        rd!(*s, l) = (v >> (i as u32 * u32::from(bits))) & m;
                     }
                 }),
                 Op::Ld {
@@ -1074,7 +1079,7 @@ impl Block {
                     };
                 }),
                 Op::IsSpace { d, a, space } => lanes(em, |l| {
-                    rd!(d, l) = (Mem::resolve(Space::Generic, rd!(a, l)).0 == space) as u64;
+                    rd!(d, l) = u64::from(Mem::resolve(Space::Generic, rd!(a, l)).0 == space);
                 }),
                 Op::Bra { target } => {
                     if target <= cur && em != 0 && alive & !waiting & !mask != 0 {
@@ -1118,7 +1123,7 @@ impl Block {
                 Op::BarRed { c, cneg } => {
                     let acc = &mut self.red_acc;
                     lanes(em, |l| {
-                        let p = ((rd!(c, l) != 0) != cneg) as u64;
+                        let p = u64::from((rd!(c, l) != 0) != cneg);
                         acc[0] += p;
                         acc[1] &= p;
                         acc[2] |= p;
@@ -1157,18 +1162,18 @@ impl Block {
                                 m |= 1 << k;
                             }
                         });
-                        res[l] = m as u64;
+                        res[l] = u64::from(m);
                     });
                     lanes(em, |l| {
                         rd!(d, l) = if !all {
                             res[l]
                         } else if same {
-                            em as u64
+                            u64::from(em)
                         } else {
                             0
                         };
                         if dp != NONE {
-                            rd!(dp, l) = same as u64;
+                            rd!(dp, l) = u64::from(same);
                         }
                     });
                 }
@@ -1234,7 +1239,7 @@ impl Block {
                     lanes(em, |l| {
                         rd!(d, l) = vals[l];
                         if dp != NONE {
-                            rd!(dp, l) = oks[l] as u64;
+                            rd!(dp, l) = u64::from(oks[l]);
                         }
                     });
                 }
@@ -1246,10 +1251,10 @@ impl Block {
                         }
                     });
                     let v = match mode {
-                        0 => (ballot == em) as u64,
-                        1 => (ballot != 0) as u64,
-                        2 => (ballot == 0 || ballot == em) as u64,
-                        _ => ballot as u64,
+                        0 => u64::from(ballot == em),
+                        1 => u64::from(ballot != 0),
+                        2 => u64::from(ballot == 0 || ballot == em),
+                        _ => u64::from(ballot),
                     };
                     lanes(em, |l| rd!(d, l) = v);
                 }
@@ -1271,7 +1276,7 @@ impl Block {
                             },
                         });
                     });
-                    let v = acc.unwrap_or(0) as u64;
+                    let v = u64::from(acc.unwrap_or(0));
                     lanes(em, |l| rd!(d, l) = v);
                 }
                 Op::Carry {
@@ -1292,14 +1297,20 @@ impl Block {
                         _ => {
                             let (p, q) = (rd!(a, l), rd!(b, l));
                             let prod: u128 = match (wide, signed) {
-                                (false, false) => (p as u32 as u64 * q as u32 as u64) as u128,
-                                (false, true) => (p as i32 as i64 * q as i32 as i64) as u64 as u128,
-                                (true, false) => p as u128 * q as u128,
-                                (true, true) => (p as i64 as i128 * q as i64 as i128) as u128,
+                                (false, false) => {
+                                    u128::from(u64::from(p as u32) * u64::from(q as u32))
+                                }
+                                (false, true) => {
+                                    u128::from((i64::from(p as i32) * i64::from(q as i32)) as u64)
+                                }
+                                (true, false) => u128::from(p) * u128::from(q),
+                                (true, true) => {
+                                    (i128::from(p as i64) * i128::from(q as i64)) as u128
+                                }
                             };
                             let half = match (wide, mul) {
-                                (false, 1) => prod as u32 as u64,
-                                (false, _) => (prod >> 32) as u32 as u64,
+                                (false, 1) => u64::from(prod as u32),
+                                (false, _) => u64::from((prod >> 32) as u32),
                                 (true, 1) => prod as u64,
                                 (true, _) => (prod >> 64) as u64,
                             };
@@ -1310,19 +1321,19 @@ impl Block {
                     let c = ci;
                     let (r, flag) = match (wide, sub) {
                         (false, false) => {
-                            let t = x as u32 as u64 + y as u32 as u64 + c;
-                            (t as u32 as u64, t >> 32)
+                            let t = u64::from(x as u32) + u64::from(y as u32) + c;
+                            (u64::from(t as u32), t >> 32)
                         }
                         (false, true) => {
-                            let t = (x as u32 as u64).wrapping_sub(y as u32 as u64 + c);
-                            (t as u32 as u64, (t >> 63) & 1)
+                            let t = u64::from(x as u32).wrapping_sub(u64::from(y as u32) + c);
+                            (u64::from(t as u32), (t >> 63) & 1)
                         }
                         (true, false) => {
-                            let t = x as u128 + y as u128 + c as u128;
+                            let t = u128::from(x) + u128::from(y) + u128::from(c);
                             (t as u64, (t >> 64) as u64)
                         }
                         (true, true) => {
-                            let t = (x as u128).wrapping_sub(y as u128 + c as u128);
+                            let t = u128::from(x).wrapping_sub(u128::from(y) + u128::from(c));
                             (t as u64, ((t >> 127) & 1) as u64)
                         }
                     };
@@ -1331,7 +1342,7 @@ impl Block {
                         rd!(cc, l) = flag;
                     }
                 }),
-                Op::Activemask { d } => lanes(em, |l| rd!(d, l) = mask as u64),
+                Op::Activemask { d } => lanes(em, |l| rd!(d, l) = u64::from(mask)),
                 Op::Clock { d } => {
                     let v = self.clock + steps;
                     lanes(em, |l| rd!(d, l) = v);

@@ -2,6 +2,10 @@
 //! interpreter's inner loop is an indirect call per lane. Every function reads only the low bits its type
 //! needs and returns the result zero-extended from its width.
 
+// The macros below are instantiated for every PTX width: the same `as` is a widening for one type and a
+// truncation for another, so `From` cannot express it.
+#![allow(clippy::cast_lossless)]
+
 use crate::parse::Ty;
 use half::{bf16, f16};
 
@@ -128,19 +132,19 @@ pub fn h2f(x: u64) -> f32 {
     f16::from_bits(x as u16).to_f32()
 }
 pub fn f2h(v: f32) -> u64 {
-    f16::from_f32(v).to_bits() as u64
+    u64::from(f16::from_f32(v).to_bits())
 }
 pub fn b2f(x: u64) -> f32 {
     bf16::from_bits(x as u16).to_f32()
 }
 pub fn f2b(v: f32) -> u64 {
-    bf16::from_f32(v).to_bits() as u64
+    u64::from(bf16::from_f32(v).to_bits())
 }
 fn f2h64(v: f64) -> u64 {
-    f16::from_f64(v).to_bits() as u64
+    u64::from(f16::from_f64(v).to_bits())
 }
 fn f2b64(v: f64) -> u64 {
-    bf16::from_f64(v).to_bits() as u64
+    u64::from(bf16::from_f64(v).to_bits())
 }
 
 fn f32b(x: u64) -> f32 {
@@ -150,16 +154,16 @@ fn f64b(x: u64) -> f64 {
     f64::from_bits(x)
 }
 fn r32(v: f32) -> u64 {
-    v.to_bits() as u64
+    u64::from(v.to_bits())
 }
 
 /// Flush an f32 subnormal to a zero of the same sign (`.ftz`).
 pub fn ftz32(x: u64) -> u64 {
     let b = x as u32;
     if b & 0x7f80_0000 == 0 {
-        (b & 0x8000_0000) as u64
+        u64::from(b & 0x8000_0000)
     } else {
-        b as u64
+        u64::from(b)
     }
 }
 
@@ -212,17 +216,17 @@ pub fn rnd32(hi: f64, lo: f64, mode: Rnd) -> f32 {
         return r;
     }
     // Sign of (r - exact): r - hi is exact, and the sign of a rounded difference is the sign of the exact one.
-    let diff = (r as f64 - hi) - lo;
+    let diff = (f64::from(r) - hi) - lo;
     match mode {
         Rnd::N => {
             if lo != 0.0 && r.is_finite() {
                 // hi may sit exactly on a midpoint that lo breaks.
-                let other = if r as f64 > hi {
+                let other = if f64::from(r) > hi {
                     next_down32(r)
                 } else {
                     next_up32(r)
                 };
-                if ((r as f64 - hi).abs() - (other as f64 - hi).abs()) == 0.0 {
+                if ((f64::from(r) - hi).abs() - (f64::from(other) - hi).abs()) == 0.0 {
                     let exact_above = lo > 0.0;
                     r = if exact_above {
                         r.max(other)
@@ -310,7 +314,7 @@ pub fn rnd16(hi: f64, lo: f64, mode: Rnd, bf: bool) -> u64 {
         f16::from_f64(hi).to_bits()
     };
     if hi.is_nan() || hi.is_infinite() || mode == Rnd::N {
-        return r as u64;
+        return u64::from(r);
     }
     let max: u16 = if bf { 0x7f7f } else { 0x7bff };
     let neg = r & 0x8000 != 0;
@@ -319,9 +323,9 @@ pub fn rnd16(hi: f64, lo: f64, mode: Rnd, bf: bool) -> u64 {
         // Overflowed while rounding to nearest: directed modes may stop at the largest finite value.
         let keep_inf = matches!((mode, neg), (Rnd::P, false) | (Rnd::M, true));
         return if keep_inf {
-            r as u64
+            u64::from(r)
         } else {
-            (r & 0x8000 | max) as u64
+            u64::from(r & 0x8000 | max)
         };
     }
     let up = |b: u16| -> u16 {
@@ -351,7 +355,7 @@ pub fn rnd16(hi: f64, lo: f64, mode: Rnd, bf: bool) -> u64 {
         Rnd::P if diff < 0.0 => up(r),
         _ => r,
     };
-    out as u64
+    u64::from(out)
 }
 
 fn two_sum(a: f64, b: f64) -> (f64, f64) {
@@ -362,18 +366,18 @@ fn two_sum(a: f64, b: f64) -> (f64, f64) {
 }
 
 fn f32_add<const R: u8>(x: u64, y: u64) -> u64 {
-    let (s, e) = two_sum(f32b(x) as f64, f32b(y) as f64);
+    let (s, e) = two_sum(f64::from(f32b(x)), f64::from(f32b(y)));
     r32(rnd32(s, e, rnd(R)))
 }
 fn f32_sub<const R: u8>(x: u64, y: u64) -> u64 {
-    let (s, e) = two_sum(f32b(x) as f64, -(f32b(y) as f64));
+    let (s, e) = two_sum(f64::from(f32b(x)), -f64::from(f32b(y)));
     r32(rnd32(s, e, rnd(R)))
 }
 fn f32_mul<const R: u8>(x: u64, y: u64) -> u64 {
-    r32(rnd32(f32b(x) as f64 * f32b(y) as f64, 0.0, rnd(R)))
+    r32(rnd32(f64::from(f32b(x)) * f64::from(f32b(y)), 0.0, rnd(R)))
 }
 fn f32_div<const R: u8>(x: u64, y: u64) -> u64 {
-    let (a, b) = (f32b(x) as f64, f32b(y) as f64);
+    let (a, b) = (f64::from(f32b(x)), f64::from(f32b(y)));
     let q = a / b;
     let lo = if q.is_finite() {
         (-q).mul_add(b, a) / b
@@ -384,12 +388,12 @@ fn f32_div<const R: u8>(x: u64, y: u64) -> u64 {
 }
 fn f32_fma<const R: u8>(x: u64, y: u64, z: u64) -> u64 {
     // The product of two f32 is exact in f64; two_sum keeps the addition exact as hi + lo.
-    let p = f32b(x) as f64 * f32b(y) as f64;
-    let (s, e) = two_sum(p, f32b(z) as f64);
+    let p = f64::from(f32b(x)) * f64::from(f32b(y));
+    let (s, e) = two_sum(p, f64::from(f32b(z)));
     r32(rnd32(s, e, rnd(R)))
 }
 fn f32_sqrt<const R: u8>(x: u64) -> u64 {
-    let a = f32b(x) as f64;
+    let a = f64::from(f32b(x));
     let r = a.sqrt();
     let lo = if r.is_finite() && r > 0.0 {
         (-r).mul_add(r, a)
@@ -495,35 +499,39 @@ pub fn int_bin(op: &str, ty: Ty) -> Option<F2> {
         "or" => int2!(ty, |a, b| a | b),
         "xor" => int2!(ty, |a, b| a ^ b),
         "add.sat" if ty == Ty::S32 => {
-            Some(|x, y| (x as i32).saturating_add(y as i32) as u32 as u64)
+            Some(|x, y| u64::from((x as i32).saturating_add(y as i32) as u32))
         }
         "sub.sat" if ty == Ty::S32 => {
-            Some(|x, y| (x as i32).saturating_sub(y as i32) as u32 as u64)
+            Some(|x, y| u64::from((x as i32).saturating_sub(y as i32) as u32))
         }
         "mul.hi" => match ty {
-            Ty::U16 => Some(|x, y| ((x as u16 as u32 * y as u16 as u32) >> 16) as u64),
-            Ty::S16 => Some(|x, y| (((x as i16 as i32 * y as i16 as i32) >> 16) as u16) as u64),
-            Ty::U32 => Some(|x, y| (x as u32 as u64 * y as u32 as u64) >> 32),
-            Ty::S32 => Some(|x, y| (((x as i32 as i64 * y as i32 as i64) >> 32) as u32) as u64),
-            Ty::U64 => Some(|x, y| ((x as u128 * y as u128) >> 64) as u64),
-            Ty::S64 => Some(|x, y| ((x as i64 as i128 * y as i64 as i128) >> 64) as u64),
+            Ty::U16 => Some(|x, y| u64::from((u32::from(x as u16) * u32::from(y as u16)) >> 16)),
+            Ty::S16 => {
+                Some(|x, y| u64::from(((i32::from(x as i16) * i32::from(y as i16)) >> 16) as u16))
+            }
+            Ty::U32 => Some(|x, y| (u64::from(x as u32) * u64::from(y as u32)) >> 32),
+            Ty::S32 => {
+                Some(|x, y| u64::from(((i64::from(x as i32) * i64::from(y as i32)) >> 32) as u32))
+            }
+            Ty::U64 => Some(|x, y| ((u128::from(x) * u128::from(y)) >> 64) as u64),
+            Ty::S64 => Some(|x, y| ((i128::from(x as i64) * i128::from(y as i64)) >> 64) as u64),
             _ => None,
         },
         "mul.wide" => match ty {
-            Ty::U16 => Some(|x, y| (x as u16 as u32 * y as u16 as u32) as u64),
-            Ty::S16 => Some(|x, y| (x as i16 as i32 * y as i16 as i32) as u32 as u64),
-            Ty::U32 => Some(|x, y| x as u32 as u64 * y as u32 as u64),
-            Ty::S32 => Some(|x, y| (x as i32 as i64 * y as i32 as i64) as u64),
+            Ty::U16 => Some(|x, y| u64::from(u32::from(x as u16) * u32::from(y as u16))),
+            Ty::S16 => Some(|x, y| u64::from((i32::from(x as i16) * i32::from(y as i16)) as u32)),
+            Ty::U32 => Some(|x, y| u64::from(x as u32) * u64::from(y as u32)),
+            Ty::S32 => Some(|x, y| (i64::from(x as i32) * i64::from(y as i32)) as u64),
             _ => None,
         },
         "mul24.lo" => match ty {
             Ty::U32 => {
-                Some(|x, y| ((x as u32 & 0xff_ffff).wrapping_mul(y as u32 & 0xff_ffff)) as u64)
+                Some(|x, y| u64::from((x as u32 & 0xff_ffff).wrapping_mul(y as u32 & 0xff_ffff)))
             }
             Ty::S32 => Some(|x, y| {
                 let a = ((x as i32) << 8) >> 8;
                 let b = ((y as i32) << 8) >> 8;
-                a.wrapping_mul(b) as u32 as u64
+                u64::from(a.wrapping_mul(b) as u32)
             }),
             _ => None,
         },
@@ -532,14 +540,14 @@ pub fn int_bin(op: &str, ty: Ty) -> Option<F2> {
                 if (y as u32) >= 16 {
                     0
                 } else {
-                    ((x as u16) << (y as u32)) as u64
+                    u64::from((x as u16) << (y as u32))
                 }
             }),
             4 => Some(|x, y| {
                 if (y as u32) >= 32 {
                     0
                 } else {
-                    ((x as u32) << (y as u32)) as u64
+                    u64::from((x as u32) << (y as u32))
                 }
             }),
             8 => Some(|x, y| if (y as u32) >= 64 { 0 } else { x << (y as u32) }),
@@ -550,18 +558,18 @@ pub fn int_bin(op: &str, ty: Ty) -> Option<F2> {
                 if (y as u32) >= 16 {
                     0
                 } else {
-                    ((x as u16) >> (y as u32)) as u64
+                    u64::from((x as u16) >> (y as u32))
                 }
             }),
-            Ty::S16 => Some(|x, y| ((x as i16) >> (y as u32).min(15)) as u16 as u64),
+            Ty::S16 => Some(|x, y| u64::from(((x as i16) >> (y as u32).min(15)) as u16)),
             Ty::U32 | Ty::B32 => Some(|x, y| {
                 if (y as u32) >= 32 {
                     0
                 } else {
-                    ((x as u32) >> (y as u32)) as u64
+                    u64::from((x as u32) >> (y as u32))
                 }
             }),
-            Ty::S32 => Some(|x, y| ((x as i32) >> (y as u32).min(31)) as u32 as u64),
+            Ty::S32 => Some(|x, y| u64::from(((x as i32) >> (y as u32).min(31)) as u32)),
             Ty::U64 | Ty::B64 => Some(|x, y| if (y as u32) >= 64 { 0 } else { x >> (y as u32) }),
             Ty::S64 => Some(|x, y| ((x as i64) >> (y as u32).min(63)) as u64),
             _ => None,
@@ -579,7 +587,7 @@ pub fn int_bin(op: &str, ty: Ty) -> Option<F2> {
             } else {
                 (1u32 << pos) - 1
             };
-            (m & !lo) as u64
+            u64::from(m & !lo)
         }),
         _ => None,
     }
@@ -589,26 +597,26 @@ pub fn int_un(op: &str, ty: Ty) -> Option<F1> {
     match op {
         "neg" => int1!(ty, |a| a.wrapping_neg()),
         "abs" => match ty {
-            Ty::S16 => Some(|x| (x as i16).wrapping_abs() as u16 as u64),
-            Ty::S32 => Some(|x| (x as i32).wrapping_abs() as u32 as u64),
+            Ty::S16 => Some(|x| u64::from((x as i16).wrapping_abs() as u16)),
+            Ty::S32 => Some(|x| u64::from((x as i32).wrapping_abs() as u32)),
             Ty::S64 => Some(|x| (x as i64).wrapping_abs() as u64),
             _ => None,
         },
         "not" => int1!(ty, |a| !a),
-        "cnot" => int1!(ty, |a| (a == 0) as u8),
+        "cnot" => int1!(ty, |a| u8::from(a == 0)),
         "popc" => match ty {
-            Ty::B32 | Ty::U32 => Some(|x| (x as u32).count_ones() as u64),
-            Ty::B64 | Ty::U64 => Some(|x| x.count_ones() as u64),
+            Ty::B32 | Ty::U32 => Some(|x| u64::from((x as u32).count_ones())),
+            Ty::B64 | Ty::U64 => Some(|x| u64::from(x.count_ones())),
             _ => None,
         },
         "clz" => match ty {
-            Ty::B32 | Ty::U32 => Some(|x| (x as u32).leading_zeros() as u64),
-            Ty::B64 | Ty::U64 => Some(|x| x.leading_zeros() as u64),
+            Ty::B32 | Ty::U32 => Some(|x| u64::from((x as u32).leading_zeros())),
+            Ty::B64 | Ty::U64 => Some(|x| u64::from(x.leading_zeros())),
             _ => None,
         },
         "brev" => match ty {
-            Ty::B32 | Ty::U32 => Some(|x| (x as u32).reverse_bits() as u64),
-            Ty::B64 | Ty::U64 => Some(|x| x.reverse_bits()),
+            Ty::B32 | Ty::U32 => Some(|x| u64::from((x as u32).reverse_bits())),
+            Ty::B64 | Ty::U64 => Some(u64::reverse_bits),
             _ => None,
         },
         "bfind" => match ty {
@@ -653,104 +661,113 @@ fn bfind<const BITS: u32, const SIGNED: bool, const SHIFTAMT: bool>(x: u64) -> u
 pub fn int_tern(op: &str, ty: Ty) -> Option<F3> {
     match (op, ty) {
         ("mad.lo" | "mad", Ty::U16 | Ty::S16) => {
-            Some(|a, b, c| (a as u16).wrapping_mul(b as u16).wrapping_add(c as u16) as u64)
+            Some(|a, b, c| u64::from((a as u16).wrapping_mul(b as u16).wrapping_add(c as u16)))
         }
         ("mad.lo" | "mad", Ty::U32 | Ty::S32) => {
-            Some(|a, b, c| (a as u32).wrapping_mul(b as u32).wrapping_add(c as u32) as u64)
+            Some(|a, b, c| u64::from((a as u32).wrapping_mul(b as u32).wrapping_add(c as u32)))
         }
         ("mad.lo" | "mad", Ty::U64 | Ty::S64) => Some(|a, b, c| a.wrapping_mul(b).wrapping_add(c)),
         ("mad.hi", Ty::U32) => Some(|a, b, c| {
-            (((a as u32 as u64 * b as u32 as u64) >> 32) as u32).wrapping_add(c as u32) as u64
+            u64::from(
+                (((u64::from(a as u32) * u64::from(b as u32)) >> 32) as u32).wrapping_add(c as u32),
+            )
         }),
         ("mad.hi", Ty::S32) => Some(|a, b, c| {
-            (((a as i32 as i64 * b as i32 as i64) >> 32) as u32).wrapping_add(c as u32) as u64
+            u64::from(
+                (((i64::from(a as i32) * i64::from(b as i32)) >> 32) as u32).wrapping_add(c as u32),
+            )
         }),
         ("mad.hi", Ty::U64) => {
-            Some(|a, b, c| (((a as u128 * b as u128) >> 64) as u64).wrapping_add(c))
+            Some(|a, b, c| (((u128::from(a) * u128::from(b)) >> 64) as u64).wrapping_add(c))
         }
-        ("mad.hi", Ty::S64) => {
-            Some(|a, b, c| (((a as i64 as i128 * b as i64 as i128) >> 64) as u64).wrapping_add(c))
-        }
+        ("mad.hi", Ty::S64) => Some(|a, b, c| {
+            (((i128::from(a as i64) * i128::from(b as i64)) >> 64) as u64).wrapping_add(c)
+        }),
         ("mad.wide", Ty::U32) => {
-            Some(|a, b, c| (a as u32 as u64 * b as u32 as u64).wrapping_add(c))
+            Some(|a, b, c| (u64::from(a as u32) * u64::from(b as u32)).wrapping_add(c))
         }
         ("mad.wide", Ty::S32) => {
-            Some(|a, b, c| ((a as i32 as i64 * b as i32 as i64) as u64).wrapping_add(c))
+            Some(|a, b, c| ((i64::from(a as i32) * i64::from(b as i32)) as u64).wrapping_add(c))
         }
-        ("mad.wide", Ty::U16) => {
-            Some(|a, b, c| (a as u16 as u32 * b as u16 as u32).wrapping_add(c as u32) as u64)
-        }
-        ("mad.wide", Ty::S16) => {
-            Some(|a, b, c| (a as i16 as i32 * b as i16 as i32).wrapping_add(c as i32) as u32 as u64)
-        }
+        ("mad.wide", Ty::U16) => Some(|a, b, c| {
+            u64::from((u32::from(a as u16) * u32::from(b as u16)).wrapping_add(c as u32))
+        }),
+        ("mad.wide", Ty::S16) => Some(|a, b, c| {
+            u64::from((i32::from(a as i16) * i32::from(b as i16)).wrapping_add(c as i32) as u32)
+        }),
         ("mad24.lo", Ty::U32) => Some(|a, b, c| {
-            (a as u32 & 0xff_ffff)
-                .wrapping_mul(b as u32 & 0xff_ffff)
-                .wrapping_add(c as u32) as u64
+            u64::from(
+                (a as u32 & 0xff_ffff)
+                    .wrapping_mul(b as u32 & 0xff_ffff)
+                    .wrapping_add(c as u32),
+            )
         }),
         ("mad24.lo", Ty::S32) => Some(|a, b, c| {
             let x = ((a as i32) << 8) >> 8;
             let y = ((b as i32) << 8) >> 8;
-            x.wrapping_mul(y).wrapping_add(c as i32) as u32 as u64
+            u64::from(x.wrapping_mul(y).wrapping_add(c as i32) as u32)
         }),
         // Funnel shifts: b:a as a 64-bit value.
         ("shf.l.wrap", Ty::B32) => Some(|a, b, c| {
-            ((((b as u32 as u64) << 32 | a as u32 as u64) << (c as u32 & 31)) >> 32) as u32 as u64
+            u64::from(
+                (((u64::from(b as u32) << 32 | u64::from(a as u32)) << (c as u32 & 31)) >> 32)
+                    as u32,
+            )
         }),
         ("shf.l.clamp", Ty::B32) => Some(|a, b, c| {
-            let v = (b as u32 as u64) << 32 | a as u32 as u64;
+            let v = u64::from(b as u32) << 32 | u64::from(a as u32);
             let n = (c as u32).min(32);
-            ((v << n) >> 32) as u32 as u64
+            u64::from(((v << n) >> 32) as u32)
         }),
         ("shf.r.wrap", Ty::B32) => Some(|a, b, c| {
-            (((b as u32 as u64) << 32 | a as u32 as u64) >> (c as u32 & 31)) as u32 as u64
+            u64::from(((u64::from(b as u32) << 32 | u64::from(a as u32)) >> (c as u32 & 31)) as u32)
         }),
         ("shf.r.clamp", Ty::B32) => Some(|a, b, c| {
-            let v = (b as u32 as u64) << 32 | a as u32 as u64;
+            let v = u64::from(b as u32) << 32 | u64::from(a as u32);
             let n = (c as u32).min(32);
-            (v >> n) as u32 as u64
+            u64::from((v >> n) as u32)
         }),
         // SIMD byte absolute difference (`__vabsdiffu4`/`__vabsdiffs4`); `.add` sums the bytes onto c.
         ("vabsdiff4", Ty::U32) => Some(|a, b, _c| {
             let mut d = 0u32;
             for i in 0..4 {
                 let (x, y) = ((a >> (8 * i)) as u8, (b >> (8 * i)) as u8);
-                d |= (x.abs_diff(y) as u32) << (8 * i);
+                d |= u32::from(x.abs_diff(y)) << (8 * i);
             }
-            d as u64
+            u64::from(d)
         }),
         ("vabsdiff4", Ty::S32) => Some(|a, b, _c| {
             let mut d = 0u32;
             for i in 0..4 {
                 let (x, y) = ((a >> (8 * i)) as u8 as i8, (b >> (8 * i)) as u8 as i8);
-                d |= (x.abs_diff(y) as u32) << (8 * i);
+                d |= u32::from(x.abs_diff(y)) << (8 * i);
             }
-            d as u64
+            u64::from(d)
         }),
         ("vabsdiff4.add", Ty::U32) => Some(|a, b, c| {
             let mut s = c as u32;
             for i in 0..4 {
                 let (x, y) = ((a >> (8 * i)) as u8, (b >> (8 * i)) as u8);
-                s = s.wrapping_add(x.abs_diff(y) as u32);
+                s = s.wrapping_add(u32::from(x.abs_diff(y)));
             }
-            s as u64
+            u64::from(s)
         }),
         ("vabsdiff4.add", Ty::S32) => Some(|a, b, c| {
             let mut s = c as u32;
             for i in 0..4 {
                 let (x, y) = ((a >> (8 * i)) as u8 as i8, (b >> (8 * i)) as u8 as i8);
-                s = s.wrapping_add(x.abs_diff(y) as u32);
+                s = s.wrapping_add(u32::from(x.abs_diff(y)));
             }
-            s as u64
+            u64::from(s)
         }),
         ("sad", Ty::U32) => {
-            Some(|a, b, c| (a as u32).abs_diff(b as u32).wrapping_add(c as u32) as u64)
+            Some(|a, b, c| u64::from((a as u32).abs_diff(b as u32).wrapping_add(c as u32)))
         }
         ("sad", Ty::S32) => {
-            Some(|a, b, c| (a as i32).abs_diff(b as i32).wrapping_add(c as u32) as u64)
+            Some(|a, b, c| u64::from((a as i32).abs_diff(b as i32).wrapping_add(c as u32)))
         }
         ("bfe", Ty::U32) => Some(|a, b, c| {
-            let (pos, len) = ((b as u8) as u32, (c as u8) as u32);
+            let (pos, len) = (u32::from(b as u8), u32::from(c as u8));
             let v = a as u32;
             let mut d = 0u32;
             for i in 0..len.min(32) {
@@ -761,10 +778,10 @@ pub fn int_tern(op: &str, ty: Ty) -> Option<F3> {
                 };
                 d |= bit << i;
             }
-            d as u64
+            u64::from(d)
         }),
         ("bfe", Ty::S32) => Some(|a, b, c| {
-            let (pos, len) = ((b as u8) as u32, (c as u8) as u32);
+            let (pos, len) = (u32::from(b as u8), u32::from(c as u8));
             let v = a as u32;
             let sbit = if len == 0 {
                 0
@@ -780,10 +797,10 @@ pub fn int_tern(op: &str, ty: Ty) -> Option<F3> {
                 };
                 d |= bit << i;
             }
-            d as u64
+            u64::from(d)
         }),
         ("bfe", Ty::U64) => Some(|a, b, c| {
-            let (pos, len) = ((b as u8) as u32, (c as u8) as u32);
+            let (pos, len) = (u32::from(b as u8), u32::from(c as u8));
             let mut d = 0u64;
             for i in 0..len.min(64) {
                 let bit = if pos + i < 64 {
@@ -796,7 +813,7 @@ pub fn int_tern(op: &str, ty: Ty) -> Option<F3> {
             d
         }),
         ("bfe", Ty::S64) => Some(|a, b, c| {
-            let (pos, len) = ((b as u8) as u32, (c as u8) as u32);
+            let (pos, len) = (u32::from(b as u8), u32::from(c as u8));
             let sbit = if len == 0 {
                 0
             } else {
@@ -814,7 +831,7 @@ pub fn int_tern(op: &str, ty: Ty) -> Option<F3> {
             d
         }),
         ("prmt", Ty::B32) => Some(|a, b, c| {
-            let bytes = (a as u32 as u64) | ((b as u32 as u64) << 32);
+            let bytes = u64::from(a as u32) | (u64::from(b as u32) << 32);
             let sel = c as u32;
             let mut d = 0u32;
             for i in 0..4 {
@@ -827,7 +844,7 @@ pub fn int_tern(op: &str, ty: Ty) -> Option<F3> {
                 };
                 d |= byte << (8 * i);
             }
-            d as u64
+            u64::from(d)
         }),
         _ => None,
     }
@@ -837,17 +854,17 @@ pub fn int_quad(op: &str, ty: Ty) -> Option<F4> {
     match (op, ty) {
         // bfi d, a, b, pos, len: insert a's low bits into b.
         ("bfi", Ty::B32) => Some(|a, b, pos, len| {
-            let (pos, len) = ((pos as u8) as u32, (len as u8) as u32);
+            let (pos, len) = (u32::from(pos as u8), u32::from(len as u8));
             let mut d = b as u32;
             for i in 0..len {
                 if pos + i < 32 {
                     d = (d & !(1 << (pos + i))) | ((((a as u32) >> i) & 1) << (pos + i));
                 }
             }
-            d as u64
+            u64::from(d)
         }),
         ("bfi", Ty::B64) => Some(|a, b, pos, len| {
-            let (pos, len) = ((pos as u8) as u32, (len as u8) as u32);
+            let (pos, len) = (u32::from(pos as u8), u32::from(len as u8));
             let mut d = b;
             for i in 0..len {
                 if pos + i < 64 {
@@ -867,7 +884,7 @@ pub fn int_quad(op: &str, ty: Ty) -> Option<F4> {
                     d |= ma & mb & mc;
                 }
             }
-            d as u64
+            u64::from(d)
         }),
         _ => None,
     }
@@ -941,19 +958,23 @@ pub fn flt_tern(op: &str, ty: Ty, m: Rnd) -> Option<F3> {
         ("fma" | "mad", Ty::F32) => Some(sel4!(f32_fma, m, F3)),
         ("fma" | "mad", Ty::F64) => Some(sel4!(f64_fma, m, F3)),
         ("fma" | "mad", Ty::F16) if m == Rnd::N => {
-            Some(|a, b, c| f2h64((h2f(a) as f64).mul_add(h2f(b) as f64, h2f(c) as f64)))
+            Some(|a, b, c| f2h64(f64::from(h2f(a)).mul_add(f64::from(h2f(b)), f64::from(h2f(c)))))
         }
         ("fma" | "mad", Ty::Bf16) if m == Rnd::N => {
-            Some(|a, b, c| f2b64((b2f(a) as f64).mul_add(b2f(b) as f64, b2f(c) as f64)))
+            Some(|a, b, c| f2b64(f64::from(b2f(a)).mul_add(f64::from(b2f(b)), f64::from(b2f(c)))))
         }
         ("fma" | "mad", Ty::F16x2) if m == Rnd::N => Some(|a, b, c| {
-            let lo = f2h64((h2f(a) as f64).mul_add(h2f(b) as f64, h2f(c) as f64));
-            let hi = f2h64((h2f(a >> 16) as f64).mul_add(h2f(b >> 16) as f64, h2f(c >> 16) as f64));
+            let lo = f2h64(f64::from(h2f(a)).mul_add(f64::from(h2f(b)), f64::from(h2f(c))));
+            let hi = f2h64(
+                f64::from(h2f(a >> 16)).mul_add(f64::from(h2f(b >> 16)), f64::from(h2f(c >> 16))),
+            );
             lo | hi << 16
         }),
         ("fma" | "mad", Ty::Bf16x2) if m == Rnd::N => Some(|a, b, c| {
-            let lo = f2b64((b2f(a) as f64).mul_add(b2f(b) as f64, b2f(c) as f64));
-            let hi = f2b64((b2f(a >> 16) as f64).mul_add(b2f(b >> 16) as f64, b2f(c >> 16) as f64));
+            let lo = f2b64(f64::from(b2f(a)).mul_add(f64::from(b2f(b)), f64::from(b2f(c))));
+            let hi = f2b64(
+                f64::from(b2f(a >> 16)).mul_add(f64::from(b2f(b >> 16)), f64::from(b2f(c >> 16))),
+            );
             lo | hi << 16
         }),
         _ => None,
@@ -970,23 +991,23 @@ pub fn flt_un(op: &str, ty: Ty, m: Rnd) -> Option<F1> {
         _ if m != Rnd::N => None,
         ("neg", _) => flt1!(ty, |a| -a),
         ("abs", _) => flt1!(ty, |a| a.abs()),
-        ("rsqrt", Ty::F32) => Some(|x| r32((1.0 / (f32b(x) as f64).sqrt()) as f32)),
+        ("rsqrt", Ty::F32) => Some(|x| r32((1.0 / f64::from(f32b(x)).sqrt()) as f32)),
         ("rsqrt", Ty::F64) => Some(|x| (1.0 / f64b(x).sqrt()).to_bits()),
-        ("sin", Ty::F32) => Some(|x| r32((f32b(x) as f64).sin() as f32)),
-        ("cos", Ty::F32) => Some(|x| r32((f32b(x) as f64).cos() as f32)),
-        ("ex2", Ty::F32) => Some(|x| r32((f32b(x) as f64).exp2() as f32)),
-        ("lg2", Ty::F32) => Some(|x| r32((f32b(x) as f64).log2() as f32)),
-        ("tanh", Ty::F32) => Some(|x| r32((f32b(x) as f64).tanh() as f32)),
-        ("ex2", Ty::F16) => Some(|x| f2h64((h2f(x) as f64).exp2())),
-        ("tanh", Ty::F16) => Some(|x| f2h64((h2f(x) as f64).tanh())),
+        ("sin", Ty::F32) => Some(|x| r32(f64::from(f32b(x)).sin() as f32)),
+        ("cos", Ty::F32) => Some(|x| r32(f64::from(f32b(x)).cos() as f32)),
+        ("ex2", Ty::F32) => Some(|x| r32(f64::from(f32b(x)).exp2() as f32)),
+        ("lg2", Ty::F32) => Some(|x| r32(f64::from(f32b(x)).log2() as f32)),
+        ("tanh", Ty::F32) => Some(|x| r32(f64::from(f32b(x)).tanh() as f32)),
+        ("ex2", Ty::F16) => Some(|x| f2h64(f64::from(h2f(x)).exp2())),
+        ("tanh", Ty::F16) => Some(|x| f2h64(f64::from(h2f(x)).tanh())),
         ("ex2", Ty::F16x2) => {
-            Some(|x| f2h64((h2f(x) as f64).exp2()) | f2h64((h2f(x >> 16) as f64).exp2()) << 16)
+            Some(|x| f2h64(f64::from(h2f(x)).exp2()) | f2h64(f64::from(h2f(x >> 16)).exp2()) << 16)
         }
         ("tanh", Ty::F16x2) => {
-            Some(|x| f2h64((h2f(x) as f64).tanh()) | f2h64((h2f(x >> 16) as f64).tanh()) << 16)
+            Some(|x| f2h64(f64::from(h2f(x)).tanh()) | f2h64(f64::from(h2f(x >> 16)).tanh()) << 16)
         }
-        ("ex2", Ty::Bf16) => Some(|x| f2b64((b2f(x) as f64).exp2())),
-        ("tanh", Ty::Bf16) => Some(|x| f2b64((b2f(x) as f64).tanh())),
+        ("ex2", Ty::Bf16) => Some(|x| f2b64(f64::from(b2f(x)).exp2())),
+        ("tanh", Ty::Bf16) => Some(|x| f2b64(f64::from(b2f(x)).tanh())),
         _ => None,
     }
 }
@@ -1111,20 +1132,24 @@ pub fn dp<const SA: bool, const SB: bool, const N: u32, const OFF: u32>(
     b: u64,
     c: u64,
 ) -> u64 {
-    let mut acc = c as u32 as i64;
+    let mut acc = i64::from(c as u32);
     for i in 0..N {
         let x = if N == 4 {
             let v = (a >> (8 * i)) as u8;
-            if SA { v as i8 as i64 } else { v as i64 }
+            if SA { i64::from(v as i8) } else { i64::from(v) }
         } else {
             let v = (a >> (16 * i)) as u16;
-            if SA { v as i16 as i64 } else { v as i64 }
+            if SA {
+                i64::from(v as i16)
+            } else {
+                i64::from(v)
+            }
         };
         let v = (b >> (8 * (i + OFF))) as u8;
-        let y = if SB { v as i8 as i64 } else { v as i64 };
+        let y = if SB { i64::from(v as i8) } else { i64::from(v) };
         acc += x * y;
     }
-    acc as u32 as u64
+    u64::from(acc as u32)
 }
 
 /// Operand kinds for `cvt`.
@@ -1176,17 +1201,17 @@ pub fn cvt(x: u64, s: &CvtSpec) -> u64 {
         F(f64),
     }
     let v = match s.src {
-        Ty::F16 => V::F(h2f(x) as f64),
-        Ty::Bf16 => V::F(b2f(x) as f64),
-        Ty::F32 => V::F(f32b(if s.ftz { ftz32(x) } else { x }) as f64),
+        Ty::F16 => V::F(f64::from(h2f(x))),
+        Ty::Bf16 => V::F(f64::from(b2f(x))),
+        Ty::F32 => V::F(f64::from(f32b(if s.ftz { ftz32(x) } else { x }))),
         Ty::F64 => V::F(f64b(x)),
         t => {
             let (bits, signed) = int_bits(t).unwrap_or((64, false));
             let sh = 64 - bits;
             V::I(if signed {
-                (((x << sh) as i64) >> sh) as i128
+                i128::from(((x << sh) as i64) >> sh)
             } else {
-                ((x << sh) >> sh) as i128
+                i128::from((x << sh) >> sh)
             })
         }
     };

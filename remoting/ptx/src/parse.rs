@@ -718,7 +718,7 @@ fn parse_init(p: &mut P, ty: Ty, out: &mut Vec<u8>, cap: usize) -> R<()> {
                 v
             };
             match ty {
-                Ty::F32 => (v as i64 as f32).to_bits() as u64,
+                Ty::F32 => u64::from((v as i64 as f32).to_bits()),
                 Ty::F64 => (v as i64 as f64).to_bits(),
                 _ => v,
             }
@@ -727,17 +727,17 @@ fn parse_init(p: &mut P, ty: Ty, out: &mut Vec<u8>, cap: usize) -> R<()> {
             let f = f32::from_bits(b);
             let f = if neg { -f } else { f };
             match ty {
-                Ty::F64 => (f as f64).to_bits(),
-                _ => f.to_bits() as u64,
+                Ty::F64 => f64::from(f).to_bits(),
+                _ => u64::from(f.to_bits()),
             }
         }
         Some(Tok::F64(b)) => {
             let f = f64::from_bits(b);
             let f = if neg { -f } else { f };
             match ty {
-                Ty::F32 => (f as f32).to_bits() as u64,
-                Ty::F16 => half::f16::from_f64(f).to_bits() as u64,
-                Ty::Bf16 => half::bf16::from_f64(f).to_bits() as u64,
+                Ty::F32 => u64::from((f as f32).to_bits()),
+                Ty::F16 => u64::from(half::f16::from_f64(f).to_bits()),
+                Ty::Bf16 => u64::from(half::bf16::from_f64(f).to_bits()),
                 _ => f.to_bits(),
             }
         }

@@ -478,7 +478,7 @@ fn struct_params_half_math_shared_atomics_votes() {
         let r = &o[t as usize * 16..t as usize * 16 + 16];
         assert_eq!(r[0], 10 + 1 + 100 + 1000, "struct fields, thread {t}");
         let x = t as f32;
-        let lo = half::f16::from_f32(x * x + x).to_bits() as u32;
+        let lo = u32::from(half::f16::from_f32(x * x + x).to_bits());
         assert_eq!(r[1], lo | 0x3A00 << 16, "fma.f16x2, thread {t}");
         assert_eq!(r[2], 0x4040_4040, "bf16x2, thread {t}");
         olds.push(r[3]);

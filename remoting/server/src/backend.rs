@@ -8,7 +8,7 @@
 use gleam_protocol::api::{ApiCall, ApiReply, args, outs};
 use gleam_protocol::registry::{Died, Handles};
 use gleam_protocol::types::CUresult;
-use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch};
+use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr};
 
 macro_rules! api_backend {
     ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
@@ -75,6 +75,15 @@ pub trait Backend: ApiBackend {
     }
     /// `cuLaunchKernel` with a packed parameter buffer.
     fn launch(&mut self, launch: &Launch) -> Result<(), CUresult>;
+    /// `cuLaunchKernelEx` with launch attributes. A backend that honours none of them runs a launch
+    /// without attributes and refuses any other.
+    fn launch_ex(&mut self, launch: &Launch, attrs: &[LaunchAttr]) -> Result<(), CUresult> {
+        if attrs.is_empty() {
+            self.launch(launch)
+        } else {
+            Err(CUresult::NOT_SUPPORTED)
+        }
+    }
     /// These handles died (destroyed, or with what was destroyed, by CUDA's rules): drop what is kept for
     /// them.
     fn forget(&mut self, died: &Died) {

@@ -7,5 +7,6 @@
 //! * [`worker`]: the session process's loop, a [`Session`](session::Session) between stdin and stdout.
 
 pub mod backend;
+pub mod images;
 pub mod session;
 pub mod worker;

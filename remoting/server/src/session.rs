@@ -15,17 +15,20 @@
 //!   ([`Backend::forget`] hears of it);
 //! * [`Call::Goodbye`] frees everything ([`Backend::shutdown`]) and ends the session.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use gleam_ratelimit::RateLimit;
 use tracing::{debug, info, warn};
 
 use crate::backend::Backend;
+use crate::images::Images;
+pub use crate::images::use_content_cache;
 use gleam_protocol::api::ApiCall;
 use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
-    COPY_CHUNK, Call, PROTOCOL_VERSION, Reply, ReplyFrame, Request, ServerHello,
+    COPY_CHUNK, Call, LaunchAttr, PROTOCOL_VERSION, Reply, ReplyFrame, Request, ServerHello,
 };
 
 /// What the session sends back for a request that expects a reply.
@@ -47,6 +50,10 @@ pub struct Session<B: Backend> {
     pending: Option<CUresult>,
     /// Every live handle the backend gave this session.
     handles: Handles,
+    /// The module images this session was sent or found (by content).
+    images: Images,
+    /// Streams in capture mode (`cuStreamBeginCapture_v2` .. `cuStreamEndCapture`).
+    capturing: HashSet<u64>,
     started: Instant,
     requests: u64,
     /// Warnings about a client breaking the protocol (requests before hello, a second hello): a
@@ -87,6 +94,8 @@ impl<B: Backend> Session<B> {
             current_ctx: Some(0),
             pending: None,
             handles: Handles::default(),
+            images: Images::default(),
+            capturing: HashSet::new(),
             started: Instant::now(),
             requests: 0,
             misuse: RateLimit::new(MISUSE_BURST, MISUSE_INTERVAL),
@@ -243,13 +252,31 @@ impl<B: Backend> Session<B> {
                 if matches!(
                     call,
                     ApiCall::cuCtxCreate_v2(_)
+                        | ApiCall::cuCtxCreate_v3(_)
                         | ApiCall::cuCtxDestroy_v2(_)
                         | ApiCall::cuDevicePrimaryCtxReset_v2(_)
                 ) {
                     self.current_ctx = None;
                 }
                 let effect = Effect::of(&call);
-                let reply = self.backend.api(call)?;
+                // Which streams capture: host copies queued there are refused (below).
+                let capture = match &call {
+                    ApiCall::cuStreamBeginCapture_v2(a) => Some((a.stream, true)),
+                    ApiCall::cuStreamEndCapture(a) => Some((a.stream, false)),
+                    _ => None,
+                };
+                let reply = self.backend.api(call);
+                match capture {
+                    Some((stream, true)) if reply.is_ok() => {
+                        self.capturing.insert(stream);
+                    }
+                    // A capture ends whatever the outcome.
+                    Some((stream, false)) => {
+                        self.capturing.remove(&stream);
+                    }
+                    _ => {}
+                }
+                let reply = reply?;
                 reply.register(&mut self.handles, &owner);
                 let died = self.handles.apply(effect, Some(&reply));
                 if !died.is_empty() {
@@ -259,6 +286,7 @@ impl<B: Backend> Session<B> {
             }
             Call::MemcpyHtoD { dst, stream } => {
                 self.check_stream(stream)?;
+                self.not_capturing(stream)?;
                 self.backend.memcpy_htod(dst, bulk, stream)?;
                 Reply::Empty
             }
@@ -269,6 +297,7 @@ impl<B: Backend> Session<B> {
                     .filter(|&len| len <= COPY_CHUNK)
                     .ok_or(CUresult::INVALID_VALUE)?;
                 self.check_stream(stream)?;
+                self.not_capturing(stream)?;
                 let data = self.backend.memcpy_dtoh(src, len, stream)?;
                 return Ok((Reply::Data, data));
             }
@@ -295,6 +324,30 @@ impl<B: Backend> Session<B> {
                     .register(Kind::Library, handle, &Owner::default());
                 Reply::Library { handle }
             }
+            Call::LoadImage { image, as_library } => {
+                let bytes = if bulk.is_empty() {
+                    match self.images.find(&image) {
+                        Some(bytes) => bytes,
+                        // Loading nothing: the client sends the bytes next.
+                        None => return Ok((Reply::ImageWanted, Vec::new())),
+                    }
+                } else {
+                    self.images.accept(&image, bulk).map_err(|err| {
+                        warn!(%err, "refusing a module image");
+                        CUresult::INVALID_IMAGE
+                    })?
+                };
+                if as_library {
+                    let handle = self.backend.library_load(&bytes)?;
+                    self.handles
+                        .register(Kind::Library, handle, &Owner::default());
+                    Reply::Library { handle }
+                } else {
+                    let handle = self.backend.module_load(&bytes)?;
+                    self.handles.register(Kind::Module, handle, &in_ctx);
+                    Reply::Module { handle }
+                }
+            }
             Call::KernelGetFunction { kernel } => {
                 self.handles.check(Kind::Kernel, kernel)?;
                 let (handle, info) = self.backend.kernel_get_function(kernel)?;
@@ -311,10 +364,36 @@ impl<B: Backend> Session<B> {
                 self.backend.launch(&launch)?;
                 Reply::Empty
             }
+            Call::LaunchKernelEx { launch, attrs } => {
+                self.handles.check(Kind::Function, launch.function)?;
+                self.handles.check(Kind::Stream, launch.stream)?;
+                // Events named in attributes reach the driver too.
+                for event in attrs.iter().filter_map(LaunchAttr::event) {
+                    self.handles.check(Kind::Event, event)?;
+                }
+                self.backend.launch_ex(&launch, &attrs)?;
+                Reply::Empty
+            }
             // Handled before dispatch.
             Call::Goodbye => Reply::Empty,
         };
         Ok((reply, Vec::new()))
+    }
+
+    /// A host copy cannot be captured remotely: the captured copy would read or write the session
+    /// process's own buffer (gone after the call) at every launch of the graph, not the client's memory.
+    fn not_capturing(&self, stream: Option<u64>) -> Result<(), CUresult> {
+        match stream {
+            Some(s) if self.capturing.contains(&s) => {
+                warn!(
+                    stream = s,
+                    "a host copy queued on a capturing stream: refused (a graph cannot copy from or to a remote \
+                     client's memory)"
+                );
+                Err(CUresult::STREAM_CAPTURE_UNSUPPORTED)
+            }
+            _ => Ok(()),
+        }
     }
 
     fn check_stream(&self, stream: Option<u64>) -> Result<(), CUresult> {
@@ -417,6 +496,20 @@ mod tests {
         ) -> Result<outs::cuCtxSynchronize, CUresult> {
             self.log.push("sync".into());
             Ok(outs::cuCtxSynchronize {})
+        }
+        fn cuStreamBeginCapture_v2(
+            &mut self,
+            _: args::cuStreamBeginCapture_v2,
+        ) -> Result<outs::cuStreamBeginCapture_v2, CUresult> {
+            self.log.push("begin capture".into());
+            Ok(Default::default())
+        }
+        fn cuStreamEndCapture(
+            &mut self,
+            _: args::cuStreamEndCapture,
+        ) -> Result<outs::cuStreamEndCapture, CUresult> {
+            self.log.push("end capture".into());
+            Err(CUresult::STREAM_CAPTURE_INVALIDATED)
         }
     }
 
@@ -874,5 +967,51 @@ mod tests {
         // finish() after goodbye does not shut down twice.
         s.finish();
         assert_eq!(s.backend.log.iter().filter(|l| *l == "shutdown").count(), 1);
+    }
+
+    #[test]
+    fn host_copies_on_a_capturing_stream_are_refused() {
+        let mut s = open(Recorder::default());
+        let htod = |stream| Call::MemcpyHtoD {
+            dst: 0x1000,
+            stream: Some(stream),
+        };
+        let begin = Call::Api(ApiCall::cuStreamBeginCapture_v2(
+            args::cuStreamBeginCapture_v2 { stream: 2, mode: 0 },
+        ));
+        assert_eq!(
+            s.handle_req(req(2, 0, true, begin)).unwrap().result,
+            CUresult::SUCCESS
+        );
+        let r = s.handle(req(3, 0, true, htod(2)), &[1; 4]).unwrap();
+        assert_eq!(r.frame.result, CUresult::STREAM_CAPTURE_UNSUPPORTED);
+        let dtoh = Call::MemcpyDtoH {
+            src: 0x1000,
+            len: 4,
+            stream: Some(2),
+        };
+        let r = s.handle_req(req(4, 0, true, dtoh)).unwrap();
+        assert_eq!(r.result, CUresult::STREAM_CAPTURE_UNSUPPORTED);
+        // Another stream copies as usual.
+        let r = s.handle(req(5, 0, true, htod(0)), &[1; 4]).unwrap();
+        assert_eq!(r.frame.result, CUresult::SUCCESS);
+        // The capture ends (here invalidated), and with it the refusal.
+        let end = Call::Api(ApiCall::cuStreamEndCapture(args::cuStreamEndCapture {
+            stream: 2,
+            graph: (),
+        }));
+        let r = s.handle_req(req(6, 0, true, end)).unwrap();
+        assert_eq!(r.result, CUresult::STREAM_CAPTURE_INVALIDATED);
+        let r = s.handle(req(7, 0, true, htod(2)), &[1; 4]).unwrap();
+        assert_eq!(r.frame.result, CUresult::SUCCESS);
+        assert_eq!(
+            s.backend.log,
+            [
+                "begin capture",
+                "htod 0x1000 4",
+                "end capture",
+                "htod 0x1000 4"
+            ]
+        );
     }
 }

@@ -1,14 +1,19 @@
 //! Contexts: the current-context stack is thread-local on the client, as in the real driver; each request
 //! carries the calling thread's current context, and the server makes it current before executing.
 //!
-//! Context handles come from the server (`cuDevicePrimaryCtxRetain`, `cuCtxCreate_v2`) and live in the
-//! session's registry ([`crate::handles`]), which knows each one's device, so `cuCtxGetDevice` needs no
-//! round trip.
+//! Context handles come from the server (`cuDevicePrimaryCtxRetain`, `cuCtxCreate_v2`/`_v3`) and live in
+//! the session's registry ([`crate::handles`]), which knows each one's device, so `cuCtxGetDevice` needs
+//! no round trip. The older exports (`cuCtxCreate`, `cuCtxDestroy`, `cuCtxPushCurrent`, the primary
+//! context calls without `_v2`...) are what binaries built against old headers call: same semantics,
+//! same code. `cuCtxCreate_v4` takes its parameters as a struct of pointers, read here.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use gleam_protocol::types::{CUcontext, CUresult};
+use gleam_protocol::registry::Kind;
+use gleam_protocol::types::{CUcontext, CUctxCreateParams, CUexecAffinityParam, CUresult};
 
 use crate::{forward, handles, put, state};
 
@@ -59,6 +64,9 @@ pub unsafe fn cuCtxGetCurrent(pctx: *mut CUcontext) -> Result<(), CUresult> {
 
 pub unsafe fn cuCtxSetCurrent(ctx: CUcontext) -> Result<(), CUresult> {
     state::session()?;
+    if !ctx.is_null() {
+        handles::check(Kind::Context, ctx as u64)?;
+    }
     set_current(ctx as u64);
     Ok(())
 }
@@ -68,8 +76,19 @@ pub unsafe fn cuCtxPushCurrent_v2(ctx: CUcontext) -> Result<(), CUresult> {
     if ctx.is_null() {
         return Err(CUresult::INVALID_VALUE);
     }
+    handles::check(Kind::Context, ctx as u64)?;
     let _ = STACK.try_with(|s| s.borrow_mut().push(ctx as u64));
     Ok(())
+}
+
+pub unsafe fn cuCtxPushCurrent(ctx: CUcontext) -> Result<(), CUresult> {
+    // SAFETY: the same call under its CUDA 3.x name.
+    unsafe { cuCtxPushCurrent_v2(ctx) }
+}
+
+pub unsafe fn cuCtxPopCurrent(pctx: *mut CUcontext) -> Result<(), CUresult> {
+    // SAFETY: as above.
+    unsafe { cuCtxPopCurrent_v2(pctx) }
 }
 
 pub unsafe fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> Result<(), CUresult> {
@@ -117,10 +136,80 @@ pub unsafe fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: u32, dev: i32) -> Resu
         forward::cuCtxCreate_v2(pctx, flags, dev)?;
         *pctx as u64
     };
-    handles::lock().set_context_device(ctx, dev);
-    // A created context becomes current on the calling thread.
-    let _ = STACK.try_with(|s| s.borrow_mut().push(ctx));
+    created(ctx, dev);
     Ok(())
+}
+
+/// A context was created on this thread: it belongs to `dev`, and it is current here now.
+fn created(ctx: u64, dev: i32) {
+    handles::lock().set_context_device(ctx, dev);
+    let _ = STACK.try_with(|s| s.borrow_mut().push(ctx));
+}
+
+pub unsafe fn cuCtxCreate(pctx: *mut CUcontext, flags: u32, dev: i32) -> Result<(), CUresult> {
+    // SAFETY: the same call under its CUDA 3.x name.
+    unsafe { cuCtxCreate_v2(pctx, flags, dev) }
+}
+
+/// `cuCtxCreate_v3`: with execution affinity parameters. There is one kind of affinity (an SM count),
+/// so at most one parameter means anything; none is `cuCtxCreate_v2`.
+pub unsafe fn cuCtxCreate_v3(
+    pctx: *mut CUcontext,
+    params: *const CUexecAffinityParam,
+    num_params: i32,
+    flags: u32,
+    dev: i32,
+) -> Result<(), CUresult> {
+    state::device(dev)?;
+    match num_params {
+        // SAFETY: as cuCtxCreate_v2.
+        0 => unsafe { cuCtxCreate_v2(pctx, flags, dev) },
+        1 => {
+            // SAFETY: forwarded; `params` holds one parameter (NULL is refused), `pctx` was written.
+            let ctx = unsafe {
+                forward::cuCtxCreate_v3(pctx, params, 1, flags, dev)?;
+                *pctx as u64
+            };
+            created(ctx, dev);
+            Ok(())
+        }
+        _ => Err(CUresult::INVALID_VALUE),
+    }
+}
+
+/// `cuCtxCreate_v4`: the parameters of `_v3` in a struct, plus CUDA-in-graphics sharing, which needs a
+/// graphics context on the borrowing device and is not offered.
+pub unsafe fn cuCtxCreate_v4(
+    pctx: *mut CUcontext,
+    params: *const CUctxCreateParams,
+    flags: u32,
+    dev: i32,
+) -> Result<(), CUresult> {
+    if params.is_null() {
+        // SAFETY: as cuCtxCreate_v2.
+        return unsafe { cuCtxCreate_v2(pctx, flags, dev) };
+    }
+    // SAFETY: non-NULL, and the C API requires a valid CUctxCreateParams behind it.
+    let p = unsafe { params.read_unaligned() };
+    if !p.cig_params.is_null() {
+        tracing::warn!(
+            "cuCtxCreate_v4 with CUDA-in-graphics parameters: a context shared with a graphics API needs              that API's context on the GPU's machine; refused with CUDA_ERROR_NOT_SUPPORTED"
+        );
+        return Err(CUresult::NOT_SUPPORTED);
+    }
+    if p.num_exec_affinity_params > 0 && p.exec_affinity_params.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: the affinity parameters as the application gave them (count and pointer checked above).
+    unsafe {
+        cuCtxCreate_v3(
+            pctx,
+            p.exec_affinity_params,
+            p.num_exec_affinity_params,
+            flags,
+            dev,
+        )
+    }
 }
 
 pub unsafe fn cuCtxDestroy_v2(ctx: CUcontext) -> Result<(), CUresult> {
@@ -131,5 +220,55 @@ pub unsafe fn cuCtxDestroy_v2(ctx: CUcontext) -> Result<(), CUresult> {
     unsafe { forward::cuCtxDestroy_v2(ctx)? };
     let ctx = ctx as u64;
     let _ = STACK.try_with(|s| s.borrow_mut().retain(|&c| c != ctx));
+    attachments().remove(&ctx);
     Ok(())
+}
+
+pub unsafe fn cuCtxDestroy(ctx: CUcontext) -> Result<(), CUresult> {
+    // SAFETY: the same call under its CUDA 3.x name.
+    unsafe { cuCtxDestroy_v2(ctx) }
+}
+
+/// Usage counts of `cuCtxAttach`/`cuCtxDetach` (CUDA 2.x), beyond the creation's own.
+fn attachments() -> MutexGuard<'static, HashMap<u64, u32>> {
+    static ATTACHED: LazyLock<Mutex<HashMap<u64, u32>>> = LazyLock::new(Mutex::default);
+    ATTACHED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `cuCtxAttach` (deprecated since CUDA 4.0): one more use of the current context, which it returns.
+pub unsafe fn cuCtxAttach(pctx: *mut CUcontext, flags: u32) -> Result<(), CUresult> {
+    state::session()?;
+    if flags != 0 || pctx.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let ctx = current();
+    if ctx == 0 {
+        return Err(CUresult::INVALID_CONTEXT);
+    }
+    handles::check(Kind::Context, ctx)?;
+    *attachments().entry(ctx).or_insert(0) += 1;
+    // SAFETY: the caller's out-pointer, non-NULL.
+    unsafe { put(pctx, ctx as *mut c_void) }
+}
+
+/// `cuCtxDetach` (deprecated since CUDA 4.0): one use less; the last one (creation included) destroys
+/// the context.
+pub unsafe fn cuCtxDetach(ctx: CUcontext) -> Result<(), CUresult> {
+    state::session()?;
+    let handle = ctx as u64;
+    handles::check(Kind::Context, handle)?;
+    let mut attached = attachments();
+    match attached.get_mut(&handle) {
+        Some(n) if *n > 0 => {
+            *n -= 1;
+            Ok(())
+        }
+        _ => {
+            drop(attached);
+            // SAFETY: a live context (checked above).
+            unsafe { cuCtxDestroy_v2(ctx) }
+        }
+    }
 }

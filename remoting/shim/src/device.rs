@@ -18,7 +18,6 @@ const MANAGED_MEMORY: u32 = 83;
 const PAGEABLE_MEMORY_ACCESS: u32 = 88;
 const CONCURRENT_MANAGED_ACCESS: u32 = 89;
 const HOST_REGISTER_SUPPORTED: u32 = 99;
-const MEMORY_POOLS_SUPPORTED: u32 = 115;
 const COMPUTE_CAPABILITY_MAJOR: u32 = 75;
 const COMPUTE_CAPABILITY_MINOR: u32 = 76;
 
@@ -32,7 +31,6 @@ pub fn attribute(dev: i32, attrib: u32) -> Result<i32, CUresult> {
             | PAGEABLE_MEMORY_ACCESS
             | CONCURRENT_MANAGED_ACCESS
             | HOST_REGISTER_SUPPORTED
-            | MEMORY_POOLS_SUPPORTED
     ) {
         return Ok(0);
     }

@@ -1,18 +1,24 @@
-//! `cuGetExportTable`: the driver's private tables that cudart (and every static cudart copy inside
-//! cuBLAS, cuDNN...) asks for by UUID. They cannot be forwarded (their arguments point into client
-//! memory), so the ones cudart needs are implemented here in terms of the public, remoted calls:
+//! `cuGetExportTable`: the driver's private tables that the CUDA runtime (static `cudart`, the dynamic
+//! `libcudart.so.13`, and the copies inside cuBLAS, cuBLASLt, cuDNN...) asks for by UUID
+//! (`docs/dark-api.md` gathers what is known of each). Their arguments point into client memory, so they
+//! are implemented here, on top of the public (remoted) calls, as static data with one address for the
+//! life of the process (the integrity check hashes those addresses):
 //!
 //! * CUDART_INTERFACE: module loading from fatbin wrappers and headers (-> `cuModuleLoadData`), the primary
 //!   context of a device (-> `cuDevicePrimaryCtxRetain`), and no-op slots;
-//! * TOOLS_TLS and TOOLS_RUNTIME_CALLBACK_HOOKS: no tool attached (zeroed buffers);
+//! * INTEGRITY_CHECK: the digest of [`crate::integrity`] over the serving peer's devices (UUIDs and PCI ids
+//!   from its hello) and this process's table addresses, pid and thread;
+//! * TOOLS_TLS: the current context (slot 2); TOOLS_RUNTIME_CALLBACK_HOOKS: no tool attached (zeroed
+//!   buffers);
 //! * CONTEXT_LOCAL_STORAGE: a client-side map keyed by (context, key), since the values are client
-//!   pointers;
-//! * CONTEXT_CHECKS: constants.
+//!   pointers; destructors run when the context is destroyed or reset ([`context_emptied`]);
+//! * CONTEXT_CHECKS, and the context-identity table `21318c60` that cuBLASLt uses: the slots whose meaning
+//!   public sources agree on; every other slot is a stub that logs its table and slot once and returns
+//!   `CUDA_ERROR_NOT_SUPPORTED` (and is counted by `gleam trace`).
 //!
-//! Every other UUID is logged (once each) and refused with `CUDA_ERROR_NOT_SUPPORTED`. Not implemented yet:
-//! INTEGRITY_CHECK (`D4082055-...`), whose hash static cudart verifies before its first call, so programs
-//! built with nvcc's runtime API fail there (`cudaErrorNotSupported`) for now; driver-API programs
-//! (cudarc, `-lcuda`) do not use it.
+//! Any other UUID, `f8cff951` (the first one the runtime asks for) included, is refused with
+//! [`UNKNOWN_TABLE`] and `*table = NULL`, logged once by UUID: the CUDA 13.0 runtime carries on without
+//! it (seen with static cudart and torch's dynamic runtime).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
@@ -20,7 +26,13 @@ use std::sync::{Mutex, MutexGuard};
 
 use gleam_protocol::types::{CUcontext, CUmodule, CUresult};
 
-use crate::{context, exports, put, state};
+use crate::integrity::{self, DeviceIdentity, Inputs};
+use crate::{context, device, exports, put, state};
+
+/// What `cuGetExportTable` answers for a UUID Gleam does not serve. NVIDIA's answer for an unknown UUID is
+/// not documented; ZLUDA and LUPINE answer this, and the CUDA 13.0 runtime accepts it
+/// (`scripts/gpu/integrity-probe.sh` records what the real driver says).
+pub const UNKNOWN_TABLE: CUresult = CUresult::INVALID_VALUE;
 
 /// A table: pointer-sized slots (slot 0 usually the table's byte size).
 #[repr(C)]
@@ -29,25 +41,100 @@ struct Table<const N: usize>([*const (); N]);
 // SAFETY: the tables are immutable arrays of function addresses and integers.
 unsafe impl<const N: usize> Sync for Table<N> {}
 
-fn uuid(text: &str) -> [u8; 16] {
-    let hex: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+const W: usize = std::mem::size_of::<usize>();
+
+/// A UUID from its text form (hex digits, dashes ignored).
+const fn uuid(text: &str) -> [u8; 16] {
+    let b = text.as_bytes();
     let mut out = [0u8; 16];
-    for (i, pair) in hex.chunks(2).take(16).enumerate() {
-        let digit = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
-        out[i] = digit(pair[0]) << 4 | digit(pair[1]);
+    let (mut i, mut n) = (0, 0);
+    while i < b.len() && n < 32 {
+        let d = match b[i] {
+            c @ b'0'..=b'9' => c - b'0',
+            c @ b'a'..=b'f' => c - b'a' + 10,
+            c @ b'A'..=b'F' => c - b'A' + 10,
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        out[n / 2] |= if n % 2 == 0 { d << 4 } else { d };
+        n += 1;
+        i += 1;
     }
     out
 }
 
-const CUDART_INTERFACE: &str = "6BD5FB6C-5BF4-E74A-8987-D93912FD9DF9";
-const TOOLS_TLS: &str = "42D85A81-23F6-CB47-8298-F6E78A3AECDC";
-const TOOLS_RUNTIME_CALLBACK_HOOKS: &str = "A094798C-2E74-2E74-93F2-0800200C0A66";
-const CONTEXT_LOCAL_STORAGE: &str = "C693336E-1121-DF11-A8C3-68F355D89593";
-const CONTEXT_CHECKS: &str = "263E8860-7CD2-6143-92F6-BBD5006DFA7E";
+const CUDART_INTERFACE: [u8; 16] = uuid("6BD5FB6C-5BF4-E74A-8987-D93912FD9DF9");
+const TOOLS_TLS: [u8; 16] = uuid("42D85A81-23F6-CB47-8298-F6E78A3AECDC");
+const TOOLS_RUNTIME_CALLBACK_HOOKS: [u8; 16] = uuid("A094798C-2E74-2E74-93F2-0800200C0A66");
+const CONTEXT_LOCAL_STORAGE: [u8; 16] = uuid("C693336E-1121-DF11-A8C3-68F355D89593");
+const CONTEXT_CHECKS: [u8; 16] = uuid("263E8860-7CD2-6143-92F6-BBD5006DFA7E");
+const INTEGRITY_CHECK: [u8; 16] = uuid("D4082055-BDE6-704B-8D34-BA123C66E1F2");
+const CONTEXT_IDENTITY: [u8; 16] = uuid("21318C60-9714-3248-8CA6-41FF7324C8F2");
+
+/// The tables with stub slots, by index (for the stubs' messages).
+const STUBBED: [[u8; 16]; 2] = [CONTEXT_CHECKS, CONTEXT_IDENTITY];
+
+fn hex(id: &[u8; 16]) -> String {
+    id.iter().map(|b| format!("{b:02X}")).collect()
+}
+
+/// Slot `SLOT` of table `STUBBED[TABLE]`, whose meaning is unknown: logged once, counted, refused.
+extern "C" fn unknown_slot<const TABLE: usize, const SLOT: usize>() -> CUresult {
+    static REPORTED: Mutex<Option<HashSet<(usize, usize)>>> = Mutex::new(None);
+    let id = hex(&STUBBED[TABLE]);
+    crate::trace::unknown_slot(&id, SLOT);
+    let first = REPORTED
+        .lock()
+        .map(|mut r| r.get_or_insert_with(HashSet::new).insert((TABLE, SLOT)))
+        .unwrap_or(false);
+    if first {
+        tracing::warn!(
+            table = %id,
+            slot = SLOT,
+            "export table slot not implemented by Gleam was called: returning CUDA_ERROR_NOT_SUPPORTED"
+        );
+    }
+    CUresult::NOT_SUPPORTED
+}
+
+macro_rules! stubs {
+    ($table:ident; $($slot:literal)*) => {
+        [$(unknown_slot::<$table, $slot> as *const (),)*]
+    };
+}
+
+/// 128 stub slots of table `STUBBED[T]`.
+const fn stub_slots<const T: usize>() -> [*const (); 128] {
+    stubs!(T; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33
+        34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66
+        67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99
+        100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123
+        124 125 126 127)
+}
+
+/// The first `N` slots of `slots`, with `known` (slot, value) put in place.
+const fn table<const N: usize>(slots: [*const (); 128], known: &[(usize, *const ())]) -> Table<N> {
+    let mut t = [std::ptr::null::<()>(); N];
+    let mut i = 0;
+    while i < N {
+        t[i] = slots[i];
+        i += 1;
+    }
+    let mut k = 0;
+    while k < known.len() {
+        t[known[k].0] = known[k].1;
+        k += 1;
+    }
+    Table(t)
+}
 
 extern "C" fn zero() -> u32 {
     0
 }
+
+// --- CUDART_INTERFACE -----------------------------------------------------------------------------------
 
 unsafe extern "C" fn get_module_from_cubin(
     module: *mut CUmodule,
@@ -107,6 +194,96 @@ extern "C" fn load_compilers() -> CUresult {
     CUresult::SUCCESS
 }
 
+static CUDART: Table<13> = Table([
+    (13 * W) as *const (),
+    get_module_from_cubin as *const (),
+    primary_context as *const (),
+    std::ptr::null(),
+    std::ptr::null(),
+    std::ptr::null(),
+    get_module_from_cubin_ext1 as *const (),
+    noop_usize as *const (),
+    get_module_from_cubin_ext2 as *const (),
+    std::ptr::null(),
+    std::ptr::null(),
+    std::ptr::null(),
+    load_compilers as *const (),
+]);
+
+// --- INTEGRITY_CHECK ------------------------------------------------------------------------------------
+
+static INTEGRITY: Table<3> = Table([
+    (3 * W) as *const (),
+    integrity_check as *const (),
+    std::ptr::null(),
+]);
+
+// CUdevice_attribute ids of the PCI location.
+const PCI_DOMAIN_ID: u32 = 50;
+const PCI_BUS_ID: u32 = 33;
+const PCI_DEVICE_ID: u32 = 34;
+
+/// INTEGRITY_CHECK slot 1: the digest the runtime compares with its own ([`integrity::digest`]).
+unsafe extern "C" fn integrity_check(
+    version: u32,
+    unix_seconds: u64,
+    out: *mut [u8; 16],
+) -> CUresult {
+    crate::guard("integrity check", || {
+        if out.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        let session = state::session()?;
+        let hello = session.client.hello();
+        let devices = (0..hello.devices.len())
+            .map(|i| {
+                let dev = i32::try_from(i).map_err(|_| CUresult::INVALID_DEVICE)?;
+                Ok(DeviceIdentity {
+                    uuid: state::device(dev)?.uuid,
+                    pci_domain: device::attribute(dev, PCI_DOMAIN_ID)?,
+                    pci_bus: device::attribute(dev, PCI_BUS_ID)?,
+                    pci_device: device::attribute(dev, PCI_DEVICE_ID)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CUresult>>()?;
+        let inputs = Inputs {
+            version,
+            unix_seconds,
+            // What cuDriverGetVersion tells this process.
+            driver_version: hello.driver_version as u32,
+            pid: std::process::id(),
+            // SAFETY: always callable.
+            thread: unsafe { libc::pthread_self() } as u32,
+            cudart_table: (&raw const CUDART) as u64,
+            integrity_table: (&raw const INTEGRITY) as u64,
+            check_fn: integrity_check as *const () as u64,
+            devices: &devices,
+        };
+        // SAFETY: the runtime's 16-byte out buffer, checked non-NULL.
+        unsafe { out.write_unaligned(integrity::digest(&inputs)) };
+        Ok(())
+    })
+}
+
+// --- TOOLS_TLS and TOOLS_RUNTIME_CALLBACK_HOOKS -----------------------------------------------------------
+
+/// TOOLS_TLS slot 2: the calling thread's current context (cuBLASLt keys its kernel registry by it).
+unsafe extern "C" fn tools_current_context(out: *mut CUcontext) -> CUresult {
+    if out.is_null() {
+        return CUresult::INVALID_VALUE;
+    }
+    // SAFETY: the caller's out-pointer, checked non-NULL.
+    unsafe { out.write_unaligned(context::current() as CUcontext) };
+    CUresult::SUCCESS
+}
+
+/// Sizes as measured on driver 580 (pytorch-driver-surface.md): 24 bytes, 3 slots.
+static TLS: Table<3> = Table([
+    (3 * W) as *const (),
+    zero as *const (),
+    tools_current_context as *const (),
+]);
+
 static mut HOOK_BUFFER_1: [usize; 1024] = [0; 1024];
 static mut HOOK_BUFFER_2: [usize; 14] = [0; 14];
 
@@ -137,6 +314,18 @@ unsafe fn hand_out<const N: usize>(
     }
     CUresult::SUCCESS
 }
+
+static HOOKS: Table<7> = Table([
+    (7 * W) as *const (),
+    zero as *const (),
+    hook_buffer_1 as *const (),
+    zero as *const (),
+    zero as *const (),
+    zero as *const (),
+    hook_buffer_2 as *const (),
+]);
+
+// --- CONTEXT_LOCAL_STORAGE ------------------------------------------------------------------------------
 
 type Destructor = Option<unsafe extern "C" fn(CUcontext, *mut c_void, *mut c_void)>;
 
@@ -172,8 +361,8 @@ unsafe extern "C" fn cls_put(
     })
 }
 
-/// `ctx` was destroyed or reset: its context-local values die, their destructors called as the driver
-/// calls them.
+/// `ctx` was destroyed or reset (or its last primary retain released): its context-local values die,
+/// their destructors called as the driver calls them, with the context, key and value.
 pub fn context_emptied(ctx: u64) {
     let dying: Vec<(u64, usize, Destructor)> = {
         let mut storage = storage();
@@ -225,81 +414,122 @@ unsafe extern "C" fn cls_get(
     })
 }
 
+/// No size slot: slot 0 is a function.
+static CLS: Table<4> = Table([
+    cls_put as *const (),
+    cls_delete as *const (),
+    cls_get as *const (),
+    std::ptr::null(),
+]);
+
+// --- CONTEXT_CHECKS -------------------------------------------------------------------------------------
+
+/// Slot 2: a context's flags, which public sources agree are never observably set.
 unsafe extern "C" fn context_check(
     _ctx: CUcontext,
     out: *mut u32,
-    _unused: *mut *mut c_void,
+    detail: *mut *const c_void,
 ) -> CUresult {
-    if !out.is_null() {
-        // SAFETY: cudart's out-pointer.
-        unsafe { *out = 0 };
+    // SAFETY: the runtime's out-pointers, each written only if non-NULL.
+    unsafe {
+        if !out.is_null() {
+            out.write_unaligned(0);
+        }
+        if !detail.is_null() {
+            detail.write_unaligned(std::ptr::null());
+        }
     }
     CUresult::SUCCESS
 }
 
-/// The table for `id`, if Gleam implements it.
-fn table_for(id: [u8; 16]) -> Option<*const c_void> {
-    const W: usize = std::mem::size_of::<usize>();
-    static CUDART: Table<13> = Table([
-        (13 * W) as *const (),
-        get_module_from_cubin as *const (),
-        primary_context as *const (),
-        std::ptr::null(),
-        std::ptr::null(),
-        std::ptr::null(),
-        get_module_from_cubin_ext1 as *const (),
-        noop_usize as *const (),
-        get_module_from_cubin_ext2 as *const (),
-        std::ptr::null(),
-        std::ptr::null(),
-        std::ptr::null(),
-        load_compilers as *const (),
-    ]);
-    // Sizes as measured on driver 580 (pytorch-driver-surface.md): 24 bytes, 3 slots.
-    static TLS: Table<3> = Table([(3 * W) as *const (), zero as *const (), zero as *const ()]);
-    static HOOKS: Table<7> = Table([
-        (7 * W) as *const (),
-        zero as *const (),
-        hook_buffer_1 as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-        hook_buffer_2 as *const (),
-    ]);
-    // No size slot: slot 0 is a function.
-    static CLS: Table<4> = Table([
-        cls_put as *const (),
-        cls_delete as *const (),
-        cls_get as *const (),
-        zero as *const (),
-    ]);
-    // 120 bytes (15 slots) on driver 580; only slots 2 and 3 are known to be called.
-    static CHECKS: Table<15> = Table([
-        (15 * W) as *const (),
-        zero as *const (),
-        context_check as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-        zero as *const (),
-    ]);
-    let table: *const c_void = match id {
-        x if x == uuid(CUDART_INTERFACE) => (&raw const CUDART).cast::<c_void>(),
-        x if x == uuid(TOOLS_TLS) => (&raw const TLS).cast::<c_void>(),
-        x if x == uuid(TOOLS_RUNTIME_CALLBACK_HOOKS) => (&raw const HOOKS).cast::<c_void>(),
-        x if x == uuid(CONTEXT_LOCAL_STORAGE) => (&raw const CLS).cast::<c_void>(),
-        x if x == uuid(CONTEXT_CHECKS) => (&raw const CHECKS).cast::<c_void>(),
-        _ => return None,
+/// 120 bytes (15 slots) on driver 580.
+static CHECKS: Table<15> = table(
+    stub_slots::<0>(),
+    &[
+        (0, (15 * W) as *const ()),
+        (2, context_check as *const ()),
+        (3, zero as *const ()),
+    ],
+);
+
+// --- 21318c60: context identity (cuBLASLt) --------------------------------------------------------------
+
+/// Slot 4: `(CUcontext ctx, u64 *id)`, a context's identity (NULL: the current one; none current: 0).
+unsafe extern "C" fn context_identity(ctx: CUcontext, id: *mut u64) -> CUresult {
+    static IDS: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
+    if id.is_null() {
+        return CUresult::INVALID_VALUE;
+    }
+    let ctx = storage_ctx(ctx);
+    let value = if ctx == 0 {
+        0
+    } else {
+        let mut ids = IDS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ids = ids.get_or_insert_with(HashMap::new);
+        let next = ids.len() as u64 + 1;
+        *ids.entry(ctx).or_insert(next)
     };
-    Some(table)
+    // SAFETY: the caller's out-pointer, checked non-NULL.
+    unsafe { id.write_unaligned(value) };
+    CUresult::SUCCESS
+}
+
+/// Slot 39: `(a0, a1, void **out)`: no object (LUPINE's answer, with which stock PyTorch runs).
+unsafe extern "C" fn identity_no_object(
+    _: *mut c_void,
+    _: *mut c_void,
+    out: *mut *mut c_void,
+) -> CUresult {
+    if !out.is_null() {
+        // SAFETY: the caller's out-pointer.
+        unsafe { out.write_unaligned(std::ptr::null_mut()) };
+    }
+    CUresult::SUCCESS
+}
+
+/// Slot 51: `(a0, a1, void **out)`: a zeroed 512-byte object, `CUDA_ERROR_INVALID_HANDLE` for `a1 == ~0`
+/// (LUPINE's answer).
+unsafe extern "C" fn identity_zeroed_object(
+    _: *mut c_void,
+    a1: usize,
+    out: *mut *mut c_void,
+) -> CUresult {
+    static mut OBJECT: [u64; 64] = [0; 64];
+    if a1 == usize::MAX {
+        return CUresult::INVALID_HANDLE;
+    }
+    if !out.is_null() {
+        // SAFETY: the caller's out-pointer; the object is static and only ever zero.
+        unsafe { out.write_unaligned((&raw mut OBJECT).cast()) };
+    }
+    CUresult::SUCCESS
+}
+
+/// No size slot is known (slot 0 is read as a function here too, never as a size); ~93 slots are
+/// reported, so 128 are served.
+static IDENTITY: Table<128> = table(
+    stub_slots::<1>(),
+    &[
+        (4, context_identity as *const ()),
+        (39, identity_no_object as *const ()),
+        (51, identity_zeroed_object as *const ()),
+    ],
+);
+
+/// The table for `id`, if Gleam serves it.
+fn table_for(id: [u8; 16]) -> Option<*const c_void> {
+    Some(match id {
+        CUDART_INTERFACE => (&raw const CUDART).cast(),
+        INTEGRITY_CHECK => (&raw const INTEGRITY).cast(),
+        TOOLS_TLS => (&raw const TLS).cast(),
+        TOOLS_RUNTIME_CALLBACK_HOOKS => (&raw const HOOKS).cast(),
+        CONTEXT_LOCAL_STORAGE => (&raw const CLS).cast(),
+        CONTEXT_CHECKS => (&raw const CHECKS).cast(),
+        CONTEXT_IDENTITY => (&raw const IDENTITY).cast(),
+        _ => return None,
+    })
 }
 
 static REPORTED: Mutex<Option<HashSet<[u8; 16]>>> = Mutex::new(None);
@@ -318,14 +548,17 @@ pub unsafe fn cuGetExportTable(
         // SAFETY: the caller's out-pointer, non-NULL.
         Some(t) => unsafe { put(table, t) },
         None => {
+            let name = hex(&id);
+            crate::trace::unknown_table(&name);
             let mut reported = REPORTED
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if reported.get_or_insert_with(HashSet::new).insert(id) {
-                let hex: String = id.iter().map(|b| format!("{b:02X}")).collect();
-                tracing::warn!(uuid = %hex, "cuGetExportTable: unknown table requested; refused");
+                tracing::info!(uuid = %name, "cuGetExportTable: a table Gleam does not serve was requested");
             }
-            Err(CUresult::NOT_SUPPORTED)
+            // SAFETY: the caller's out-pointer, non-NULL.
+            unsafe { put(table, std::ptr::null())? };
+            Err(UNKNOWN_TABLE)
         }
     }
 }
@@ -334,24 +567,111 @@ pub unsafe fn cuGetExportTable(
 mod tests {
     use super::*;
 
+    fn slot(table: *const c_void, i: usize) -> usize {
+        // SAFETY: callers pass a served table and a slot within it.
+        unsafe { *table.cast::<usize>().add(i) }
+    }
+
     #[test]
-    fn known_tables_are_served_and_sized() {
-        let t = table_for(uuid(CUDART_INTERFACE)).unwrap().cast::<usize>();
-        // SAFETY: a static table of 13 slots.
-        unsafe {
-            assert_eq!(*t, 13 * 8);
-            assert_ne!(*t.add(1), 0);
-            assert_eq!(*t.add(3), 0);
-        }
-        assert!(table_for([0; 16]).is_none());
+    fn served_tables_are_sized_and_stable() {
         assert_eq!(
-            uuid("6BD5FB6C-5BF4")[..6],
-            [0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4]
+            CUDART_INTERFACE[..6],
+            [0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4],
+            "UUIDs are written as their bytes in memory order"
+        );
+        for (id, size) in [
+            (CUDART_INTERFACE, 104),
+            (INTEGRITY_CHECK, 24),
+            (TOOLS_TLS, 24),
+            (TOOLS_RUNTIME_CALLBACK_HOOKS, 56),
+            (CONTEXT_CHECKS, 120),
+        ] {
+            let t = table_for(id).unwrap();
+            assert_eq!(slot(t, 0), size, "{}", hex(&id));
+            // One address for the life of the process.
+            assert_eq!(table_for(id), Some(t));
+        }
+        // Slot 0 of the storage and identity tables is a function.
+        assert_eq!(
+            slot(table_for(CONTEXT_LOCAL_STORAGE).unwrap(), 0),
+            cls_put as *const () as usize
+        );
+        let identity = table_for(CONTEXT_IDENTITY).unwrap();
+        assert_eq!(slot(identity, 4), context_identity as *const () as usize);
+        assert_eq!(
+            slot(identity, 5),
+            unknown_slot::<1, 5> as *const () as usize
+        );
+        assert_eq!(
+            slot(identity, 127),
+            unknown_slot::<1, 127> as *const () as usize
+        );
+        assert_eq!(
+            slot(table_for(CONTEXT_CHECKS).unwrap(), 14),
+            unknown_slot::<0, 14> as *const () as usize
         );
     }
 
     #[test]
-    fn context_local_storage_round_trips() {
+    fn unknown_tables_get_the_one_answer_and_a_null_table() {
+        let mut out: *const c_void = 0x1234 as *const c_void;
+        for id in [
+            uuid("F8CFF951-2146-8B4E-B9E2-FB469E7C0DD9"),
+            [0; 16],
+            [0xff; 16],
+        ] {
+            // SAFETY: valid out-pointer and 16-byte id.
+            let r = unsafe { cuGetExportTable(&raw mut out, id.as_ptr().cast()) };
+            assert_eq!(r, Err(UNKNOWN_TABLE));
+            assert!(out.is_null());
+        }
+        // SAFETY: NULL arguments are checked first.
+        let r = unsafe { cuGetExportTable(std::ptr::null_mut(), CUDART_INTERFACE.as_ptr().cast()) };
+        assert_eq!(r, Err(CUresult::INVALID_VALUE));
+    }
+
+    #[test]
+    fn stub_slots_refuse_and_known_slots_answer() {
+        assert_eq!(unknown_slot::<1, 7>(), CUresult::NOT_SUPPORTED);
+        let mut id = 7u64;
+        // SAFETY: valid out-pointer.
+        unsafe {
+            assert_eq!(
+                context_identity(0x1000 as CUcontext, &raw mut id),
+                CUresult::SUCCESS
+            );
+            let first = id;
+            assert_eq!(
+                context_identity(0x2000 as CUcontext, &raw mut id),
+                CUresult::SUCCESS
+            );
+            assert_ne!(id, first);
+            assert_eq!(
+                context_identity(0x1000 as CUcontext, &raw mut id),
+                CUresult::SUCCESS
+            );
+            assert_eq!(id, first);
+        }
+        let mut ctx: CUcontext = 0x55 as CUcontext;
+        // SAFETY: valid out-pointer; no context is current on the test thread.
+        let r = unsafe { tools_current_context(&raw mut ctx) };
+        assert_eq!(r, CUresult::SUCCESS);
+        assert!(ctx.is_null());
+        let (mut flags, mut detail) = (9u32, std::ptr::dangling::<c_void>());
+        // SAFETY: valid out-pointers.
+        unsafe { context_check(std::ptr::null_mut(), &raw mut flags, &raw mut detail) };
+        assert_eq!((flags, detail), (0, std::ptr::null()));
+    }
+
+    #[test]
+    fn context_local_storage_round_trips_and_destructors_run_once() {
+        static DESTROYED: Mutex<Vec<(usize, usize, usize)>> = Mutex::new(Vec::new());
+        unsafe extern "C" fn dtor(ctx: CUcontext, key: *mut c_void, value: *mut c_void) {
+            DESTROYED
+                .lock()
+                .unwrap()
+                .push((ctx as usize, key as usize, value as usize));
+        }
         let (ctx, key, value) = (
             0x1000 as CUcontext,
             0x2000 as *mut c_void,
@@ -366,6 +686,19 @@ mod tests {
             assert_eq!(out, value);
             assert_eq!(cls_delete(ctx, key), CUresult::SUCCESS);
             assert_eq!(cls_get(&raw mut out, ctx, key), CUresult::INVALID_HANDLE);
+            assert_eq!(cls_delete(ctx, key), CUresult::INVALID_HANDLE);
+            // A value with a destructor dies with its context, once.
+            assert_eq!(
+                cls_put(0x4000 as CUcontext, key, value, Some(dtor)),
+                CUresult::SUCCESS
+            );
+            assert_eq!(cls_put(ctx, key, value, Some(dtor)), CUresult::SUCCESS);
         }
+        context_emptied(0x4000);
+        context_emptied(0x4000);
+        assert_eq!(*DESTROYED.lock().unwrap(), [(0x4000, 0x2000, 0x3000)]);
+        // SAFETY: as above.
+        let r = unsafe { cls_get(&raw mut out, ctx, key) };
+        assert_eq!(r, CUresult::SUCCESS);
     }
 }

@@ -8,6 +8,7 @@
 //! * `local`/`hand` (and forwarded calls marked `by-hand`): the hand-written function of the same name,
 //!   found through [`crate::hand`];
 //! * `per_thread`: its base call, with a NULL stream meaning the per-thread default stream;
+//! * `alias`: its base call (an older version of an entry point with the same contract);
 //! * `stub`: `CUDA_ERROR_NOT_SUPPORTED`, with the name logged once.
 
 use std::collections::HashSet;
@@ -36,6 +37,9 @@ macro_rules! body {
             // SAFETY: as above.
             unsafe { crate::forward::$name($($arg),*) }
         }
+    };
+    (alias $name:ident ($($arg:ident: $ty:ty),*) => $base:ident($($e:expr),*)) => {
+        body!(per_thread $name ($($arg: $ty),*) => $base($($e),*));
     };
     (per_thread $name:ident ($($arg:ident: $ty:ty),*) => $base:ident($($e:expr),*)) => {
         #[allow(clippy::too_many_arguments)]
@@ -92,6 +96,7 @@ gleam_protocol::cuda_exports!(exports);
 
 /// What every stub does: log its name once, return `CUDA_ERROR_NOT_SUPPORTED`.
 fn not_supported(name: &'static str) -> CUresult {
+    crate::trace::unimplemented(name);
     static LOGGED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
     let mut logged = LOGGED
         .lock()

@@ -14,6 +14,7 @@ use gleam_protocol::registry::{Admit, Effect, Owner, Register};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{Call, Reply};
 
+use crate::library::Translate;
 use crate::{context, handles, state};
 
 /// Sends one listed call; the reply for `sync` calls (and every call in blocking mode).
@@ -53,8 +54,9 @@ macro_rules! forwarders {
         #[allow(clippy::too_many_arguments, unused_variables)]
         pub unsafe fn $name($($arg: <$ty as CType>::C),*) -> Result<(), CUresult> {
             let request = args::$name {
-                // SAFETY: the application's arguments, as the C API requires them.
-                $($arg: unsafe { <$ty as Arg>::to_request($arg) }?,)*
+                // SAFETY: the application's arguments, as the C API requires them. Client-side handles
+                // (library kernels) become the peer's.
+                $($arg: <$ty as Translate>::translate(unsafe { <$ty as Arg>::to_request($arg) }?)?,)*
             };
             let mut owner = Owner::in_context(context::current());
             request.admit(&handles::lock(), &mut owner)?;

@@ -27,23 +27,37 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use gleam_protocol::types::CUresult;
 
+pub mod capture;
 pub mod context;
 pub mod device;
 pub mod export_table;
 pub mod exports;
 pub mod forward;
 pub mod handles;
+pub mod images;
+pub mod integrity;
+pub mod library;
 pub mod memory;
 pub mod module;
 pub mod occupancy;
+pub mod primary;
 pub mod proc;
 pub mod state;
+pub mod streams;
+pub mod tensor;
+pub mod trace;
 
 /// Every hand-written export (`local`, `hand` and `by-hand` in the declaration list), by its CUDA name.
 pub mod hand {
+    pub use crate::capture::{
+        cuGraphInstantiate_v2, cuStreamBeginCapture, cuStreamBeginCapture_v2, cuStreamEndCapture,
+        cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
+    };
     pub use crate::context::{
-        cuCtxCreate_v2, cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
-        cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
+        cuCtxAttach, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy,
+        cuCtxDestroy_v2, cuCtxDetach, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2,
+        cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent, cuCtxPushCurrent_v2,
+        cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
     };
     pub use crate::device::{
         cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetCount,
@@ -52,23 +66,39 @@ pub mod hand {
         cuGetErrorString, cuInit,
     };
     pub use crate::export_table::cuGetExportTable;
+    pub use crate::library::{
+        cuKernelGetAttribute, cuKernelGetLibrary, cuKernelGetName, cuKernelGetParamInfo,
+        cuKernelSetAttribute, cuLibraryEnumerateKernels, cuLibraryGetKernel,
+        cuLibraryGetKernelCount, cuLibraryGetModule, cuLibraryLoadData, cuLibraryLoadFromFile,
+        cuLibraryUnload,
+    };
     pub use crate::memory::{
-        cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocHost_v2, cuMemAllocPitch_v2, cuMemFree_v2,
+        cuDeviceSetMemPool, cuMemAddressFree, cuMemAddressReserve, cuMemAlloc_v2, cuMemAllocAsync,
+        cuMemAllocFromPoolAsync, cuMemAllocHost_v2, cuMemAllocPitch_v2, cuMemFree_v2,
         cuMemFreeAsync, cuMemFreeHost, cuMemGetAddressRange_v2, cuMemHostAlloc,
-        cuMemHostGetDevicePointer_v2, cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2,
-        cuMemcpyDtoHAsync_v2, cuMemcpyHtoD_v2, cuMemcpyHtoDAsync_v2, cuPointerGetAttribute,
-        cuPointerGetAttributes,
+        cuMemHostGetDevicePointer_v2, cuMemMap, cuMemPoolDestroy, cuMemPoolGetAttribute,
+        cuMemPoolSetAccess, cuMemPoolSetAttribute, cuMemSetAccess, cuMemSetMemPool, cuMemUnmap,
+        cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpyHtoD_v2,
+        cuMemcpyHtoDAsync_v2, cuPointerGetAttribute, cuPointerGetAttributes,
     };
     pub use crate::module::{
-        cuFuncGetAttribute, cuKernelGetFunction, cuLaunchCooperativeKernel, cuLaunchKernel,
-        cuLaunchKernelEx, cuLaunchKernelEx_ptsz, cuLibraryLoadData, cuLibraryLoadFromFile,
-        cuModuleGetFunction, cuModuleGetLoadingMode, cuModuleLoad, cuModuleLoadData,
-        cuModuleLoadDataEx, cuModuleLoadFatBinary, cuStreamIsCapturing,
+        cuFuncGetAttribute, cuFuncGetModule, cuFuncGetName, cuFuncGetParamInfo, cuFuncIsLoaded,
+        cuFuncLoad, cuFuncSetAttribute, cuKernelGetFunction, cuLaunchCooperativeKernel,
+        cuLaunchKernel, cuLaunchKernelEx, cuLaunchKernelEx_ptsz, cuModuleEnumerateFunctions,
+        cuModuleGetFunction, cuModuleGetFunctionCount, cuModuleGetLoadingMode, cuModuleLoad,
+        cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary,
+        cuOccupancyMaxActiveBlocksPerMultiprocessor,
+        cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
     };
     pub use crate::occupancy::{
         cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSizeWithFlags,
     };
+    pub use crate::primary::{cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxSetFlags_v2};
     pub use crate::proc::{cuGetProcAddress, cuGetProcAddress_v2};
+    pub use crate::streams::{cuEventDestroy, cuStreamDestroy};
+    pub use crate::tensor::{
+        cuTensorMapEncodeIm2col, cuTensorMapEncodeIm2colWide, cuTensorMapEncodeTiled,
+    };
 }
 
 /// The server refuses to load a library exporting this symbol as "the real driver": finding it means the
@@ -80,12 +110,16 @@ pub static gleam_shim_marker: u32 = 0x474c_4d31;
 static DEINITIALIZED: AtomicBool = AtomicBool::new(false);
 
 /// Runs one export's body: refuses calls after teardown, and turns a panic into `CUDA_ERROR_UNKNOWN`
-/// (logged) instead of unwinding into C.
+/// (logged) instead of unwinding into C. With `gleam trace` on, counts the call ([`trace`]).
 pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
     if DEINITIALIZED.load(Ordering::Acquire) {
         return CUresult::DEINITIALIZED;
     }
-    match catch_unwind(AssertUnwindSafe(body)) {
+    let tracing_on = trace::enabled();
+    if tracing_on {
+        trace::begin();
+    }
+    let result = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => CUresult::SUCCESS,
         Ok(Err(err)) => {
             tracing::trace!(call = name, %err, "call failed");
@@ -100,7 +134,30 @@ pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> Result<(), CUresu
             tracing::error!(call = name, panic = %what, "internal error in Gleam's libcuda (a bug)");
             CUresult::UNKNOWN
         }
+    };
+    if tracing_on {
+        trace::end(name, result);
     }
+    result
+}
+
+thread_local! {
+    /// Destroyed with the thread's other thread-local storage: after that, logging (which uses
+    /// thread-local buffers) must not run. The CUDA runtime tears down from `exit()`, after the main
+    /// thread's thread-local storage is gone.
+    static ALIVE: Alive = const { Alive };
+}
+
+struct Alive;
+
+impl Drop for Alive {
+    fn drop(&mut self) {}
+}
+
+/// Whether this thread may log: its thread-local storage is alive and the library is not torn down.
+/// Every log line goes through this check (a filter of the subscriber [`state::init_logging`] installs).
+pub(crate) fn logging_safe() -> bool {
+    !DEINITIALIZED.load(Ordering::Acquire) && ALIVE.try_with(|_| ()).is_ok()
 }
 
 /// Writes `value` through `out` if it is not NULL; a NULL out-pointer is `CUDA_ERROR_INVALID_VALUE`.
@@ -119,9 +176,11 @@ pub(crate) unsafe fn put<T>(out: *mut T, value: T) -> Result<(), CUresult> {
 /// The library destructor: closes the session in order while the process can still send, then refuses
 /// every later call (cudart calls cuLibraryUnload and friends after our destructors ran).
 extern "C" fn on_unload() {
+    // From here on nothing logs: thread-local storage may be gone already.
+    DEINITIALIZED.store(true, Ordering::Release);
     // Never unwind out of a destructor: a failure to say goodbye only costs the server an idle timeout.
     let _ = catch_unwind(state::shutdown);
-    DEINITIALIZED.store(true, Ordering::Release);
+    let _ = catch_unwind(trace::write_report);
 }
 
 #[used]

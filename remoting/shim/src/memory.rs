@@ -6,19 +6,27 @@
 //! client host pointer may equal a live device pointer of the server. Host ("pinned") memory is local
 //! page-aligned memory; nothing is mapped into the device (`CAN_MAP_HOST_MEMORY` is reported as 0).
 //!
+//! Memory pools and virtual memory management keep the same identity: an allocation from a pool is
+//! recorded with its pool; `cuMemAddressReserve` records the reserved range (beside the table: nothing is
+//! there yet), and each `cuMemMap` records the mapped range in the table as device memory, so copies and
+//! pointer queries treat it as the server does, and `cuMemFree` refuses it.
+//!
 //! A copy checks its device range before it touches a host byte, as NVIDIA's driver does: an oversized
 //! count (up to `SIZE_MAX`) is `CUDA_ERROR_INVALID_VALUE`, never a read past the application's buffer.
-//! The range comes from this table (allocations, and module globals recorded when
+//! The range comes from this table (allocations, mappings, and module globals recorded when
 //! `cuModuleGetGlobal`/`cuLibraryGetGlobal` return them), else from the server (`cuMemGetAddressRange`:
-//! device memory this table does not know, such as memory mapped by other calls).
+//! device memory this table does not know).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
 use gleam_protocol::api::ApiReply;
 use gleam_protocol::registry::Owner;
-use gleam_protocol::types::{CUresult, CUstream};
+use gleam_protocol::types::{
+    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CUmemAccessDesc, CUmemLocation,
+    CUmemoryPool, CUresult, CUstream,
+};
 
 use crate::{context, forward, handles, put, state};
 
@@ -32,6 +40,11 @@ pub enum Kind {
         /// `CU_MEMHOSTALLOC_*` flags.
         flags: u32,
     },
+    /// A `cuMemMap` of physical allocation `handle` (device memory, unmapped rather than freed).
+    Mapped {
+        /// The `CUmemGenericAllocationHandle` mapped.
+        handle: u64,
+    },
     /// A module global (device memory the application did not allocate and cannot free), as
     /// `cuModuleGetGlobal`/`cuLibraryGetGlobal` returned it; gone with its module or library.
     Global {
@@ -41,9 +54,12 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Whether the range is device memory (an allocation or a module global).
-    pub fn on_device(self) -> bool {
-        matches!(self, Self::Device | Self::Global { .. })
+    /// Whether the range is device memory (the server's).
+    pub fn is_device(self) -> bool {
+        matches!(
+            self,
+            Kind::Device | Kind::Mapped { .. } | Kind::Global { .. }
+        )
     }
 }
 
@@ -58,9 +74,23 @@ pub struct Region {
     pub kind: Kind,
     /// The context current when it was allocated.
     pub ctx: u64,
+    /// The memory pool it came from (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`), if any.
+    pub pool: Option<u64>,
+    /// `CU_POINTER_ATTRIBUTE_ACCESS_FLAGS` of the device: read-write, except for mappings, which start
+    /// with none until `cuMemSetAccess`.
+    pub access: u8,
 }
 
 static TABLE: Mutex<BTreeMap<u64, Region>> = Mutex::new(BTreeMap::new());
+/// Address reservations (`cuMemAddressReserve`): start -> length.
+static RESERVED: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
+/// Each device's current memory pool, once known (`None`/absent: ask the server).
+static CURRENT_POOL: Mutex<Option<HashMap<i32, u64>>> = Mutex::new(None);
+
+/// A poisoned lock only means a thread panicked while holding it; the maps stay consistent.
+fn locked<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn table() -> MutexGuard<'static, BTreeMap<u64, Region>> {
     TABLE
@@ -75,7 +105,11 @@ pub fn lookup(ptr: u64) -> Option<Region> {
     (ptr < region.base.saturating_add(region.size.max(1))).then_some(*region)
 }
 
-fn record(base: u64, size: u64, kind: Kind) {
+fn record(base: u64, size: u64, kind: Kind, pool: Option<u64>) {
+    let access = match kind {
+        Kind::Mapped { .. } => 0,
+        _ => 3,
+    };
     table().insert(
         base,
         Region {
@@ -83,22 +117,26 @@ fn record(base: u64, size: u64, kind: Kind) {
             size,
             kind,
             ctx: context::current(),
+            pool,
+            access,
         },
     );
 }
 
-/// Removes the allocation starting exactly at `base` if it is of the wanted kind (device allocation, or
-/// host allocation).
+/// Removes the allocation starting exactly at `base` if it is of the wanted kind (`device`: memory from
+/// an allocation call, which a free call frees; else host memory; mappings are unmapped instead, module
+/// globals go with their module).
 fn unrecord(base: u64, device: bool) -> Result<Region, CUresult> {
     let mut table = table();
+    let wanted = |kind: Kind| {
+        if device {
+            kind == Kind::Device
+        } else {
+            matches!(kind, Kind::Host { .. })
+        }
+    };
     match table.get(&base) {
-        Some(r)
-            if if device {
-                r.kind == Kind::Device
-            } else {
-                matches!(r.kind, Kind::Host { .. })
-            } =>
-        {
+        Some(r) if wanted(r.kind) => {
             let region = *r;
             table.remove(&base);
             Ok(region)
@@ -108,8 +146,9 @@ fn unrecord(base: u64, device: bool) -> Result<Region, CUresult> {
 }
 
 /// `ctx` lost everything it held: its device allocations are gone (the server's driver freed them).
+/// Mappings belong to the device, not to a context, and stay.
 pub fn context_emptied(ctx: u64) {
-    table().retain(|_, r| !(r.ctx == ctx && r.kind.on_device()));
+    table().retain(|_, r| !(r.ctx == ctx && matches!(r.kind, Kind::Device | Kind::Global { .. })));
 }
 
 /// A listed call returned a module global's address: records its range (see the module documentation).
@@ -120,7 +159,9 @@ pub fn note_global(reply: &ApiReply, owner: &Owner) {
         ApiReply::cuLibraryGetGlobal(o) => (o.dptr, o.bytes, owner.library),
         _ => return,
     };
-    let Some(holder) = holder.filter(|_| base != 0) else {
+    // `bytes` is 0 when the application passed NULL for it (and `dptr` when it passed NULL for that):
+    // then the size is unknown here, and the server is asked when a copy needs it.
+    let Some(holder) = holder.filter(|_| base != 0 && size != 0) else {
         return;
     };
     // An allocation already recorded at this address is the better description.
@@ -129,6 +170,8 @@ pub fn note_global(reply: &ApiReply, owner: &Owner) {
         size: size as u64,
         kind: Kind::Global { holder },
         ctx: context::current(),
+        pool: None,
+        access: 3,
     });
 }
 
@@ -145,6 +188,20 @@ pub fn holders_died(died: &[(gleam_protocol::registry::Kind, u64)]) {
     }
 }
 
+/// The length of the run of mappings that starts with `first`: one reservation mapped piece by piece
+/// is one contiguous range of device memory, and a copy may cross from one piece into the next.
+fn mapped_run(first: Region) -> u64 {
+    let table = table();
+    let mut end = first.base.saturating_add(first.size);
+    for (&base, r) in table.range(end..) {
+        if base != end || !matches!(r.kind, Kind::Mapped { .. }) {
+            break;
+        }
+        end = base.saturating_add(r.size);
+    }
+    end - first.base
+}
+
 /// Checks that `[ptr, ptr + n)` lies in one range of device memory, before a copy touches any host byte
 /// (`n` = 0 checks nothing, as CUDA's zero-byte copies succeed).
 pub(crate) fn check_device_range(ptr: u64, n: usize) -> Result<(), CUresult> {
@@ -156,7 +213,8 @@ pub(crate) fn check_device_range(ptr: u64, n: usize) -> Result<(), CUresult> {
     }
     let end = ptr.checked_add(n as u64).ok_or(CUresult::INVALID_VALUE)?;
     let (base, size) = match lookup(ptr) {
-        Some(r) if r.kind.on_device() => (r.base, r.size),
+        Some(r) if matches!(r.kind, Kind::Mapped { .. }) => (r.base, mapped_run(r)),
+        Some(r) if r.kind.is_device() => (r.base, r.size),
         // Host memory is not mapped into the remote device.
         Some(_) => return Err(CUresult::INVALID_VALUE),
         None => {
@@ -248,7 +306,7 @@ pub unsafe fn dtoh(
 /// `cuMemcpy`/`cuMemcpyAsync`: the direction comes from the allocation table.
 unsafe fn unified(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> Result<(), CUresult> {
     state::session()?;
-    let on_device = |p: u64| lookup(p).is_some_and(|r| r.kind.on_device());
+    let on_device = |p: u64| lookup(p).is_some_and(|r| r.kind.is_device());
     // SAFETY: forwarded; the table says which side each pointer lives on.
     unsafe {
         match (on_device(dst), on_device(src), stream) {
@@ -285,7 +343,7 @@ fn host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void, CUresult> {
     if p == libc::MAP_FAILED {
         return Err(CUresult::OUT_OF_MEMORY);
     }
-    record(p as u64, bytes as u64, Kind::Host { flags });
+    record(p as u64, bytes as u64, Kind::Host { flags }, None);
     Ok(p)
 }
 
@@ -320,18 +378,24 @@ unsafe fn pointer_attribute(
         (None, 9) => set(&(-2i32).to_le_bytes()),
         (None, _) => {}
         (Some(r), 1) => set(&r.ctx.to_le_bytes()),
-        (Some(r), 2) => set(&(if r.kind.on_device() { 2u32 } else { 1 }).to_le_bytes()),
-        (Some(r), 3) if r.kind.on_device() => set(&ptr.to_le_bytes()),
-        (Some(r), 4) if !r.kind.on_device() => set(&ptr.to_le_bytes()),
+        (Some(r), 2) => set(&(if r.kind.is_device() { 2u32 } else { 1 }).to_le_bytes()),
+        (Some(r), 3) if r.kind.is_device() => set(&ptr.to_le_bytes()),
+        (Some(r), 4) if !r.kind.is_device() => set(&ptr.to_le_bytes()),
         (Some(_), 3 | 4) if !lenient => return Err(CUresult::INVALID_VALUE),
         (Some(_), 3 | 4) => {}
         (Some(r), 7 | 20) => set(&r.base.to_le_bytes()),
         (Some(_), 8 | 10 | 15 | 21) => set(&[0]),
-        (Some(r), 6 | 13) => set(&[u8::from(r.kind.on_device())]),
+        (Some(r), 6 | 13) => set(&[u8::from(r.kind.is_device())]),
         (Some(r), 9) => set(&context::device_of(r.ctx).unwrap_or(0).to_le_bytes()),
         (Some(r), 11 | 19) => set(&r.base.to_le_bytes()),
         (Some(r), 12 | 18) => set(&r.size.to_le_bytes()),
-        (Some(_), 16) => set(&3u32.to_le_bytes()),
+        (Some(r), 16) => set(&u32::from(r.access).to_le_bytes()),
+        (
+            Some(Region {
+                pool: Some(pool), ..
+            }),
+            17,
+        ) => set(&pool.to_le_bytes()),
         (Some(_), _) if !lenient => return Err(CUresult::NOT_SUPPORTED),
         (Some(_), _) => {}
     }
@@ -349,7 +413,7 @@ pub unsafe fn cuMemAlloc_v2(dptr: *mut u64, bytesize: usize) -> Result<(), CUres
         forward::cuMemAlloc_v2(dptr, bytesize)?;
         *dptr
     };
-    record(base, bytesize as u64, Kind::Device);
+    record(base, bytesize as u64, Kind::Device, None);
     Ok(())
 }
 
@@ -363,7 +427,220 @@ pub unsafe fn cuMemAllocAsync(
         forward::cuMemAllocAsync(dptr, bytesize, stream)?;
         *dptr
     };
-    record(base, bytesize as u64, Kind::Device);
+    let pool = context::device_of(0).ok().and_then(current_pool);
+    record(base, bytesize as u64, Kind::Device, pool);
+    Ok(())
+}
+
+pub unsafe fn cuMemAllocFromPoolAsync(
+    dptr: *mut u64,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> Result<(), CUresult> {
+    // SAFETY: as above (the pool and stream are checked by the forwarder).
+    let base = unsafe {
+        forward::cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream)?;
+        *dptr
+    };
+    record(base, bytesize as u64, Kind::Device, Some(pool as u64));
+    Ok(())
+}
+
+/// Device `dev`'s current pool (what `cuMemAllocAsync` allocates from): known from this process's own
+/// calls, or asked of the server once.
+fn current_pool(dev: i32) -> Option<u64> {
+    if let Some(&pool) = locked(&CURRENT_POOL)
+        .get_or_insert_with(HashMap::new)
+        .get(&dev)
+    {
+        return Some(pool);
+    }
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer to a local.
+    unsafe { forward::cuDeviceGetMemPool(&raw mut pool, dev) }.ok()?;
+    locked(&CURRENT_POOL)
+        .get_or_insert_with(HashMap::new)
+        .insert(dev, pool as u64);
+    Some(pool as u64)
+}
+
+pub unsafe fn cuDeviceSetMemPool(dev: i32, pool: CUmemoryPool) -> Result<(), CUresult> {
+    // SAFETY: plain values (the pool is checked by the forwarder).
+    unsafe { forward::cuDeviceSetMemPool(dev, pool)? };
+    locked(&CURRENT_POOL)
+        .get_or_insert_with(HashMap::new)
+        .insert(dev, pool as u64);
+    Ok(())
+}
+
+pub unsafe fn cuMemSetMemPool(
+    location: *const CUmemLocation,
+    kind: u32,
+    pool: CUmemoryPool,
+) -> Result<(), CUresult> {
+    // SAFETY: forwarded under the same contract (a NULL location is refused).
+    unsafe { forward::cuMemSetMemPool(location, kind, pool)? };
+    // SAFETY: the forwarder read it successfully.
+    let location = unsafe { location.read_unaligned() };
+    if location.kind == CU_MEM_LOCATION_TYPE_DEVICE && kind == CU_MEM_ALLOCATION_TYPE_PINNED {
+        locked(&CURRENT_POOL)
+            .get_or_insert_with(HashMap::new)
+            .insert(location.id, pool as u64);
+    }
+    Ok(())
+}
+
+pub unsafe fn cuMemPoolDestroy(pool: CUmemoryPool) -> Result<(), CUresult> {
+    // SAFETY: forwarded (the pool is checked by the forwarder).
+    unsafe { forward::cuMemPoolDestroy(pool)? };
+    // A device whose current pool this was is back on its default pool: ask again when it matters.
+    locked(&CURRENT_POOL)
+        .get_or_insert_with(HashMap::new)
+        .retain(|_, p| *p != pool as u64);
+    Ok(())
+}
+
+/// `CU_MEMPOOL_ATTR_REUSE_*` (1 to 3) are C `int`s; the others `cuuint64_t`s.
+fn pool_attribute_bytes(attr: u32) -> usize {
+    if (1..=3).contains(&attr) { 4 } else { 8 }
+}
+
+pub unsafe fn cuMemPoolGetAttribute(
+    pool: CUmemoryPool,
+    attr: u32,
+    value: *mut u64,
+) -> Result<(), CUresult> {
+    if value.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let mut v = 0u64;
+    // SAFETY: a valid out-pointer to a local (the driver writes 4 or 8 bytes of it).
+    unsafe { forward::cuMemPoolGetAttribute(pool, attr, &raw mut v)? };
+    let n = pool_attribute_bytes(attr);
+    // SAFETY: the caller's buffer holds the attribute's C type, `n` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(v.to_le_bytes().as_ptr(), value.cast::<u8>(), n) };
+    Ok(())
+}
+
+pub unsafe fn cuMemPoolSetAttribute(
+    pool: CUmemoryPool,
+    attr: u32,
+    value: *const u64,
+) -> Result<(), CUresult> {
+    if value.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let mut bytes = [0u8; 8];
+    let n = pool_attribute_bytes(attr);
+    // SAFETY: the caller's value holds the attribute's C type, `n` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(value.cast::<u8>(), bytes.as_mut_ptr(), n) };
+    let v = u64::from_le_bytes(bytes);
+    // SAFETY: a valid pointer to a local.
+    unsafe { forward::cuMemPoolSetAttribute(pool, attr, &raw const v) }
+}
+
+/// Sends an array of access descriptors one at a time (each names one device; the driver applies them
+/// in order, so this is the same), through `send`.
+unsafe fn each_access(
+    map: *const CUmemAccessDesc,
+    count: usize,
+    mut send: impl FnMut(*const CUmemAccessDesc) -> Result<(), CUresult>,
+) -> Result<(), CUresult> {
+    if count == 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    if map.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    for i in 0..count {
+        // SAFETY: the caller's array holds `count` descriptors.
+        send(unsafe { map.add(i) })?;
+    }
+    Ok(())
+}
+
+pub unsafe fn cuMemPoolSetAccess(
+    pool: CUmemoryPool,
+    map: *const CUmemAccessDesc,
+    count: usize,
+) -> Result<(), CUresult> {
+    // SAFETY: each descriptor of the caller's array, forwarded alone.
+    unsafe { each_access(map, count, |d| forward::cuMemPoolSetAccess(pool, d, 1)) }
+}
+
+pub unsafe fn cuMemSetAccess(
+    ptr: u64,
+    size: usize,
+    desc: *const CUmemAccessDesc,
+    count: usize,
+) -> Result<(), CUresult> {
+    // SAFETY: as above.
+    unsafe { each_access(desc, count, |d| forward::cuMemSetAccess(ptr, size, d, 1))? };
+    // The access the device now has, for pointer queries: the last descriptor naming a device wins.
+    for i in 0..count {
+        // SAFETY: as above.
+        let d = unsafe { desc.add(i).read_unaligned() };
+        if d.location.kind != CU_MEM_LOCATION_TYPE_DEVICE {
+            continue;
+        }
+        let end = ptr.saturating_add(size as u64);
+        for r in table().range_mut(ptr..end).map(|(_, r)| r) {
+            if matches!(r.kind, Kind::Mapped { .. }) {
+                r.access = u8::try_from(d.flags).unwrap_or(0);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub unsafe fn cuMemAddressReserve(
+    ptr: *mut u64,
+    size: usize,
+    alignment: usize,
+    addr: u64,
+    flags: u64,
+) -> Result<(), CUresult> {
+    // SAFETY: forwarded under the same contract; `ptr` was written on success.
+    let base = unsafe {
+        forward::cuMemAddressReserve(ptr, size, alignment, addr, flags)?;
+        *ptr
+    };
+    locked(&RESERVED).insert(base, size as u64);
+    Ok(())
+}
+
+pub unsafe fn cuMemAddressFree(ptr: u64, size: usize) -> Result<(), CUresult> {
+    state::session()?;
+    // SAFETY: plain values.
+    unsafe { forward::cuMemAddressFree(ptr, size)? };
+    locked(&RESERVED).remove(&ptr);
+    let end = ptr.saturating_add(size as u64);
+    table()
+        .retain(|&base, r| !(base >= ptr && base < end && matches!(r.kind, Kind::Mapped { .. })));
+    Ok(())
+}
+
+pub unsafe fn cuMemMap(
+    ptr: u64,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> Result<(), CUresult> {
+    // SAFETY: plain values (the handle is checked by the forwarder).
+    unsafe { forward::cuMemMap(ptr, size, offset, handle, flags)? };
+    record(ptr, size as u64, Kind::Mapped { handle }, None);
+    Ok(())
+}
+
+pub unsafe fn cuMemUnmap(ptr: u64, size: usize) -> Result<(), CUresult> {
+    state::session()?;
+    // SAFETY: plain values.
+    unsafe { forward::cuMemUnmap(ptr, size)? };
+    let end = ptr.saturating_add(size as u64);
+    table()
+        .retain(|&base, r| !(base >= ptr && base < end && matches!(r.kind, Kind::Mapped { .. })));
     Ok(())
 }
 
@@ -383,6 +660,7 @@ pub unsafe fn cuMemAllocPitch_v2(
         base,
         (pitch as u64).saturating_mul(height as u64),
         Kind::Device,
+        None,
     );
     Ok(())
 }
@@ -407,7 +685,7 @@ pub unsafe fn cuMemGetAddressRange_v2(
     dptr: u64,
 ) -> Result<(), CUresult> {
     state::session()?;
-    let Some(region) = lookup(dptr).filter(|r| r.kind.on_device()) else {
+    let Some(region) = lookup(dptr).filter(|r| r.kind.is_device()) else {
         // Not an allocation of this process's table (a module global, say): the server knows. Either
         // out-pointer may be NULL here, as in CUDA.
         let (mut b, mut n) = (0u64, 0usize);
@@ -476,7 +754,7 @@ pub unsafe fn cuMemHostGetDevicePointer_v2(
     }
     match lookup(p as u64) {
         // Host memory is not mapped into the remote device (CAN_MAP_HOST_MEMORY = 0).
-        Some(r) if matches!(r.kind, Kind::Host { .. }) => Err(CUresult::NOT_SUPPORTED),
+        Some(r) if !r.kind.is_device() => Err(CUresult::NOT_SUPPORTED),
         _ => Err(CUresult::INVALID_VALUE),
     }
 }

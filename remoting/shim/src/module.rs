@@ -1,102 +1,148 @@
-//! Modules, libraries, functions and kernel launches; plus the per-thread-stream variants of stream and
-//! event calls.
+//! Modules, functions and kernel launches.
 //!
-//! Module images are sized on the client ([`gleam_fatbin`]) and shipped whole. A function handle
-//! arrives with its [`FunctionInfo`] (parameter layout and attributes), cached here, so a launch is packed,
-//! validated (handle, block and grid dimensions, dynamic shared memory) and sent fire-and-forget, and
-//! `cuFuncGetAttribute` needs no round trip.
+//! A module image is sized on the client ([`gleam_fatbin`]), reduced to what the serving device runs and
+//! loaded on the peer by content ([`images`]). The client keeps each module's image, from which it reads
+//! every kernel's parameter layout: a launch copies exactly that many bytes from `kernelParams`, whatever
+//! the peer says; the [`FunctionInfo`] the peer returns with a function is only a cross-check (a mismatch is
+//! refused and logged) and the source of its attributes, cached so that `cuFuncGetAttribute` needs no round
+//! trip. A launch is validated locally (handle, dimensions against the device, dynamic shared memory) and
+//! sent fire-and-forget. Library kernels (`CUkernel`, [`library`]) launch the same way.
 
 use std::collections::HashMap;
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{CStr, CString, c_char, c_void};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
-use gleam_fatbin as image;
+use gleam_fatbin as fatbin;
+use gleam_protocol::api::LaunchConfigValue;
 use gleam_protocol::registry::{Kind, Owner};
 use gleam_protocol::types::{
     CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END, CUfunction,
-    CUkernel, CUlibrary, CUmodule, CUresult, CUstream,
+    CUkernel, CUmodule, CUresult, CUstream,
 };
-use gleam_protocol::wire::{Call, FunctionInfo, Launch, Reply};
+use gleam_protocol::wire::{Call, FunctionInfo, Launch, LaunchAttr, ParamSlot, Reply};
 
-use crate::{context, device, forward, handles, put, state};
+use crate::images::{self, Image, Target};
+use crate::{context, device, forward, handles, library, put, state};
+
+/// What the client knows of a launchable handle (a function, or a client-side kernel).
+#[derive(Clone, Debug)]
+struct Launchable {
+    /// The handle the peer knows (a function, or a kernel in its place).
+    server: u64,
+    /// The parameter layout read on the client from the image (`Err`: the image could not be read, so
+    /// `kernelParams` cannot be packed).
+    params: Result<Arc<Vec<ParamSlot>>, CUresult>,
+    /// `cuFuncGetAttribute` values, by attribute id (empty: ask the peer).
+    attributes: Vec<i32>,
+    /// The kernel's name.
+    name: Option<Arc<CString>>,
+    /// The module it comes from (0: a kernel of a library).
+    module: u64,
+}
+
+/// An occupancy question: (function or kernel, block size, dynamic shared memory, flags).
+type OccupancyKey = (u64, i32, usize, u32);
 
 #[derive(Default)]
 struct Caches {
-    /// Layout and attributes of every function (and launched kernel) handle seen.
-    functions: HashMap<u64, Arc<FunctionInfo>>,
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor(WithFlags)` answers: a pure function of the question
+    /// and of the function's attributes (when those are set, its answers are dropped).
+    occupancy: HashMap<OccupancyKey, i32>,
+    /// Every launchable handle seen, by the handle the application holds.
+    functions: HashMap<u64, Arc<Launchable>>,
+    /// The image of every module loaded or obtained from a library, by module handle.
+    modules: HashMap<u64, Arc<Image>>,
+    /// `cuKernelGetFunction` answers, by (client kernel, context): the driver gives the same function
+    /// each time (PyTorch asks 585 times in a ResNet-50 run).
+    kernel_functions: HashMap<(u64, u64), u64>,
 }
 
-static CACHES: Mutex<Option<Caches>> = Mutex::new(None);
+static CACHES: LazyLock<Mutex<Caches>> = LazyLock::new(Mutex::default);
 
-fn with_caches<R>(f: impl FnOnce(&mut Caches) -> R) -> R {
-    let mut guard: MutexGuard<'_, Option<Caches>> = CACHES
+fn caches() -> MutexGuard<'static, Caches> {
+    CACHES
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    f(guard.get_or_insert_with(Caches::default))
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 // CUfunction_attribute ids used for local answers and validation.
 const FUNC_MAX_THREADS_PER_BLOCK: usize = 0;
 const FUNC_MAX_DYNAMIC_SHARED: usize = 8;
 // Device attribute ids of the launch limits.
+const MAX_THREADS_PER_BLOCK: u32 = 1;
 const MAX_BLOCK_DIM_X: u32 = 2;
 const MAX_GRID_DIM_X: u32 = 5;
 /// The largest `extra`/`kernelParams` buffer CUDA accepts (CUDA 12.1+, Volta+).
-const MAX_PARAM_BYTES: usize = 32_764;
+const MAX_PARAM_BYTES: usize = fatbin::kernels::MAX_PARAM_BYTES as usize;
+/// `CU_FUNCTION_LOADING_STATE_LOADED`.
+const FUNCTION_LOADED: u32 = 1;
 
 /// A synchronous call in the current context: the server's reply, once its result is a success.
 fn call(call: Call) -> Result<Reply, CUresult> {
-    call_with(call, &[])
-}
-
-/// [`call`] with bulk bytes (a module image).
-fn call_with(call: Call, bulk: &[u8]) -> Result<Reply, CUresult> {
     let session = state::session()?;
     let answer = session
         .client
-        .call_with(context::current(), call, bulk)
+        .call_with(context::current(), call, &[])
         .map_err(state::lost)?;
     answer.result.result()?;
     Ok(answer.reply)
-}
-
-/// Ships a module image, returns the handle.
-fn load_module(image: &[u8]) -> Result<u64, CUresult> {
-    match call_with(Call::ModuleLoad, image)? {
-        Reply::Module { handle } => {
-            handles::record(Kind::Module, handle, &Owner::in_context(context::current()));
-            Ok(handle)
-        }
-        other => Err(state::mismatch("cuModuleLoadData", &other)),
-    }
-}
-
-fn load_library(image: &[u8]) -> Result<u64, CUresult> {
-    match call_with(Call::LibraryLoad, image)? {
-        Reply::Library { handle } => {
-            handles::record(Kind::Library, handle, &Owner::default());
-            Ok(handle)
-        }
-        other => Err(state::mismatch("cuLibraryLoadData", &other)),
-    }
 }
 
 /// The bytes of the image at `image` (a fatbin wrapper is followed to its fatbin), sized on the client.
 ///
 /// # Safety
 /// `image` is a module image as `cuModuleLoadData` requires; the slice is used before the call returns.
-unsafe fn image_bytes<'a>(image: *const c_void) -> Result<&'a [u8], CUresult> {
+pub(crate) unsafe fn image_bytes<'a>(image: *const c_void) -> Result<&'a [u8], CUresult> {
     // SAFETY: the application passed a module image, as cuModuleLoadData requires; its extent is what
     // its headers (or the PTX text's NUL) say.
     unsafe {
-        let start = image::unwrap_fatbin_wrapper(image).map_err(bad_image)?;
-        let len = image::image_size(start).map_err(bad_image)?;
+        let start = fatbin::unwrap_fatbin_wrapper(image).map_err(bad_image)?;
+        let len = fatbin::image_size(start).map_err(bad_image)?;
         Ok(std::slice::from_raw_parts(start.cast::<u8>(), len))
     }
 }
 
-/// `cuModuleLoadData` and its variants: ships the image at `image`, writes the handle to `module`.
+fn bad_image(err: fatbin::ImageError) -> CUresult {
+    tracing::warn!(%err, "cannot load module image");
+    match err {
+        fatbin::ImageError::Null => CUresult::INVALID_VALUE,
+        _ => CUresult::INVALID_IMAGE,
+    }
+}
+
+/// The contents of the file at `path`.
+///
+/// # Safety
+/// `path` is NULL or NUL-terminated.
+pub(crate) unsafe fn read_file(path: *const c_char) -> Result<Vec<u8>, CUresult> {
+    if path.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: a NUL-terminated path, as the C API requires.
+    let path = unsafe { CStr::from_ptr(path) };
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+    std::fs::read(path).map_err(|err| {
+        tracing::debug!(path = %path.display(), %err, "cannot read module file");
+        CUresult::FILE_NOT_FOUND
+    })
+}
+
+/// Loads `original` (one image, exactly its extent) as a module of the current context.
+fn load_module(original: &[u8]) -> Result<u64, CUresult> {
+    let image = Arc::new(Image::for_peer(original, Target::of_session()?)?);
+    let handle = images::load(&image, false)?;
+    handles::record(Kind::Module, handle, &Owner::in_context(context::current()));
+    remember_image(handle, image);
+    Ok(handle)
+}
+
+/// `module` holds `image` (a loaded module, or a library's module).
+pub(crate) fn remember_image(module: u64, image: Arc<Image>) {
+    caches().modules.insert(module, image);
+}
+
+/// `cuModuleLoadData` and its variants.
 unsafe fn load_image(module: *mut CUmodule, image: *const c_void) -> Result<(), CUresult> {
     if module.is_null() {
         return Err(CUresult::INVALID_VALUE);
@@ -110,107 +156,220 @@ unsafe fn load_image(module: *mut CUmodule, image: *const c_void) -> Result<(), 
     }
 }
 
-fn bad_image(err: image::ImageError) -> CUresult {
-    tracing::warn!(%err, "cannot load module image");
-    match err {
-        image::ImageError::Null => CUresult::INVALID_VALUE,
-        _ => CUresult::INVALID_IMAGE,
+/// Dead handles' layouts and images are dropped (a handle value may be reused later).
+pub fn forget_functions(died: &[(Kind, u64)]) {
+    let mut c = caches();
+    for (kind, handle) in died {
+        match kind {
+            Kind::Function | Kind::Kernel => {
+                c.functions.remove(handle);
+                c.occupancy.retain(|k, _| k.0 != *handle);
+                c.kernel_functions.retain(|_, f| f != handle);
+            }
+            Kind::Module => {
+                c.modules.remove(handle);
+            }
+            _ => {}
+        }
     }
 }
 
-unsafe fn read_file(path: *const c_char) -> Result<Vec<u8>, CUresult> {
-    if path.is_null() {
+/// Client kernels of an unloaded library.
+pub fn forget_kernels(kernels: &[u64]) {
+    let mut c = caches();
+    c.kernel_functions.retain(|(k, _), _| !kernels.contains(k));
+    for k in kernels {
+        c.functions.remove(k);
+        c.occupancy.retain(|key, _| key.0 != *k);
+    }
+}
+
+/// A kernel's attributes were set: what was cached of them is asked again.
+pub fn attributes_changed(handle: u64) {
+    let mut c = caches();
+    if let Some(f) = c.functions.get_mut(&handle) {
+        Arc::make_mut(f).attributes.clear();
+    }
+    c.occupancy.retain(|k, _| k.0 != handle);
+}
+
+/// Occupancy, asked of the peer once per question (PyTorch asks it before launches: 340 times in a
+/// ResNet-50 run).
+fn occupancy(
+    num_blocks: *mut i32,
+    func: CUfunction,
+    block_size: i32,
+    dynamic_smem: usize,
+    flags: u32,
+) -> Result<(), CUresult> {
+    if num_blocks.is_null() {
         return Err(CUresult::INVALID_VALUE);
     }
-    // SAFETY: a NUL-terminated path, as the C API requires.
-    let path = unsafe { CStr::from_ptr(path) };
-    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
-    std::fs::read(path).map_err(|err| {
-        tracing::debug!(path = %path.display(), %err, "cannot read module file");
-        CUresult::FILE_NOT_FOUND
-    })
-}
-
-/// Dead functions' layouts are dropped (a handle value may be reused for another function).
-pub fn forget_functions(died: &[(Kind, u64)]) {
-    with_caches(|c| {
-        for (kind, handle) in died {
-            if matches!(kind, Kind::Function | Kind::Kernel) {
-                c.functions.remove(handle);
+    let key = (func as u64, block_size, dynamic_smem, flags);
+    let known = caches().occupancy.get(&key).copied();
+    let n = match known {
+        Some(n) => {
+            if !library::is_client_kernel(key.0) {
+                handles::check(Kind::Function, key.0)?;
             }
+            n
         }
-    });
-}
-
-fn cache_function(handle: u64, info: FunctionInfo) {
-    with_caches(|c| c.functions.insert(handle, Arc::new(info)));
-}
-
-/// The layout of a launchable handle: a function, or a kernel (fetched once with `KernelGetFunction`).
-fn function_info(handle: u64) -> Result<Arc<FunctionInfo>, CUresult> {
-    // A dead or made-up handle is refused whatever the cache still holds.
-    handles::check(Kind::Function, handle)?;
-    if let Some(info) = with_caches(|c| c.functions.get(&handle).cloned()) {
-        return Ok(info);
-    }
-    // Only a kernel (from `cuLibraryGetKernel`) may be launched without its function fetched first.
-    handles::check(Kind::Kernel, handle)?;
-    let (_, info) = kernel_get_function(handle)?;
-    let info = Arc::new(info);
-    with_caches(|c| c.functions.insert(handle, info.clone()));
-    Ok(info)
-}
-
-/// `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK` of a launchable handle, from its cached layout.
-pub(crate) fn max_threads_per_block(func: CUfunction) -> Result<i32, CUresult> {
-    let info = function_info(func as u64)?;
-    match info.attributes.get(FUNC_MAX_THREADS_PER_BLOCK) {
-        Some(&max) => Ok(max),
         None => {
-            let mut max = 0;
-            // SAFETY: a valid out-pointer; forwarded as the listed call.
+            let mut n = 0;
+            // SAFETY: a valid out-pointer; the function is translated and checked on the way.
             unsafe {
-                forward::cuFuncGetAttribute(&raw mut max, FUNC_MAX_THREADS_PER_BLOCK as i32, func)
+                forward::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+                    &raw mut n,
+                    func,
+                    block_size,
+                    dynamic_smem,
+                    flags,
+                )
             }?;
-            Ok(max)
+            caches().occupancy.insert(key, n);
+            n
+        }
+    };
+    // SAFETY: the caller's out-pointer, non-NULL.
+    unsafe { put(num_blocks, n) }
+}
+
+pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    num_blocks: *mut i32,
+    func: CUfunction,
+    block_size: i32,
+    dynamic_smem: usize,
+) -> Result<(), CUresult> {
+    // CU_OCCUPANCY_DEFAULT.
+    occupancy(num_blocks, func, block_size, dynamic_smem, 0)
+}
+
+pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    num_blocks: *mut i32,
+    func: CUfunction,
+    block_size: i32,
+    dynamic_smem: usize,
+    flags: u32,
+) -> Result<(), CUresult> {
+    occupancy(num_blocks, func, block_size, dynamic_smem, flags)
+}
+
+/// Refuses a function whose parameter layout on the peer differs from the one read on the client: either
+/// the peer is lying, or the two read different code. Neither may be launched.
+fn cross_check(name: &str, client: &[ParamSlot], server: &FunctionInfo) -> Result<(), CUresult> {
+    // A driver without cuFuncGetParamInfo (before 12.4) reports no layout: nothing to compare.
+    if server.params.is_empty() || server.params == client {
+        return Ok(());
+    }
+    tracing::error!(
+        kernel = name,
+        client = ?client,
+        peer = ?server.params,
+        "the serving peer reports another parameter layout than the kernel's code: refused"
+    );
+    Err(CUresult::INVALID_IMAGE)
+}
+
+/// The client-side layout of kernel `name` in `image`.
+fn layout_in(image: Option<&Image>, name: &str) -> Result<Arc<Vec<ParamSlot>>, CUresult> {
+    let image = image.ok_or(CUresult::INVALID_IMAGE)?;
+    let kernel = image.kernels()?.get(name).ok_or(CUresult::NOT_FOUND)?;
+    Ok(Arc::new(
+        kernel
+            .params
+            .iter()
+            .map(|p| ParamSlot {
+                offset: p.offset,
+                size: p.size,
+            })
+            .collect(),
+    ))
+}
+
+/// What the client knows to launch `handle` (a function, or a client kernel, resolved on the peer here).
+fn launchable(handle: u64) -> Result<Arc<Launchable>, CUresult> {
+    if let Some(f) = caches().functions.get(&handle).cloned() {
+        if !library::is_client_kernel(handle) {
+            // A dead or made-up handle is refused whatever the cache still holds.
+            handles::check(Kind::Function, handle)?;
+        }
+        return Ok(f);
+    }
+    match library::launchable_kernel(handle as CUfunction) {
+        Some(resolved) => {
+            let (params, server) = resolved?;
+            let k = library::kernel(handle)?;
+            let entry = Arc::new(Launchable {
+                server,
+                params: Ok(params),
+                attributes: Vec::new(),
+                name: Some(Arc::new(k.name().to_owned())),
+                module: 0,
+            });
+            caches().functions.insert(handle, entry.clone());
+            Ok(entry)
+        }
+        None => {
+            handles::check(Kind::Function, handle)?;
+            // A kernel of the peer (never from a client library) used as a function: its layout is
+            // unknown here, so only `extra` launches can be packed.
+            Ok(Arc::new(Launchable {
+                server: handle,
+                params: Err(CUresult::INVALID_HANDLE),
+                attributes: Vec::new(),
+                name: None,
+                module: 0,
+            }))
         }
     }
 }
 
-fn kernel_get_function(kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
-    handles::check(Kind::Kernel, kernel)?;
-    match call(Call::KernelGetFunction { kernel })? {
-        Reply::Function { handle, info } => {
-            let owner = Owner {
-                ctx: context::current(),
-                kernel: Some(kernel),
-                ..Owner::default()
-            };
-            handles::record(Kind::Function, handle, &owner);
-            Ok((handle, info))
-        }
-        other => Err(state::mismatch("cuKernelGetFunction", &other)),
-    }
+/// `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK` of a launchable handle.
+pub(crate) fn max_threads_per_block(func: CUfunction) -> Result<i32, CUresult> {
+    let mut max = 0;
+    // SAFETY: a valid out-pointer.
+    unsafe { cuFuncGetAttribute(&raw mut max, FUNC_MAX_THREADS_PER_BLOCK as i32, func) }?;
+    Ok(max)
 }
 
-/// Packs `kernelParams` per the layout, or takes `extra`'s buffer.
+/// Packs `kernelParams` per the client's layout, or takes `extra`'s buffer.
+///
+/// # Safety
+/// `params` and `extra` are what the application passed to a launch call.
 unsafe fn pack_params(
-    info: &FunctionInfo,
+    f: &Launchable,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> Result<Vec<u8>, CUresult> {
     match (params.is_null(), extra.is_null()) {
         (false, false) => Err(CUresult::INVALID_VALUE),
         (false, true) => {
-            let mut buf = vec![0u8; info.params_bytes()];
-            for (i, slot) in info.params.iter().enumerate() {
+            let layout = f.params.as_ref().map_err(|_| {
+                tracing::error!(
+                    kernel = ?f.name,
+                    "launch refused: the kernel's parameter layout could not be read from its image"
+                );
+                CUresult::INVALID_VALUE
+            })?;
+            let mut total = 0usize;
+            for slot in layout.iter() {
+                let end = (slot.offset as usize)
+                    .checked_add(slot.size as usize)
+                    .ok_or(CUresult::INVALID_VALUE)?;
+                total = total.max(end);
+            }
+            if total > MAX_PARAM_BYTES {
+                return Err(CUresult::INVALID_VALUE);
+            }
+            let mut buf = vec![0u8; total];
+            for (i, slot) in layout.iter().enumerate() {
                 // SAFETY: kernelParams holds one pointer per parameter of the kernel.
                 let value = unsafe { *params.add(i) };
                 if value.is_null() {
                     return Err(CUresult::INVALID_VALUE);
                 }
                 let (offset, size) = (slot.offset as usize, slot.size as usize);
-                // SAFETY: each points to a value of the parameter's size.
+                // SAFETY: each points to a value of the parameter's size (its declared type's).
                 let bytes = unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) };
                 buf[offset..offset + size].copy_from_slice(bytes);
             }
@@ -246,59 +405,115 @@ unsafe fn pack_params(
                 _ => Err(CUresult::INVALID_VALUE),
             }
         }
-        (true, true) if info.params.is_empty() => Ok(Vec::new()),
-        (true, true) => Err(CUresult::INVALID_VALUE),
+        (true, true) => match &f.params {
+            Ok(layout) if layout.is_empty() => Ok(Vec::new()),
+            _ => Err(CUresult::INVALID_VALUE),
+        },
     }
 }
 
-/// Validates a launch against the function's and the device's limits, packs it and sends it.
-#[allow(clippy::too_many_arguments)]
-unsafe fn launch(
-    f: CUfunction,
-    grid: [u32; 3],
-    block: [u32; 3],
-    shared_mem_bytes: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> Result<(), CUresult> {
-    let session = state::session()?;
-    let info = function_info(f as u64)?;
-    handles::check(Kind::Stream, stream as u64)?;
-    if grid.contains(&0) || block.contains(&0) {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    let threads = block.iter().map(|&d| u64::from(d)).product::<u64>();
-    let attr = |i: usize| info.attributes.get(i).copied().filter(|&v| v > 0);
-    if attr(FUNC_MAX_THREADS_PER_BLOCK).is_some_and(|max| threads > max as u64) {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    if attr(FUNC_MAX_DYNAMIC_SHARED).is_some_and(|max| u64::from(shared_mem_bytes) > max as u64) {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    let dev = context::device_of(0).unwrap_or(0);
-    for axis in 0..3 {
-        let limit = |base: u32| {
-            device::attribute(dev, base + axis as u32)
-                .ok()
-                .filter(|&v| v > 0)
-        };
-        if limit(MAX_BLOCK_DIM_X).is_some_and(|max| u64::from(block[axis]) > max as u64)
-            || limit(MAX_GRID_DIM_X).is_some_and(|max| u64::from(grid[axis]) > max as u64)
-        {
-            return Err(CUresult::INVALID_VALUE);
+/// Who launches: a program calling the driver API, or the CUDA runtime (through the entry points
+/// `cuGetProcAddress` hands it).
+///
+/// NVIDIA's driver answers an impossible launch configuration (a zero dimension, too many threads, a
+/// dimension over its limit) with `CUDA_ERROR_INVALID_VALUE` to driver-API callers (LUPINE's probe of
+/// driver 590, issue 439), while runtime programs see `cudaErrorInvalidConfiguration` (9) from
+/// `cudaLaunchKernel`, raised inside `libcuda.so.1` (compute-sanitizer's backtraces), and the 13.0
+/// runtime passes driver codes through unchanged (1 -> `cudaErrorInvalidValue`, 9 ->
+/// `cudaErrorInvalidConfiguration`; measured against Gleam's shim). So the driver gives the runtime code 9
+/// **[inferred; `scripts/gpu/compare-pytorch.sh` checks it with `tests/cuda/errors.cu` locally]**.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub(crate) enum Caller {
+    /// A driver-API program.
+    Driver,
+    /// The CUDA runtime.
+    Runtime,
+}
+
+impl Caller {
+    /// What an impossible launch configuration returns.
+    fn config_error(self) -> CUresult {
+        match self {
+            Self::Driver => CUresult::INVALID_VALUE,
+            Self::Runtime => CUresult(9),
         }
     }
+}
+
+/// A launch as the application described it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LaunchArgs {
+    pub caller: Caller,
+    pub f: CUfunction,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+    pub stream: CUstream,
+    pub params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+}
+
+/// Validates a launch against the function's and the device's limits and packs it.
+///
+/// # Safety
+/// `a.params` / `a.extra` are what the application passed.
+pub(crate) unsafe fn prepare(a: &LaunchArgs) -> Result<Launch, CUresult> {
+    let f = launchable(a.f as u64)?;
+    handles::check(Kind::Stream, a.stream as u64)?;
+    let config = a.caller.config_error();
+    if a.grid.contains(&0) || a.block.contains(&0) {
+        return Err(config);
+    }
+    let threads = a.block.iter().map(|&d| u64::from(d)).product::<u64>();
+    let dev = context::device_of(0).unwrap_or(0);
+    let device_limit = |id: u32| device::attribute(dev, id).ok().filter(|&v| v > 0);
+    if device_limit(MAX_THREADS_PER_BLOCK).is_some_and(|max| threads > max as u64) {
+        return Err(config);
+    }
+    for axis in 0..3 {
+        if device_limit(MAX_BLOCK_DIM_X + axis as u32).is_some_and(|m| a.block[axis] > m as u32)
+            || device_limit(MAX_GRID_DIM_X + axis as u32).is_some_and(|m| a.grid[axis] > m as u32)
+        {
+            return Err(config);
+        }
+    }
+    let attr = |i: usize| f.attributes.get(i).copied().filter(|&v| v > 0);
+    // More threads than this kernel can run (its registers, `__launch_bounds__`): "too many resources
+    // requested for launch".
+    if attr(FUNC_MAX_THREADS_PER_BLOCK).is_some_and(|max| threads > max as u64) {
+        return Err(CUresult::LAUNCH_OUT_OF_RESOURCES);
+    }
+    if attr(FUNC_MAX_DYNAMIC_SHARED).is_some_and(|max| u64::from(a.shared_mem_bytes) > max as u64) {
+        return Err(config);
+    }
     // SAFETY: forwarded.
-    let params = unsafe { pack_params(&info, params, extra)? };
-    let call = Call::LaunchKernel(Launch {
-        function: f as u64,
-        grid,
-        block,
-        shared_mem_bytes,
-        stream: stream as u64,
+    let params = unsafe { pack_params(&f, a.params, a.extra)? };
+    Ok(Launch {
+        function: f.server,
+        grid: a.grid,
+        block: a.block,
+        shared_mem_bytes: a.shared_mem_bytes,
+        stream: a.stream as u64,
         params,
-    });
+    })
+}
+
+/// Validates, packs and sends a launch (fire-and-forget), with its launch attributes if any.
+///
+/// # Safety
+/// As [`prepare`].
+unsafe fn launch(a: &LaunchArgs, attrs: Vec<LaunchAttr>) -> Result<(), CUresult> {
+    let session = state::session()?;
+    // SAFETY: forwarded.
+    let launch = unsafe { prepare(a)? };
+    for event in attrs.iter().filter_map(LaunchAttr::event) {
+        handles::check(Kind::Event, event)?;
+    }
+    let call = if attrs.is_empty() {
+        Call::LaunchKernel(launch)
+    } else {
+        Call::LaunchKernelEx { launch, attrs }
+    };
     session
         .client
         .send(context::current(), call)
@@ -306,92 +521,79 @@ unsafe fn launch(
         .result()
 }
 
-/// Reads a `CUlaunchConfig` and refuses the attributes Gleam cannot honour (clusters).
+/// `cuLaunchKernelEx`: the configuration's attributes go to the serving driver as given (cluster
+/// dimensions, cooperative, priority, programmatic launch...); it judges them.
 unsafe fn launch_ex(
+    caller: Caller,
     config: *const c_void,
     f: CUfunction,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
     per_thread_stream: bool,
 ) -> Result<(), CUresult> {
-    if config.is_null() {
-        return Err(CUresult::INVALID_VALUE);
-    }
     // SAFETY: a valid CUlaunchConfig, as the C API requires.
-    let c = unsafe { config.cast::<LaunchConfig>().read_unaligned() };
-    if c.num_attrs > 0 && c.attrs.is_null() {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    for i in 0..c.num_attrs as usize {
-        // SAFETY: `attrs` holds `numAttrs` entries.
-        let a = unsafe { c.attrs.add(i).read_unaligned() };
-        const CLUSTER_DIMENSION: u32 = 4;
-        const CLUSTER_SCHEDULING_POLICY: u32 = 5;
-        match a.id {
-            CLUSTER_DIMENSION => {
-                let dims = [a.value[0], a.value[1], a.value[2]];
-                if dims.iter().any(|&d| d > 1) {
-                    tracing::warn!(
-                        ?dims,
-                        "cuLaunchKernelEx: thread block clusters are not supported yet"
-                    );
-                    return Err(CUresult::NOT_SUPPORTED);
-                }
-            }
-            CLUSTER_SCHEDULING_POLICY => {}
-            other => tracing::debug!(
-                attribute = other,
-                "cuLaunchKernelEx: launch attribute ignored"
-            ),
-        }
-    }
+    let c = unsafe { LaunchConfigValue::read(config)? };
+    let stream = c.stream as CUstream;
     let stream = if per_thread_stream {
-        gleam_protocol::api::per_thread(c.stream)
+        gleam_protocol::api::per_thread(stream)
     } else {
-        c.stream
+        stream
     };
+    // `CU_LAUNCH_ATTRIBUTE_IGNORE` entries say nothing.
+    let attrs = c.attrs.into_iter().filter(|a| a.id != 0).collect();
     // SAFETY: forwarded.
     unsafe {
         launch(
-            f,
-            [c.grid[0], c.grid[1], c.grid[2]],
-            [c.block[0], c.block[1], c.block[2]],
-            c.shared_mem_bytes,
-            stream,
-            params,
-            extra,
+            &LaunchArgs {
+                caller,
+                f,
+                grid: c.grid,
+                block: c.block,
+                shared_mem_bytes: c.shared_mem_bytes,
+                stream,
+                params,
+                extra,
+            },
+            attrs,
         )
     }
 }
 
-/// `CUlaunchConfig`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct LaunchConfig {
-    grid: [u32; 3],
-    block: [u32; 3],
-    shared_mem_bytes: u32,
-    stream: CUstream,
-    attrs: *const LaunchAttribute,
-    num_attrs: u32,
-}
-
-/// `CUlaunchAttribute`: an id, padding, and a 64-byte value union.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct LaunchAttribute {
-    id: u32,
-    pad: u32,
-    value: [u32; 16],
+/// Writes parameter `index` of `params` (`CUDA_ERROR_INVALID_VALUE` past the last).
+///
+/// # Safety
+/// `offset` and `size` are NULL or valid for writes.
+pub(crate) unsafe fn param_info(
+    params: &[ParamSlot],
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> Result<(), CUresult> {
+    let p = params.get(index).ok_or(CUresult::INVALID_VALUE)?;
+    if offset.is_null() && size.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: the caller's out-pointers, each written only if non-NULL.
+    unsafe {
+        if !offset.is_null() {
+            offset.write_unaligned(p.offset as usize);
+        }
+        if !size.is_null() {
+            size.write_unaligned(p.size as usize);
+        }
+    }
+    Ok(())
 }
 
 pub unsafe fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> Result<(), CUresult> {
     if module.is_null() {
         return Err(CUresult::INVALID_VALUE);
     }
+    state::session()?;
     // SAFETY: a NUL-terminated path, as the C API requires.
     let bytes = unsafe { read_file(fname)? };
-    let handle = load_module(&bytes)?;
+    let extent = fatbin::image_size_in(&bytes).map_err(bad_image)?;
+    let handle = load_module(&bytes[..extent])?;
     // SAFETY: the caller's out-pointer, non-NULL.
     unsafe { put(module, handle as CUmodule) }
 }
@@ -426,6 +628,33 @@ pub unsafe fn cuModuleLoadFatBinary(
     unsafe { load_image(module, fat_cubin) }
 }
 
+/// Records a function the peer returned, with the client's layout for it (cross-checked).
+fn record_function(
+    handle: u64,
+    info: FunctionInfo,
+    params: Result<Arc<Vec<ParamSlot>>, CUresult>,
+    name: &str,
+    module: u64,
+) -> Result<(), CUresult> {
+    if let Ok(layout) = &params {
+        cross_check(name, layout, &info)?;
+    } else {
+        tracing::error!(
+            kernel = name,
+            "the kernel's parameter layout cannot be read from its image: it can be launched only with `extra`"
+        );
+    }
+    let entry = Launchable {
+        server: handle,
+        params,
+        attributes: info.attributes,
+        name: CString::new(name).ok().map(Arc::new),
+        module,
+    };
+    caches().functions.insert(handle, Arc::new(entry));
+    Ok(())
+}
+
 pub unsafe fn cuModuleGetFunction(
     hfunc: *mut CUfunction,
     hmod: CUmodule,
@@ -440,26 +669,74 @@ pub unsafe fn cuModuleGetFunction(
     // SAFETY: a NUL-terminated name, as the C API requires.
     let name = unsafe { CStr::from_ptr(name) };
     let name = name.to_str().map_err(|_| CUresult::NOT_FOUND)?.to_owned();
-    match call(Call::ModuleGetFunction { module, name })? {
-        Reply::Function { handle, info } => {
-            let owner = Owner {
-                ctx: handles::lock().module_context(module),
-                module: Some(module),
-                ..Owner::default()
-            };
-            handles::record(Kind::Function, handle, &owner);
-            cache_function(handle, info);
-            // SAFETY: the caller's out-pointer, non-NULL.
-            unsafe { put(hfunc, handle as CUfunction) }
-        }
-        other => Err(state::mismatch("cuModuleGetFunction", &other)),
+    let image = caches().modules.get(&module).cloned();
+    let params = layout_in(image.as_deref(), &name);
+    if params == Err(CUresult::NOT_FOUND) {
+        // The code the client holds has no such kernel: the driver's answer, without a round trip.
+        return Err(CUresult::NOT_FOUND);
     }
+    let reply = call(Call::ModuleGetFunction {
+        module,
+        name: name.clone(),
+    })?;
+    let Reply::Function { handle, info } = reply else {
+        return Err(state::mismatch("cuModuleGetFunction", &reply));
+    };
+    let owner = Owner {
+        ctx: handles::lock().module_context(module),
+        module: Some(module),
+        ..Owner::default()
+    };
+    handles::record(Kind::Function, handle, &owner);
+    record_function(handle, info, params, &name, module)?;
+    // SAFETY: the caller's out-pointer, non-NULL.
+    unsafe { put(hfunc, handle as CUfunction) }
+}
+
+/// The kernel names of module `hmod`, from its image.
+fn module_kernels(hmod: CUmodule) -> Result<Vec<String>, CUresult> {
+    state::session()?;
+    handles::check(Kind::Module, hmod as u64)?;
+    let image = caches()
+        .modules
+        .get(&(hmod as u64))
+        .cloned()
+        .ok_or(CUresult::INVALID_HANDLE)?;
+    Ok(image.kernels()?.by_name.keys().cloned().collect())
+}
+
+pub unsafe fn cuModuleGetFunctionCount(count: *mut u32, hmod: CUmodule) -> Result<(), CUresult> {
+    let n = u32::try_from(module_kernels(hmod)?.len()).unwrap_or(u32::MAX);
+    // SAFETY: the caller's out-pointer (NULL is refused).
+    unsafe { put(count, n) }
+}
+
+pub unsafe fn cuModuleEnumerateFunctions(
+    functions: *mut CUfunction,
+    num: u32,
+    hmod: CUmodule,
+) -> Result<(), CUresult> {
+    if functions.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let names = module_kernels(hmod)?;
+    if (num as usize) < names.len() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    for (i, name) in names.iter().enumerate() {
+        let name = CString::new(name.as_str()).map_err(|_| CUresult::NOT_FOUND)?;
+        let mut f: CUfunction = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer, a live module and a NUL-terminated name.
+        unsafe { cuModuleGetFunction(&raw mut f, hmod, name.as_ptr()) }?;
+        // SAFETY: the caller's array holds `num` entries, at least `names.len()`.
+        unsafe { functions.add(i).write_unaligned(f) };
+    }
+    Ok(())
 }
 
 pub unsafe fn cuModuleGetLoadingMode(mode: *mut u32) -> Result<(), CUresult> {
-    // CU_MODULE_LAZY_LOADING, the default of current drivers.
     // SAFETY: the caller's out-pointer (NULL is refused).
-    unsafe { put(mode, 2) }
+    unsafe { put(mode, library::loading_mode()) }
 }
 
 pub unsafe fn cuFuncGetAttribute(
@@ -470,78 +747,127 @@ pub unsafe fn cuFuncGetAttribute(
     if value.is_null() {
         return Err(CUresult::INVALID_VALUE);
     }
-    let cached = with_caches(|c| c.functions.get(&(func as u64)).cloned());
-    let local = cached.and_then(|info| {
+    let handle = func as u64;
+    if library::is_client_kernel(handle) {
+        // A kernel in place of a function: its attribute on the current context's device.
+        let dev = context::device_of(0)?;
+        // SAFETY: forwarded under the same contract.
+        return unsafe { library::cuKernelGetAttribute(value, attrib, func as CUkernel, dev) };
+    }
+    let cached = caches().functions.get(&handle).cloned();
+    let local = cached.and_then(|f| {
         usize::try_from(attrib)
             .ok()
-            .and_then(|i| info.attributes.get(i).copied())
+            .and_then(|i| f.attributes.get(i).copied())
     });
     match local {
-        // SAFETY: the caller's out-pointer, non-NULL.
-        Some(v) => unsafe { put(value, v) },
+        Some(v) => {
+            handles::check(Kind::Function, handle)?;
+            // SAFETY: the caller's out-pointer, non-NULL.
+            unsafe { put(value, v) }
+        }
         // SAFETY: forwarded under the same contract.
         None => unsafe { forward::cuFuncGetAttribute(value, attrib, func) },
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLibraryLoadData(
-    library: *mut CUlibrary,
-    code: *const c_void,
-    jit_options: *mut u32,
-    jit_values: *mut *mut c_void,
-    num_jit_options: u32,
-    library_options: *mut u32,
-    library_values: *mut *mut c_void,
-    num_library_options: u32,
+pub unsafe fn cuFuncSetAttribute(
+    func: CUfunction,
+    attrib: i32,
+    value: i32,
 ) -> Result<(), CUresult> {
-    let _ = (
-        jit_options,
-        jit_values,
-        num_jit_options,
-        library_options,
-        library_values,
-        num_library_options,
-    );
-    if library.is_null() {
-        return Err(CUresult::INVALID_VALUE);
+    // SAFETY: forwarded under the same contract (a client kernel is translated on the way).
+    unsafe { forward::cuFuncSetAttribute(func, attrib, value) }?;
+    let handle = func as u64;
+    if library::is_client_kernel(handle) {
+        // The kernel's cached attributes are asked again.
+        library::attributes_changed(handle);
+        attributes_changed(handle);
+        return Ok(());
     }
-    state::session()?;
-    // SAFETY: the application's image, as the C API requires.
-    let bytes = unsafe { image_bytes(code)? };
-    let handle = load_library(bytes)?;
-    // SAFETY: the caller's out-pointer, non-NULL.
-    unsafe { put(library, handle as CUlibrary) }
+    let mut c = caches();
+    c.occupancy.retain(|k, _| k.0 != handle);
+    if let Some(f) = c.functions.get_mut(&handle) {
+        let f = Arc::make_mut(f);
+        match usize::try_from(attrib)
+            .ok()
+            .and_then(|i| f.attributes.get_mut(i))
+        {
+            // The driver reports what was set (a failure on the peer is reported later, as deferred).
+            Some(slot) => *slot = value,
+            None => f.attributes.clear(),
+        }
+    }
+    Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLibraryLoadFromFile(
-    library: *mut CUlibrary,
-    file_name: *const c_char,
-    jit_options: *mut u32,
-    jit_values: *mut *mut c_void,
-    num_jit_options: u32,
-    library_options: *mut u32,
-    library_values: *mut *mut c_void,
-    num_library_options: u32,
-) -> Result<(), CUresult> {
-    let _ = (
-        jit_options,
-        jit_values,
-        num_jit_options,
-        library_options,
-        library_values,
-        num_library_options,
-    );
-    if library.is_null() {
+/// The launchable entry of `func` for the function queries below.
+fn function_entry(func: CUfunction) -> Result<Arc<Launchable>, CUresult> {
+    state::session()?;
+    let handle = func as u64;
+    if library::is_client_kernel(handle) {
+        let k = library::kernel(handle)?;
+        return Ok(Arc::new(Launchable {
+            server: 0,
+            params: Ok(k.params.clone()),
+            attributes: Vec::new(),
+            name: Some(Arc::new(k.name().to_owned())),
+            module: 0,
+        }));
+    }
+    handles::check(Kind::Function, handle)?;
+    caches()
+        .functions
+        .get(&handle)
+        .cloned()
+        .ok_or(CUresult::INVALID_HANDLE)
+}
+
+pub unsafe fn cuFuncGetName(name: *mut *const c_char, func: CUfunction) -> Result<(), CUresult> {
+    if name.is_null() {
         return Err(CUresult::INVALID_VALUE);
     }
-    state::session()?;
-    // SAFETY: a NUL-terminated path, as the C API requires.
-    let bytes = unsafe { read_file(file_name)? };
-    let handle = load_library(&bytes)?;
-    // SAFETY: the caller's out-pointer, non-NULL.
-    unsafe { put(library, handle as CUlibrary) }
+    let handle = func as u64;
+    if library::is_client_kernel(handle) {
+        // SAFETY: forwarded under the same contract.
+        return unsafe { library::cuKernelGetName(name, func as CUkernel) };
+    }
+    let f = function_entry(func)?;
+    let text = f.name.as_ref().ok_or(CUresult::INVALID_HANDLE)?;
+    // SAFETY: the caller's out-pointer, non-NULL; the name lives in the cache until the function dies.
+    unsafe { put(name, text.as_ptr()) }
+}
+
+pub unsafe fn cuFuncGetParamInfo(
+    func: CUfunction,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> Result<(), CUresult> {
+    let f = function_entry(func)?;
+    let params = f.params.as_ref().map_err(|&e| e)?;
+    // SAFETY: the caller's out-pointers.
+    unsafe { param_info(params, index, offset, size) }
+}
+
+pub unsafe fn cuFuncGetModule(module: *mut CUmodule, func: CUfunction) -> Result<(), CUresult> {
+    let f = function_entry(func)?;
+    if f.module == 0 {
+        return Err(CUresult::NOT_FOUND);
+    }
+    // SAFETY: the caller's out-pointer (NULL is refused).
+    unsafe { put(module, f.module as CUmodule) }
+}
+
+pub unsafe fn cuFuncIsLoaded(state: *mut u32, func: CUfunction) -> Result<(), CUresult> {
+    function_entry(func)?;
+    // Functions are loaded when the client first obtains them.
+    // SAFETY: the caller's out-pointer (NULL is refused).
+    unsafe { put(state, FUNCTION_LOADED) }
+}
+
+pub unsafe fn cuFuncLoad(func: CUfunction) -> Result<(), CUresult> {
+    function_entry(func).map(drop)
 }
 
 pub unsafe fn cuKernelGetFunction(
@@ -551,10 +877,33 @@ pub unsafe fn cuKernelGetFunction(
     if pfunc.is_null() {
         return Err(CUresult::INVALID_VALUE);
     }
-    let (handle, info) = kernel_get_function(kernel as u64)?;
-    cache_function(handle, info);
+    state::session()?;
+    let handle = kernel as u64;
+    let k = library::kernel(handle)?;
+    let ctx = context::current();
+    let known = caches().kernel_functions.get(&(handle, ctx)).copied();
+    if let Some(f) = known
+        && handles::check(Kind::Function, f).is_ok()
+    {
+        // SAFETY: the caller's out-pointer, non-NULL.
+        return unsafe { put(pfunc, f as CUfunction) };
+    }
+    let server = library::server_kernel(handle)?;
+    let reply = call(Call::KernelGetFunction { kernel: server })?;
+    let Reply::Function { handle: f, info } = reply else {
+        return Err(state::mismatch("cuKernelGetFunction", &reply));
+    };
+    let owner = Owner {
+        ctx: context::current(),
+        kernel: Some(server),
+        ..Owner::default()
+    };
+    handles::record(Kind::Function, f, &owner);
+    let name = k.name().to_string_lossy().into_owned();
+    record_function(f, info, Ok(k.params.clone()), &name, 0)?;
+    caches().kernel_functions.insert((handle, ctx), f);
     // SAFETY: the caller's out-pointer, non-NULL.
-    unsafe { put(pfunc, handle as CUfunction) }
+    unsafe { put(pfunc, f as CUfunction) }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -574,13 +923,17 @@ pub unsafe fn cuLaunchKernel(
     // SAFETY: the application's parameter arrays, as the C API requires.
     unsafe {
         launch(
-            f,
-            [gx, gy, gz],
-            [bx, by, bz],
-            shared_mem_bytes,
-            stream,
-            params,
-            extra,
+            &LaunchArgs {
+                caller: Caller::Driver,
+                f,
+                grid: [gx, gy, gz],
+                block: [bx, by, bz],
+                shared_mem_bytes,
+                stream,
+                params,
+                extra,
+            },
+            Vec::new(),
         )
     }
 }
@@ -598,17 +951,20 @@ pub unsafe fn cuLaunchCooperativeKernel(
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> Result<(), CUresult> {
-    let no_extra = std::ptr::null_mut();
     // SAFETY: as above.
     unsafe {
         launch(
-            f,
-            [gx, gy, gz],
-            [bx, by, bz],
-            shared_mem_bytes,
-            stream,
-            params,
-            no_extra,
+            &LaunchArgs {
+                caller: Caller::Driver,
+                f,
+                grid: [gx, gy, gz],
+                block: [bx, by, bz],
+                shared_mem_bytes,
+                stream,
+                params,
+                extra: std::ptr::null_mut(),
+            },
+            vec![cooperative()],
         )
     }
 }
@@ -620,7 +976,7 @@ pub unsafe fn cuLaunchKernelEx(
     extra: *mut *mut c_void,
 ) -> Result<(), CUresult> {
     // SAFETY: the application's launch configuration and parameters, as the C API requires.
-    unsafe { launch_ex(config, f, params, extra, false) }
+    unsafe { launch_ex(Caller::Driver, config, f, params, extra, false) }
 }
 
 pub unsafe fn cuLaunchKernelEx_ptsz(
@@ -630,13 +986,179 @@ pub unsafe fn cuLaunchKernelEx_ptsz(
     extra: *mut *mut c_void,
 ) -> Result<(), CUresult> {
     // SAFETY: as above; the configuration's stream is the one mapped to the per-thread stream.
-    unsafe { launch_ex(config, f, params, extra, true) }
+    unsafe { launch_ex(Caller::Driver, config, f, params, extra, true) }
 }
 
-pub unsafe fn cuStreamIsCapturing(stream: CUstream, status: *mut u32) -> Result<(), CUresult> {
-    let _ = stream;
-    state::session()?;
-    // Capture is not forwarded yet, so no stream is ever capturing (CU_STREAM_CAPTURE_STATUS_NONE).
-    // SAFETY: the caller's out-pointer (NULL is refused).
-    unsafe { put(status, 0) }
+/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE` = 1: every block resident at once (`cuLaunchCooperativeKernel`).
+fn cooperative() -> LaunchAttr {
+    let mut value = [0u32; 16];
+    value[0] = 1;
+    LaunchAttr {
+        id: LaunchAttr::COOPERATIVE,
+        value,
+    }
+}
+
+/// The launch entry points `cuGetProcAddress` hands the CUDA runtime (see [`Caller`]), by the export they
+/// stand for.
+pub(crate) fn runtime_entry(symbol: &str) -> Option<*mut c_void> {
+    let f: *const () = match symbol {
+        "cuLaunchKernel" => runtime_launch_kernel as *const (),
+        "cuLaunchKernel_ptsz" => runtime_launch_kernel_ptsz as *const (),
+        "cuLaunchKernelEx" => runtime_launch_kernel_ex as *const (),
+        "cuLaunchKernelEx_ptsz" => runtime_launch_kernel_ex_ptsz as *const (),
+        _ => return None,
+    };
+    Some(f.cast_mut().cast())
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn runtime_launch_kernel(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    crate::guard("cuLaunchKernel", || {
+        // SAFETY: the runtime's arguments, under cuLaunchKernel's contract.
+        unsafe {
+            launch(
+                &LaunchArgs {
+                    caller: Caller::Runtime,
+                    f,
+                    grid: [gx, gy, gz],
+                    block: [bx, by, bz],
+                    shared_mem_bytes,
+                    stream,
+                    params,
+                    extra,
+                },
+                Vec::new(),
+            )
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn runtime_launch_kernel_ptsz(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    let stream = gleam_protocol::api::per_thread(stream);
+    // SAFETY: as above, on the per-thread default stream.
+    unsafe {
+        runtime_launch_kernel(
+            f,
+            gx,
+            gy,
+            gz,
+            bx,
+            by,
+            bz,
+            shared_mem_bytes,
+            stream,
+            params,
+            extra,
+        )
+    }
+}
+
+unsafe extern "C" fn runtime_launch_kernel_ex(
+    config: *const c_void,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    crate::guard("cuLaunchKernelEx", || {
+        // SAFETY: the runtime's arguments, under cuLaunchKernelEx's contract.
+        unsafe { launch_ex(Caller::Runtime, config, f, params, extra, false) }
+    })
+}
+
+unsafe extern "C" fn runtime_launch_kernel_ex_ptsz(
+    config: *const c_void,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    crate::guard("cuLaunchKernelEx_ptsz", || {
+        // SAFETY: as above.
+        unsafe { launch_ex(Caller::Runtime, config, f, params, extra, true) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots(v: &[(u32, u32)]) -> Vec<ParamSlot> {
+        v.iter()
+            .map(|&(offset, size)| ParamSlot { offset, size })
+            .collect()
+    }
+
+    #[test]
+    fn a_peer_reporting_another_layout_is_refused() {
+        let client = slots(&[(0, 8), (8, 4)]);
+        let honest = FunctionInfo {
+            params: client.clone(),
+            attributes: vec![],
+        };
+        assert_eq!(cross_check("k", &client, &honest), Ok(()));
+        // A driver without cuFuncGetParamInfo says nothing: accepted, the client's layout is used.
+        assert_eq!(cross_check("k", &client, &FunctionInfo::default()), Ok(()));
+        let greedy = FunctionInfo {
+            params: slots(&[(0, 8), (8, 4096)]),
+            attributes: vec![],
+        };
+        assert_eq!(
+            cross_check("k", &client, &greedy),
+            Err(CUresult::INVALID_IMAGE)
+        );
+    }
+
+    #[test]
+    fn kernel_params_are_packed_by_the_client_layout_only() {
+        let f = Launchable {
+            server: 1,
+            params: Ok(Arc::new(slots(&[(0, 8), (8, 4)]))),
+            attributes: vec![],
+            name: None,
+            module: 0,
+        };
+        let (a, b) = (0x1122_3344_5566_7788u64, 0x99aa_bbccu32);
+        let mut ptrs = [
+            (&raw const a).cast_mut().cast::<c_void>(),
+            (&raw const b).cast_mut().cast(),
+        ];
+        // SAFETY: two parameter pointers to values of the layout's sizes.
+        let buf = unsafe { pack_params(&f, ptrs.as_mut_ptr(), std::ptr::null_mut()) }.unwrap();
+        assert_eq!(buf.len(), 12);
+        assert_eq!(&buf[..8], &a.to_le_bytes());
+        assert_eq!(&buf[8..], &b.to_le_bytes());
+        // Without a layout, kernelParams cannot be packed at all.
+        let unknown = Launchable {
+            params: Err(CUresult::INVALID_IMAGE),
+            ..f
+        };
+        // SAFETY: as above; nothing is read.
+        let refused = unsafe { pack_params(&unknown, ptrs.as_mut_ptr(), std::ptr::null_mut()) };
+        assert_eq!(refused, Err(CUresult::INVALID_VALUE));
+    }
 }

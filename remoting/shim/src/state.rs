@@ -1,16 +1,17 @@
 //! The process's session with its GPU peer: opened once by `cuInit`, shared by every thread.
 //!
-//! `cuInit` reads `GLEAM_PEER` (`<peer-id>@host:port`, set by `gleam run`) and `GLEAM_CONFIG_DIR` (this
+//! `cuInit` reads `GLEAM_PEER` (`<peer-id>@host:port[,host:port...]`, set by `gleam run`; every address is
+//! tried, see [`gleam_auth::PeerAddr`]) and `GLEAM_CONFIG_DIR` (this
 //! device's identity and mesh secret), connects, and keeps the [`Session`] (or the failure, which every
 //! later `cuInit` returns again, as a real driver does). A `fork()`ed child sees a different pid and is
 //! refused with `CUDA_ERROR_NOT_INITIALIZED`: the connection belongs to the parent.
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use gleam_auth::identity::{Identity, MeshSecret, PeerId, default_config_dir};
+use gleam_auth::PeerAddr;
+use gleam_auth::identity::{Identity, MeshSecret, default_config_dir};
 use gleam_client::{Client, ClientError};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, Reply};
@@ -124,14 +125,21 @@ fn connect() -> Result<Session, CUresult> {
             return Err(CUresult::NO_DEVICE);
         }
     };
-    let (peer, addr) = match parse_target(&target) {
+    let target: PeerAddr = match target.parse() {
         Ok(parsed) => parsed,
         Err(why) => {
             eprintln!("gleam: GLEAM_PEER={target:?} is not <peer-id>@HOST:PORT: {why}");
             return Err(CUresult::NO_DEVICE);
         }
     };
-    let dir = default_config_dir();
+    let peer = target.id;
+    let dir = match default_config_dir() {
+        Ok(dir) => dir,
+        Err(err) => {
+            eprintln!("gleam: {err}");
+            return Err(CUresult::NO_DEVICE);
+        }
+    };
     let identity = match Identity::load_or_create(&dir) {
         Ok(identity) => identity,
         Err(err) => {
@@ -152,8 +160,15 @@ fn connect() -> Result<Session, CUresult> {
             return Err(CUresult::NO_DEVICE);
         }
     };
-    match Client::connect(peer, addr, &identity, &secret) {
+    match Client::connect_any(
+        peer,
+        &target.addrs,
+        &identity,
+        &secret,
+        gleam_client::CONNECT_TIMEOUT,
+    ) {
         Ok(client) => {
+            let addr = client.peer_addr();
             let hello = client.hello();
             tracing::info!(%peer, %addr, backend = %hello.backend, server = %hello.server,
                 devices = hello.devices.len(), "connected to GPU peer");
@@ -169,7 +184,7 @@ fn connect() -> Result<Session, CUresult> {
         }
         Err(err) => {
             eprintln!(
-                "gleam: cannot use GPU peer {peer} at {addr}: {err}\n\
+                "gleam: cannot use GPU peer {peer}: {err}\n\
                  gleam: CUDA reports no device to this program; check that `gleam serve`/`gleam peer` runs \
                  there and that both devices are in the same mesh."
             );
@@ -178,30 +193,31 @@ fn connect() -> Result<Session, CUresult> {
     }
 }
 
-/// Parses `<peer-id>@host:port`.
-pub fn parse_target(target: &str) -> Result<(PeerId, SocketAddr), String> {
-    let (id, host) = target
-        .trim()
-        .split_once('@')
-        .ok_or_else(|| "missing '@'".to_string())?;
-    let peer: PeerId = id.parse().map_err(|_| format!("{id:?} is not a peer id"))?;
-    let addr = host
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {host:?}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{host:?} resolves to no address"))?;
-    Ok((peer, addr))
-}
-
-/// Logs to stderr through `tracing`, filtered by `GLEAM_LOG` (default: warnings only).
+/// Logs to stderr through `tracing`, filtered by `GLEAM_LOG` (default: warnings only). Nothing is logged
+/// once the calling thread's thread-local storage is gone or the library is torn down
+/// ([`crate::logging_safe`]): the CUDA runtime calls the driver from `exit()`.
 pub fn init_logging() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_env("GLEAM_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
+        // Colour only on a terminal: the program's stderr is often a file or a pipe.
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+        // Global filters only (no per-layer filter, which keeps thread-local state); the teardown check
+        // is the outermost, so it runs first.
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(ansi)
+                    .with_writer(std::io::stderr),
+            )
+            .with(tracing_subscriber::filter::filter_fn(|_| {
+                crate::logging_safe()
+            }))
             .try_init();
     });
 }

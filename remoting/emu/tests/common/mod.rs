@@ -159,7 +159,11 @@ pub struct Emu {
 
 impl Emu {
     pub fn new(memory_bytes: u64) -> Self {
-        let mut b = EmuBackend::new(EmuConfig { memory_bytes });
+        Self::with_config(EmuConfig::with_memory(memory_bytes))
+    }
+
+    pub fn with_config(config: EmuConfig) -> Self {
+        let mut b = EmuBackend::new(config);
         let ctx = b
             .cuDevicePrimaryCtxRetain(args::cuDevicePrimaryCtxRetain { pctx: (), dev: 0 })
             .expect("retain")

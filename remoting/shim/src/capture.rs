@@ -1,0 +1,150 @@
+//! Stream capture and CUDA graphs: the capture happens where the work runs (the serving driver records
+//! what the application queues on a capturing stream), so these calls are forwarded; a captured graph
+//! then replays with one `cuGraphLaunch` message.
+//!
+//! `cuStreamIsCapturing` is asked around every allocation and launch by PyTorch, so the client mirrors
+//! which streams it put in capture mode and answers it locally.
+
+use std::collections::HashSet;
+use std::ffi::{c_char, c_void};
+use std::sync::{Mutex, MutexGuard};
+
+use gleam_protocol::types::{CUresult, CUstream};
+
+use crate::{forward, put, state};
+
+/// `CUstreamCaptureStatus`.
+const CAPTURE_NONE: u32 = 0;
+const CAPTURE_ACTIVE: u32 = 1;
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`.
+const MODE_GLOBAL: u32 = 0;
+
+/// Streams in capture mode (as the application names them).
+static CAPTURING: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
+
+fn capturing() -> MutexGuard<'static, Option<HashSet<u64>>> {
+    CAPTURING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether `stream` is in capture mode.
+pub fn is_capturing(stream: u64) -> bool {
+    capturing().as_ref().is_some_and(|s| s.contains(&stream))
+}
+
+pub unsafe fn cuStreamBeginCapture(stream: CUstream) -> Result<(), CUresult> {
+    // SAFETY: forwarded; the first version of the call captures in global mode.
+    unsafe { cuStreamBeginCapture_v2(stream, MODE_GLOBAL) }
+}
+
+pub unsafe fn cuStreamBeginCapture_v2(stream: CUstream, mode: u32) -> Result<(), CUresult> {
+    // SAFETY: forwarded under the same contract.
+    unsafe { forward::cuStreamBeginCapture_v2(stream, mode) }?;
+    capturing()
+        .get_or_insert_with(HashSet::new)
+        .insert(stream as u64);
+    Ok(())
+}
+
+pub unsafe fn cuStreamEndCapture(
+    stream: CUstream,
+    graph: *mut *mut c_void,
+) -> Result<(), CUresult> {
+    // SAFETY: forwarded under the same contract.
+    let ended = unsafe { forward::cuStreamEndCapture(stream, graph) };
+    // Capture ends whatever the outcome (an invalidated capture ends with an error).
+    if let Some(s) = capturing().as_mut() {
+        s.remove(&(stream as u64));
+    }
+    ended
+}
+
+pub unsafe fn cuStreamIsCapturing(stream: CUstream, status: *mut u32) -> Result<(), CUresult> {
+    state::session()?;
+    crate::handles::check(gleam_protocol::registry::Kind::Stream, stream as u64)?;
+    let value = if is_capturing(stream as u64) {
+        CAPTURE_ACTIVE
+    } else {
+        CAPTURE_NONE
+    };
+    // SAFETY: the caller's out-pointer (NULL is refused).
+    unsafe { put(status, value) }
+}
+
+pub unsafe fn cuStreamGetCaptureInfo_v2(
+    stream: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut u64,
+    num_deps: *mut usize,
+) -> Result<(), CUresult> {
+    if !deps.is_null() {
+        // The dependency array lives in the serving driver's memory; nothing Gleam runs asks for it yet.
+        tracing::warn!(
+            "cuStreamGetCaptureInfo: the capture's dependency nodes are not available through Gleam"
+        );
+        return Err(CUresult::NOT_SUPPORTED);
+    }
+    // SAFETY: forwarded under the same contract (a NULL out-pointer stays NULL on the peer).
+    unsafe { forward::cuStreamGetCaptureInfo_v2(stream, status, id, graph, deps, num_deps) }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuStreamGetCaptureInfo_v3(
+    stream: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut *const *mut c_void,
+    edge_data: *mut *const c_void,
+    num_deps: *mut usize,
+) -> Result<(), CUresult> {
+    if !edge_data.is_null() {
+        if deps.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        tracing::warn!(
+            "cuStreamGetCaptureInfo: the capture's dependency edges are not available through Gleam"
+        );
+        return Err(CUresult::NOT_SUPPORTED);
+    }
+    // SAFETY: the same query without edge data.
+    unsafe { cuStreamGetCaptureInfo_v2(stream, status, id, graph, deps.cast(), num_deps) }
+}
+
+pub unsafe fn cuGraphInstantiate_v2(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    error_node: *mut *mut c_void,
+    log: *mut c_char,
+    log_size: usize,
+) -> Result<(), CUresult> {
+    // SAFETY: the optional diagnostics out-pointers, written only if given.
+    unsafe {
+        if !error_node.is_null() {
+            error_node.write_unaligned(std::ptr::null_mut());
+        }
+        if !log.is_null() && log_size > 0 {
+            log.write(0);
+        }
+    }
+    // SAFETY: forwarded with no flags, which is what this version instantiates with.
+    unsafe { forward::cuGraphInstantiateWithFlags(exec, graph, 0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_mode_is_mirrored_per_stream() {
+        assert!(!is_capturing(0x77));
+        capturing().get_or_insert_with(HashSet::new).insert(0x77);
+        assert!(is_capturing(0x77));
+        assert!(!is_capturing(0x78));
+        capturing().as_mut().unwrap().remove(&0x77);
+        assert!(!is_capturing(0x77));
+    }
+}
