@@ -2,9 +2,9 @@
 # Runs one fuzz target for a number of executions (default 10 million), at the lowest CPU priority, from
 # the checked-in corpus into fuzz/work/<target>/ (new inputs) with crashes in fuzz/artifacts/<target>/.
 #
-#   fuzz/run.sh TARGET [RUNS] [extra libFuzzer flags...]      # TARGET: frames ptx fatbin shim
+#   fuzz/run.sh TARGET [RUNS] [extra libFuzzer flags...]   # TARGET: frames ptx fatbin shim gossip link control
 #
-# Builds first (nightly: cargo +nightly fuzz build). frames and ptx are pure safe Rust and run without a
+# Builds first (nightly: cargo +nightly fuzz build). frames, ptx, gossip, link and control are safe Rust and run without a
 # sanitizer (two to three times faster); fatbin (zstd's C code) and shim (unsafe code handling application
 # pointers) run under AddressSanitizer. Every build has debug assertions (overflow checks) on. The log,
 # with libFuzzer's final statistics, is fuzz/work/<target>.log.
@@ -15,14 +15,16 @@ runs=${2:-10000000}
 shift $(( $# < 2 ? $# : 2 ))
 
 case "$target" in
-    frames | ptx) san=(-s none --target-dir target-nosan); bin=target-nosan ;;
+    frames | ptx | gossip | link | control) san=(-s none --target-dir target-nosan); bin=target-nosan ;;
     fatbin | shim) san=(); bin=target ;;
-    *) echo "unknown target $target (frames ptx fatbin shim)" >&2; exit 2 ;;
+    *) echo "unknown target $target (frames ptx fatbin shim gossip link control)" >&2; exit 2 ;;
 esac
 case "$target" in
     frames) flags=(-max_len=8192 -timeout=20) ;;
     ptx) flags=(-max_len=8192 -timeout=20) ;;
     fatbin) flags=(-max_len=32768 -timeout=20) ;;
+    gossip | link) flags=(-max_len=8192 -timeout=20) ;;
+    control) flags=(-max_len=4096 -timeout=20) ;;
     # The shim's session keeps caches and background threads between inputs: leak checks per input would
     # report them. The server it talks to is this workspace's gleam binary (or $GLEAM_BIN).
     shim) flags=(-max_len=4096 -timeout=30 -detect_leaks=0)

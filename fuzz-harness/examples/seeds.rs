@@ -9,11 +9,14 @@ fn main() -> std::io::Result<()> {
             .nth(1)
             .unwrap_or_else(|| "fuzz/seeds".into()),
     );
-    let targets: [(&str, Vec<Vec<u8>>); 4] = [
+    let targets: [(&str, Vec<Vec<u8>>); 7] = [
         ("frames", gleam_fuzz_harness::seeds::frames()),
         ("ptx", gleam_fuzz_harness::seeds::ptx()),
         ("fatbin", gleam_fuzz_harness::seeds::fatbin()),
         ("shim", gleam_fuzz_harness::seeds::shim()),
+        ("gossip", gleam_fuzz_harness::seeds::gossip()),
+        ("link", gleam_fuzz_harness::seeds::link()),
+        ("control", gleam_fuzz_harness::seeds::control()),
     ];
     for (target, seeds) in targets {
         let out = dir.join(target);

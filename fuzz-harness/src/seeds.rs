@@ -9,6 +9,7 @@ use gleam_protocol::wire::{Call, ClientHello, Launch, PROTOCOL_VERSION, Reply, R
 use gleam_server::session::Session;
 
 use crate::frames::{EMU_MEMORY, KERNELS_PTX};
+use crate::gossip;
 
 /// Seeds of the `frames` target: whole client sessions (chunk byte first).
 pub fn frames() -> Vec<Vec<u8>> {
@@ -459,4 +460,172 @@ pub fn shim() -> Vec<Vec<u8>> {
         .iter()
         .map(|&len| (0..len).map(|_| next() as u8).collect())
         .collect()
+}
+
+/// Seeds of the `gossip` target: a real exchange. Three members with GPUs answer [`gossip::me`]'s
+/// announcements and probes with their own SWIM instances, carrying their published states; what they
+/// send it (and the passing of time) is recorded as the target's steps.
+pub fn gossip() -> Vec<Vec<u8>> {
+    use gleam_mesh::gossip::{Gossip, Member, Output};
+
+    let mut node = gossip::Node::new();
+    let mut peers: Vec<Gossip> = (0..3u8)
+        .map(|i| {
+            let mut g = Gossip::new(
+                Member {
+                    id: gossip::peer(i),
+                    boot: 5,
+                },
+                u64::from(i),
+            );
+            g.publish(&sample_state(i)).expect("publishing a state");
+            while g.poll().is_some() {}
+            g
+        })
+        .collect();
+    let mut steps = Vec::new();
+    let mut seeds = Vec::new();
+    for round in 0..12 {
+        // Deliver what the node sent; record what the peers answer it.
+        let mut answers = Vec::new();
+        for (to, packet) in std::mem::take(&mut node.outbox) {
+            let Some(i) = (0..3u8).find(|&i| gossip::peer(i) == to) else {
+                continue;
+            };
+            let g = &mut peers[usize::from(i)];
+            let _ = g.handle_data(&packet);
+            while let Some(output) = g.poll() {
+                if let Output::Send(dst, bytes) = output
+                    && dst == gossip::me().id
+                {
+                    answers.push((i, bytes.to_vec()));
+                }
+            }
+        }
+        for (i, bytes) in answers {
+            steps.push(i);
+            steps.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+            steps.extend_from_slice(&bytes);
+            node.packet(i, &bytes);
+        }
+        steps.push(3);
+        steps.extend_from_slice(&600u16.to_le_bytes());
+        node.advance(600);
+        if round == 3 || round == 11 {
+            seeds.push(steps.clone());
+        }
+    }
+    assert_eq!(node.known(), 3, "the seed exchange carried every state");
+    seeds
+}
+
+fn sample_state(i: u8) -> gleam_mesh::state::PeerState {
+    use gleam_mesh::state::{CacheDigest, GpuSummary, LinkQuality, LinkReport, Load, PeerState};
+    PeerState {
+        id: gossip::peer(i),
+        boot: 5,
+        version: 1,
+        protocol: gleam_mesh::state::PROTOCOL_VERSION,
+        host: format!("host-{i}"),
+        addrs: vec![std::net::SocketAddr::from(([10, 0, 0, i + 1], 4747))],
+        gpus: vec![GpuSummary {
+            model: "NVIDIA H200".into(),
+            total_memory: 141 << 30,
+            compute_capability: (9, 0),
+            emulated: i == 2,
+        }],
+        load: Load {
+            utilization: 0.25,
+            free_memory: 100 << 30,
+            active_sessions: 1,
+            queue_len: 0,
+            mean_job_secs: 3.5,
+        },
+        cache: CacheDigest::default(),
+        links: vec![LinkReport {
+            peer: gossip::me().id,
+            quality: LinkQuality {
+                rtt_us: 400,
+                bandwidth_bps: 1_000_000_000,
+                loss: 0.0,
+            },
+        }],
+    }
+}
+
+/// Seeds of the `link` target: hello and duplicate messages, probes answered as a fast and a slow link
+/// would answer them, traffic.
+pub fn link() -> Vec<Vec<u8>> {
+    use gleam_mesh::duplicate::{LinkMessage, Run};
+
+    let message = |m: &LinkMessage| {
+        let bytes = postcard::to_allocvec(m).expect("a link message encodes");
+        let mut step = vec![4, bytes.len() as u8];
+        step.extend_from_slice(&bytes);
+        step
+    };
+    let answer = |received: u64, timed_bytes: u64, timed_us: u64, ms: u16| {
+        let mut step = vec![2];
+        step.extend_from_slice(&received.to_be_bytes());
+        step.extend_from_slice(&timed_bytes.to_be_bytes());
+        step.extend_from_slice(&timed_us.to_be_bytes());
+        step.extend_from_slice(&ms.to_le_bytes());
+        step.extend_from_slice(&4u16.to_le_bytes());
+        step
+    };
+    let wait = |ms: u16| {
+        let mut step = vec![0];
+        step.extend_from_slice(&ms.to_le_bytes());
+        step
+    };
+    let hello = message(&LinkMessage::Hello(Run {
+        nonce: 42,
+        started_ms: 1_700_000_000_000,
+    }));
+    let duplicate = message(&LinkMessage::Duplicate {
+        addr: std::net::SocketAddr::from(([192, 168, 1, 20], 4747)),
+    });
+    let mut fast = [hello.clone(), wait(1100), vec![1]].concat();
+    fast.extend(answer(16 << 10, 15 << 10, 130, 2));
+    fast.extend([wait(1000), vec![1]].concat());
+    fast.extend(answer(64 << 10, 60 << 10, 500, 3));
+    let mut slow = [duplicate, wait(1100), vec![1]].concat();
+    slow.extend(answer(16 << 10, 8 << 10, 90_000, 100));
+    slow.extend(
+        [
+            wait(5000),
+            vec![1],
+            vec![3],
+            1_000_000u64.to_le_bytes().to_vec(),
+        ]
+        .concat(),
+    );
+    vec![hello, fast, slow]
+}
+
+/// Seeds of the `control` target: the requests `gleam peers list` and `gleam run` send.
+pub fn control() -> Vec<Vec<u8>> {
+    use gleam_mesh::control::Request;
+    use gleam_mesh::select::JobHint;
+
+    [
+        Request::List,
+        Request::Best {
+            hint: JobHint::default(),
+        },
+        Request::Best {
+            hint: JobHint {
+                bytes: 1 << 30,
+                compute_secs: 60.0,
+                memory: 40 << 30,
+            },
+        },
+    ]
+    .iter()
+    .map(|r| {
+        let mut line = serde_json::to_vec(r).expect("a request encodes");
+        line.push(b'\n');
+        line
+    })
+    .collect()
 }

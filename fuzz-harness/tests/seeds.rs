@@ -21,3 +21,24 @@ fn fatbin_seeds_run_clean() {
         gleam_fuzz_harness::fatbin::run(&seed);
     }
 }
+
+#[test]
+fn gossip_seeds_run_clean() {
+    for seed in gleam_fuzz_harness::seeds::gossip() {
+        gleam_fuzz_harness::gossip::run(&seed);
+    }
+}
+
+#[test]
+fn link_seeds_run_clean() {
+    for seed in gleam_fuzz_harness::seeds::link() {
+        gleam_fuzz_harness::link::run(&seed);
+    }
+}
+
+#[test]
+fn control_seeds_run_clean() {
+    for seed in gleam_fuzz_harness::seeds::control() {
+        gleam_fuzz_harness::control::run(&seed);
+    }
+}

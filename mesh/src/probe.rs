@@ -84,24 +84,35 @@ pub async fn measure_bandwidth(
         quinn::ReadExactError::ReadError(err) => ProbeError::Read(err),
         quinn::ReadExactError::FinishedEarly(_) => ProbeError::Protocol("no probe reply"),
     })?;
+    let report = parse_reply(&reply, bytes, started.elapsed(), rtt)?;
+    debug!(peer = %conn.remote_address(), bytes, ?report, "bandwidth probe");
+    Ok(report)
+}
+
+/// Reads the receiver's answer to a probe of `sent` bytes, which took `elapsed` at the prober with the
+/// connection's RTT at `rtt`. The receiver is another device: its figures are checked, not trusted.
+pub fn parse_reply(
+    reply: &[u8; 24],
+    sent: u32,
+    elapsed: Duration,
+    rtt: Duration,
+) -> Result<ProbeReport, ProbeError> {
     let field = |i: usize| {
         let mut word = [0u8; 8];
         word.copy_from_slice(&reply[i * 8..i * 8 + 8]);
         u64::from_be_bytes(word)
     };
     let (received, timed_bytes, timed_us) = (field(0), field(1), field(2));
-    if received > u64::from(bytes) || timed_bytes > received {
+    if received > u64::from(sent) || timed_bytes > received {
         return Err(ProbeError::Protocol("probe reply does not match"));
     }
-    let report = ProbeReport {
+    Ok(ProbeReport {
         received,
         timed_bytes,
         timed: Duration::from_micros(timed_us),
-        elapsed: started.elapsed(),
+        elapsed,
         rtt,
-    };
-    debug!(peer = %conn.remote_address(), bytes, ?report, "bandwidth probe");
-    Ok(report)
+    })
 }
 
 /// Answers a probe whose kind byte was already read from `recv`.
