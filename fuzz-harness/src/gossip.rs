@@ -11,7 +11,8 @@
 //! arrive from active members go into a [`MeshView`], departures leave it. At the end, the daemon's
 //! control answers are built from the view (`gleam peers list`'s rows and `gleam run`'s choice of peer) and
 //! must encode as JSON that the client decodes: a state gossiped by one member must not break the answer
-//! for everyone. Packets the instance sends must fit a datagram or a link's gossip stream.
+//! for everyone. States kept are within the limits a member holds its own to. Packets the instance sends
+//! must fit a link's gossip stream.
 
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,9 @@ pub fn peer(i: u8) -> PeerId {
 
 /// Timers waiting at once: foca keeps a handful per member; more means timers pile up without end.
 const MAX_TIMERS: usize = 4096;
+/// The most a kept state may hold once limited (48 four-byte characters of host and GPU model, eight
+/// GPUs, eight addresses, sixteen link reports).
+const MAX_KEPT: usize = 4096;
 /// The largest gossip packet a link accepts (the daemon's `MAX_GOSSIP_STREAM`).
 const MAX_SENT: usize = 64 * 1024;
 
@@ -170,6 +174,13 @@ impl Node {
     /// What the control socket answers from the view: every row, and the best peer for a default job.
     /// The answers must reach the client intact.
     pub fn answer_control(&self) {
+        for state in self.view.states() {
+            let size = postcard::to_allocvec(state).map_or(0, |bytes| bytes.len());
+            assert!(
+                size <= MAX_KEPT,
+                "a peer's state of {size} bytes was kept: {state:?}"
+            );
+        }
         answer_control(&self.view);
     }
 }
