@@ -7,7 +7,11 @@ use std::process::Command;
 
 #[test]
 fn installed_units_verify_clean_and_rate_at_most_4() {
-    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         eprintln!("SKIPPED: systemd-analyze is not installed (Debian/Ubuntu: apt install systemd)");
         return;
     }
@@ -15,7 +19,10 @@ fn installed_units_verify_clean_and_rate_at_most_4() {
     let dir = gleam.parent().expect("the binary's directory");
     // The shim is a cdylib of the same build; CI builds the whole workspace before testing.
     if !dir.join("libgleamcuda.so").exists() {
-        eprintln!("SKIPPED: {} has no libgleamcuda.so (cargo build -p gleam-shim)", dir.display());
+        eprintln!(
+            "SKIPPED: {} has no libgleamcuda.so (cargo build -p gleam-shim)",
+            dir.display()
+        );
         return;
     }
     let out = Command::new("bash")
