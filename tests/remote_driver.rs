@@ -41,7 +41,7 @@ fn c_program_copies_and_checks_errors() {
         "{stdout}"
     );
     // The stub logged its name.
-    assert!(stderr.contains("cuArrayCreate_v2"), "{stderr}");
+    assert!(stderr.contains("cuTexRefCreate"), "{stderr}");
 }
 
 #[test]

@@ -25,6 +25,7 @@ const PROGRAMS: &[&str] = &[
     "symbols",
     "errors",
     "graphs",
+    "unified_textures",
 ];
 
 fn repo() -> &'static Path {

@@ -1,7 +1,7 @@
 // What NVIDIA's driver answers an impossible launch configuration, to a driver-API caller and to the CUDA
-// runtime: Gleam's shim answers CUDA_ERROR_INVALID_VALUE to the first and code 9
-// (cudaErrorInvalidConfiguration) to the second (see remoting/shim/src/module.rs, `Caller`). Run locally and
-// through Gleam (scripts/gpu/compare-pytorch.sh, case launch_errors): the lines must be identical.
+// runtime (on the H200, driver 580: CUDA_ERROR_INVALID_VALUE to both, which the runtime reports as
+// cudaErrorInvalidValue). Run locally and through Gleam (scripts/gpu/compare-pytorch.sh, case launch_errors):
+// the lines must be identical.
 //
 //   nvcc -O2 -o launch_errors examples/cuda/launch_errors.cu -lcuda
 #include <cstdio>

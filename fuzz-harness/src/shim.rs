@@ -773,27 +773,24 @@ impl<'s> Input<'s> {
             }
             Op::HostAlloc { size, flags, plain } => {
                 let n = Self::size(*size).min(MAX_PINNED);
-                let mut p = std::ptr::null_mut();
+                let mut p = 0u64;
                 // SAFETY: a valid out-pointer.
                 let r = unsafe {
                     if *plain {
-                        cu::cuMemAllocHost_v2(&raw mut p, n)
+                        cu::cuMemAllocHost_v2((&raw mut p).cast::<*mut c_void>(), n)
                     } else {
                         cu::cuMemHostAlloc(&raw mut p, n, *flags)
                     }
                 };
                 if r.is_success() {
-                    assert!(
-                        !p.is_null() && n > 0,
-                        "pinned allocation of {n} bytes at {p:?}"
-                    );
+                    assert!(p != 0 && n > 0, "pinned allocation of {n} bytes at {p:#x}");
                     self.pinned.push((p as usize, n));
                 }
             }
             Op::FreeHost(h) => {
                 let (p, _) = self.host_ptr(*h);
                 // SAFETY: any pointer: the shim frees only what its table says it allocated.
-                let r = unsafe { cu::cuMemFreeHost(p) };
+                let r = unsafe { cu::cuMemFreeHost(p as u64) };
                 if let Some(i) = self.pinned.iter().position(|&(q, _)| q == p as usize) {
                     assert!(r.is_success(), "cuMemFreeHost of a live allocation: {r:?}");
                     self.pinned.swap_remove(i);
@@ -1231,7 +1228,7 @@ impl<'s> Input<'s> {
                 let (p, _) = self.host_ptr(*host);
                 let mut d = 0u64;
                 // SAFETY: a valid out-pointer; any host pointer.
-                unsafe { cu::cuMemHostGetDevicePointer_v2(&raw mut d, p, *flags) };
+                unsafe { cu::cuMemHostGetDevicePointer_v2(&raw mut d, p as u64, *flags) };
             }
             Op::Sync => {
                 // SAFETY: no arguments.
@@ -1481,7 +1478,7 @@ impl<'s> Input<'s> {
                 check("cuMemFree_v2", cu::cuMemFree_v2(p));
             }
             for (p, _) in std::mem::take(&mut self.pinned) {
-                check("cuMemFreeHost", cu::cuMemFreeHost(p as *mut c_void));
+                check("cuMemFreeHost", cu::cuMemFreeHost(p as u64));
             }
             for (module, _) in std::mem::take(&mut self.modules) {
                 check("cuModuleUnload", cu::cuModuleUnload(module as *mut c_void));

@@ -295,6 +295,7 @@ const API_TYPES: &[&str] = &[
     "Out",
     "OptOut",
     "In",
+    "InOpt",
     "InOut",
     "LaunchConfig",
     "TensorMap",
@@ -310,6 +311,9 @@ const API_TYPES: &[&str] = &[
     "Event",
     "Library",
     "Kernel",
+    "Array",
+    "TexObject",
+    "SurfObject",
     "CStr",
 ];
 
@@ -326,6 +330,8 @@ fn qualify(ty: &str) -> String {
             let _ = write!(out, "$crate::api::{w}");
         } else if w == "c_void" || w == "c_char" {
             let _ = write!(out, "::std::ffi::{w}");
+        } else if w.starts_with("CUDA_") {
+            let _ = write!(out, "$crate::descriptors::{w}");
         } else if w.starts_with("CU") {
             let _ = write!(out, "$crate::types::{w}");
         } else {

@@ -4,8 +4,13 @@
 #   OUT=/some/folder bash scripts/gpu/record-conformance.sh
 #   OUT=/some/folder CASES='tex* tld4* surf*' bash scripts/gpu/record-conformance.sh
 #
-# CASES (optional): space-separated case names or shell patterns; only those cases are recorded and
-# only their data folders replaced (default: every case, with the data folder rebuilt from scratch).
+#   OUT=/some/folder KEEP_PTX=1 CASES='tex2d_u8_norm_border tex3d_linear_ties' bash scripts/gpu/record-conformance.sh
+#
+# CASES (optional): space-separated case names or shell patterns; only those cases are recorded, only their
+# data folders replaced, and only their data folders go into the bundle (default: every case, with the data
+# folder rebuilt from scratch).
+# KEEP_PTX=1 (optional): skip step 1 and record with the PTX committed in remoting/ptx/conformance/ptx/ (the
+# PTX the interpreter replays and the other cases were recorded with); the bundle then holds no PTX.
 #
 # 1. nvcc -ptx every kernel: remoting/ptx/conformance/kernels/*.cu -> remoting/ptx/conformance/ptx/
 #    and examples/kernels/*.cu -> examples/kernels/ (same base name, .ptx).
@@ -39,6 +44,9 @@ failed_list=""
 
 # ---- 1. PTX ----
 mkdir -p "$CONF/ptx"
+if [ "${KEEP_PTX:-0}" = 1 ]; then
+    log "ptx  kept: recording with the committed $CONF/ptx/*.ptx (KEEP_PTX=1)"
+fi
 compile() {
     local src=$1 dst=$2
     if "$NVCC" -ptx -arch=compute_75 -lineinfo -O3 -o "$dst" "$src" > "$WORK/nvcc.log" 2>&1; then
@@ -54,12 +62,14 @@ compile() {
         failed_list="$failed_list nvcc:$(basename "$src")"
     fi
 }
-for src in "$CONF"/kernels/*.cu; do
-    compile "$src" "$CONF/ptx/$(basename "$src" .cu).ptx"
-done
-for src in examples/kernels/*.cu; do
-    compile "$src" "examples/kernels/$(basename "$src" .cu).ptx"
-done
+if [ "${KEEP_PTX:-0}" != 1 ]; then
+    for src in "$CONF"/kernels/*.cu; do
+        compile "$src" "$CONF/ptx/$(basename "$src" .cu).ptx"
+    done
+    for src in examples/kernels/*.cu; do
+        compile "$src" "examples/kernels/$(basename "$src" .cu).ptx"
+    done
+fi
 
 # ---- 2. harness ----
 HARNESS="$WORK/harness"
@@ -96,6 +106,7 @@ fi
 mkdir -p "$CONF/data"
 total=0
 passed=0
+recorded=""
 for case in "$CONF"/cases/*.case; do
     name=$(basename "$case" .case)
     selected "$name" || continue
@@ -103,6 +114,7 @@ for case in "$CONF"/cases/*.case; do
     total=$((total + 1))
     if timeout 300 "$HARNESS" "$case" "$CONF/ptx" "$CONF/data/$name" > "$WORK/case.log" 2>&1; then
         passed=$((passed + 1))
+        recorded="$recorded $CONF/data/$name"
         log "case PASS  $name"
         sed 's/^/      /' "$WORK/case.log" >> "$LOG"
     else
@@ -116,7 +128,27 @@ for case in "$CONF"/cases/*.case; do
 done
 
 # ---- 4. bundle ----
-tar czf "$OUT/conformance.tgz" "$CONF/ptx" "$CONF/data" $(ls examples/kernels/*.ptx 2>/dev/null)
+# A selective run bundles only what it recorded, so untarring it touches nothing else.
+if [ -n "${CASES:-}" ]; then
+    data_paths=$recorded
+else
+    data_paths="$CONF/data"
+fi
+ptx_paths=""
+if [ "${KEEP_PTX:-0}" != 1 ]; then
+    ptx_paths="$CONF/ptx $(ls examples/kernels/*.ptx 2>/dev/null)"
+fi
+if [ -z "$total" ] || [ "$total" -eq 0 ]; then
+    log "error: CASES='${CASES:-}' selects no case in $CONF/cases"
+    failures=$((failures + 1))
+fi
 log "== conformance: $passed/$total cases passed; $failures failure(s)${failed_list:+:$failed_list}"
-log "== bundle: $OUT/conformance.tgz ($(du -h "$OUT/conformance.tgz" | cut -f1))"
+if [ -n "${data_paths// /}${ptx_paths// /}" ]; then
+    # shellcheck disable=SC2086
+    tar czf "$OUT/conformance.tgz" $ptx_paths $data_paths
+    log "== bundle: $OUT/conformance.tgz ($(du -h "$OUT/conformance.tgz" | cut -f1)):"
+    tar tzf "$OUT/conformance.tgz" | sed 's/^/      /' >> "$LOG"
+else
+    log "== bundle: nothing recorded, no $OUT/conformance.tgz"
+fi
 [ "$failures" -eq 0 ]

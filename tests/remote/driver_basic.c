@@ -40,7 +40,7 @@ CUresult cuGetErrorName(CUresult error, const char **name);
 CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block, CUfunction f, size_t (*smem_of)(int),
                                           size_t smem, int limit);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
-CUresult cuArrayCreate_v2(void *handle, const void *desc);
+CUresult cuTexRefCreate(void **texref);
 typedef void *CUevent;
 CUresult cuStreamCreate(CUstream *stream, unsigned flags);
 CUresult cuStreamDestroy_v2(CUstream stream);
@@ -214,7 +214,7 @@ int main(int argc, char **argv) {
     }
     EXPECT(cuLaunchKernel((CUfunction)0x1234, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0), 400 /* INVALID_HANDLE */);
     EXPECT(cuMemFree_v2(0x1000), 1 /* INVALID_VALUE */);
-    EXPECT(cuArrayCreate_v2(0, 0), 801 /* NOT_SUPPORTED */);
+    EXPECT(cuTexRefCreate(0), 801 /* NOT_SUPPORTED */);
     EXPECT(cuMemAlloc_v2(0, 16), 1);
     void *pfn = 0;
     int status = -1;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gleam_protocol::api::{args, outs};
+use gleam_protocol::copy::Copy3D;
 use gleam_protocol::registry::{Died, Handles, Kind};
 use gleam_protocol::types::{
     CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CUmemAllocationProp, CUmemLocation,
@@ -15,8 +16,10 @@ use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr, ParamSl
 use gleam_ptx::{ExecError, LaunchConfig, LaunchOptions, StopReason};
 use gleam_server::backend::{ApiBackend, Backend};
 
+use crate::arrays::Objects;
 use crate::capture::{Captures, Op, STATUS_NONE, Step};
 use crate::device::{self, Resources, func_attr};
+use crate::managed::Mirrored;
 use crate::memory::{ALLOC_ALIGN, DeviceMemory, GRANULARITY};
 use crate::pools::{self, Pools};
 use crate::streams::{
@@ -154,6 +157,10 @@ pub struct EmuBackend {
     functions: HashMap<u64, Function>,
     /// Library -> the module it loaded (a library's kernels are that module's functions).
     libraries: HashMap<u64, u64>,
+    /// Arrays, texture and surface objects.
+    objects: Objects,
+    /// Managed and host allocations.
+    mirrored: Mirrored,
     /// Stream captures, graphs and executable graphs.
     captures: Captures,
     next_handle: u64,
@@ -197,6 +204,8 @@ impl EmuBackend {
             modules: HashMap::new(),
             functions: HashMap::new(),
             libraries: HashMap::new(),
+            objects: Objects::default(),
+            mirrored: Mirrored::default(),
             captures: Captures::default(),
             next_handle: 1,
             next_context_id: 1,
@@ -1192,6 +1201,7 @@ impl ApiBackend for EmuBackend {
         if self.shared.mem.address_range(a.dptr).map(|r| r.0) != Some(a.dptr) {
             return Err(CUresult::INVALID_VALUE);
         }
+        self.mirrored.before_free(a.dptr)?;
         // cuMemFree synchronises with the device: nothing still queued may touch the memory.
         self.streams.synchronize_all();
         // Memory from a pool goes back to its pool.
@@ -1439,7 +1449,7 @@ impl ApiBackend for EmuBackend {
     ) -> Result<outs::cuMemPoolCreate, CUresult> {
         self.check()?;
         Ok(outs::cuMemPoolCreate {
-            pool: self.shared.pools().create(a.props)?,
+            pool: self.shared.pools().create(*a.props)?,
             ..Default::default()
         })
     }
@@ -1471,9 +1481,9 @@ impl ApiBackend for EmuBackend {
         self.check()?;
         // An `int` attribute arrives in the low half of the value.
         let value = if pools::attribute_is_int(a.attr) {
-            a.value & 0xffff_ffff
+            *a.value & 0xffff_ffff
         } else {
-            a.value
+            *a.value
         };
         self.shared.pools().set_attribute(a.pool, a.attr, value)?;
         Ok(Default::default())
@@ -1540,7 +1550,7 @@ impl ApiBackend for EmuBackend {
             return Err(CUresult::INVALID_VALUE);
         }
         Ok(outs::cuMemCreate {
-            handle: self.shared.mem.create_physical(a.size as u64, a.prop)?,
+            handle: self.shared.mem.create_physical(a.size as u64, *a.prop)?,
             ..Default::default()
         })
     }
@@ -2226,6 +2236,280 @@ impl ApiBackend for EmuBackend {
             .ok_or(CUresult::INVALID_HANDLE)?;
         Ok(Default::default())
     }
+
+    // --- Managed and host memory (see `managed`) ---------------------------------------------------
+
+    fn cuMemAllocManaged(
+        &mut self,
+        a: args::cuMemAllocManaged,
+    ) -> Result<outs::cuMemAllocManaged, CUresult> {
+        self.api_cuMemAllocManaged(a)
+    }
+
+    fn cuMemHostAlloc(
+        &mut self,
+        a: args::cuMemHostAlloc,
+    ) -> Result<outs::cuMemHostAlloc, CUresult> {
+        self.api_cuMemHostAlloc(a)
+    }
+
+    fn cuMemHostGetDevicePointer_v2(
+        &mut self,
+        a: args::cuMemHostGetDevicePointer_v2,
+    ) -> Result<outs::cuMemHostGetDevicePointer_v2, CUresult> {
+        self.ctx()?;
+        Ok(outs::cuMemHostGetDevicePointer_v2 {
+            pdptr: self.mirrored.device_pointer(a.p, a.flags)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuMemFreeHost(&mut self, a: args::cuMemFreeHost) -> Result<outs::cuMemFreeHost, CUresult> {
+        self.api_cuMemFreeHost(a)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemAdvise(&mut self, a: args::cuMemAdvise) -> Result<outs::cuMemAdvise, CUresult> {
+        self.ctx()?;
+        self.mirrored
+            .advise(a.dev_ptr, a.count, a.advice, a.device)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemPrefetchAsync(
+        &mut self,
+        a: args::cuMemPrefetchAsync,
+    ) -> Result<outs::cuMemPrefetchAsync, CUresult> {
+        self.ctx()?;
+        self.streams.resolve(a.stream)?;
+        self.mirrored.prefetch(a.dev_ptr, a.count, a.dst_device)?;
+        Ok(Default::default())
+    }
+
+    fn cuStreamAttachMemAsync(
+        &mut self,
+        a: args::cuStreamAttachMemAsync,
+    ) -> Result<outs::cuStreamAttachMemAsync, CUresult> {
+        self.ctx()?;
+        self.streams.resolve(a.stream)?;
+        self.mirrored.attach(a.dptr, a.length, a.flags)?;
+        Ok(Default::default())
+    }
+
+    // --- Arrays, texture and surface objects (see `arrays`) -----------------------------------------
+
+    fn cuArrayCreate_v2(
+        &mut self,
+        a: args::cuArrayCreate_v2,
+    ) -> Result<outs::cuArrayCreate_v2, CUresult> {
+        let d = *a.desc;
+        let array = self.array_create(gleam_protocol::descriptors::CUDA_ARRAY3D_DESCRIPTOR {
+            Width: d.Width,
+            Height: d.Height,
+            Depth: 0,
+            Format: d.Format,
+            NumChannels: d.NumChannels,
+            Flags: 0,
+        })?;
+        Ok(outs::cuArrayCreate_v2 {
+            array,
+            ..Default::default()
+        })
+    }
+
+    fn cuArray3DCreate_v2(
+        &mut self,
+        a: args::cuArray3DCreate_v2,
+    ) -> Result<outs::cuArray3DCreate_v2, CUresult> {
+        Ok(outs::cuArray3DCreate_v2 {
+            array: self.array_create(*a.desc)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuArrayDestroy(
+        &mut self,
+        a: args::cuArrayDestroy,
+    ) -> Result<outs::cuArrayDestroy, CUresult> {
+        self.array_destroy(a.array)?;
+        Ok(Default::default())
+    }
+
+    fn cuArrayGetDescriptor_v2(
+        &mut self,
+        a: args::cuArrayGetDescriptor_v2,
+    ) -> Result<outs::cuArrayGetDescriptor_v2, CUresult> {
+        self.check()?;
+        let d = self.objects.descriptor(a.array)?;
+        // A 3D or layered array has no 2D descriptor.
+        if d.Depth != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(outs::cuArrayGetDescriptor_v2 {
+            desc: gleam_protocol::descriptors::CUDA_ARRAY_DESCRIPTOR {
+                Width: d.Width,
+                Height: d.Height,
+                Format: d.Format,
+                NumChannels: d.NumChannels,
+            },
+            ..Default::default()
+        })
+    }
+
+    fn cuArray3DGetDescriptor_v2(
+        &mut self,
+        a: args::cuArray3DGetDescriptor_v2,
+    ) -> Result<outs::cuArray3DGetDescriptor_v2, CUresult> {
+        self.check()?;
+        Ok(outs::cuArray3DGetDescriptor_v2 {
+            desc: self.objects.descriptor(a.array)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuTexObjectCreate(
+        &mut self,
+        a: args::cuTexObjectCreate,
+    ) -> Result<outs::cuTexObjectCreate, CUresult> {
+        self.ctx()?;
+        let object = self.objects.create_texture(
+            &self.shared.mem,
+            *a.res_desc,
+            *a.tex_desc,
+            a.view_desc.map(|v| *v),
+        )?;
+        Ok(outs::cuTexObjectCreate {
+            object,
+            ..Default::default()
+        })
+    }
+
+    fn cuTexObjectDestroy(
+        &mut self,
+        a: args::cuTexObjectDestroy,
+    ) -> Result<outs::cuTexObjectDestroy, CUresult> {
+        self.check()?;
+        self.objects.destroy_texture(a.object)?;
+        Ok(Default::default())
+    }
+
+    fn cuTexObjectGetResourceDesc(
+        &mut self,
+        a: args::cuTexObjectGetResourceDesc,
+    ) -> Result<outs::cuTexObjectGetResourceDesc, CUresult> {
+        self.check()?;
+        Ok(outs::cuTexObjectGetResourceDesc {
+            res_desc: self.objects.texture_descs(a.object)?.0,
+            ..Default::default()
+        })
+    }
+
+    fn cuTexObjectGetTextureDesc(
+        &mut self,
+        a: args::cuTexObjectGetTextureDesc,
+    ) -> Result<outs::cuTexObjectGetTextureDesc, CUresult> {
+        self.check()?;
+        Ok(outs::cuTexObjectGetTextureDesc {
+            tex_desc: self.objects.texture_descs(a.object)?.1,
+            ..Default::default()
+        })
+    }
+
+    fn cuTexObjectGetResourceViewDesc(
+        &mut self,
+        a: args::cuTexObjectGetResourceViewDesc,
+    ) -> Result<outs::cuTexObjectGetResourceViewDesc, CUresult> {
+        self.check()?;
+        Ok(outs::cuTexObjectGetResourceViewDesc {
+            view_desc: self.objects.texture_descs(a.object)?.2,
+            ..Default::default()
+        })
+    }
+
+    fn cuSurfObjectCreate(
+        &mut self,
+        a: args::cuSurfObjectCreate,
+    ) -> Result<outs::cuSurfObjectCreate, CUresult> {
+        self.ctx()?;
+        Ok(outs::cuSurfObjectCreate {
+            object: self.objects.create_surface(*a.res_desc)?,
+            ..Default::default()
+        })
+    }
+
+    fn cuSurfObjectDestroy(
+        &mut self,
+        a: args::cuSurfObjectDestroy,
+    ) -> Result<outs::cuSurfObjectDestroy, CUresult> {
+        self.check()?;
+        self.objects.destroy_surface(a.object)?;
+        Ok(Default::default())
+    }
+
+    fn cuSurfObjectGetResourceDesc(
+        &mut self,
+        a: args::cuSurfObjectGetResourceDesc,
+    ) -> Result<outs::cuSurfObjectGetResourceDesc, CUresult> {
+        self.check()?;
+        Ok(outs::cuSurfObjectGetResourceDesc {
+            res_desc: self.objects.surface_desc(a.object)?,
+            ..Default::default()
+        })
+    }
+}
+
+// Managed and host memory, arrays, texture and surface objects (the work is in `managed` and `arrays`).
+#[allow(non_snake_case)]
+impl EmuBackend {
+    fn api_cuMemAllocManaged(
+        &mut self,
+        a: args::cuMemAllocManaged,
+    ) -> Result<outs::cuMemAllocManaged, CUresult> {
+        let ctx = self.ctx()?;
+        let dptr = self
+            .mirrored
+            .alloc_managed(&self.shared.mem, a.bytesize, a.flags, ctx)?;
+        Ok(outs::cuMemAllocManaged {
+            dptr,
+            ..Default::default()
+        })
+    }
+
+    fn api_cuMemHostAlloc(
+        &mut self,
+        a: args::cuMemHostAlloc,
+    ) -> Result<outs::cuMemHostAlloc, CUresult> {
+        let ctx = self.ctx()?;
+        let pp = self
+            .mirrored
+            .alloc_host(&self.shared.mem, a.bytesize, a.flags, ctx)?;
+        Ok(outs::cuMemHostAlloc {
+            pp,
+            ..Default::default()
+        })
+    }
+
+    fn api_cuMemFreeHost(&mut self, a: args::cuMemFreeHost) -> Result<(), CUresult> {
+        self.ctx()?;
+        // Queued work may still read it.
+        self.streams.synchronize_all();
+        self.mirrored.free_host(&self.shared.mem, a.p)
+    }
+
+    fn array_create(
+        &mut self,
+        desc: gleam_protocol::descriptors::CUDA_ARRAY3D_DESCRIPTOR,
+    ) -> Result<u64, CUresult> {
+        let ctx = self.ctx()?;
+        self.objects.create_array(&self.shared.mem, desc, ctx)
+    }
+
+    fn array_destroy(&mut self, array: u64) -> Result<(), CUresult> {
+        self.check()?;
+        // Kernels and copies still queued may read it.
+        self.streams.synchronize_all();
+        self.objects.destroy_array(&self.shared.mem, array)
+    }
 }
 
 impl Backend for EmuBackend {
@@ -2303,6 +2587,61 @@ impl Backend for EmuBackend {
         Ok(out)
     }
 
+    fn memcpy3d(
+        &mut self,
+        copy: &Copy3D,
+        host: &[u8],
+        stream: Option<u64>,
+    ) -> Result<Vec<u8>, CUresult> {
+        self.ctx()?;
+        let plan = self.objects.plan(copy)?;
+        if copy.is_empty() {
+            if let Some(s) = stream {
+                self.streams.resolve(s)?;
+            }
+            return Ok(Vec::new());
+        }
+        plan.check(&self.shared.mem)?;
+        match stream {
+            // Synchronous, or to the host (whose bytes the reply carries): after the stream's work.
+            None => {
+                self.sync_stream(None)?;
+                plan.run(&self.shared.mem, host)
+                    .map_err(|_| CUresult::INVALID_VALUE)
+            }
+            Some(s) if plan.to_host() => {
+                self.sync_stream(Some(s))?;
+                plan.run(&self.shared.mem, host)
+                    .map_err(|_| CUresult::INVALID_VALUE)
+            }
+            Some(s) => {
+                let host = host.to_vec();
+                self.submit(s, "2D/3D copy", move |mem| {
+                    plan.run(mem, &host)
+                        .map(drop)
+                        .map_err(|_| CUresult::ILLEGAL_ADDRESS)
+                })?;
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    fn mirror_write(&mut self, addr: u64, data: &[u8]) -> Result<(), CUresult> {
+        self.shared
+            .mem
+            .write_bytes(addr, data)
+            .map_err(|_| CUresult::INVALID_VALUE)
+    }
+
+    fn mirror_read(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, CUresult> {
+        let mut out = vec![0u8; len];
+        self.shared
+            .mem
+            .read_bytes(addr, &mut out)
+            .map_err(|_| CUresult::INVALID_VALUE)?;
+        Ok(out)
+    }
+
     fn module_load(&mut self, image: &[u8]) -> Result<u64, CUresult> {
         self.load_module(image)
     }
@@ -2354,12 +2693,15 @@ impl Backend for EmuBackend {
         let params = launch.params.clone();
         let kernel = name.clone();
         let shared = self.shared.clone();
+        // The texture and surface objects as they are now.
+        let textures = self.objects.resolver();
         // Replayable: a captured launch runs again at every launch of its graph.
         let op: Op = Arc::new(move |mem: &DeviceMemory| {
             let started = Instant::now();
             let options = LaunchOptions {
                 cancel: Some(&shared.stop_kernels),
                 deadline: shared.kernel_timeout.map(|t| started + t),
+                textures: Some(&*textures),
                 ..LaunchOptions::default()
             };
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -2458,6 +2800,9 @@ impl Backend for EmuBackend {
                         self.unload(module);
                     }
                 }
+                Kind::Array | Kind::TexObject | Kind::SurfObject => {
+                    self.objects.forget(kind, handle);
+                }
                 Kind::Graph | Kind::GraphExec => self.captures.forget(handle),
                 // A kernel is its module's function here; contexts, pools and physical allocations are
                 // handled by their own calls.
@@ -2466,6 +2811,7 @@ impl Backend for EmuBackend {
         }
         for &ctx in &died.emptied_contexts {
             self.shared.mem.free_all(Some(ctx));
+            self.mirrored.emptied(ctx);
         }
         if !died.emptied_contexts.is_empty() {
             self.shared.pools().forget_freed(&self.shared.mem);
@@ -2485,6 +2831,8 @@ impl Backend for EmuBackend {
         self.libraries.clear();
         self.captures.clear();
         self.modules.clear();
+        self.objects.clear();
+        self.mirrored.clear();
         self.shared.mem.free_all(None);
         self.contexts.retain(|&c, _| c == PRIMARY);
         self.primary_refs = 0;

@@ -2,8 +2,9 @@
 //! the occupancy model. It presents itself as a compute capability 7.5 device (so nvcc's default `sm_75`
 //! PTX is accepted) with the limits of that architecture, and the host's CPU count as its multiprocessors
 //! (blocks run in parallel on that many threads). Memory pools and virtual memory management are
-//! emulated; features it does not emulate (mapped host memory, managed memory, cooperative launches,
-//! clusters, exporting memory to other processes...) are reported as absent.
+//! emulated; features it does not emulate (cooperative launches, clusters, exporting memory to other
+//! processes...) are reported as absent. Managed memory and mapped host memory are device memory here
+//! (the client mirrors them); textures and surfaces have sm_75's size limits ([`limits`]).
 
 /// `cuDeviceGetName`.
 pub const NAME: &str = "Gleam Emulator (PTX interpreter)";
@@ -36,6 +37,34 @@ pub const CONST_BYTES: u32 = 64 << 10;
 pub const LOCAL_PER_THREAD: u32 = 512 << 10;
 /// `cuCtxGetStreamPriorityRange`: (least, greatest).
 pub const STREAM_PRIORITIES: (i32, i32) = (0, -5);
+
+/// Texture, surface and array size limits of sm_75 (in elements), and alignments.
+pub mod limits {
+    pub const TEXTURE_1D: u64 = 131_072;
+    pub const TEXTURE_2D_WIDTH: u64 = 131_072;
+    pub const TEXTURE_2D_HEIGHT: u64 = 65_536;
+    pub const TEXTURE_3D: u64 = 16_384;
+    pub const TEXTURE_1D_LAYERED: u64 = 32_768;
+    pub const TEXTURE_2D_LAYERED: u64 = 32_768;
+    pub const LAYERS: u64 = 2_048;
+    pub const TEXTURE_2D_GATHER: u64 = 32_768;
+    pub const TEXTURE_CUBEMAP: u64 = 32_768;
+    pub const LAYERS_CUBEMAP: u64 = 2_046;
+    pub const TEXTURE_1D_LINEAR: u64 = 1 << 28;
+    pub const TEXTURE_2D_LINEAR_WIDTH: u64 = 131_072;
+    pub const TEXTURE_2D_LINEAR_HEIGHT: u64 = 65_000;
+    pub const TEXTURE_2D_LINEAR_PITCH: u64 = 2_097_120;
+    pub const SURFACE_1D: u64 = 32_768;
+    pub const SURFACE_2D_WIDTH: u64 = 131_072;
+    pub const SURFACE_2D_HEIGHT: u64 = 65_536;
+    pub const SURFACE_3D: u64 = 16_384;
+    pub const SURFACE_2D_LAYERED: u64 = 32_768;
+    pub const SURFACE_CUBEMAP: u64 = 32_768;
+    /// `CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT`: linear and pitched texture memory starts on it.
+    pub const TEXTURE_ALIGNMENT: u64 = 512;
+    /// `CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT`: pitched texture rows are multiples of it.
+    pub const TEXTURE_PITCH_ALIGNMENT: u64 = 32;
+}
 
 /// `CU_FUNC_ATTRIBUTE_*` ids used here.
 pub mod func_attr {
@@ -80,8 +109,44 @@ pub fn attributes() -> Vec<i32> {
     set(16, multiprocessors());
     set(17, 0); // KERNEL_EXEC_TIMEOUT: set by the backend from its watchdog
     set(18, 0); // INTEGRATED
-    set(19, 0); // CAN_MAP_HOST_MEMORY: no mapped host memory
+    set(19, 1); // CAN_MAP_HOST_MEMORY: host allocations are device memory, mirrored by the client
     set(20, 0); // COMPUTE_MODE: default
+    // Texture and surface limits (in elements).
+    let lim = |v: u64| v as i32;
+    set(21, lim(limits::TEXTURE_1D));
+    set(22, lim(limits::TEXTURE_2D_WIDTH));
+    set(23, lim(limits::TEXTURE_2D_HEIGHT));
+    set(24, lim(limits::TEXTURE_3D));
+    set(25, lim(limits::TEXTURE_3D));
+    set(26, lim(limits::TEXTURE_3D));
+    set(27, lim(limits::TEXTURE_2D_LAYERED));
+    set(28, lim(limits::TEXTURE_2D_LAYERED));
+    set(29, lim(limits::LAYERS));
+    set(42, lim(limits::TEXTURE_1D_LAYERED));
+    set(43, lim(limits::LAYERS));
+    set(45, lim(limits::TEXTURE_2D_GATHER));
+    set(46, lim(limits::TEXTURE_2D_GATHER));
+    set(52, lim(limits::TEXTURE_CUBEMAP));
+    set(53, lim(limits::TEXTURE_CUBEMAP));
+    set(54, lim(limits::LAYERS_CUBEMAP));
+    set(55, lim(limits::SURFACE_1D));
+    set(56, lim(limits::SURFACE_2D_WIDTH));
+    set(57, lim(limits::SURFACE_2D_HEIGHT));
+    set(58, lim(limits::SURFACE_3D));
+    set(59, lim(limits::SURFACE_3D));
+    set(60, lim(limits::SURFACE_3D));
+    set(61, lim(limits::SURFACE_1D));
+    set(62, lim(limits::LAYERS));
+    set(63, lim(limits::SURFACE_2D_LAYERED));
+    set(64, lim(limits::SURFACE_2D_LAYERED));
+    set(65, lim(limits::LAYERS));
+    set(66, lim(limits::SURFACE_CUBEMAP));
+    set(67, lim(limits::SURFACE_CUBEMAP));
+    set(68, lim(limits::LAYERS_CUBEMAP));
+    set(69, lim(limits::TEXTURE_1D_LINEAR));
+    set(70, lim(limits::TEXTURE_2D_LINEAR_WIDTH));
+    set(71, lim(limits::TEXTURE_2D_LINEAR_HEIGHT));
+    set(72, lim(limits::TEXTURE_2D_LINEAR_PITCH));
     set(30, 512); // SURFACE_ALIGNMENT
     set(31, 1); // CONCURRENT_KERNELS
     set(32, 0); // ECC_ENABLED
@@ -103,12 +168,14 @@ pub fn attributes() -> Vec<i32> {
     set(80, 1); // LOCAL_L1_CACHE_SUPPORTED
     set(81, SHARED_PER_SM as i32);
     set(82, REGS_PER_SM as i32);
-    set(83, 0); // MANAGED_MEMORY
+    set(83, 1); // MANAGED_MEMORY: device memory here; the client mirrors it
     set(84, 0); // MULTI_GPU_BOARD
     set(87, 32); // SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO
+    set(89, 1); // CONCURRENT_MANAGED_ACCESS: kernels and mirror reads and writes may overlap
+    set(91, 0); // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: registered memory has its own device address
     set(95, 0); // COOPERATIVE_LAUNCH: not emulated
     set(97, SHARED_PER_BLOCK_OPTIN as i32);
-    set(99, 0); // HOST_REGISTER_SUPPORTED
+    set(99, 1); // HOST_REGISTER_SUPPORTED (the client mirrors registered memory in a host allocation)
     set(102, 1); // VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED
     set(103, 0); // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: nothing is exported to other processes
     set(106, MAX_BLOCKS_PER_SM as i32);
@@ -179,7 +246,11 @@ mod tests {
         let a = attributes();
         assert_eq!(a.len(), DEVICE_ATTRIBUTE_END);
         assert_eq!((a[1], a[10], a[75], a[76]), (1024, 32, 7, 5));
-        assert_eq!((a[19], a[41], a[102], a[115]), (0, 1, 1, 1));
+        // Mapped host memory, unified addressing, VMM, memory pools; managed memory, concurrent access.
+        assert_eq!((a[19], a[41], a[102], a[115]), (1, 1, 1, 1));
+        assert_eq!((a[83], a[89], a[91]), (1, 1, 0));
+        // 2D texture limits and texture alignment.
+        assert_eq!((a[22], a[23], a[14]), (131_072, 65_536, 512));
     }
 
     #[test]

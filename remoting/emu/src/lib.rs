@@ -35,10 +35,12 @@
 //! cores quickly. A fault or a timeout stops the session's other running kernels too (their context is
 //! lost anyway), and the end of the session stops running kernels and skips queued work.
 
+pub mod arrays;
 mod backend;
 pub mod capture;
 pub mod device;
 pub mod image;
+pub mod managed;
 pub mod memory;
 pub mod pools;
 pub mod streams;

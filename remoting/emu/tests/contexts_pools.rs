@@ -22,7 +22,7 @@ fn contexts_have_ids_and_refuse_affinity_the_device_does_not_offer() {
         .b
         .cuCtxCreate_v3(args::cuCtxCreate_v3 {
             pctx: (),
-            params: CUexecAffinityParam::default(),
+            params: Box::new(CUexecAffinityParam::default()),
             num_params: 0,
             flags: 0,
             dev: 0,
@@ -44,7 +44,7 @@ fn contexts_have_ids_and_refuse_affinity_the_device_does_not_offer() {
     assert_eq!(supported, 0);
     let limited = emu.b.cuCtxCreate_v3(args::cuCtxCreate_v3 {
         pctx: (),
-        params: CUexecAffinityParam { kind: 0, value: 1 },
+        params: Box::new(CUexecAffinityParam { kind: 0, value: 1 }),
         num_params: 1,
         flags: 0,
         dev: 0,
@@ -157,7 +157,7 @@ fn stream_ordered_frees_refuse_a_second_free_and_reuse_after_the_stream_got_ther
         .cuMemPoolSetAttribute(args::cuMemPoolSetAttribute {
             pool,
             attr: 4,
-            value: 1 << 20,
+            value: Box::new(1 << 20),
         })
         .unwrap();
     let b = alloc(&mut emu);

@@ -37,7 +37,7 @@ impl Emu {
             .cuMemCreate(args::cuMemCreate {
                 handle: (),
                 size: size as usize,
-                prop: prop(),
+                prop: Box::new(prop()),
                 flags: 0,
             })
             .map(|o| o.handle)
@@ -69,10 +69,10 @@ impl Emu {
             .cuMemSetAccess(args::cuMemSetAccess {
                 ptr,
                 size: size as usize,
-                desc: CUmemAccessDesc {
+                desc: Box::new(CUmemAccessDesc {
                     location: DEVICE0,
                     flags,
-                },
+                }),
                 count: 1,
             })
             .map(|_| ())
@@ -260,7 +260,7 @@ fn granularity_and_properties_are_checked() {
         .b
         .cuMemGetAllocationGranularity(args::cuMemGetAllocationGranularity {
             granularity: (),
-            prop: prop(),
+            prop: Box::new(prop()),
             option: 1,
         })
         .unwrap()
@@ -275,7 +275,7 @@ fn granularity_and_properties_are_checked() {
             .cuMemCreate(args::cuMemCreate {
                 handle: (),
                 size: GRAN as usize,
-                prop: on_device_3,
+                prop: Box::new(on_device_3),
                 flags: 0,
             })
             .map(|o| o.handle),

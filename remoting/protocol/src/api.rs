@@ -206,6 +206,12 @@ handles! {
     Library;
     /// `CUkernel`.
     Kernel;
+    /// `CUarray`.
+    Array;
+    /// `CUtexObject` (an integer handle in C; the same 64 bits at the ABI).
+    TexObject;
+    /// `CUsurfObject` (an integer handle in C; the same 64 bits at the ABI).
+    SurfObject;
     /// `CUgraph`.
     Graph;
     /// `CUgraphExec`.
@@ -291,26 +297,27 @@ pub enum In<T> {
     _Never(std::convert::Infallible, std::marker::PhantomData<T>),
 }
 
+// Boxed in requests: descriptors (copies, resources, textures) are large, and most calls are small.
 impl<T: Value> Arg for In<T>
 where
     T::C: Default,
 {
     type C = *const T::C;
-    type Request = T::W;
+    type Request = Box<T::W>;
     type Reply = ();
     type Slot = T::C;
 
-    unsafe fn to_request(c: *const T::C) -> Result<T::W, CUresult> {
+    unsafe fn to_request(c: *const T::C) -> Result<Box<T::W>, CUresult> {
         if c.is_null() {
             return Err(CUresult::INVALID_VALUE);
         }
         // SAFETY: non-NULL, and the C API requires a valid `T` behind it (read unaligned: C callers may
         // pack it anywhere).
-        Ok(T::to_wire(unsafe { c.read_unaligned() }))
+        Ok(Box::new(T::to_wire(unsafe { c.read_unaligned() })))
     }
     unsafe fn write_reply(_: *const T::C, _: ()) {}
-    fn slot(request: T::W) -> T::C {
-        T::from_wire(request)
+    fn slot(request: Box<T::W>) -> T::C {
+        T::from_wire(*request)
     }
     fn slot_c(slot: &mut T::C) -> *const T::C {
         slot
@@ -322,6 +329,38 @@ impl<T: Value> CType for In<T>
 where
     T::C: Default,
 {
+    type C = *const T::C;
+}
+
+/// As [`In`], for an optional argument (a descriptor the application may omit): NULL travels as `None`
+/// and reaches the driver as NULL.
+#[derive(Clone, Copy, Debug)]
+pub enum InOpt<T> {
+    #[doc(hidden)]
+    _Never(std::convert::Infallible, std::marker::PhantomData<T>),
+}
+
+impl<T: Value> Arg for InOpt<T> {
+    type C = *const T::C;
+    type Request = Option<Box<T::W>>;
+    type Reply = ();
+    type Slot = Option<T::C>;
+
+    unsafe fn to_request(c: *const T::C) -> Result<Option<Box<T::W>>, CUresult> {
+        // SAFETY: NULL or, as the C API requires, a valid `T` (read unaligned, as for `In`).
+        Ok((!c.is_null()).then(|| Box::new(T::to_wire(unsafe { c.read_unaligned() }))))
+    }
+    unsafe fn write_reply(_: *const T::C, _: ()) {}
+    fn slot(request: Option<Box<T::W>>) -> Option<T::C> {
+        request.map(|r| T::from_wire(*r))
+    }
+    fn slot_c(slot: &mut Option<T::C>) -> *const T::C {
+        slot.as_ref().map_or(std::ptr::null(), |v| v as *const T::C)
+    }
+    fn slot_reply(_: Option<T::C>) {}
+}
+
+impl<T: Value> CType for InOpt<T> {
     type C = *const T::C;
 }
 
@@ -807,7 +846,7 @@ mod tests {
             unsafe { <In<CUmemAllocationProp> as Arg>::to_request(&raw const prop) }.unwrap();
         assert_eq!(request.win32_handle_meta_data, 0);
         let bytes = postcard::to_allocvec(&request).unwrap();
-        let back: CUmemAllocationProp = postcard::from_bytes(&bytes).unwrap();
+        let back: Box<CUmemAllocationProp> = postcard::from_bytes(&bytes).unwrap();
         let mut slot = <In<CUmemAllocationProp> as Arg>::slot(back);
         let c = <In<CUmemAllocationProp> as Arg>::slot_c(&mut slot);
         // SAFETY: points into `slot`.

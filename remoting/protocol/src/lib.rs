@@ -8,10 +8,14 @@
 //!   [`wire::ReplyFrame`] / [`wire::Reply`] from the server, and the hello exchange.
 //! * [`registry`]: [`registry::Handles`], the registry of live handles with each kind's lifetime rules.
 //! * [`types`]: the C ABI types (`CUresult`, handles, constants) shared by every layer.
+//! * [`descriptors`]: the C descriptor structs of arrays, textures, surfaces and 2D/3D copies.
+//! * [`copy`]: 2D/3D copies in the canonical form they travel in.
 //! * [`tuning`]: the waiting strategy both ends of a session share.
 
 #[macro_use]
 pub mod api;
+pub mod copy;
+pub mod descriptors;
 pub mod frame;
 pub mod registry;
 pub mod tuning;

@@ -13,7 +13,12 @@
 //! * [`Effect`] is what a listed call destroys (contexts, modules, libraries, streams, events, primary
 //!   context retains), applied by [`Handles::apply`] after the call succeeded, with CUDA's cascades:
 //!   functions die with their module, kernels and library modules with their library, and modules,
-//!   functions, streams and events with their context (libraries and kernels are context-independent).
+//!   functions, streams, events, arrays and texture and surface objects with their context (libraries
+//!   and kernels are context-independent). A texture or surface object does not die with the array it
+//!   reads: CUDA leaves destroying it to the application (using it after its array died is the
+//!   application's error, which a backend reports as a fault of the kernel).
+//! * Descriptors passed by pointer ([`In`]) may name handles too: the array of a resource descriptor is
+//!   checked like a handle argument ([`Embedded`]).
 //!
 //! Device pointers are not handles: the driver validates them itself.
 
@@ -22,9 +27,13 @@ use std::collections::{HashMap, HashSet};
 use tracing::debug;
 
 use crate::api::{
-    ApiCall, ApiReply, Arg, CStr, Context, Event, Function, Graph, GraphExec, In, InOut, Kernel,
-    LaunchConfig, LaunchConfigValue, Library, MemHandle, MemPool, Module, OptOut, Out, Plain,
-    PtrValue, Stream, Value, args, outs,
+    ApiCall, ApiReply, Arg, Array, CStr, Context, Event, Function, Graph, GraphExec, In, InOpt,
+    InOut, Kernel, LaunchConfig, LaunchConfigValue, Library, MemHandle, MemPool, Module, OptOut,
+    Out, Plain, PtrValue, Stream, SurfObject, TexObject, Value, args, outs,
+};
+use crate::descriptors::{
+    CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUDA_RESOURCE_DESC, CUDA_RESOURCE_VIEW_DESC,
+    CUDA_TEXTURE_DESC, Resource,
 };
 use crate::types::CUresult;
 
@@ -60,6 +69,9 @@ pub enum Kind {
     Event,
     Library,
     Kernel,
+    Array,
+    TexObject,
+    SurfObject,
     Graph,
     GraphExec,
     /// `CUmemoryPool`: a device's, not a context's.
@@ -137,6 +149,12 @@ pub struct Handles {
     events: HashMap<u64, u64>,
     /// Context made by `cuCtxCreate` -> its device (primary contexts: in `contexts`).
     created_on: HashMap<u64, i32>,
+    /// Array -> its context.
+    arrays: HashMap<u64, u64>,
+    /// Texture object -> its context.
+    tex_objects: HashMap<u64, u64>,
+    /// Surface object -> its context.
+    surf_objects: HashMap<u64, u64>,
     /// Graphs (context-independent; they live until destroyed).
     graphs: HashSet<u64>,
     /// Executable graphs (until destroyed).
@@ -167,6 +185,9 @@ impl Handles {
             }
             Kind::Library => self.libraries.contains(&handle),
             Kind::Kernel => self.kernels.contains_key(&handle),
+            Kind::Array => self.arrays.contains_key(&handle),
+            Kind::TexObject => self.tex_objects.contains_key(&handle),
+            Kind::SurfObject => self.surf_objects.contains_key(&handle),
             Kind::Graph => self.graphs.contains(&handle),
             Kind::GraphExec => self.graph_execs.contains(&handle),
             Kind::MemPool => self.pools.contains(&handle),
@@ -221,6 +242,15 @@ impl Handles {
             }
             Kind::Kernel => {
                 self.kernels.insert(handle, owner.library.unwrap_or(0));
+            }
+            Kind::Array => {
+                self.arrays.insert(handle, owner.ctx);
+            }
+            Kind::TexObject => {
+                self.tex_objects.insert(handle, owner.ctx);
+            }
+            Kind::SurfObject => {
+                self.surf_objects.insert(handle, owner.ctx);
             }
             Kind::Graph => {
                 self.graphs.insert(handle);
@@ -307,6 +337,18 @@ impl Handles {
                 self.events.remove(&event);
                 Vec::new()
             }
+            Effect::Destroy(Kind::Array, array) => {
+                self.arrays.remove(&array);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::TexObject, object) => {
+                self.tex_objects.remove(&object);
+                Vec::new()
+            }
+            Effect::Destroy(Kind::SurfObject, object) => {
+                self.surf_objects.remove(&object);
+                Vec::new()
+            }
             Effect::Destroy(Kind::Graph, graph) => {
                 self.graphs.remove(&graph);
                 Vec::new()
@@ -356,6 +398,9 @@ impl Handles {
             tagged(Kind::Event, &mut self.events.keys().copied()),
             tagged(Kind::Library, &mut self.libraries.iter().copied()),
             tagged(Kind::Kernel, &mut self.kernels.keys().copied()),
+            tagged(Kind::Array, &mut self.arrays.keys().copied()),
+            tagged(Kind::TexObject, &mut self.tex_objects.keys().copied()),
+            tagged(Kind::SurfObject, &mut self.surf_objects.keys().copied()),
             tagged(Kind::Graph, &mut self.graphs.iter().copied()),
             tagged(Kind::GraphExec, &mut self.graph_execs.iter().copied()),
             tagged(Kind::MemPool, &mut self.pools.iter().copied()),
@@ -425,6 +470,9 @@ impl Handles {
         self.functions.retain(|_, f| f.ctx != ctx);
         self.streams.retain(|_, &mut c| c != ctx);
         self.events.retain(|_, &mut c| c != ctx);
+        self.arrays.retain(|_, &mut c| c != ctx);
+        self.tex_objects.retain(|_, &mut c| c != ctx);
+        self.surf_objects.retain(|_, &mut c| c != ctx);
         self.drop_orphan_functions();
     }
 
@@ -457,6 +505,19 @@ impl Handles {
             .filter(|(_, m)| m.library.is_none())
             .map(|(&h, _)| h)
             .collect()
+    }
+
+    /// Arrays this session created and that are alive.
+    pub fn arrays(&self) -> Vec<u64> {
+        self.arrays.keys().copied().collect()
+    }
+
+    /// Texture and surface objects this session created and that are alive.
+    pub fn objects(&self) -> (Vec<u64>, Vec<u64>) {
+        (
+            self.tex_objects.keys().copied().collect(),
+            self.surf_objects.keys().copied().collect(),
+        )
     }
 
     /// Graphs and executable graphs this session made (to destroy at shutdown).
@@ -567,6 +628,78 @@ struct_out_values!(
     CUexecAffinityParam
 );
 
+/// A descriptor passed by pointer ([`In`]): the handles inside it are checked like handle arguments.
+pub trait Embedded {
+    /// Refuses the descriptor if a handle in it is not live.
+    fn check_embedded(&self, handles: &Handles) -> Result<(), CUresult>;
+}
+
+macro_rules! no_embedded_handles {
+    ($($t:ty),*) => {$(
+        impl Embedded for $t {
+            fn check_embedded(&self, _: &Handles) -> Result<(), CUresult> {
+                Ok(())
+            }
+        }
+    )*};
+}
+
+no_embedded_handles!(
+    CUDA_ARRAY_DESCRIPTOR,
+    CUDA_ARRAY3D_DESCRIPTOR,
+    CUDA_TEXTURE_DESC,
+    CUDA_RESOURCE_VIEW_DESC,
+    crate::types::CUmemLocation,
+    crate::types::CUmemAllocationProp,
+    crate::types::CUmemPoolProps,
+    crate::types::CUmemAccessDesc,
+    crate::types::CUexecAffinityParam,
+    u64,
+    [u64; 5],
+    [i32; 5],
+    [u32; 5]
+);
+
+impl Embedded for CUDA_RESOURCE_DESC {
+    fn check_embedded(&self, handles: &Handles) -> Result<(), CUresult> {
+        match self.resource() {
+            Some(Resource::Array(array)) => handles.check(Kind::Array, array),
+            // No mipmapped array is ever created (they are not offered), so none is live.
+            Some(Resource::Mipmapped(_)) => Err(CUresult::INVALID_HANDLE),
+            Some(Resource::Linear(_) | Resource::Pitch2D(_)) => Ok(()),
+            // The driver rejects an unknown type without dereferencing anything.
+            None => Ok(()),
+        }
+    }
+}
+
+impl<T: Value> HandleArg for In<T>
+where
+    T::C: Default,
+    T::W: Embedded,
+{
+    fn check(handles: &Handles, request: &Box<T::W>, _: &mut Owner) -> Result<(), CUresult> {
+        request.check_embedded(handles)
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
+impl<T: Value> HandleArg for InOpt<T>
+where
+    T::W: Embedded,
+{
+    fn check(
+        handles: &Handles,
+        request: &Option<Box<T::W>>,
+        _: &mut Owner,
+    ) -> Result<(), CUresult> {
+        request
+            .as_ref()
+            .map_or(Ok(()), |r| r.check_embedded(handles))
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
 impl HandleArg for CStr {
     fn check(_: &Handles, _: &String, _: &mut Owner) -> Result<(), CUresult> {
         Ok(())
@@ -655,6 +788,9 @@ handle_kinds! {
     Event, |_, _| {};
     Library, |o, h| o.library = Some(h);
     Kernel, |o, h| o.kernel = Some(h);
+    Array, |_, _| {};
+    TexObject, |_, _| {};
+    SurfObject, |_, _| {};
     Graph, |_, _| {};
     GraphExec, |_, _| {};
     MemPool, |_, _| {};
@@ -663,16 +799,6 @@ handle_kinds! {
 
 impl HandleArg for PtrValue {
     fn check(_: &Handles, _: &u64, _: &mut Owner) -> Result<(), CUresult> {
-        Ok(())
-    }
-    fn register(_: &mut Handles, _: &(), _: &Owner) {}
-}
-
-impl<T: Value> HandleArg for In<T>
-where
-    T::C: Default,
-{
-    fn check(_: &Handles, _: &T::W, _: &mut Owner) -> Result<(), CUresult> {
         Ok(())
     }
     fn register(_: &mut Handles, _: &(), _: &Owner) {}
@@ -1117,6 +1243,9 @@ mod tests {
         "cuLibraryUnload",
         "cuStreamDestroy_v2",
         "cuEventDestroy_v2",
+        "cuArrayDestroy",
+        "cuTexObjectDestroy",
+        "cuSurfObjectDestroy",
         "cuGraphExecDestroy",
         "cuGraphDestroy",
     ];
@@ -1145,6 +1274,9 @@ mod tests {
             ApiCall::cuLibraryUnload(args::cuLibraryUnload { library: 7 }),
             ApiCall::cuStreamDestroy_v2(args::cuStreamDestroy_v2 { stream: 7 }),
             ApiCall::cuEventDestroy_v2(args::cuEventDestroy_v2 { event: 7 }),
+            ApiCall::cuArrayDestroy(args::cuArrayDestroy { array: 7 }),
+            ApiCall::cuTexObjectDestroy(args::cuTexObjectDestroy { object: 7 }),
+            ApiCall::cuSurfObjectDestroy(args::cuSurfObjectDestroy { object: 7 }),
             ApiCall::cuGraphExecDestroy(args::cuGraphExecDestroy { exec: 7 }),
             ApiCall::cuGraphDestroy(args::cuGraphDestroy { graph: 7 }),
         ];
@@ -1161,7 +1293,7 @@ mod tests {
             assert_ne!(Effect::of(&call), Effect::None, "{}", call.name());
         }
         assert_eq!(Effect::of(&calls[1]), Effect::PrimaryReset(1));
-        assert_eq!(Effect::of(&calls[8]), Effect::Destroy(Kind::Graph, 7));
+        assert_eq!(Effect::of(&calls[11]), Effect::Destroy(Kind::Graph, 7));
     }
 
     #[test]
@@ -1189,6 +1321,64 @@ mod tests {
         assert_eq!(h.check(Kind::Graph, 0x60), Err(CUresult::INVALID_HANDLE));
         assert_eq!(h.check(Kind::GraphExec, 0x61), Ok(()));
         assert_eq!(h.graphs(), (vec![], vec![0x61]));
+    }
+
+    /// Arrays and texture and surface objects belong to their context; a resource descriptor's array is
+    /// checked like a handle argument; objects outlive the array they read (CUDA leaves that to the
+    /// application).
+    #[test]
+    fn arrays_and_objects_die_with_their_context_and_descriptors_are_checked() {
+        use crate::descriptors::{CUDA_RESOURCE_DESC, LinearResource, Resource};
+        let mut h = primed();
+        let owner = Owner::in_context(CTX);
+        outs::cuArray3DCreate_v2 {
+            array: 0x500,
+            desc: (),
+        }
+        .register(&mut h, &owner);
+        let tex = |res: Resource| args::cuTexObjectCreate {
+            object: (),
+            res_desc: Box::new(CUDA_RESOURCE_DESC::new(res)),
+            tex_desc: Box::default(),
+            view_desc: None,
+        };
+        assert_eq!(admit(&h, &tex(Resource::Array(0x500))), Ok(()));
+        assert_eq!(
+            admit(&h, &tex(Resource::Array(0x501))),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        assert_eq!(
+            admit(&h, &tex(Resource::Mipmapped(0x500))),
+            Err(CUresult::INVALID_HANDLE)
+        );
+        // Linear memory is a device pointer: the driver's to check.
+        let linear = Resource::Linear(LinearResource {
+            devPtr: 0xdead,
+            ..Default::default()
+        });
+        assert_eq!(admit(&h, &tex(linear)), Ok(()));
+        outs::cuTexObjectCreate {
+            object: 7,
+            ..Default::default()
+        }
+        .register(&mut h, &owner);
+        outs::cuSurfObjectCreate {
+            object: 8,
+            ..Default::default()
+        }
+        .register(&mut h, &owner);
+        let died = h.apply(
+            Effect::Destroy(Kind::Array, 0x500),
+            Some(&ApiReply::cuArrayDestroy(Default::default())),
+        );
+        assert_eq!(died.handles, [(Kind::Array, 0x500)]);
+        assert_eq!(h.check(Kind::TexObject, 7), Ok(()));
+        h.apply(
+            Effect::Destroy(Kind::Context, CTX),
+            Some(&ApiReply::cuCtxDestroy_v2(Default::default())),
+        );
+        assert_eq!(h.check(Kind::TexObject, 7), Err(CUresult::INVALID_HANDLE));
+        assert_eq!(h.check(Kind::SurfObject, 8), Err(CUresult::INVALID_HANDLE));
     }
 
     /// Pools die by `cuMemPoolDestroy` only (they are a device's, not a context's); physical allocations
@@ -1220,7 +1410,7 @@ mod tests {
         args::cuMemCreate {
             handle: (),
             size: 1 << 21,
-            prop: crate::types::CUmemAllocationProp::default(),
+            prop: Box::default(),
             flags: 0,
         }
         .admit(&h, &mut owner)

@@ -14,10 +14,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api::{ApiCall, ApiReply};
+use crate::copy::Copy3D;
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
 
@@ -81,6 +82,31 @@ pub enum Call {
     },
     /// `cuLaunchKernel` and friends. Fire-and-forget unless the client runs in blocking mode.
     LaunchKernel(Launch),
+    /// `cuMemcpy2D`/`cuMemcpy3D` (and their async forms) and the array copies, in canonical form: a host
+    /// source's bytes are the frame's bulk bytes, packed ([`Copy3D`]); a host destination's come back as
+    /// [`Reply::Data`], packed. `stream: None` is the synchronous copy. Pieces fit a frame
+    /// ([`crate::copy::pieces`]).
+    Memcpy3D {
+        /// The copy.
+        copy: Copy3D,
+        /// `None` for the synchronous copy, else the stream handle.
+        stream: Option<u64>,
+    },
+    /// Writes the client's bytes into mirrored memory (managed memory, and host memory the device maps):
+    /// the frame's bulk bytes are the runs' bytes back to back. Executed in request order, so before any
+    /// later launch or copy. Addresses are the server's; each run lies inside one mirrored allocation.
+    /// Fire-and-forget; reply [`Reply::Empty`] if asked.
+    MirrorWrite {
+        /// Where each piece of the bulk bytes goes.
+        runs: Vec<MirrorRun>,
+    },
+    /// Reads mirrored memory, without waiting for any stream (concurrent access, as the device's own
+    /// coherence allows). A range whose bytes hash ([`mirror_hash`]) to the client's `hash` is not sent.
+    /// Reply: [`Reply::Mirror`].
+    MirrorRead {
+        /// The ranges wanted.
+        ranges: Vec<MirrorRange>,
+    },
     /// `cuLaunchKernelEx` (and `cuLaunchCooperativeKernel`) with launch attributes (cluster dimensions,
     /// cooperative, priority, programmatic launch...), which the serving driver gets as given.
     /// Fire-and-forget like [`Call::LaunchKernel`].
@@ -130,6 +156,79 @@ pub struct Launch {
     pub stream: u64,
     /// The packed parameter buffer (`kernelParams` copied per [`FunctionInfo::params`], or `extra`'s buffer).
     pub params: Vec<u8>,
+}
+
+/// Where one piece of a [`Call::MirrorWrite`] goes.
+#[derive(Clone, Copy, Debug, Deserialize, Eq, PartialEq, Serialize)]
+pub struct MirrorRun {
+    /// Server address of the first byte.
+    pub addr: u64,
+    /// Byte count of the range.
+    pub len: u32,
+    /// `false`: the run's bulk bytes are the range's `len` bytes. `true`: they are a bitmap of the bytes
+    /// written (`len.div_ceil(8)` bytes, bit `i % 8` of byte `i / 8` for byte `i`), then those bytes in
+    /// order; the range's other bytes are left as they are.
+    pub masked: bool,
+}
+
+impl MirrorRun {
+    /// How many bulk bytes the run takes, given its bulk bytes from its start (a masked run's bitmap
+    /// says), or `None` if they are too few.
+    pub fn bulk_len(&self, bulk: &[u8]) -> Option<usize> {
+        let len = self.len as usize;
+        if !self.masked {
+            return (bulk.len() >= len).then_some(len);
+        }
+        let mask = bulk.get(..len.div_ceil(8))?;
+        let ones: u32 = mask.iter().map(|b| b.count_ones()).sum();
+        let n = mask.len() + ones as usize;
+        (bulk.len() >= n).then_some(n)
+    }
+
+    /// The contiguous writes of a run whose bulk bytes are exactly `bulk`: `(offset in the range,
+    /// bytes)`, or `None` if `bulk` is not what the run announces.
+    pub fn writes<'a>(&self, bulk: &'a [u8]) -> Option<Vec<(usize, &'a [u8])>> {
+        let len = self.len as usize;
+        if !self.masked {
+            return (bulk.len() == len).then(|| vec![(0, bulk)]);
+        }
+        let (mask, data) = bulk.split_at_checked(len.div_ceil(8))?;
+        let bit = |i: usize| mask[i / 8] & (1 << (i % 8)) != 0;
+        let mut out = Vec::new();
+        let (mut taken, mut i) = (0usize, 0usize);
+        while i < len {
+            if !bit(i) {
+                i += 1;
+                continue;
+            }
+            let from = i;
+            while i < len && bit(i) {
+                i += 1;
+            }
+            out.push((from, data.get(taken..taken + (i - from))?));
+            taken += i - from;
+        }
+        (taken == data.len()).then_some(out)
+    }
+}
+
+/// One range of a [`Call::MirrorRead`].
+#[derive(Clone, Copy, Debug, Deserialize, Eq, PartialEq, Serialize)]
+pub struct MirrorRange {
+    /// Server address of the first byte.
+    pub addr: u64,
+    /// Byte count.
+    pub len: u32,
+    /// [`mirror_hash`] of the bytes the client holds, if it holds any worth keeping.
+    pub hash: Option<[u8; 16]>,
+}
+
+/// The hash by which a [`Call::MirrorRead`] skips ranges the client already holds (BLAKE3, 128 bits: a
+/// collision would silently keep stale bytes, so a cryptographic hash).
+pub fn mirror_hash(bytes: &[u8]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&blake3::hash(bytes).as_bytes()[..16]);
+    out
 }
 
 /// One `CUlaunchAttribute`: its id and its 64-byte value, as the application wrote them.
@@ -202,6 +301,13 @@ pub enum Reply {
     Library {
         /// `CUlibrary`.
         handle: u64,
+    },
+    /// Answer to [`Call::MirrorRead`]: which ranges changed; their bytes, back to back, are the frame's bulk
+    /// bytes.
+    Mirror {
+        /// Per requested range: `true` if its bytes follow (they differ from the client's hash, or no
+        /// hash was given), `false` if the client's copy is current.
+        fresh: Vec<bool>,
     },
     /// The server does not have the image a [`Call::LoadImage`] named: send it.
     ImageWanted,
@@ -280,6 +386,31 @@ impl FunctionInfo {
 mod tests {
     use super::*;
     use crate::frame::{self, FrameReader};
+
+    #[test]
+    fn masked_runs_write_only_their_bytes() {
+        let run = MirrorRun {
+            addr: 0x1000,
+            len: 12,
+            masked: true,
+        };
+        // Bytes 1, 2 and 9 of the range: bitmap 0b0000_0110, 0b0000_0010.
+        let bulk = [0b0000_0110, 0b0000_0010, 7, 8, 9];
+        assert_eq!(run.bulk_len(&bulk), Some(5));
+        assert_eq!(
+            run.writes(&bulk),
+            Some(vec![(1, &[7u8, 8][..]), (9, &[9u8][..])])
+        );
+        // Too few or too many bytes for the bitmap are refused.
+        assert_eq!(run.writes(&bulk[..4]), None);
+        assert_eq!(run.bulk_len(&bulk[..4]), None);
+        let plain = MirrorRun {
+            masked: false,
+            ..run
+        };
+        assert_eq!(plain.bulk_len(&[0; 20]), Some(12));
+        assert_eq!(plain.writes(&[0; 11]), None);
+    }
 
     #[test]
     fn requests_travel_with_their_bulk_bytes() {

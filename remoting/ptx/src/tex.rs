@@ -31,6 +31,23 @@ impl ChannelFormat {
         matches!(self, ChannelFormat::F16 | ChannelFormat::F32)
     }
 
+    fn signed(self) -> bool {
+        matches!(
+            self,
+            ChannelFormat::S8 | ChannelFormat::S16 | ChannelFormat::S32
+        )
+    }
+
+    /// The integer that reads as 1.0 in the normalized read mode (8- and 16-bit formats).
+    fn norm_max(self) -> u32 {
+        match self {
+            ChannelFormat::U8 => 255,
+            ChannelFormat::S8 => 127,
+            ChannelFormat::U16 => 65535,
+            _ => 32767,
+        }
+    }
+
     /// Whether the default (non-integer) read mode turns it into a normalized float.
     fn promotes(self) -> bool {
         matches!(
@@ -71,6 +88,9 @@ pub struct Resource {
     pub depth: u64,
     /// Layers of a layered array, 0 when not layered.
     pub layers: u64,
+    /// The dimensions the resource was declared with: 1 (linear memory, 1D arrays), 2 (pitch-2D images, 2D
+    /// arrays) or 3. `txq`/`suq` answer 0 for the extents beyond them, as the hardware does.
+    pub dims: u8,
     /// A cubemap array: refused when sampled.
     pub cubemap: bool,
     /// Bytes from one row to the next.
@@ -92,6 +112,7 @@ impl Resource {
             height: 1,
             depth: 1,
             layers: 0,
+            dims: 1,
             cubemap: false,
             row_pitch: bytes,
             slice_pitch: bytes,
@@ -116,6 +137,7 @@ impl Resource {
             height,
             depth: 1,
             layers: 0,
+            dims: 2,
             cubemap: false,
             row_pitch,
             slice_pitch: row_pitch.saturating_mul(height),
@@ -126,7 +148,9 @@ impl Resource {
     /// a slice follow each other (`row_pitch = width * elem_bytes()`), then slices (`slice_pitch = height *
     /// row_pitch`), then layers (`depth * slice_pitch` each). `width`, `height`, `depth` of 0 count as 1;
     /// `layers` is 0 for an array that is not layered. This is the layout the owner of the array's storage
-    /// (the emu backend) must use.
+    /// (the emu backend) must use. The declared dimensions (`dims`) are 1 with a `height` of 0, 2 with a
+    /// `depth` of 0, else 3; a layered array has 1 or 2 whatever its `depth` (CUDA has no layered 3D arrays,
+    /// and a caller may give a layered array's single slice as a depth of 1).
     pub fn array(
         base: u64,
         format: ChannelFormat,
@@ -135,6 +159,13 @@ impl Resource {
         layers: u64,
     ) -> Resource {
         let elem = format.size() as u64 * u64::from(channels);
+        let dims = if height == 0 {
+            1
+        } else if depth == 0 || layers > 0 {
+            2
+        } else {
+            3
+        };
         let (width, height, depth) = (width.max(1), height.max(1), depth.max(1));
         let row_pitch = width.saturating_mul(elem);
         Resource {
@@ -146,6 +177,7 @@ impl Resource {
             height,
             depth,
             layers,
+            dims,
             cubemap: false,
             row_pitch,
             slice_pitch: row_pitch.saturating_mul(height),
@@ -235,32 +267,44 @@ pub struct SurfaceDesc {
 /// descriptors. [`crate::launch_with`] asks once per distinct handle per worker thread; a handle it does not
 /// know (`None`) fails the launch with [`crate::ExecError::InvalidHandle`].
 ///
-/// Semantics (CUDA's, as its programming guide states them):
+/// Semantics: CUDA's documented rules, with what they leave open settled by recordings on an H200 (driver
+/// 580; `conformance/cases/tex*`, `tld4*`, `surf*`), which the interpreter reproduces bit for bit:
 /// - Texel coordinates: unnormalized coordinates address texel `i` over `[i, i + 1)`; normalized ones are
-///   multiplied by the dimension's size first. Point filtering takes texel `floor(x)`. Linear filtering takes
-///   `xb = x - 0.5`, converts it to fixed point with 8 fractional bits (rounded to nearest), and blends
-///   texels `floor(xb)` and `floor(xb) + 1` with weights `1 - a` and `a` (so `a` is a multiple of 1/256,
-///   1.0 included), per dimension (2 taps in 1D, 4 in 2D, 8 in 3D), in f64 rounded once to f32.
+///   multiplied by the dimension's size first (in f32). Point filtering takes texel `floor(x)`.
+/// - A 1D array is sampled as a 2D image one texel high at `y = 0` (its `y` address mode applies): linear
+///   filtering blends in the row above at weight 1/2, which shows as half the border colour in border mode.
+/// - Linear filtering: `xb = x - 0.5` in fixed point with 8 fractional bits (nearest, halves up) gives the
+///   lower texel `floor(xb)` and the upper texel's weight `a` in 1/256 steps. In clamp mode a coordinate
+///   outside the texel centres is first moved onto the edge centre (weight 0). The corner weights, in 1/256
+///   steps summing to 1, split the whole weight along z by `c` (exact), then along x by `a`, then along y
+///   by `b`, each split rounded to 1/256 (halves up): the upper part is rounded, except along y in the lower
+///   x column, where the lower part is (so a 2D footprint has `round(a·b)` and `round((1-a)(1-b))` on its
+///   diagonal). Taps of weight 0 are not read.
+/// - Blending is exact and rounded once, halves away from zero: to f32 for f32 texels, to f16 for f16 texels.
+///   8- and 16-bit unsigned normalized texels blend in 16-bit fixed point (8-bit values widened to 16 bits by
+///   repeating their byte, the sum rounded halves up to 16 bits) and read as that over 65535; signed
+///   normalized texels (not recorded) blend exactly, rounded to f32 halves away.
 /// - Address modes act on texel indices: clamp to `[0, n - 1]`; border gives the border colour for a tap
 ///   outside; wrap takes the index modulo `n`; mirror reflects with period `2n`. Wrap and mirror exist only
 ///   with normalized coordinates: with unnormalized ones they act as clamp, as on the hardware.
 /// - Read modes: 8- and 16-bit integer formats read as normalized floats (`u/255`, `u/65535`,
 ///   `max(s/127, -1)`, `max(s/32767, -1)`) unless `read_as_integer`; 32-bit integers are never promoted;
-///   f16 and f32 read as f32. Channels missing from the format read as 0, alpha as 1.
+///   f16 and f32 read as f32. Channels missing from the format read as 0, alpha included.
+/// - The border colour acts as a texel of the texture's format: channels the format lacks are 0, and for
+///   normalized integer formats it is truncated to the format's steps (0.5 reads back as 32767/65535 from a
+///   16-bit format). Not recorded, hence the interpreter's choice: f16 rounds it to nearest, integer reads
+///   take its integer part.
 /// - Integer coordinates (`.s32`): texel indices, point-sampled; on linear memory (`tex1Dfetch`) an index
 ///   outside the buffer reads zero.
 /// - `tld4` returns one component of the four texels of the bilinear footprint, counter-clockwise from the
-///   lower left: `(i0, j1), (i1, j1), (i1, j0), (i0, j0)`.
+///   lower left: `(i0, j1), (i1, j1), (i1, j0), (i0, j0)`, no coordinate clamping.
 /// - Surfaces (`suld.b`/`sust.b`): the x coordinate is a byte offset (a multiple of the access size), y and z
 ///   are rows and slices. Out of range: `.trap` faults, `.clamp` clamps each coordinate into the surface,
 ///   `.zero` loads zero and drops stores.
 /// - Layered geometries (`a1d`, `a2d`): the first coordinate is the layer, clamped to the layers present.
-/// - `txq`/`suq` answer `width`, `height`, `depth` (in texels; 1 for a dimension the resource lacks) and
-///   `array_size`; other queries are refused.
-///
-/// The points no document settles (the rounding of the fixed-point weights, missing channels, border colour
-/// of integer reads, what the queries return for absent dimensions) are exercised by the conformance cases
-/// recorded on a GPU (`conformance/cases/tex*`, `tld4*`, `surf*`).
+/// - `txq`/`suq` answer `width`, `height`, `depth` in texels, 0 beyond the dimensions the resource was
+///   declared with ([`Resource::dims`]; a 2D array's depth reads 0 on the GPU), and `array_size`; other
+///   queries are refused.
 ///
 /// Refused as [`crate::ExecError::Unsupported`] rather than answered wrongly: mipmapped resources and LOD
 /// forms, cubemaps, sRGB, linear filtering of integer reads, float coordinates on linear memory, a result type
@@ -346,7 +390,17 @@ fn unsupported<T>(why: impl Into<String>) -> TexResult<T> {
     Err(TexError::Unsupported(why.into()))
 }
 
-/// One texel's four channels: floats, or integer bits (for integer reads).
+/// One texel's channels as stored, before any read-mode conversion. Channels the format lacks are 0,
+/// alpha included (as the GPU returns them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stored {
+    /// 8-, 16- and 32-bit integer channels, sign-extended for the signed formats.
+    Int([i64; 4]),
+    /// f16 and f32 channels.
+    Float([f32; 4]),
+}
+
+/// What `tex`/`tld4` return for one texel: floats, or integer bits (for integer reads).
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Texel {
     F([f32; 4]),
@@ -354,48 +408,115 @@ enum Texel {
 }
 
 /// Reads texel `(x, y, z)` of `layer` (all in range).
-fn texel(
+fn stored(
     desc: &TextureDesc,
     mem: &dyn GlobalMemory,
     [x, y, z]: [u64; 3],
     layer: u64,
-) -> TexResult<Texel> {
+) -> TexResult<Stored> {
     let r = &desc.resource;
     let addr = texel_addr(r, x, y, z, layer)?;
     let elem = r.elem_bytes() as usize;
     let mut raw = [0u8; 16];
     mem.read(addr, &mut raw[..elem])?;
     let size = r.format.size();
-    let mut f = [0.0, 0.0, 0.0, 1.0];
-    let mut i = [0u32, 0, 0, 1];
-    for c in 0..r.channels as usize {
+    let channel = |c: usize| -> u32 {
         let b = &raw[c * size..c * size + size];
-        let bits = match size {
+        match size {
             1 => u32::from(b[0]),
             2 => u32::from(u16::from_le_bytes([b[0], b[1]])),
             _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        };
-        use ChannelFormat as C;
-        f[c] = match r.format {
-            C::U8 => bits as f32 / 255.0,
-            C::U16 => bits as f32 / 65535.0,
-            C::S8 => (f32::from(bits as u8 as i8) / 127.0).max(-1.0),
-            C::S16 => (f32::from(bits as u16 as i16) / 32767.0).max(-1.0),
-            C::F16 => half::f16::from_bits(bits as u16).to_f32(),
-            C::F32 => f32::from_bits(bits),
-            C::U32 | C::S32 => 0.0,
-        };
-        i[c] = match r.format {
-            C::S8 => i32::from(bits as u8 as i8) as u32,
-            C::S16 => i32::from(bits as u16 as i16) as u32,
-            _ => bits,
-        };
-    }
-    Ok(if desc.reads_float() {
-        Texel::F(f)
-    } else {
-        Texel::I(i)
+        }
+    };
+    let present = usize::from(r.channels).min(4);
+    use ChannelFormat as C;
+    Ok(match r.format {
+        C::F16 | C::F32 => Stored::Float(std::array::from_fn(|c| {
+            if c >= present {
+                return 0.0;
+            }
+            let bits = channel(c);
+            if r.format == C::F16 {
+                half::f16::from_bits(bits as u16).to_f32()
+            } else {
+                f32::from_bits(bits)
+            }
+        })),
+        f => Stored::Int(std::array::from_fn(|c| {
+            if c >= present {
+                return 0;
+            }
+            let bits = channel(c);
+            match f {
+                C::S8 => i64::from(bits as u8 as i8),
+                C::S16 => i64::from(bits as u16 as i16),
+                C::S32 => i64::from(bits as i32),
+                _ => i64::from(bits),
+            }
+        })),
     })
+}
+
+/// The border colour in the texture's own format, as if it were a stored texel. 8- and 16-bit normalized
+/// formats hold it truncated to their integer steps (0.5 reads back as 32767/65535 from a u16 texture), f16
+/// rounds it to the nearest half, integer reads take its integer part; channels the format lacks are 0.
+fn border_stored(desc: &TextureDesc) -> Stored {
+    let present = |c: usize| c < usize::from(desc.resource.channels);
+    let b = desc.border;
+    use ChannelFormat as C;
+    let f = desc.resource.format;
+    if f.is_float() {
+        return Stored::Float(std::array::from_fn(|c| match (present(c), f) {
+            (false, _) => 0.0,
+            (true, C::F16) => half::f16::from_f32(b[c]).to_f32(),
+            (true, _) => b[c],
+        }));
+    }
+    Stored::Int(std::array::from_fn(|c| {
+        if !present(c) {
+            return 0;
+        }
+        let v = f64::from(b[c]);
+        if desc.read_as_integer || !f.promotes() {
+            // Saturating, NaN to 0.
+            return i64::from(v as i32);
+        }
+        let max = f64::from(f.norm_max());
+        let lo = if f.signed() { -1.0 } else { 0.0 };
+        let v = if v.is_nan() { 0.0 } else { v.clamp(lo, 1.0) };
+        (v * max).trunc() as i64
+    }))
+}
+
+/// A stored texel as the read mode returns it, unfiltered.
+fn point_value(desc: &TextureDesc, s: Stored) -> Texel {
+    match s {
+        Stored::Float(f) => Texel::F(f),
+        Stored::Int(i) if desc.reads_float() => {
+            let f = desc.resource.format;
+            let max = i64::from(f.norm_max());
+            // The most negative signed value reads as -1, like its successor.
+            Texel::F(i.map(|v| v.max(-max) as f32 / max as f32))
+        }
+        Stored::Int(i) => Texel::I(i.map(|v| v as i32 as u32)),
+    }
+}
+
+/// Reads the tap at texel indices `idx` (the address modes applied; `None` in a dimension is a border tap).
+fn tap(
+    desc: &TextureDesc,
+    mem: &dyn GlobalMemory,
+    idx: [Option<i64>; 3],
+    layer: u64,
+) -> TexResult<Stored> {
+    let mut at = [0u64; 3];
+    for d in 0..3 {
+        match idx[d] {
+            Some(i) => at[d] = i as u64,
+            None => return Ok(border_stored(desc)),
+        }
+    }
+    stored(desc, mem, at, layer)
 }
 
 fn texel_addr(r: &Resource, x: u64, y: u64, z: u64, layer: u64) -> TexResult<u64> {
@@ -427,13 +548,18 @@ fn sizes(r: &Resource) -> [i64; 3] {
     [extent(r.width), extent(r.height), extent(r.depth)]
 }
 
-/// Maps texel index `i` of a dimension of `n` texels into range, or `None` for a border tap.
-fn address(i: i64, n: i64, mode: AddressMode, normalized: bool) -> Option<i64> {
-    let mode = match mode {
+/// The mode an address mode acts as: wrap and mirror exist only with normalized coordinates; with
+/// unnormalized ones they clamp, as on the hardware.
+fn effective_mode(mode: AddressMode, normalized: bool) -> AddressMode {
+    match mode {
         AddressMode::Wrap | AddressMode::Mirror if !normalized => AddressMode::Clamp,
         m => m,
-    };
-    match mode {
+    }
+}
+
+/// Maps texel index `i` of a dimension of `n` texels into range, or `None` for a border tap.
+fn address(i: i64, n: i64, mode: AddressMode, normalized: bool) -> Option<i64> {
+    match effective_mode(mode, normalized) {
         AddressMode::Clamp => Some(i.clamp(0, n - 1)),
         AddressMode::Border => (0..n).contains(&i).then_some(i),
         AddressMode::Wrap => Some(i.rem_euclid(n)),
@@ -444,16 +570,63 @@ fn address(i: i64, n: i64, mode: AddressMode, normalized: bool) -> Option<i64> {
     }
 }
 
-/// A float coordinate scaled to texels (normalized coordinates times the size).
+/// A float coordinate scaled to texels (normalized coordinates times the size, in f32).
 fn texel_coord(c: f32, n: i64, normalized: bool) -> f32 {
     let c = if c.is_nan() { 0.0 } else { c };
     if normalized { c * n as f32 } else { c }
 }
 
-/// `xb = x - 0.5` in fixed point with 8 fractional bits, rounded to nearest: `(floor, weight/256)`.
-fn linear_split(x: f32) -> (i64, i64) {
-    let fixed = ((f64::from(x) - 0.5) * 256.0).round() as i64;
-    (fixed >> 8, fixed & 255)
+/// `xb = x - 0.5` in fixed point with 8 fractional bits, rounded to nearest (halves up): the lower texel
+/// and the weight of the upper one in 1/256 steps.
+fn linear_split(xb: f64) -> (i64, u32) {
+    let fixed = (xb * 256.0 + 0.5).floor() as i64;
+    (fixed >> 8, (fixed & 255) as u32)
+}
+
+/// The weights, in 1/256 steps summing to 256, of the corners of a linear-filter footprint whose upper
+/// texels have the weights `frac` (one per dimension). Corner `k` has bit `d` set for the upper texel of
+/// dimension `d`.
+///
+/// The hardware splits the whole weight dimension by dimension, z first, then x, then y, rounding each
+/// split to 1/256 (halves up): the upper part `round(w * f / 256)` when splitting along z and x and in the
+/// upper x column along y, the lower part `round(w * (256 - f) / 256)` in the lower x column along y (the
+/// rest goes to the other part). So a 2D footprint gets `round(a*b)` and `round((1-a)*(1-b))` on its
+/// diagonal corners; the 1D weights are the fraction itself.
+fn linear_weights(frac: &[u32]) -> ([u32; 8], usize) {
+    /// Splits `w` into (lower, upper) by the upper fraction `f`, rounding the part `round_upper` says.
+    fn split(w: u32, f: u32, round_upper: bool) -> (u32, u32) {
+        if round_upper {
+            let hi = (w * f + 128) >> 8;
+            (w - hi, hi)
+        } else {
+            let lo = (w * (256 - f) + 128) >> 8;
+            (lo, w - lo)
+        }
+    }
+    let mut w = [0u32; 8];
+    match *frac {
+        [a] => {
+            w[0] = 256 - a;
+            w[1] = a;
+            (w, 2)
+        }
+        [a, b] | [a, b, _] => {
+            let slices = match frac.get(2) {
+                Some(&c) => split(256, c, true),
+                None => (256, 0),
+            };
+            for (z, q) in [slices.0, slices.1].into_iter().enumerate() {
+                let (x0, x1) = split(q, a, true);
+                for (x, col) in [x0, x1].into_iter().enumerate() {
+                    let (y0, y1) = split(col, b, x == 1);
+                    w[z << 2 | x] = y0;
+                    w[z << 2 | 2 | x] = y1;
+                }
+            }
+            (w, if frac.len() == 3 { 8 } else { 4 })
+        }
+        _ => (w, 0),
+    }
 }
 
 /// The coordinates of a `tex`/`tld4` lane: the layer and up to three spatial coordinates, as floats or
@@ -514,7 +687,6 @@ pub fn sample(
 ) -> TexResult<[u32; 4]> {
     let layer = prepare(desc, geom, at, ty)?;
     let r = &desc.resource;
-    let dims = geom.dims();
     let n = sizes(r);
     if r.kind == ResourceKind::Linear {
         // tex1Dfetch: no address mode, zero outside the buffer.
@@ -522,70 +694,256 @@ pub fn sample(
         if !(0..n[0]).contains(&i) {
             return Ok([0; 4]);
         }
-        return Ok(bits(texel(desc, mem, [i as u64, 0, 0], layer)?));
+        return Ok(bits(point_value(
+            desc,
+            stored(desc, mem, [i as u64, 0, 0], layer)?,
+        )));
     }
-    let border = || -> Texel {
-        if desc.reads_float() {
-            Texel::F(desc.border)
-        } else {
-            Texel::I(desc.border.map(|v| v as i32 as u32))
-        }
-    };
-    // Reads the tap at per-dimension texel indices (unused dimensions at 0), border taps from the colour.
-    let tap = |idx: [i64; 3]| -> TexResult<Texel> {
-        let mut at3 = [0u64; 3];
-        for d in 0..3 {
-            let i = if d < dims { idx[d] } else { 0 };
-            match address(i, n[d], desc.address[d], desc.normalized_coords) {
-                Some(i) => at3[d] = i as u64,
-                None => return Ok(border()),
-            }
-        }
-        texel(desc, mem, at3, layer)
-    };
+    // Per-dimension texel index through the address mode (unused dimensions at 0).
+    let index = |d: usize, i: i64| address(i, n[d], desc.address[d], desc.normalized_coords);
     if at.int {
-        let idx = [0, 1, 2].map(|d| i64::from(at.c[d] as i32));
-        return Ok(bits(tap(idx)?));
+        let idx = std::array::from_fn(|d| {
+            let i = if d < geom.dims() {
+                i64::from(at.c[d] as i32)
+            } else {
+                0
+            };
+            index(d, i)
+        });
+        return Ok(bits(point_value(desc, tap(desc, mem, idx, layer)?)));
     }
-    let x: Vec<f32> = (0..dims)
-        .map(|d| texel_coord(f32::from_bits(at.c[d]), n[d], desc.normalized_coords))
-        .collect();
-    if desc.filter == FilterMode::Point {
-        let mut idx = [0i64; 3];
-        for d in 0..dims {
-            idx[d] = x[d].floor() as i64;
+    // A 1D array is sampled as a 2D image one texel high at y = 0: the linear filter blends in the row
+    // above it, which only shows in border mode (half the border colour).
+    let dims = geom.dims().max(2);
+    let x: [f32; 3] = std::array::from_fn(|d| {
+        if d < geom.dims() {
+            texel_coord(f32::from_bits(at.c[d]), n[d], desc.normalized_coords)
+        } else {
+            0.0
         }
-        return Ok(bits(tap(idx)?));
+    });
+    if desc.filter == FilterMode::Point {
+        let idx = std::array::from_fn(|d| index(d, if d < dims { x[d].floor() as i64 } else { 0 }));
+        return Ok(bits(point_value(desc, tap(desc, mem, idx, layer)?)));
     }
     if !desc.reads_float() {
         return unsupported("linear filtering of a texture read as integers");
     }
     let mut base = [0i64; 3];
-    let mut frac = [0i64; 3];
+    let mut frac = [0u32; 3];
     for d in 0..dims {
-        (base[d], frac[d]) = linear_split(x[d]);
+        let mut xb = f64::from(x[d]) - 0.5;
+        if effective_mode(desc.address[d], desc.normalized_coords) == AddressMode::Clamp {
+            // Clamped outside the texel centres, both taps are the edge texel: the hardware then weighs
+            // them as if the coordinate sat on that centre (this shows in the rounding of 3D weights).
+            xb = xb.clamp(0.0, (n[d] - 1) as f64);
+        }
+        (base[d], frac[d]) = linear_split(xb);
     }
-    let mut acc = [0f64; 4];
-    for corner in 0..(1usize << dims) {
-        let mut idx = [0i64; 3];
-        let mut w = 1f64;
-        for d in 0..dims {
-            let hi = corner >> d & 1 == 1;
-            idx[d] = base[d].saturating_add(i64::from(hi));
-            let a = frac[d] as f64 / 256.0;
-            w *= if hi { a } else { 1.0 - a };
+    let (weights, corners) = linear_weights(&frac[..dims]);
+    let mut taps = [(0u32, Stored::Int([0; 4])); 8];
+    for (k, t) in taps.iter_mut().enumerate().take(corners) {
+        let idx = std::array::from_fn(|d| {
+            if d < dims {
+                index(d, base[d].saturating_add((k >> d & 1) as i64))
+            } else {
+                index(d, 0)
+            }
+        });
+        // A tap of weight 0 is not read (nor is its NaN or infinity blended).
+        if weights[k] != 0 {
+            *t = (weights[k], tap(desc, mem, idx, layer)?);
         }
-        if w == 0.0 {
-            continue;
+    }
+    let taps = &taps[..corners];
+    Ok(std::array::from_fn(|c| {
+        filter_channel(r.format, taps, c).to_bits()
+    }))
+}
+
+/// Channel `c` of the taps blended with their weights (1/256 steps summing to 256).
+///
+/// The hardware blends exactly and rounds once, halves away from zero: f32 texels to f32, f16 texels to
+/// f16; 8- and 16-bit normalized texels are blended as 16-bit fixed point (8-bit values widened to 16 bits
+/// by repeating their byte) and the 16-bit result converted to a float; signed normalized ones (nothing
+/// recorded) are blended exactly and rounded to f32.
+fn filter_channel(format: ChannelFormat, taps: &[(u32, Stored)], c: usize) -> f32 {
+    use ChannelFormat as C;
+    let ints = || {
+        taps.iter().map(move |&(w, s)| match s {
+            Stored::Int(i) => (i64::from(w), i[c]),
+            Stored::Float(_) => (0, 0),
+        })
+    };
+    match format {
+        C::F32 | C::F16 => {
+            let floats = taps.iter().map(|&(w, s)| match s {
+                Stored::Float(f) => (w, f[c]),
+                Stored::Int(_) => (0, 0.0),
+            });
+            let (bits, min_exp) = if format == C::F16 {
+                (11, -24)
+            } else {
+                (24, -149)
+            };
+            round_weighted_sum(floats, bits, min_exp)
         }
-        let Texel::F(v) = tap(idx)? else {
-            return unsupported("linear filtering of integer texels");
+        C::U8 | C::U16 => {
+            let widen = if format == C::U8 { 257 } else { 1 };
+            let sum: i64 = ints().map(|(w, v)| w * v * widen).sum();
+            ((sum + 128) >> 8) as f32 / 65535.0
+        }
+        C::S8 | C::S16 => {
+            let max = i64::from(format.norm_max());
+            let sum: i64 = ints().map(|(w, v)| w * v.max(-max)).sum();
+            // Correctly rounded in f64, then to f32 halves away: an f32 halfway point is never within
+            // the f64 error of a quotient of these small integers.
+            f32_ties_away(sum as f64 / (256 * max) as f64)
+        }
+        C::U32 | C::S32 => 0.0,
+    }
+}
+
+/// `x` rounded to f32, halves away from zero.
+fn f32_ties_away(x: f64) -> f32 {
+    let r = x as f32;
+    let err = x - f64::from(r);
+    if err == 0.0 || !x.is_finite() {
+        return r;
+    }
+    // The neighbour on the other side of `x`; `x` halfway between them rounds away from zero.
+    let other = if err > 0.0 {
+        r.next_up()
+    } else {
+        r.next_down()
+    };
+    if (f64::from(other) - x).abs() == err.abs() && other.abs() > r.abs() {
+        other
+    } else {
+        r
+    }
+}
+
+/// `Σ w·v / 256` for taps of weight `w` (at most 256 in all) and finite float value `v`, computed exactly
+/// and rounded once to a float of `bits` significant bits whose smallest step is 2^`min_exp` (f32: 24 and
+/// -149; f16: 11 and -24), halves away from zero. A NaN or infinite tap gives what float arithmetic does.
+fn round_weighted_sum(
+    terms: impl Iterator<Item = (u32, f32)> + Clone,
+    bits: u32,
+    min_exp: i32,
+) -> f32 {
+    if terms.clone().any(|(w, v)| w != 0 && !v.is_finite()) {
+        return terms
+            .filter(|&(w, _)| w != 0)
+            .map(|(w, v)| f64::from(w) * f64::from(v))
+            .sum::<f64>() as f32;
+    }
+    let mut acc = Wide::default();
+    for (w, v) in terms {
+        let b = v.to_bits();
+        let (exp, frac) = ((b >> 23) & 0xff, u64::from(b & 0x7f_ffff));
+        // v = m · 2^e2 exactly.
+        let (m, e2) = if exp == 0 {
+            (frac, -149)
+        } else {
+            (frac | 1 << 23, exp as i32 - 150)
         };
-        for c in 0..4 {
-            acc[c] += w * f64::from(v[c]);
+        // Bit 0 of the accumulator weighs 2^WIDE_UNIT_EXP, and w·m·2^e2 / 256 has its last bit at 2^(e2 - 8).
+        let shift = (e2 - 8 - WIDE_UNIT_EXP) as u32;
+        acc.add(u64::from(w) * m, shift, b >> 31 == 1);
+    }
+    let negative = acc.is_negative();
+    if negative {
+        acc.negate();
+    }
+    let Some(top) = acc.highest_bit() else {
+        return 0.0;
+    };
+    let min_pos = (min_exp - WIDE_UNIT_EXP) as u32;
+    let step = (top + 1).saturating_sub(bits).max(min_pos);
+    let mut mant = acc.bits_from(step);
+    if step > 0 && acc.bit(step - 1) {
+        mant += 1;
+    }
+    let magnitude = mant as f64 * pow2(step as i32 + WIDE_UNIT_EXP);
+    (if negative { -magnitude } else { magnitude }) as f32
+}
+
+/// 2^e for e in f64's normal range.
+fn pow2(e: i32) -> f64 {
+    f64::from_bits(((e + 1023) as u64) << 52)
+}
+
+/// The weight of bit 0 of [`Wide`]: the last bit of a subnormal f32 divided by 256.
+const WIDE_UNIT_EXP: i32 = -157;
+
+/// A 320-bit two's complement integer, enough for the exact sum of a few f32 values times 9-bit weights:
+/// the largest such product has its top bit at 2^(128 + 9), i.e. bit 294.
+#[derive(Debug, Default, Clone, Copy)]
+struct Wide([u64; 5]);
+
+impl Wide {
+    /// Adds (or subtracts) `v << shift`, `v` below 2^40 and `shift` at most 260.
+    fn add(&mut self, v: u64, shift: u32, subtract: bool) {
+        let mut x = [0u64; 5];
+        let (limb, bit) = ((shift / 64) as usize, shift % 64);
+        x[limb] = v << bit;
+        if bit > 0 && limb + 1 < x.len() {
+            x[limb + 1] = v >> (64 - bit);
+        }
+        if subtract {
+            let mut borrow = false;
+            for (a, b) in self.0.iter_mut().zip(x) {
+                let (d, o1) = a.overflowing_sub(b);
+                let (d, o2) = d.overflowing_sub(u64::from(borrow));
+                *a = d;
+                borrow = o1 || o2;
+            }
+        } else {
+            let mut carry = false;
+            for (a, b) in self.0.iter_mut().zip(x) {
+                let (s, o1) = a.overflowing_add(b);
+                let (s, o2) = s.overflowing_add(u64::from(carry));
+                *a = s;
+                carry = o1 || o2;
+            }
         }
     }
-    Ok(acc.map(|v| (v as f32).to_bits()))
+
+    fn is_negative(&self) -> bool {
+        self.0[4] >> 63 == 1
+    }
+
+    fn negate(&mut self) {
+        let mut carry = true;
+        for a in &mut self.0 {
+            let (s, o) = (!*a).overflowing_add(u64::from(carry));
+            *a = s;
+            carry = o;
+        }
+    }
+
+    fn highest_bit(&self) -> Option<u32> {
+        (0..5)
+            .rev()
+            .find(|&i| self.0[i] != 0)
+            .map(|i| i as u32 * 64 + 63 - self.0[i].leading_zeros())
+    }
+
+    fn bit(&self, pos: u32) -> bool {
+        self.0[(pos / 64) as usize] >> (pos % 64) & 1 == 1
+    }
+
+    /// The 64 bits from bit `pos` up.
+    fn bits_from(&self, pos: u32) -> u64 {
+        let (limb, bit) = ((pos / 64) as usize, pos % 64);
+        let lo = self.0.get(limb).map_or(0, |v| v >> bit);
+        let hi = match (bit, self.0.get(limb + 1)) {
+            (0, _) | (_, None) => 0,
+            (b, Some(v)) => v << (64 - b),
+        };
+        lo | hi
+    }
 }
 
 /// `tld4`: component `comp` of the four texels of the bilinear footprint.
@@ -606,27 +964,27 @@ pub fn gather(
     let mut base = [0i64; 2];
     for d in 0..2 {
         let x = texel_coord(f32::from_bits(at.c[d]), n[d], desc.normalized_coords);
-        base[d] = linear_split(x).0;
+        base[d] = linear_split(f64::from(x) - 0.5).0;
     }
-    let tap = |dx: i64, dy: i64| -> TexResult<u32> {
-        let idx = [base[0].saturating_add(dx), base[1].saturating_add(dy)];
-        let mut at3 = [0u64; 3];
-        for d in 0..2 {
-            match address(idx[d], n[d], desc.address[d], desc.normalized_coords) {
-                Some(i) => at3[d] = i as u64,
-                None => {
-                    let b = desc.border[comp];
-                    return Ok(if desc.reads_float() {
-                        b.to_bits()
-                    } else {
-                        b as i32 as u32
-                    });
-                }
-            }
-        }
-        Ok(bits(texel(desc, mem, at3, layer)?)[comp])
+    let corner = |dx: i64, dy: i64| -> TexResult<u32> {
+        let idx = [
+            address(
+                base[0].saturating_add(dx),
+                n[0],
+                desc.address[0],
+                desc.normalized_coords,
+            ),
+            address(
+                base[1].saturating_add(dy),
+                n[1],
+                desc.address[1],
+                desc.normalized_coords,
+            ),
+            Some(0),
+        ];
+        Ok(bits(point_value(desc, tap(desc, mem, idx, layer)?))[comp])
     };
-    Ok([tap(0, 1)?, tap(1, 1)?, tap(1, 0)?, tap(0, 0)?])
+    Ok([corner(0, 1)?, corner(1, 1)?, corner(1, 0)?, corner(0, 0)?])
 }
 
 fn bits(t: Texel) -> [u32; 4] {
@@ -758,10 +1116,14 @@ impl Query {
         })
     }
 
+    /// The answer for resource `r`: extents beyond the dimensions it was declared with are 0 (a 2D
+    /// array's depth, recorded on the GPU), as are the layers of an array that is not layered.
     pub fn answer(self, r: &Resource) -> u32 {
         let v = match self {
             Query::Width => r.width,
+            Query::Height if r.dims < 2 => 0,
             Query::Height => r.height,
+            Query::Depth if r.dims < 3 => 0,
             Query::Depth => r.depth,
             Query::ArraySize => r.layers,
         };
@@ -830,9 +1192,135 @@ mod tests {
         d.address[0] = AddressMode::Border;
         d.border = [10.0, 0.0, 0.0, 0.0];
         assert_eq!(s(&d, Geom::D1, at(0.0, 0.0), &mem), 5.5);
-        // Missing channels: (v, 0, 0, 1).
+        // Missing channels read 0, alpha too.
         let all = sample(&d, Geom::D1, &at(1.5, 0.0), TexType::F32, &mem).unwrap();
-        assert_eq!(all.map(f32::from_bits), [2.0, 0.0, 0.0, 1.0]);
+        assert_eq!(all.map(f32::from_bits), [2.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn one_d_arrays_blend_the_border_row_above() {
+        let mut mem = FlatMemory::new(1 << 16);
+        let mut r = f32_tex(&mut mem, 4, 1, &[1.0, 2.0, 4.0, 8.0]);
+        r = Resource::array(r.base, r.format, 1, [4, 0, 0], 0);
+        assert_eq!((r.dims, r.height), (1, 1));
+        let mut d = TextureDesc::new(r);
+        d.filter = FilterMode::Linear;
+        d.address = [AddressMode::Border; 3];
+        d.border = [10.0, 20.0, 30.0, 40.0];
+        // Row 0 at y = 0 is half the texel row and half the border row above it.
+        assert_eq!(s(&d, Geom::D1, at(1.5, 0.0), &mem), 6.0);
+        assert_eq!(s(&d, Geom::D1, at(0.0, 0.0), &mem), 7.75);
+        // Only the border mode shows it; point sampling takes row 0.
+        d.address[1] = AddressMode::Clamp;
+        assert_eq!(s(&d, Geom::D1, at(1.5, 0.0), &mem), 2.0);
+        d.address[1] = AddressMode::Border;
+        d.filter = FilterMode::Point;
+        assert_eq!(s(&d, Geom::D1, at(1.5, 0.0), &mem), 2.0);
+        // Border channels the format lacks are 0 too.
+        let v = sample(&d, Geom::D1, &at(-1.0, 0.0), TexType::F32, &mem).unwrap();
+        assert_eq!(v.map(f32::from_bits), [10.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn weights_split_z_then_x_then_y() {
+        let w = |f: &[u32]| {
+            let (w, n) = linear_weights(f);
+            w[..n].to_vec()
+        };
+        assert_eq!(w(&[77]), [179, 77]);
+        // Corners 00, 10, 01, 11: the diagonal is rounded (halves up), the rest is what remains.
+        assert_eq!(w(&[128, 67]), [95, 94, 33, 34]);
+        assert_eq!(w(&[128, 225]), [16, 15, 112, 113]);
+        // 3D (recorded): slice z0 gets 205, split 103 | 102 along x (102.5 rounds up to the upper part) ...
+        let w3 = w(&[128, 102, 51]);
+        assert_eq!(&w3[..4], [61, 62, 41, 41]);
+        assert_eq!(&w3[4..], [15, 16, 10, 10]);
+        for f in [[0, 0, 0], [255, 1, 128], [13, 205, 51], [192, 154, 102]] {
+            assert_eq!(w(&f).iter().sum::<u32>(), 256, "{f:?}");
+            assert_eq!(w(&f[..2]).iter().sum::<u32>(), 256, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn blends_round_once_halves_away() {
+        let sum = |t: &[(u32, f32)], bits, min| round_weighted_sum(t.iter().copied(), bits, min);
+        // 1 + 2^-24 is halfway between two f32 values: away from zero, either sign.
+        let half_ulp = 2f32.powi(-24);
+        assert_eq!(
+            sum(&[(128, 1.0), (128, 1.0 + 2.0 * half_ulp)], 24, -149),
+            1.0 + 2.0 * half_ulp
+        );
+        assert_eq!(sum(&[(255, 1.0), (1, 1.0 + 2.0 * half_ulp)], 24, -149), 1.0);
+        assert_eq!(
+            sum(&[(128, -1.0), (128, -1.0 - 2.0 * half_ulp)], 24, -149),
+            -1.0 - 2.0 * half_ulp
+        );
+        // Exact despite cancellation and a wide spread of magnitudes.
+        let tiny = f32::from_bits(1);
+        assert_eq!(
+            sum(&[(128, 3e38), (127, -3e38), (1, tiny)], 24, -149),
+            3e38 / 256.0
+        );
+        assert_eq!(sum(&[(128, 3e38), (128, -3e38)], 24, -149), 0.0);
+        assert_eq!(sum(&[(255, 0.0), (1, tiny)], 24, -149), 0.0);
+        assert_eq!(sum(&[(128, 0.0), (128, tiny)], 24, -149), tiny);
+        assert_eq!(sum(&[(256, f32::MAX)], 24, -149), f32::MAX);
+        assert!(sum(&[(128, f32::INFINITY), (128, f32::NEG_INFINITY)], 24, -149).is_nan());
+        assert_eq!(sum(&[(0, f32::NAN), (256, 2.0)], 24, -149), 2.0);
+        // To f16 precision: 1 + 2^-11 is a half tie.
+        assert_eq!(
+            sum(&[(128, 1.0), (128, 1.0 + 2f32.powi(-10))], 11, -24),
+            1.0 + 2f32.powi(-10)
+        );
+        assert_eq!(sum(&[(192, 1.0), (64, 1.0 + 2f32.powi(-10))], 11, -24), 1.0);
+        assert_eq!(f32_ties_away(1.0 + 2f64.powi(-24)), 1.0 + 2f32.powi(-23));
+        assert_eq!(f32_ties_away(-1.0 - 2f64.powi(-24)), -1.0 - 2f32.powi(-23));
+        assert_eq!(f32_ties_away(1.0 + 2f64.powi(-25)), 1.0);
+    }
+
+    #[test]
+    fn normalized_formats_filter_in_16_bit_fixed_point() {
+        let mut mem = FlatMemory::new(1 << 16);
+        let a = mem.alloc(4).unwrap();
+        mem.write(a, &[10, 11, 0, 0]).unwrap();
+        let mut d = TextureDesc::new(Resource::array(a, ChannelFormat::U8, 1, [2, 0, 0], 0));
+        d.filter = FilterMode::Linear;
+        // Halfway: (10 + 11) / 2 * 257 = 2698.5 rounds to 2699.
+        assert_eq!(s(&d, Geom::D1, at(1.0, 0.0), &mem), 2699.0 / 65535.0);
+        // Border colours are truncated to the format's steps.
+        let b = mem.alloc(4).unwrap();
+        let mut d = TextureDesc::new(Resource::array(b, ChannelFormat::U16, 2, [1, 1, 0], 0));
+        d.address = [AddressMode::Border; 3];
+        d.border = [1.0, 0.5, 0.25, 1.0];
+        let v = sample(&d, Geom::D2, &at(-1.0, 0.5), TexType::F32, &mem).unwrap();
+        assert_eq!(v.map(f32::from_bits), [1.0, 32767.0 / 65535.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn queries_answer_zero_beyond_the_declared_dimensions() {
+        let r2 = Resource::array(0, ChannelFormat::F32, 1, [7, 5, 0], 0);
+        let r3 = Resource::array(0, ChannelFormat::F32, 1, [4, 3, 2], 0);
+        let r1 = Resource::array(0, ChannelFormat::F32, 1, [9, 0, 0], 4);
+        let q = |q: Query, r: &Resource| q.answer(r);
+        assert_eq!(
+            [Query::Width, Query::Height, Query::Depth].map(|x| q(x, &r2)),
+            [7, 5, 0]
+        );
+        assert_eq!(
+            [Query::Width, Query::Height, Query::Depth].map(|x| q(x, &r3)),
+            [4, 3, 2]
+        );
+        assert_eq!([Query::Height, Query::ArraySize].map(|x| q(x, &r1)), [0, 4]);
+        // A layered 2D array is 2D whether its caller gives the depth as 0 or as one slice.
+        for depth in [0, 1] {
+            let a2 = Resource::array(0, ChannelFormat::F32, 1, [4, 3, depth], 2);
+            assert_eq!(
+                [Query::Width, Query::Height, Query::Depth, Query::ArraySize].map(|x| q(x, &a2)),
+                [4, 3, 0, 2]
+            );
+        }
+        let lin = Resource::linear(0, ChannelFormat::F32, 4, 160);
+        assert_eq!([Query::Width, Query::Height].map(|x| q(x, &lin)), [10, 0]);
     }
 
     #[test]
@@ -906,7 +1394,7 @@ mod tests {
             int: true,
         };
         let get = |i| sample(&d, Geom::D1, &c(i), TexType::S32, &mem).unwrap();
-        assert_eq!(get(2), [3, 0, 0, 1]);
+        assert_eq!(get(2), [3, 0, 0, 0]);
         assert_eq!(get(4), [0; 4]);
         assert_eq!(get(-1), [0; 4]);
     }

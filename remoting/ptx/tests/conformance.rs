@@ -26,8 +26,9 @@ fn load_module(c: &Case) -> Result<Module, String> {
     Module::parse(&text).map_err(|e| format!("{}: {e}", c.ptx))
 }
 
-/// Runs one case; returns the report lines of its mismatches (empty when it passes).
-fn run_case(c: &Case, data: &Path) -> Result<Vec<String>, String> {
+/// Runs one case; returns the report lines of its mismatches (empty when it passes). `exact` compares every
+/// checked buffer bit for bit, whatever tolerance the case gives.
+fn run_case(c: &Case, data: &Path, exact: bool) -> Result<Vec<String>, String> {
     let module = load_module(c)?;
     let read = |name: &str| -> Result<Vec<u8>, String> {
         std::fs::read(data.join(format!("{name}.in"))).map_err(|e| format!("{name}.in: {e}"))
@@ -61,7 +62,7 @@ fn run_case(c: &Case, data: &Path) -> Result<Vec<String>, String> {
             report.extend(compare(
                 &format!("{} p{i}", c.name),
                 *elem,
-                *check,
+                if exact { Check::Exact } else { *check },
                 &expected(&format!("p{i}"))?,
                 &got,
             ));
@@ -73,7 +74,7 @@ fn run_case(c: &Case, data: &Path) -> Result<Vec<String>, String> {
             report.extend(compare(
                 &format!("{} {}", c.name, r.name),
                 r.channel_elem(),
-                check,
+                if exact { Check::Exact } else { check },
                 &expected(&r.name)?,
                 &got,
             ));
@@ -126,7 +127,7 @@ fn gpu_recorded_cases() {
             skipped.push(name.clone());
             continue;
         }
-        match read_case(name).and_then(|c| run_case(&c, &data)) {
+        match read_case(name).and_then(|c| run_case(&c, &data, false)) {
             Ok(r) if r.is_empty() => passed.push(name.clone()),
             Ok(r) => {
                 failed.push(name.clone());
@@ -148,10 +149,12 @@ fn gpu_recorded_cases() {
         let _ = writeln!(
             std::io::stderr(),
             "conformance: SKIPPED {} case(s) that have no GPU recording yet (no {}/<case>/): {}\n\
-             conformance: record them on the GPU machine with \
-             `OUT=<dir> bash scripts/gpu/record-conformance.sh` and untar its conformance.tgz in the repo",
+             conformance: record exactly those on the GPU machine, from the repo root, with\n    \
+             OUT=<dir> KEEP_PTX=1 CASES='{}' bash scripts/gpu/record-conformance.sh\n\
+             conformance: then run `tar xzf <dir>/conformance.tgz` at the repo root here",
             skipped.len(),
             dir.join("data").display(),
+            skipped.join(" "),
             skipped.join(" ")
         );
     }
@@ -161,6 +164,29 @@ fn gpu_recorded_cases() {
         "{} conformance case(s) failed:\n{log}",
         failed.len()
     );
+}
+
+/// The sampler reproduces every recorded texture result bit for bit, not only within the cases'
+/// tolerances (which leave room for an implementation that blends in another order): weights, blending and
+/// rounding are the hardware's (see `gleam_ptx::TextureResolver`).
+#[test]
+fn texture_cases_are_bit_exact() {
+    let dir = conformance_dir();
+    let mut report = Vec::new();
+    let mut ran = 0;
+    for name in case_names() {
+        let data = dir.join("data").join(&name);
+        if !(name.starts_with("tex") || name.starts_with("tld4")) || !data.is_dir() {
+            continue;
+        }
+        match read_case(&name).and_then(|c| run_case(&c, &data, true)) {
+            Ok(r) => report.extend(r),
+            Err(e) => report.push(format!("{name}: {e}")),
+        }
+        ran += 1;
+    }
+    assert!(ran >= 30, "only {ran} recorded texture cases");
+    assert!(report.is_empty(), "{}", report.join("\n"));
 }
 
 /// The recorded inputs are what the Rust generator makes of the same case (so the CPU-reference tests in

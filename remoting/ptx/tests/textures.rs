@@ -1,7 +1,7 @@
 //! Textures and surfaces through the whole interpreter, before any GPU recording exists: every texture and
 //! surface case of `conformance/` runs on inputs generated as the GPU harness generates them, and its outputs
-//! are compared with a CPU reference written here from CUDA's documented rules (independently of the
-//! interpreter's `tex` module). Plus the errors: bad handles, `.trap`, unsupported corners.
+//! are compared with a CPU reference written here from CUDA's documented rules and what the GPU recordings
+//! showed (independently of the interpreter's `tex` module: exact rational arithmetic). Plus the errors: bad handles, `.trap`, unsupported corners.
 
 mod common;
 
@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::case::{
-    Case, Init, ParamSpec, ResKind, ResourceSpec, TexSpec, compare, generated_inputs, parse_case,
-    setup,
+    Case, Check, Init, ParamSpec, ResKind, ResourceSpec, TexSpec, compare, generated_inputs,
+    parse_case, setup,
 };
 use gleam_ptx::{
     AddressMode, ChannelFormat, ExecError, FilterMode, FlatMemory, LaunchConfig, LaunchOptions,
@@ -47,10 +47,75 @@ enum Value {
     I([i64; 4]),
 }
 
+/// A texel's channels as stored (f16/f32 as their exact values); channels the format lacks are 0.
+#[derive(Clone, Copy, Debug)]
+enum Raw {
+    Int([i64; 4]),
+    Float([f64; 4]),
+}
+
 struct RefTexture<'a> {
     spec: &'a TexSpec,
     res: &'a ResourceSpec,
     data: &'a [u8],
+}
+
+/// `n / 256` rounded to the nearest integer, halves up.
+fn r8(n: i64) -> i64 {
+    (n + 128).div_euclid(256)
+}
+
+/// `num / den * 2^exp` (den > 0) rounded to a float of `p` significant bits whose smallest step is
+/// 2^`min_exp`, halves away from zero: how the texture unit rounds its blends.
+fn round_away(num: i128, den: i128, exp: i32, p: i32, min_exp: i32) -> f64 {
+    if num == 0 {
+        return 0.0;
+    }
+    let (neg, num) = (num < 0, num.abs());
+    let bits = |v: i128| 128 - v.leading_zeros() as i32;
+    // floor(log2(num / den)).
+    let mut e = bits(num) - bits(den);
+    let below = |e: i32| {
+        if e >= 0 {
+            num < den << e
+        } else {
+            num << -e < den
+        }
+    };
+    if below(e) {
+        e -= 1;
+    }
+    let q_exp = (e + exp - (p - 1)).max(min_exp);
+    let s = exp - q_exp;
+    let (n2, d2) = if s >= 0 {
+        (num.checked_shl(s as u32).unwrap(), den)
+    } else {
+        (num, den.checked_shl((-s) as u32).unwrap())
+    };
+    assert!(bits(n2) < 126 && bits(d2) < 126, "reference out of range");
+    let mut q = n2 / d2;
+    if 2 * (n2 % d2) >= d2 {
+        q += 1;
+    }
+    let v = q as f64 * 2f64.powi(q_exp);
+    if neg { -v } else { v }
+}
+
+/// An exactly representable float as `m * 2^e`, `m` an integer.
+fn split_float(v: f64) -> (i128, i32) {
+    if v == 0.0 {
+        return (0, 0);
+    }
+    let b = v.to_bits();
+    let exp = ((b >> 52) & 0x7ff) as i32;
+    let frac = i128::from(b & ((1 << 52) - 1));
+    let (m, e) = if exp == 0 {
+        (frac, -1074)
+    } else {
+        (frac | 1 << 52, exp - 1075)
+    };
+    let m = if b >> 63 == 1 { -m } else { m };
+    (m, e)
 }
 
 impl RefTexture<'_> {
@@ -69,6 +134,16 @@ impl RefTexture<'_> {
         }
     }
 
+    fn one_d_array(&self) -> bool {
+        matches!(
+            self.res.kind,
+            ResKind::Array {
+                dims: [_, 0, _],
+                ..
+            }
+        )
+    }
+
     fn floats(&self) -> bool {
         let f = self.res.format;
         matches!(f, ChannelFormat::F16 | ChannelFormat::F32)
@@ -79,41 +154,82 @@ impl RefTexture<'_> {
                 ))
     }
 
+    /// The integer reading as 1.0 in the normalized read mode.
+    fn norm_max(&self) -> i64 {
+        match self.res.format {
+            ChannelFormat::U8 => 255,
+            ChannelFormat::U16 => 65535,
+            ChannelFormat::S8 => 127,
+            _ => 32767,
+        }
+    }
+
     /// Texel `[x, y, z]` of `layer`, all in range.
-    fn texel(&self, p: [i64; 3], layer: i64) -> Value {
+    fn raw(&self, p: [i64; 3], layer: i64) -> Raw {
         let [w, h, d] = self.dims();
         let index = (((layer * d + p[2]) * h + p[1]) * w + p[0]) as usize;
         let ch = self.res.channels as usize;
         let elem = self.res.channel_elem();
-        let mut f = [0.0, 0.0, 0.0, 1.0];
-        let mut i = [0, 0, 0, 1];
-        for c in 0..ch {
-            let bits = elem.bits(self.data, index * ch + c);
-            let v = elem.value(bits);
-            i[c] = v as i64;
-            f[c] = match self.res.format {
-                ChannelFormat::U8 => v / 255.0,
-                ChannelFormat::U16 => v / 65535.0,
-                ChannelFormat::S8 => (v / 127.0).max(-1.0),
-                ChannelFormat::S16 => (v / 32767.0).max(-1.0),
-                _ => v,
-            };
+        let mut v = [0f64; 4];
+        for (c, out) in v.iter_mut().enumerate().take(ch) {
+            *out = elem.value(elem.bits(self.data, index * ch + c));
         }
-        if self.floats() {
-            // What the texture unit returns is an f32.
-            Value::F(f.map(|v| f64::from(v as f32)))
-        } else {
-            Value::I(i)
+        match self.res.format {
+            ChannelFormat::F16 | ChannelFormat::F32 => Raw::Float(v),
+            _ => Raw::Int(v.map(|x| x as i64)),
+        }
+    }
+
+    /// The border colour stored in the texture's format: normalized formats truncate it to their steps, f16
+    /// rounds it, integer reads take its integer part; missing channels are 0.
+    fn border_raw(&self) -> Raw {
+        let ch = self.res.channels as usize;
+        let b: [f64; 4] = std::array::from_fn(|c| {
+            if c < ch {
+                f64::from(self.spec.border[c])
+            } else {
+                0.0
+            }
+        });
+        match self.res.format {
+            ChannelFormat::F32 => Raw::Float(b),
+            ChannelFormat::F16 => Raw::Float(b.map(|v| half::f16::from_f64(v).to_f64())),
+            ChannelFormat::U32 | ChannelFormat::S32 => Raw::Int(b.map(|v| i64::from(v as i32))),
+            _ if self.spec.read_as_integer => Raw::Int(b.map(|v| i64::from(v as i32))),
+            f => {
+                let lo = if matches!(f, ChannelFormat::S8 | ChannelFormat::S16) {
+                    -1.0
+                } else {
+                    0.0
+                };
+                Raw::Int(b.map(|v| (v.clamp(lo, 1.0) * self.norm_max() as f64).trunc() as i64))
+            }
+        }
+    }
+
+    /// What a point sample of `raw` returns.
+    fn read(&self, raw: Raw) -> Value {
+        match raw {
+            Raw::Float(f) => Value::F(f),
+            Raw::Int(i) if self.floats() => {
+                let m = self.norm_max();
+                Value::F(i.map(|v| f64::from(v.max(-m) as f32 / m as f32)))
+            }
+            Raw::Int(i) => Value::I(i),
+        }
+    }
+
+    /// The address mode along `d` as it acts: wrap and mirror clamp unnormalized coordinates.
+    fn mode(&self, d: usize) -> AddressMode {
+        match self.spec.address[d] {
+            AddressMode::Wrap | AddressMode::Mirror if !self.spec.normalized => AddressMode::Clamp,
+            m => m,
         }
     }
 
     /// Texel index `i` of a dimension of `n`, brought into range by the address mode (`None`: border).
     fn wrap(&self, i: i64, n: i64, d: usize) -> Option<i64> {
-        let mode = self.spec.address[d];
-        if !self.spec.normalized && matches!(mode, AddressMode::Wrap | AddressMode::Mirror) {
-            return Some(i.clamp(0, n - 1));
-        }
-        match mode {
+        match self.mode(d) {
             AddressMode::Clamp => Some(i.clamp(0, n - 1)),
             AddressMode::Border => (i >= 0 && i < n).then_some(i),
             AddressMode::Wrap => Some(((i % n) + n) % n),
@@ -125,24 +241,16 @@ impl RefTexture<'_> {
         }
     }
 
-    fn border(&self) -> Value {
-        if self.floats() {
-            Value::F(self.spec.border.map(f64::from))
-        } else {
-            Value::I(self.spec.border.map(|v| v as i64))
-        }
-    }
-
-    fn tap(&self, idx: [i64; 3], dims: usize, layer: i64) -> Value {
+    fn tap(&self, idx: [i64; 3], dims: usize, layer: i64) -> Raw {
         let n = self.dims();
         let mut p = [0i64; 3];
         for d in 0..dims {
             match self.wrap(idx[d], n[d], d) {
                 Some(i) => p[d] = i,
-                None => return self.border(),
+                None => return self.border_raw(),
             }
         }
-        self.texel(p, layer)
+        self.raw(p, layer)
     }
 
     fn layer(&self, layer: Option<i64>) -> i64 {
@@ -158,42 +266,122 @@ impl RefTexture<'_> {
         }
     }
 
+    /// Corner weights (1/256 steps) of a footprint with upper-texel fractions `f`: split along z, then x,
+    /// then y; a split rounds its upper part, except along y in the lower x column, where it rounds the
+    /// lower part.
+    fn weights(f: &[i64]) -> Vec<i64> {
+        let slice = |q: i64, out: &mut Vec<i64>| {
+            let (a, b) = (f[0], f[1]);
+            let hi_x = r8(a * q);
+            let lo_x = q - hi_x;
+            let w00 = r8((256 - b) * lo_x);
+            let w11 = r8(b * hi_x);
+            out.extend([w00, hi_x - w11, lo_x - w00, w11]);
+        };
+        let mut w = Vec::new();
+        match f.len() {
+            1 => w.extend([256 - f[0], f[0]]),
+            2 => slice(256, &mut w),
+            _ => {
+                slice(256 - f[2], &mut w);
+                slice(f[2], &mut w);
+            }
+        }
+        w
+    }
+
+    /// Channel `c` of the taps blended, as the texture unit rounds it.
+    fn blend(&self, taps: &[(i64, Raw)], c: usize) -> f64 {
+        match self.res.format {
+            ChannelFormat::F32 | ChannelFormat::F16 => {
+                let parts: Vec<(i64, i128, i32)> = taps
+                    .iter()
+                    .filter(|(w, _)| *w != 0)
+                    .map(|&(w, r)| match r {
+                        Raw::Float(f) => {
+                            let (m, e) = split_float(f[c]);
+                            (w, m, e)
+                        }
+                        Raw::Int(_) => unreachable!(),
+                    })
+                    .collect();
+                let emin = parts.iter().map(|p| p.2).min().unwrap_or(0);
+                let num: i128 = parts
+                    .iter()
+                    .map(|&(w, m, e)| i128::from(w) * (m << (e - emin)))
+                    .sum();
+                let (p, min_exp) = if self.res.format == ChannelFormat::F16 {
+                    (11, -24)
+                } else {
+                    (24, -149)
+                };
+                round_away(num, 256, emin, p, min_exp)
+            }
+            f => {
+                let ints = taps.iter().map(|&(w, r)| match r {
+                    Raw::Int(i) => (w, i[c]),
+                    Raw::Float(_) => unreachable!(),
+                });
+                let m = self.norm_max();
+                if matches!(f, ChannelFormat::U8 | ChannelFormat::U16) {
+                    // 16-bit fixed point: 8-bit values widen to v * 257.
+                    let widen = 65535 / m;
+                    let sum: i64 = ints.map(|(w, v)| w * v * widen).sum();
+                    f64::from(r8(sum) as f32 / 65535.0)
+                } else {
+                    let sum: i64 = ints.map(|(w, v)| w * v.max(-m)).sum();
+                    round_away(i128::from(sum), i128::from(256 * m), 0, 24, -149)
+                }
+            }
+        }
+    }
+
     /// `tex` at float coordinates.
     fn sample(&self, c: &[f32], layer: Option<i64>) -> Value {
         let layer = self.layer(layer);
+        // A 1D array is a 2D image one texel high, sampled at y = 0.
+        let mut c = c.to_vec();
+        if c.len() == 1 && self.one_d_array() {
+            c.push(0.0);
+        }
         let dims = c.len();
         if self.spec.filter == FilterMode::Point {
             let mut idx = [0i64; 3];
             for d in 0..dims {
                 idx[d] = self.scaled(c[d], d).floor() as i64;
             }
-            return self.tap(idx, dims, layer);
+            return self.read(self.tap(idx, dims, layer));
         }
-        // Per dimension: the lower texel and the weight of the upper one, in 1/256 steps.
+        // Per dimension: the lower texel and the weight of the upper one, in 1/256 steps (a clamped
+        // coordinate first moved onto the edge texel's centre).
         let mut lo = [0i64; 3];
-        let mut a = [0f64; 3];
+        let mut f = vec![0i64; dims];
         for d in 0..dims {
-            let steps = ((self.scaled(c[d], d) - 0.5) * 256.0).round();
-            lo[d] = (steps / 256.0).floor() as i64;
-            a[d] = (steps - lo[d] as f64 * 256.0) / 256.0;
-        }
-        let mut acc = [0f64; 4];
-        for corner in 0..1 << dims {
-            let mut w = 1.0;
-            let mut idx = [0i64; 3];
-            for d in 0..dims {
-                let up = corner >> d & 1 == 1;
-                idx[d] = lo[d] + i64::from(up);
-                w *= if up { a[d] } else { 1.0 - a[d] };
+            let mut t = self.scaled(c[d], d) - 0.5;
+            if self.mode(d) == AddressMode::Clamp {
+                t = t.clamp(0.0, (self.dims()[d] - 1) as f64);
             }
-            let Value::F(v) = self.tap(idx, dims, layer) else {
-                panic!("linear filtering of integers")
-            };
-            for k in 0..4 {
-                acc[k] += w * v[k];
-            }
+            let steps = (t * 256.0 + 0.5).floor() as i64;
+            lo[d] = steps.div_euclid(256);
+            f[d] = steps.rem_euclid(256);
         }
-        Value::F(acc)
+        let w = Self::weights(&f);
+        let taps: Vec<(i64, Raw)> = w
+            .iter()
+            .enumerate()
+            .map(|(k, &wk)| {
+                let idx: [i64; 3] = std::array::from_fn(|d| lo[d] + (k as i64 >> d & 1));
+                (wk, self.tap(idx, dims, layer))
+            })
+            .collect();
+        assert!(self.floats(), "linear filtering of integers");
+        Value::F(std::array::from_fn(|ch| {
+            if ch < self.res.channels as usize {
+                self.blend(&taps, ch)
+            } else {
+                0.0
+            }
+        }))
     }
 
     /// `tex1Dfetch`: zero outside the buffer.
@@ -205,17 +393,17 @@ impl RefTexture<'_> {
                 Value::I([0; 4])
             };
         }
-        self.texel([i, 0, 0], 0)
+        self.read(self.raw([i, 0, 0], 0))
     }
 
     /// `tld4`: component `comp` of the bilinear footprint, counter-clockwise from the lower left.
     fn gather(&self, c: &[f32], comp: usize) -> Value {
         let mut lo = [0i64; 3];
         for d in 0..2 {
-            let steps = ((self.scaled(c[d], d) - 0.5) * 256.0).round();
-            lo[d] = (steps / 256.0).floor() as i64;
+            let steps = ((self.scaled(c[d], d) - 0.5) * 256.0 + 0.5).floor() as i64;
+            lo[d] = steps.div_euclid(256);
         }
-        let at = |dx: i64, dy: i64| self.tap([lo[0] + dx, lo[1] + dy, 0], 2, 0);
+        let at = |dx: i64, dy: i64| self.read(self.tap([lo[0] + dx, lo[1] + dy, 0], 2, 0));
         let four = [at(0, 1), at(1, 1), at(1, 0), at(0, 0)];
         match four[0] {
             Value::F(_) => Value::F(four.map(|v| match v {
@@ -332,8 +520,9 @@ fn reference(c: &Case, inputs: &HashMap<String, Vec<u8>>) -> HashMap<String, Vec
             }
         }
         "tex_query" => {
+            // Extents beyond the declared dimensions read 0.
             let dims = |r: &ResourceSpec| match r.kind {
-                ResKind::Array { dims, .. } => dims.map(|d| d.max(1) as u32),
+                ResKind::Array { dims, .. } => dims.map(|d| d as u32),
                 _ => unreachable!(),
             };
             for r in &c.resources {
@@ -467,11 +656,15 @@ fn texture_and_surface_cases_match_the_cpu_reference() {
             continue;
         }
         let expected = reference(c, &inputs);
+        // Where the case is recorded, the reference must reproduce the GPU bit for bit too.
+        let recorded = |key: &str| {
+            std::fs::read(conformance("data").join(&c.name).join(format!("{key}.out"))).ok()
+        };
         let mut checked = 0;
         for (i, p) in c.params.iter().enumerate() {
             if let ParamSpec::Ptr {
                 elem,
-                check: Some(check),
+                check: Some(_),
                 ..
             } = p
             {
@@ -482,25 +675,33 @@ fn texture_and_surface_cases_match_the_cpu_reference() {
                 report.extend(compare(
                     &format!("{} {key}", c.name),
                     *elem,
-                    *check,
+                    Check::Exact,
                     exp,
                     &s.buffer(i).unwrap(),
                 ));
+                if let Some(gpu) = recorded(&key) {
+                    let label = format!("{} {key} (reference vs GPU)", c.name);
+                    report.extend(compare(&label, *elem, Check::Exact, &gpu, exp));
+                }
                 checked += 1;
             }
         }
         for (k, r) in c.resources.iter().enumerate() {
-            if let Some(check) = r.check {
+            if r.check.is_some() {
                 let exp = expected
                     .get(&r.name)
                     .unwrap_or_else(|| panic!("{}: no reference for {}", c.name, r.name));
                 report.extend(compare(
                     &format!("{} {}", c.name, r.name),
                     r.channel_elem(),
-                    check,
+                    Check::Exact,
                     exp,
                     &s.dense(c, k).unwrap(),
                 ));
+                if let Some(gpu) = recorded(&r.name) {
+                    let label = format!("{} {} (reference vs GPU)", c.name, r.name);
+                    report.extend(compare(&label, r.channel_elem(), Check::Exact, &gpu, exp));
+                }
                 checked += 1;
             }
         }

@@ -16,6 +16,10 @@
 //! The server refuses a library that exports `gleam_shim_marker`: that is Gleam's own shim, found because
 //! the server inherited a client's `LD_LIBRARY_PATH`, and serving through it would loop.
 
+mod copies;
+#[cfg(test)]
+mod scenario_tests;
+
 use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -24,6 +28,7 @@ use tracing::{debug, warn};
 
 use gleam_fatbin::ImageKind;
 use gleam_protocol::api::{ApiCall, ApiReply, Arg, CLaunchAttribute, CLaunchConfig, args, outs};
+use gleam_protocol::copy::Copy3D;
 use gleam_protocol::registry::{Effect, Handles, Kind};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr, ParamSlot};
@@ -267,6 +272,7 @@ gleam_protocol::cuda_api!(real_api);
 pub struct RealBackend {
     driver: Driver,
     api: ApiFns,
+    copies: copies::CopyFns,
     /// `cuLaunchKernelEx`, resolved on first use (`None`: the driver lacks it).
     launch_kernel_ex: OnceCell<Option<LaunchKernelEx>>,
     /// The context current on this (the only executing) thread, as far as we know; `None` = unknown.
@@ -292,6 +298,7 @@ impl RealBackend {
         Ok(Self {
             driver,
             api: ApiFns::default(),
+            copies: copies::CopyFns::default(),
             launch_kernel_ex: OnceCell::new(),
             current: None,
         })
@@ -437,6 +444,26 @@ impl Backend for RealBackend {
             }
         }
         Ok(out)
+    }
+
+    fn memcpy3d(
+        &mut self,
+        copy: &Copy3D,
+        host: &[u8],
+        stream: Option<u64>,
+    ) -> Result<Vec<u8>, CUresult> {
+        copies::memcpy3d(self.driver.lib, &self.copies, copy, host, stream)
+    }
+
+    fn mirror_write(&mut self, addr: u64, data: &[u8]) -> Result<(), CUresult> {
+        // SAFETY: the session engine checked the range against the session's mirrored allocations.
+        unsafe { copies::mirror_write(addr, data) };
+        Ok(())
+    }
+
+    fn mirror_read(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, CUresult> {
+        // SAFETY: as above.
+        Ok(unsafe { copies::mirror_read(addr, len) })
     }
 
     fn module_load(&mut self, image: &[u8]) -> Result<u64, CUresult> {

@@ -6,6 +6,7 @@
 //! [`ApiCall`]. [`Backend`] adds the calls written by hand.
 
 use gleam_protocol::api::{ApiCall, ApiReply, args, outs};
+use gleam_protocol::copy::Copy3D;
 use gleam_protocol::registry::{Died, Handles};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr};
@@ -75,6 +76,32 @@ pub trait Backend: ApiBackend {
     }
     /// `cuLaunchKernel` with a packed parameter buffer.
     fn launch(&mut self, launch: &Launch) -> Result<(), CUresult>;
+    /// `cuMemcpy2D`/`cuMemcpy3D` (`stream: None`) or their async forms, and the array copies, in the
+    /// canonical form (the session engine checked handles, stream and sizes; the geometry is the
+    /// backend's to check, with [`Copy3D::check`]). `host` holds a host source's packed bytes; the result
+    /// is a host destination's packed bytes (empty for other destinations). With a stream and a host
+    /// destination, the backend waits for the stream before returning the bytes.
+    fn memcpy3d(
+        &mut self,
+        copy: &Copy3D,
+        host: &[u8],
+        stream: Option<u64>,
+    ) -> Result<Vec<u8>, CUresult> {
+        let _ = (copy, host, stream);
+        Err(CUresult::NOT_SUPPORTED)
+    }
+    /// Stores `data` at `addr` of a mirrored allocation (the session engine checked that the range lies
+    /// inside one), in request order and without waiting for any stream.
+    fn mirror_write(&mut self, addr: u64, data: &[u8]) -> Result<(), CUresult> {
+        let _ = (addr, data);
+        Err(CUresult::NOT_SUPPORTED)
+    }
+    /// Loads `len` bytes at `addr` of a mirrored allocation (checked likewise), without waiting for any
+    /// stream.
+    fn mirror_read(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, CUresult> {
+        let _ = (addr, len);
+        Err(CUresult::NOT_SUPPORTED)
+    }
     /// `cuLaunchKernelEx` with launch attributes. A backend that honours none of them runs a launch
     /// without attributes and refuses any other.
     fn launch_ex(&mut self, launch: &Launch, attrs: &[LaunchAttr]) -> Result<(), CUresult> {

@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 use crate::backend::Backend;
 use crate::images::Images;
 pub use crate::images::use_content_cache;
+use crate::mirrors::{self, Mirrors};
 use gleam_protocol::api::ApiCall;
 use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
@@ -50,6 +51,8 @@ pub struct Session<B: Backend> {
     pending: Option<CUresult>,
     /// Every live handle the backend gave this session.
     handles: Handles,
+    /// Allocations the client mirrors (managed and mapped host memory).
+    mirrors: Mirrors,
     /// The module images this session was sent or found (by content).
     images: Images,
     /// Streams in capture mode (`cuStreamBeginCapture_v2` .. `cuStreamEndCapture`).
@@ -94,6 +97,7 @@ impl<B: Backend> Session<B> {
             current_ctx: Some(0),
             pending: None,
             handles: Handles::default(),
+            mirrors: Mirrors::default(),
             images: Images::default(),
             capturing: HashSet::new(),
             started: Instant::now(),
@@ -188,6 +192,20 @@ impl<B: Backend> Session<B> {
             return Ok((Reply::Empty, Vec::new()));
         }
 
+        // Mirror traffic keeps the client's copies of managed and mapped memory coherent: it needs no
+        // context and runs whatever error is pending, without reporting or clearing it (a refused write
+        // becomes the pending error, since coherence was lost).
+        if matches!(req.call, Call::MirrorRead { .. } | Call::MirrorWrite { .. }) {
+            let expects_reply = req.expects_reply;
+            return self.dispatch(req.ctx, req.call, bulk).map_err(|err| {
+                if expects_reply {
+                    err
+                } else {
+                    self.failed(err, false)
+                }
+            });
+        }
+
         if let Some(err) = self.pending {
             if err.is_sticky() {
                 return Err(err);
@@ -220,6 +238,7 @@ impl<B: Backend> Session<B> {
         self.state = State::Closed;
         self.backend.shutdown(&self.handles);
         self.handles.clear();
+        self.mirrors.clear();
     }
 
     /// Records a failure: sticky errors forever, a fire-and-forget failure until the next reply.
@@ -259,6 +278,7 @@ impl<B: Backend> Session<B> {
                     self.current_ctx = None;
                 }
                 let effect = Effect::of(&call);
+                let adding = self.mirrors.before(&call);
                 // Which streams capture: host copies queued there are refused (below).
                 let capture = match &call {
                     ApiCall::cuStreamBeginCapture_v2(a) => Some((a.stream, true)),
@@ -278,8 +298,14 @@ impl<B: Backend> Session<B> {
                 }
                 let reply = reply?;
                 reply.register(&mut self.handles, &owner);
+                if let Some(adding) = adding {
+                    self.mirrors.after(adding, &reply, ctx);
+                }
                 let died = self.handles.apply(effect, Some(&reply));
                 if !died.is_empty() {
+                    for &emptied in &died.emptied_contexts {
+                        self.mirrors.emptied(emptied);
+                    }
                     self.backend.forget(&died);
                 }
                 Reply::Api(reply)
@@ -363,6 +389,64 @@ impl<B: Backend> Session<B> {
                 self.handles.check(Kind::Stream, launch.stream)?;
                 self.backend.launch(&launch)?;
                 Reply::Empty
+            }
+            Call::Memcpy3D { copy, stream } => {
+                mirrors::check_copy(&copy, bulk, stream, &self.handles)?;
+                // A graph cannot copy from or to the client's memory.
+                if copy.src.place == gleam_protocol::copy::Place::Host
+                    || copy.dst.place == gleam_protocol::copy::Place::Host
+                {
+                    self.not_capturing(stream)?;
+                }
+                let data = self.backend.memcpy3d(&copy, bulk, stream)?;
+                if copy.dst.place == gleam_protocol::copy::Place::Host {
+                    return Ok((Reply::Data, data));
+                }
+                Reply::Empty
+            }
+            Call::MirrorWrite { runs } => {
+                // Every run checked, and its bytes found, before anything is written.
+                let mut pieces = Vec::with_capacity(runs.len());
+                let mut at = 0usize;
+                for r in &runs {
+                    self.mirrors.check(r.addr, u64::from(r.len))?;
+                    let rest = bulk.get(at..).ok_or(CUresult::INVALID_VALUE)?;
+                    let n = r.bulk_len(rest).ok_or(CUresult::INVALID_VALUE)?;
+                    let writes = r.writes(&rest[..n]).ok_or(CUresult::INVALID_VALUE)?;
+                    pieces.push((r.addr, writes));
+                    at += n;
+                }
+                if at != bulk.len() {
+                    return Err(CUresult::INVALID_VALUE);
+                }
+                for (addr, writes) in pieces {
+                    for (off, bytes) in writes {
+                        self.backend.mirror_write(addr + off as u64, bytes)?;
+                    }
+                }
+                Reply::Empty
+            }
+            Call::MirrorRead { ranges } => {
+                let total: u64 = ranges.iter().map(|r| u64::from(r.len)).sum();
+                if total > COPY_CHUNK as u64 {
+                    return Err(CUresult::INVALID_VALUE);
+                }
+                for r in &ranges {
+                    self.mirrors.check(r.addr, u64::from(r.len))?;
+                }
+                let mut fresh = Vec::with_capacity(ranges.len());
+                let mut data = Vec::new();
+                for r in &ranges {
+                    let bytes = self.backend.mirror_read(r.addr, r.len as usize)?;
+                    let same = r
+                        .hash
+                        .is_some_and(|h| h == gleam_protocol::wire::mirror_hash(&bytes));
+                    if !same {
+                        data.extend_from_slice(&bytes);
+                    }
+                    fresh.push(!same);
+                }
+                return Ok((Reply::Mirror { fresh }, data));
             }
             Call::LaunchKernelEx { launch, attrs } => {
                 self.handles.check(Kind::Function, launch.function)?;

@@ -13,27 +13,43 @@ pub const OFFLINE_DRIVER_VERSION: i32 = 13000;
 
 // Attributes whose features the shim does not provide across the network, so it reports them absent
 // (a program then takes the paths Gleam supports).
-const CAN_MAP_HOST_MEMORY: u32 = 19;
-const MANAGED_MEMORY: u32 = 83;
 const PAGEABLE_MEMORY_ACCESS: u32 = 88;
-const CONCURRENT_MANAGED_ACCESS: u32 = 89;
-const HOST_REGISTER_SUPPORTED: u32 = 99;
 const COMPUTE_CAPABILITY_MAJOR: u32 = 75;
 const COMPUTE_CAPABILITY_MINOR: u32 = 76;
+// Mirrored memory (`crate::hostmem`): managed memory and concurrent access are the server's (its copy is
+// managed memory); mapping and registering host memory need the server to map host memory; registered
+// memory has its own device address; the host never reaches the device's memory directly.
+const CAN_MAP_HOST_MEMORY: u32 = 19;
+const CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: u32 = 91;
+const HOST_REGISTER_SUPPORTED: u32 = 99;
+const PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: u32 = 100;
+const DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: u32 = 101;
+const READ_ONLY_HOST_REGISTER_SUPPORTED: u32 = 113;
 
 /// `cuDeviceGetAttribute` of device `dev`, with the overrides above.
 pub fn attribute(dev: i32, attrib: u32) -> Result<i32, CUresult> {
-    let info = state::device(dev)?;
-    if matches!(
-        attrib,
-        CAN_MAP_HOST_MEMORY
-            | MANAGED_MEMORY
-            | PAGEABLE_MEMORY_ACCESS
-            | CONCURRENT_MANAGED_ACCESS
-            | HOST_REGISTER_SUPPORTED
-    ) {
-        return Ok(0);
+    match attrib {
+        PAGEABLE_MEMORY_ACCESS
+        | CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+        | PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES
+        | DIRECT_MANAGED_MEM_ACCESS_FROM_HOST => {
+            state::device(dev)?;
+            Ok(0)
+        }
+        HOST_REGISTER_SUPPORTED | READ_ONLY_HOST_REGISTER_SUPPORTED => {
+            server_attribute(dev, CAN_MAP_HOST_MEMORY)
+        }
+        CAN_MAP_HOST_MEMORY if !crate::hostmem::pinned_mirrored() => {
+            state::device(dev)?;
+            Ok(0)
+        }
+        _ => server_attribute(dev, attrib),
     }
+}
+
+/// What the serving device itself says (no override).
+pub fn server_attribute(dev: i32, attrib: u32) -> Result<i32, CUresult> {
+    let info = state::device(dev)?;
     usize::try_from(attrib)
         .ok()
         .filter(|&i| i > 0)

@@ -17,8 +17,13 @@ use gleam_protocol::wire::{Call, Reply};
 use crate::library::Translate;
 use crate::{context, handles, state};
 
-/// Sends one listed call; the reply for `sync` calls (and every call in blocking mode).
+/// Sends one listed call; the reply for `sync` calls (and every call in blocking mode). Mirrored memory is
+/// kept coherent around it ([`crate::managed::around`]).
 fn send(call: ApiCall) -> Result<Option<ApiReply>, CUresult> {
+    crate::managed::around(call.name(), || send_now(call))
+}
+
+fn send_now(call: ApiCall) -> Result<Option<ApiReply>, CUresult> {
     let session = state::session()?;
     let ctx = context::current();
     let client = &session.client;

@@ -37,6 +37,7 @@ pub fn died(died: &Died) {
     crate::memory::holders_died(&died.handles);
     for &ctx in &died.emptied_contexts {
         crate::memory::context_emptied(ctx);
+        crate::managed::context_emptied(ctx);
         crate::export_table::context_emptied(ctx);
     }
 }

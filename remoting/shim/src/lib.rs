@@ -9,7 +9,8 @@
 //!   ([`handles`]), sends the call; `sync` ones wait for the reply, `deferred` ones are fire-and-forget;
 //! * a **hand-written** function of the same name ([`hand`]): answered locally from what the server said
 //!   at connect ([`device`], [`context`], [`proc`], [`export_table`], [`occupancy`]), or forwarded with
-//!   judgement ([`memory`]: copies and the allocation table; [`module`]: images, functions and launches);
+//!   judgement ([`memory`]: copies and the allocation table; [`module`]: images, functions and launches;
+//!   [`hostmem`] and [`managed`]: managed and mapped host memory, mirrored; [`arrays`]: 2D/3D copies);
 //! * or **not supported yet** (`CUDA_ERROR_NOT_SUPPORTED`, the name logged once).
 //!
 //! The session itself ([`state::Session`], a [`gleam_client::Client`]) is opened by `cuInit` from
@@ -27,6 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use gleam_protocol::types::CUresult;
 
+pub mod arrays;
 pub mod capture;
 pub mod context;
 pub mod device;
@@ -34,9 +36,11 @@ pub mod export_table;
 pub mod exports;
 pub mod forward;
 pub mod handles;
+pub mod hostmem;
 pub mod images;
 pub mod integrity;
 pub mod library;
+pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod occupancy;
@@ -49,6 +53,11 @@ pub mod trace;
 
 /// Every hand-written export (`local`, `hand` and `by-hand` in the declaration list), by its CUDA name.
 pub mod hand {
+    pub use crate::arrays::{
+        cuMemcpy2D_v2, cuMemcpy2DAsync_v2, cuMemcpy2DUnaligned_v2, cuMemcpy3D_v2,
+        cuMemcpy3DAsync_v2, cuMemcpyAtoA_v2, cuMemcpyAtoD_v2, cuMemcpyAtoH_v2,
+        cuMemcpyAtoHAsync_v2, cuMemcpyDtoA_v2, cuMemcpyHtoA_v2, cuMemcpyHtoAAsync_v2,
+    };
     pub use crate::capture::{
         cuGraphInstantiate_v2, cuStreamBeginCapture, cuStreamBeginCapture_v2, cuStreamEndCapture,
         cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
@@ -66,6 +75,12 @@ pub mod hand {
         cuGetErrorString, cuInit,
     };
     pub use crate::export_table::cuGetExportTable;
+    pub use crate::hostmem::{
+        cuMemAdvise, cuMemAdvise_v2, cuMemAllocHost_v2, cuMemAllocManaged, cuMemFreeHost,
+        cuMemHostAlloc, cuMemHostGetDevicePointer_v2, cuMemHostGetFlags, cuMemHostRegister,
+        cuMemHostRegister_v2, cuMemHostUnregister, cuMemPrefetchAsync, cuMemPrefetchAsync_v2,
+        cuMemRangeGetAttribute, cuMemRangeGetAttributes,
+    };
     pub use crate::library::{
         cuKernelGetAttribute, cuKernelGetLibrary, cuKernelGetName, cuKernelGetParamInfo,
         cuKernelSetAttribute, cuLibraryEnumerateKernels, cuLibraryGetKernel,
@@ -74,9 +89,8 @@ pub mod hand {
     };
     pub use crate::memory::{
         cuDeviceSetMemPool, cuMemAddressFree, cuMemAddressReserve, cuMemAlloc_v2, cuMemAllocAsync,
-        cuMemAllocFromPoolAsync, cuMemAllocHost_v2, cuMemAllocPitch_v2, cuMemFree_v2,
-        cuMemFreeAsync, cuMemFreeHost, cuMemGetAddressRange_v2, cuMemHostAlloc,
-        cuMemHostGetDevicePointer_v2, cuMemMap, cuMemPoolDestroy, cuMemPoolGetAttribute,
+        cuMemAllocFromPoolAsync, cuMemAllocPitch_v2, cuMemFree_v2, cuMemFreeAsync,
+        cuMemGetAddressRange_v2, cuMemMap, cuMemPoolDestroy, cuMemPoolGetAttribute,
         cuMemPoolSetAccess, cuMemPoolSetAttribute, cuMemSetAccess, cuMemSetMemPool, cuMemUnmap,
         cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpyHtoD_v2,
         cuMemcpyHtoDAsync_v2, cuPointerGetAttribute, cuPointerGetAttributes,
@@ -120,7 +134,12 @@ pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> Result<(), CUresu
         trace::begin();
     }
     let result = match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => CUresult::SUCCESS,
+        // `GLEAM_LOG=gleamcuda=trace` lists every call in order with its result: what a new workload
+        // does just before it fails.
+        Ok(Ok(())) => {
+            tracing::trace!(call = name, "ok");
+            CUresult::SUCCESS
+        }
         Ok(Err(err)) => {
             tracing::trace!(call = name, %err, "call failed");
             err

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 
+use gleam_protocol::api::{Array, SurfObject, TexObject};
 use gleam_protocol::api::{CStr as CStrArg, Context, Event, Function, Kernel, Library, Module};
 use gleam_protocol::api::{Graph, GraphExec, In, InOut, LaunchConfig, OptOut, Out, Plain, Stream};
 use gleam_protocol::api::{MemHandle, MemPool, PtrValue};
@@ -192,7 +193,10 @@ as_is!(
     GraphExec,
     MemPool,
     MemHandle,
-    PtrValue
+    PtrValue,
+    Array,
+    TexObject,
+    SurfObject
 );
 
 impl<T: gleam_protocol::api::Value> Translate for Out<T>
@@ -217,7 +221,13 @@ impl<T: gleam_protocol::api::Value> Translate for In<T>
 where
     T::C: Default,
 {
-    fn translate(request: T::W) -> Result<T::W, CUresult> {
+    fn translate(request: Box<T::W>) -> Result<Box<T::W>, CUresult> {
+        Ok(request)
+    }
+}
+
+impl<T: gleam_protocol::api::Value> Translate for gleam_protocol::api::InOpt<T> {
+    fn translate(request: Option<Box<T::W>>) -> Result<Option<Box<T::W>>, CUresult> {
         Ok(request)
     }
 }

@@ -3,8 +3,9 @@
 //! Device pointers are the server's values (identity), recorded here at allocation so that `cuMemFree` is
 //! validated locally, `cuMemGetAddressRange` and `cuPointerGetAttribute(s)` need no round trip, and a
 //! unified `cuMemcpy` knows its direction. Classification uses only this table, never address ranges: a
-//! client host pointer may equal a live device pointer of the server. Host ("pinned") memory is local
-//! page-aligned memory; nothing is mapped into the device (`CAN_MAP_HOST_MEMORY` is reported as 0).
+//! client host pointer may equal a live device pointer of the server. Managed and page-locked host
+//! memory are mirrored ([`crate::managed`], [`crate::hostmem`]): copies from and to them move only what
+//! the other side lacks.
 //!
 //! Memory pools and virtual memory management keep the same identity: an allocation from a pool is
 //! recorded with its pool; `cuMemAddressReserve` records the reserved range (beside the table: nothing is
@@ -13,7 +14,8 @@
 //!
 //! A copy checks its device range before it touches a host byte, as NVIDIA's driver does: an oversized
 //! count (up to `SIZE_MAX`) is `CUDA_ERROR_INVALID_VALUE`, never a read past the application's buffer.
-//! The range comes from this table (allocations, mappings, and module globals recorded when
+//! The range comes from the mirrors (managed and page-locked memory), this table (allocations, mappings,
+//! and module globals recorded when
 //! `cuModuleGetGlobal`/`cuLibraryGetGlobal` return them), else from the server (`cuMemGetAddressRange`:
 //! device memory this table does not know).
 
@@ -28,7 +30,7 @@ use gleam_protocol::types::{
     CUmemoryPool, CUresult, CUstream,
 };
 
-use crate::{context, forward, handles, put, state};
+use crate::{context, forward, handles, managed, put, state};
 
 /// What an address range of the table is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,6 +214,19 @@ pub(crate) fn check_device_range(ptr: u64, n: usize) -> Result<(), CUresult> {
         return Err(CUresult::INVALID_VALUE);
     }
     let end = ptr.checked_add(n as u64).ok_or(CUresult::INVALID_VALUE)?;
+    // Mirrored memory (managed, page-locked, registered) is device memory too, at its host address or,
+    // when registered, at its device address.
+    if let Some(m) = managed::lookup(ptr) {
+        let base = if (m.host..m.host.saturating_add(m.len)).contains(&ptr) {
+            m.host
+        } else {
+            m.device
+        };
+        return match end > base.saturating_add(m.len) {
+            true => Err(CUresult::INVALID_VALUE),
+            false => Ok(()),
+        };
+    }
     let (base, size) = match lookup(ptr) {
         Some(r) if matches!(r.kind, Kind::Mapped { .. }) => (r.base, mapped_run(r)),
         Some(r) if r.kind.is_device() => (r.base, r.size),
@@ -274,11 +289,35 @@ pub unsafe fn htod(
     check_device_range(dst, n)?;
     // SAFETY: forwarded; the destination holds `n` bytes, so the caller's `n` is the copy's size.
     let bytes = unsafe { host_slice(src, n)? };
+    // From mirrored memory: the server's copy has the bytes once the host's writes are pushed.
+    if let Some(m) = managed::containing(src as u64, n as u64) {
+        managed::flush_range(src as u64, n as u64)?;
+        let from = m.device + (src as u64 - m.host);
+        // SAFETY: plain values.
+        return unsafe {
+            match stream {
+                // From page-locked memory the synchronous copy is complete when it returns: the host may
+                // write the source again at once.
+                None => forward::cuMemcpyDtoD_v2(dst, from, n).and_then(|()| managed::complete()),
+                Some(s) => forward::cuMemcpyDtoDAsync_v2(dst, from, n, s as CUstream),
+            }
+        };
+    }
+    // Partly mirrored (odd, but legal): read here, holding no lock, so that faults resolve.
+    // SAFETY: `bytes` is the application's source, `n` readable bytes.
+    let staged =
+        managed::overlaps(src as u64, n as u64).then(|| unsafe { managed::staged(src.cast(), n) });
+    let bytes = staged.as_deref().unwrap_or(bytes);
+    managed::before_work()?;
     session
         .client
         .memcpy_htod(context::current(), dst, bytes, stream)
         .map_err(state::lost)?
-        .result()
+        .result()?;
+    if stream.is_none() {
+        managed::after_sync()?;
+    }
+    Ok(())
 }
 
 /// Device to host; waits for the data (the asynchronous form too: its completion is observable only
@@ -296,17 +335,64 @@ pub unsafe fn dtoh(
     check_device_range(src, n)?;
     // SAFETY: forwarded; the source holds `n` bytes, so the caller's `n` is the copy's size.
     let bytes = unsafe { host_slice_mut(dst, n)? };
-    session
-        .client
-        .memcpy_dtoh(context::current(), bytes, src, stream)
-        .map_err(state::lost)?
-        .result()
+    managed::before_work()?;
+    let mirrored = managed::containing(dst as u64, n as u64);
+    if mirrored.is_some() || managed::overlaps(dst as u64, n as u64) {
+        // Into mirrored memory: the server's copy is written in stream order too, and the bytes are
+        // installed here without faults (nor pushed back).
+        if let Some(m) = mirrored {
+            // What the host wrote there goes first, so that the copy lands on top of it.
+            managed::flush_range(dst as u64, n as u64)?;
+            let to = m.device + (dst as u64 - m.host);
+            // SAFETY: plain values.
+            unsafe {
+                match stream {
+                    None => forward::cuMemcpyDtoD_v2(to, src, n)?,
+                    Some(s) => forward::cuMemcpyDtoDAsync_v2(to, src, n, s as CUstream)?,
+                }
+            }
+        }
+        let mut staged = vec![0u8; n];
+        session
+            .client
+            .memcpy_dtoh(context::current(), &mut staged, src, stream)
+            .map_err(state::lost)?
+            .result()?;
+        // The synchronization first (it may make every mirror stale), then the fresh bytes.
+        managed::after_sync()?;
+        if mirrored.is_none() || !managed::install(dst as u64, &staged) {
+            // Written here, holding no lock: faults resolve.
+            bytes.copy_from_slice(&staged);
+        }
+    } else {
+        session
+            .client
+            .memcpy_dtoh(context::current(), bytes, src, stream)
+            .map_err(state::lost)?
+            .result()?;
+    }
+    // The data came after the stream's (or the legacy stream's) earlier work.
+    managed::after_sync()
 }
 
 /// `cuMemcpy`/`cuMemcpyAsync`: the direction comes from the allocation table.
 unsafe fn unified(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> Result<(), CUresult> {
     state::session()?;
     let on_device = |p: u64| lookup(p).is_some_and(|r| r.kind.is_device());
+    // Mirrored memory on one side: the other side decides (copies from and to it are optimized there);
+    // on both: a device-to-device copy of the server's copies, the source pushed first.
+    if let (Some(d), Some(s)) = (managed::lookup(dst), managed::lookup(src)) {
+        managed::flush_range(src, n as u64)?;
+        managed::flush_range(dst, n as u64)?;
+        let (to, from) = (d.device + (dst - d.host), s.device + (src - s.host));
+        // SAFETY: plain values.
+        return unsafe {
+            match stream {
+                None => forward::cuMemcpyDtoD_v2(to, from, n).and_then(|()| managed::complete()),
+                Some(st) => forward::cuMemcpyDtoDAsync_v2(to, from, n, st),
+            }
+        };
+    }
     // SAFETY: forwarded; the table says which side each pointer lives on.
     unsafe {
         match (on_device(dst), on_device(src), stream) {
@@ -323,28 +409,6 @@ unsafe fn unified(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> Res
             }
         }
     }
-}
-
-fn host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void, CUresult> {
-    if bytes == 0 {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    // SAFETY: an anonymous private mapping; page-aligned as pinned memory is.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(CUresult::OUT_OF_MEMORY);
-    }
-    record(p as u64, bytes as u64, Kind::Host { flags }, None);
-    Ok(p)
 }
 
 /// Bytes written for each `CUpointer_attribute` (booleans are C `bool`s).
@@ -399,6 +463,7 @@ unsafe fn pointer_attribute(
         (Some(_), _) if !lenient => return Err(CUresult::NOT_SUPPORTED),
         (Some(_), _) => {}
     }
+    tracing::trace!(ptr, attribute, value = ?&value[..size], known = region.is_some(), "pointer attribute");
     // SAFETY: the caller's buffer holds the attribute's C type, `size` bytes.
     unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), data.cast::<u8>(), size) };
     Ok(())
@@ -667,6 +732,9 @@ pub unsafe fn cuMemAllocPitch_v2(
 
 pub unsafe fn cuMemFree_v2(dptr: u64) -> Result<(), CUresult> {
     state::session()?;
+    if let Some(freed) = managed::free(dptr, false) {
+        return freed;
+    }
     unrecord(dptr, true)?;
     // SAFETY: plain values.
     unsafe { forward::cuMemFree_v2(dptr) }
@@ -685,6 +753,18 @@ pub unsafe fn cuMemGetAddressRange_v2(
     dptr: u64,
 ) -> Result<(), CUresult> {
     state::session()?;
+    if let Some(m) = managed::lookup(dptr).filter(|m| dptr >= m.host && dptr < m.host + m.len) {
+        // SAFETY: the caller's out-pointers, each NULL (not wanted) or writable.
+        unsafe {
+            if !base.is_null() {
+                put(base, m.host)?;
+            }
+            if !size.is_null() {
+                put(size, m.len as usize)?;
+            }
+        }
+        return Ok(());
+    }
     let Some(region) = lookup(dptr).filter(|r| r.kind.is_device()) else {
         // Not an allocation of this process's table (a module global, say): the server knows. Either
         // out-pointer may be NULL here, as in CUDA.
@@ -713,58 +793,21 @@ pub unsafe fn cuMemGetAddressRange_v2(
     Ok(())
 }
 
-pub unsafe fn cuMemHostAlloc(
-    pp: *mut *mut c_void,
-    bytesize: usize,
-    flags: u32,
-) -> Result<(), CUresult> {
-    state::session()?;
-    if pp.is_null() {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    // SAFETY: the caller's out-pointer, non-NULL.
-    unsafe { put(pp, host_alloc(bytesize, flags)?) }
-}
-
-pub unsafe fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> Result<(), CUresult> {
-    state::session()?;
-    if pp.is_null() {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    // SAFETY: the caller's out-pointer, non-NULL.
-    unsafe { put(pp, host_alloc(bytesize, 0)?) }
-}
-
-pub unsafe fn cuMemFreeHost(p: *mut c_void) -> Result<(), CUresult> {
-    state::session()?;
-    let region = unrecord(p as u64, false)?;
-    // SAFETY: the mapping made by host_alloc for exactly this range.
-    unsafe { libc::munmap(p, region.size as usize) };
-    Ok(())
-}
-
-pub unsafe fn cuMemHostGetDevicePointer_v2(
-    pdptr: *mut u64,
-    p: *mut c_void,
-    flags: u32,
-) -> Result<(), CUresult> {
-    state::session()?;
-    if pdptr.is_null() || flags != 0 {
-        return Err(CUresult::INVALID_VALUE);
-    }
-    match lookup(p as u64) {
-        // Host memory is not mapped into the remote device (CAN_MAP_HOST_MEMORY = 0).
-        Some(r) if !r.kind.is_device() => Err(CUresult::NOT_SUPPORTED),
-        _ => Err(CUresult::INVALID_VALUE),
-    }
-}
-
 pub unsafe fn cuPointerGetAttribute(
     data: *mut c_void,
     attribute: u32,
     ptr: u64,
 ) -> Result<(), CUresult> {
     state::session()?;
+    if let Some(answer) = crate::hostmem::pointer_attribute(attribute, ptr) {
+        let (bytes, n) = answer?;
+        if data.is_null() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: the caller's buffer holds the attribute's C type, `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), data.cast::<u8>(), n) };
+        return Ok(());
+    }
     // SAFETY: the caller's attribute buffer, as the C API requires.
     unsafe { pointer_attribute(data, attribute, ptr, lookup(ptr), false) }
 }
@@ -784,6 +827,13 @@ pub unsafe fn cuPointerGetAttributes(
         // SAFETY: `attributes` and `data` hold `count` entries each (checked non-NULL above).
         let (attribute, out) = unsafe { (*attributes.add(i), *data.add(i)) };
         if out.is_null() {
+            continue;
+        }
+        if let Some(answer) = crate::hostmem::pointer_attribute(attribute, ptr) {
+            // Attributes that do not apply read as zeros here, as for unknown pointers.
+            let (bytes, n) = answer.unwrap_or(([0; 16], attribute_size(attribute).unwrap_or(0)));
+            // SAFETY: the caller's buffer for this attribute.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.cast::<u8>(), n) };
             continue;
         }
         // SAFETY: the caller's buffer for this attribute.

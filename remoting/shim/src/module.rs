@@ -412,38 +412,9 @@ unsafe fn pack_params(
     }
 }
 
-/// Who launches: a program calling the driver API, or the CUDA runtime (through the entry points
-/// `cuGetProcAddress` hands it).
-///
-/// NVIDIA's driver answers an impossible launch configuration (a zero dimension, too many threads, a
-/// dimension over its limit) with `CUDA_ERROR_INVALID_VALUE` to driver-API callers (LUPINE's probe of
-/// driver 590, issue 439), while runtime programs see `cudaErrorInvalidConfiguration` (9) from
-/// `cudaLaunchKernel`, raised inside `libcuda.so.1` (compute-sanitizer's backtraces), and the 13.0
-/// runtime passes driver codes through unchanged (1 -> `cudaErrorInvalidValue`, 9 ->
-/// `cudaErrorInvalidConfiguration`; measured against Gleam's shim). So the driver gives the runtime code 9
-/// **[inferred; `scripts/gpu/compare-pytorch.sh` checks it with `tests/cuda/errors.cu` locally]**.
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub(crate) enum Caller {
-    /// A driver-API program.
-    Driver,
-    /// The CUDA runtime.
-    Runtime,
-}
-
-impl Caller {
-    /// What an impossible launch configuration returns.
-    fn config_error(self) -> CUresult {
-        match self {
-            Self::Driver => CUresult::INVALID_VALUE,
-            Self::Runtime => CUresult(9),
-        }
-    }
-}
-
 /// A launch as the application described it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LaunchArgs {
-    pub caller: Caller,
     pub f: CUfunction,
     pub grid: [u32; 3],
     pub block: [u32; 3],
@@ -460,7 +431,10 @@ pub(crate) struct LaunchArgs {
 pub(crate) unsafe fn prepare(a: &LaunchArgs) -> Result<Launch, CUresult> {
     let f = launchable(a.f as u64)?;
     handles::check(Kind::Stream, a.stream as u64)?;
-    let config = a.caller.config_error();
+    // NVIDIA's driver answers an impossible configuration (a zero dimension, too many threads, a dimension
+    // over its limit) with CUDA_ERROR_INVALID_VALUE, to driver-API programs and to the CUDA runtime alike
+    // (measured on the H200 with examples/cuda/launch_errors.cu: the runtime reports cudaErrorInvalidValue).
+    let config = CUresult::INVALID_VALUE;
     if a.grid.contains(&0) || a.block.contains(&0) {
         return Err(config);
     }
@@ -514,17 +488,19 @@ unsafe fn launch(a: &LaunchArgs, attrs: Vec<LaunchAttr>) -> Result<(), CUresult>
     } else {
         Call::LaunchKernelEx { launch, attrs }
     };
-    session
-        .client
-        .send(context::current(), call)
-        .map_err(state::lost)?
-        .result()
+    // Mirrored memory the host wrote reaches the device before the kernel runs.
+    crate::managed::around("cuLaunchKernel", || {
+        session
+            .client
+            .send(context::current(), call)
+            .map_err(state::lost)?
+            .result()
+    })
 }
 
 /// `cuLaunchKernelEx`: the configuration's attributes go to the serving driver as given (cluster
 /// dimensions, cooperative, priority, programmatic launch...); it judges them.
 unsafe fn launch_ex(
-    caller: Caller,
     config: *const c_void,
     f: CUfunction,
     params: *mut *mut c_void,
@@ -545,7 +521,6 @@ unsafe fn launch_ex(
     unsafe {
         launch(
             &LaunchArgs {
-                caller,
                 f,
                 grid: c.grid,
                 block: c.block,
@@ -924,7 +899,6 @@ pub unsafe fn cuLaunchKernel(
     unsafe {
         launch(
             &LaunchArgs {
-                caller: Caller::Driver,
                 f,
                 grid: [gx, gy, gz],
                 block: [bx, by, bz],
@@ -955,7 +929,6 @@ pub unsafe fn cuLaunchCooperativeKernel(
     unsafe {
         launch(
             &LaunchArgs {
-                caller: Caller::Driver,
                 f,
                 grid: [gx, gy, gz],
                 block: [bx, by, bz],
@@ -976,7 +949,7 @@ pub unsafe fn cuLaunchKernelEx(
     extra: *mut *mut c_void,
 ) -> Result<(), CUresult> {
     // SAFETY: the application's launch configuration and parameters, as the C API requires.
-    unsafe { launch_ex(Caller::Driver, config, f, params, extra, false) }
+    unsafe { launch_ex(config, f, params, extra, false) }
 }
 
 pub unsafe fn cuLaunchKernelEx_ptsz(
@@ -986,7 +959,7 @@ pub unsafe fn cuLaunchKernelEx_ptsz(
     extra: *mut *mut c_void,
 ) -> Result<(), CUresult> {
     // SAFETY: as above; the configuration's stream is the one mapped to the per-thread stream.
-    unsafe { launch_ex(Caller::Driver, config, f, params, extra, true) }
+    unsafe { launch_ex(config, f, params, extra, true) }
 }
 
 /// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE` = 1: every block resident at once (`cuLaunchCooperativeKernel`).
@@ -997,110 +970,6 @@ fn cooperative() -> LaunchAttr {
         id: LaunchAttr::COOPERATIVE,
         value,
     }
-}
-
-/// The launch entry points `cuGetProcAddress` hands the CUDA runtime (see [`Caller`]), by the export they
-/// stand for.
-pub(crate) fn runtime_entry(symbol: &str) -> Option<*mut c_void> {
-    let f: *const () = match symbol {
-        "cuLaunchKernel" => runtime_launch_kernel as *const (),
-        "cuLaunchKernel_ptsz" => runtime_launch_kernel_ptsz as *const (),
-        "cuLaunchKernelEx" => runtime_launch_kernel_ex as *const (),
-        "cuLaunchKernelEx_ptsz" => runtime_launch_kernel_ex_ptsz as *const (),
-        _ => return None,
-    };
-    Some(f.cast_mut().cast())
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn runtime_launch_kernel(
-    f: CUfunction,
-    gx: u32,
-    gy: u32,
-    gz: u32,
-    bx: u32,
-    by: u32,
-    bz: u32,
-    shared_mem_bytes: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    crate::guard("cuLaunchKernel", || {
-        // SAFETY: the runtime's arguments, under cuLaunchKernel's contract.
-        unsafe {
-            launch(
-                &LaunchArgs {
-                    caller: Caller::Runtime,
-                    f,
-                    grid: [gx, gy, gz],
-                    block: [bx, by, bz],
-                    shared_mem_bytes,
-                    stream,
-                    params,
-                    extra,
-                },
-                Vec::new(),
-            )
-        }
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn runtime_launch_kernel_ptsz(
-    f: CUfunction,
-    gx: u32,
-    gy: u32,
-    gz: u32,
-    bx: u32,
-    by: u32,
-    bz: u32,
-    shared_mem_bytes: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    let stream = gleam_protocol::api::per_thread(stream);
-    // SAFETY: as above, on the per-thread default stream.
-    unsafe {
-        runtime_launch_kernel(
-            f,
-            gx,
-            gy,
-            gz,
-            bx,
-            by,
-            bz,
-            shared_mem_bytes,
-            stream,
-            params,
-            extra,
-        )
-    }
-}
-
-unsafe extern "C" fn runtime_launch_kernel_ex(
-    config: *const c_void,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    crate::guard("cuLaunchKernelEx", || {
-        // SAFETY: the runtime's arguments, under cuLaunchKernelEx's contract.
-        unsafe { launch_ex(Caller::Runtime, config, f, params, extra, false) }
-    })
-}
-
-unsafe extern "C" fn runtime_launch_kernel_ex_ptsz(
-    config: *const c_void,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    crate::guard("cuLaunchKernelEx_ptsz", || {
-        // SAFETY: as above.
-        unsafe { launch_ex(Caller::Runtime, config, f, params, extra, true) }
-    })
 }
 
 #[cfg(test)]

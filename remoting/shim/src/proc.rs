@@ -185,13 +185,8 @@ unsafe fn get_proc_address(
         report(Status::SymbolNotFound);
         return Err(CUresult::NOT_FOUND);
     }
-    // The CUDA runtime finds its entry points here (never by symbol): launches it gets answer an
-    // impossible configuration as NVIDIA's driver answers the runtime (`module::Caller`).
-    let found = select(table(), name, version, flags).and_then(|symbol| {
-        crate::module::runtime_entry(&symbol)
-            .or_else(|| crate::exports::address(&symbol))
-            .ok_or(Status::SymbolNotFound)
-    });
+    let found = select(table(), name, version, flags)
+        .and_then(|symbol| crate::exports::address(&symbol).ok_or(Status::SymbolNotFound));
     match found {
         Ok(address) => {
             // SAFETY: checked non-NULL above.
