@@ -80,6 +80,7 @@ impl Recorder {
             seq: self.seq,
             ctx: self.ctx,
             expects_reply,
+            deps: Default::default(),
             call,
         };
         frame::encode(&request, bulk, &mut self.stream).expect("seed requests encode");

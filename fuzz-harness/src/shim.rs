@@ -133,7 +133,11 @@ pub fn run(data: &[u8]) {
     check("cuCtxSetCurrent", unsafe {
         cu::cuCtxSetCurrent(setup.ctx as _)
     });
+    let trace = std::env::var_os("GLEAM_FUZZ_TRACE").is_some();
     for op in &ops {
+        if trace {
+            eprintln!("{op:?}");
+        }
         input.run(op);
     }
     input.clean_up();

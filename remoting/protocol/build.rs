@@ -247,11 +247,13 @@ fn check(entries: &[Entry]) -> Result<(), String> {
             let known = tag == "by-hand"
                 || tag == "bulk-in"
                 || tag == "bulk-out"
+                || tag == "barrier"
                 || [
                     "destroys(",
                     "retains-primary(",
                     "releases-primary(",
                     "resets-primary(",
+                    "records(",
                 ]
                 .iter()
                 .any(|p| tag.starts_with(p));
@@ -270,6 +272,7 @@ fn check(entries: &[Entry]) -> Result<(), String> {
             "retains-primary",
             "releases-primary",
             "resets-primary",
+            "records",
         ] {
             if let Some(arg) = e.tag_arg(tag) {
                 if !e.forwarded() {
@@ -466,6 +469,46 @@ fn generate(entries: &[Entry]) -> String {
             }
         }
     }
-    s.push_str("        _ => Effect::None,\n    }\n}\n");
+    s.push_str("        _ => Effect::None,\n    }\n}\n\n");
+
+    // How each forwarded call is ordered against the others (lanes, events, barriers).
+    s.push_str(
+        "/// How a forwarded call is ordered against the session's other requests (from the list's stream and\n\
+         /// event arguments and its `barrier`/`records` tags).\n\
+         pub(crate) fn api_ordering(call: &crate::api::ApiCall) -> crate::order::Ordering {\n\
+         \x20   use crate::api::ApiCall;\n\
+         \x20   #[allow(unused_variables)]\n\
+         \x20   match call {\n",
+    );
+    for e in entries.iter().filter(|e| e.forwarded()) {
+        let stream = e.params.iter().find(|p| p.ty == "Stream");
+        let recorded = e.tag_arg("records");
+        let waits: Vec<&Param> = e
+            .params
+            .iter()
+            .filter(|p| p.ty == "Event" && Some(p.name.as_str()) != recorded)
+            .collect();
+        // A call that destroys a handle runs after every earlier request, whatever its lane: one of
+        // them may still name the handle (a wait on an event, a launch of a module's function), and
+        // CUDA lets a program destroy what queued work still uses.
+        let barrier = e
+            .tags
+            .iter()
+            .any(|t| t == "barrier" || t.starts_with("destroys("));
+        let _ = writeln!(
+            s,
+            "        ApiCall::{}(a) => crate::order::Ordering {{ stream: {}, barrier: {barrier}, \
+             records: {}, waits: [{}], }},",
+            e.name,
+            stream.map_or("None".to_owned(), |p| format!("Some(a.{})", p.name)),
+            recorded.map_or("None".to_owned(), |arg| format!("Some(a.{arg})")),
+            (0..2)
+                .map(|i| waits.get(i).map_or("None".to_owned(), |p| format!("Some(a.{})", p.name)))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        assert!(waits.len() <= 2, "{}: more than two event arguments", e.name);
+    }
+    s.push_str("    }\n}\n");
     s
 }

@@ -2,7 +2,9 @@
 //! `gleam peer` and the internal `gleam session`.
 
 use anyhow::Context;
-use gleam_host::WorkerCommand;
+use std::path::Path;
+
+use gleam_host::SessionCommand;
 use tracing::info;
 
 /// `--backend` values.
@@ -53,18 +55,20 @@ impl Backend {
         }
     }
 
-    /// `<this executable> session --backend <self>`: how `gleam serve` and `gleam peer` run each session,
-    /// with `config_dir` (where the session keeps the module images clients sent, in `cache/`).
-    pub fn session_command(self, config_dir: &std::path::Path) -> anyhow::Result<WorkerCommand> {
+    /// `<this executable> session --backend <self> --config-dir <dir>`: how `gleam serve` and `gleam peer`
+    /// run each session (the session presents this device's identity from `config_dir`).
+    pub fn session_command(self, config_dir: &Path) -> anyhow::Result<SessionCommand> {
         let program = std::env::current_exe().context("finding the gleam executable")?;
-        Ok(WorkerCommand {
+        Ok(SessionCommand {
             program,
             args: vec![
                 "session".to_owned(),
                 "--backend".to_owned(),
                 self.as_str().to_owned(),
+                "--config-dir".to_owned(),
+                config_dir.display().to_string(),
             ],
-            env: vec![("GLEAM_CONFIG_DIR".into(), config_dir.into())],
+            env: Vec::new(),
         })
     }
 }

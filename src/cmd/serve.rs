@@ -2,7 +2,7 @@
 //!
 //! Security is always on: the device's identity (TLS) and the mesh secret (membership proof) are required,
 //! and are created on first use. Each authenticated connection gets its own `gleam session` process
-//! ([`gleam_gleam_host::serve_connection`]).
+//! ([`gleam_host::serve_connection`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use gleam_auth::identity::{Identity, MeshSecret, MeshSecretError};
 use gleam_auth::tls::ALPN_CUDA;
-use gleam_host::WorkerCommand;
+use gleam_host::SessionCommand;
 use gleam_ratelimit::RateLimit;
 
 use super::backend::Backend;
@@ -65,7 +65,7 @@ async fn serve(
     addr: SocketAddr,
     identity: Identity,
     secret: MeshSecret,
-    worker: WorkerCommand,
+    worker: SessionCommand,
     choice: Backend,
 ) -> anyhow::Result<()> {
     let config = gleam_auth::tls::server_config(&identity).context("configuring TLS")?;
@@ -108,7 +108,7 @@ async fn serve(
 }
 
 /// One connection: handshake, ALPN check, mesh authentication, then its session.
-async fn accept(incoming: quinn::Incoming, secret: Arc<MeshSecret>, worker: WorkerCommand) {
+async fn accept(incoming: quinn::Incoming, secret: Arc<MeshSecret>, worker: SessionCommand) {
     let remote = incoming.remote_address();
     let conn = match incoming.await {
         Ok(conn) => conn,

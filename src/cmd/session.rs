@@ -1,13 +1,19 @@
-//! `gleam session --backend cuda|emu` (hidden): one client's session, in its own process.
+//! `gleam session --backend cuda|emu --client ID --bind ADDR` (hidden): one client's session, in its own
+//! process.
 //!
-//! Started by `gleam serve`/`gleam peer` for each authenticated connection: requests arrive on stdin,
-//! replies leave on stdout (see [`gleam_server::worker`]), logs go to stderr. The exit code says
-//! how the session ended, and the parent turns it into the connection's close reason.
+//! Started by `gleam serve`/`gleam peer` for each authenticated client (see [`gleam_host`]): it listens on
+//! an endpoint of its own, prints `<port> <token>` on stdout for its parent to pass on, admits only that
+//! client, and serves its CUDA calls ([`gleam_host::process`]). Logs go to stderr; the exit code says how
+//! the session ended, and the parent turns it into the reason it gives the client.
 
+use std::io::Write;
+use std::net::IpAddr;
 use std::process::ExitCode;
 
+use anyhow::Context;
+use gleam_auth::identity::{Identity, PeerId};
+use gleam_host::process::{self, ATTACH_TIMEOUT, EXIT_BACKEND, Options};
 use gleam_real::RealBackend;
-use gleam_server::worker::{self, EXIT_BACKEND};
 use tracing::error;
 
 use super::backend::Backend;
@@ -17,28 +23,55 @@ pub struct Args {
     /// What executes the session.
     #[arg(long, value_enum)]
     pub backend: Backend,
-    /// The serving device's config directory: module images clients sent are kept in its `cache/`.
+    /// The only peer this session admits (already authenticated by the parent).
+    #[arg(long)]
+    pub client: PeerId,
+    /// The address to listen on (`0.0.0.0` or `::`).
+    #[arg(long)]
+    pub bind: IpAddr,
     #[command(flatten)]
     pub config: super::ConfigDir,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    gleam_server::session::use_content_cache(args.config.path()?.join("cache"));
+    let config_dir = args.config.path()?;
+    // Module images clients sent are kept in the serving device's content cache.
+    gleam_server::session::use_content_cache(config_dir.join("cache"));
+    let identity = Identity::load(&config_dir).with_context(|| {
+        format!(
+            "loading this device's identity from {}",
+            config_dir.display()
+        )
+    })?;
+    let options = Options {
+        bind: args.bind,
+        identity,
+        client: args.client,
+        attach_timeout: ATTACH_TIMEOUT,
+    };
+    // The parent reads exactly one line: where to send the client.
+    let announce = |port: u16, token: &[u8; 32]| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", gleam_host::announcement(port, token))?;
+        out.flush()
+    };
     let backend = match args.backend {
         Backend::Auto => Backend::Auto.resolve()?,
         chosen => chosen,
     };
     let reason = match backend {
         Backend::Cuda => match RealBackend::new() {
-            Ok(backend) => worker::run(backend),
+            Ok(backend) => process::run(backend, options, announce),
             Err(err) => {
                 error!(error = %err, "cannot serve this session with NVIDIA's driver");
                 return Ok(ExitCode::from(EXIT_BACKEND));
             }
         },
-        Backend::Emu | Backend::Auto => {
-            worker::run(gleam_emu::EmuBackend::new(gleam_emu::EmuConfig::default()))
-        }
+        Backend::Emu | Backend::Auto => process::run(
+            gleam_emu::EmuBackend::new(gleam_emu::EmuConfig::default()),
+            options,
+            announce,
+        ),
     };
     Ok(ExitCode::from(reason.code()))
 }

@@ -7,16 +7,21 @@ use gleam_auth::identity::{Identity, MeshSecret};
 use gleam_auth::tls::{ALPN_CUDA, client_config, server_name};
 use gleam_protocol::api::{ApiCall, ApiReply, args};
 use gleam_protocol::frame::{self, FrameReader};
+use gleam_protocol::order::Deps;
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
-    COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Reply, ReplyFrame, Request, ServerHello,
+    COPY_CHUNK, Call, ClientHello, Control, PROTOCOL_VERSION, Reply, ReplyFrame, Request,
+    ServerHello, StreamOpen,
 };
 
 use super::Server;
 
-/// A minimal client of the session protocol.
+/// A minimal client of the session protocol: everything on the control lane, in order.
 pub struct Client {
     pub endpoint: quinn::Endpoint,
+    /// The authenticated connection to the peer, kept as the session's lifeline.
+    pub lifeline: quinn::Connection,
+    /// The connection to the session process.
     pub conn: quinn::Connection,
     pub send: quinn::SendStream,
     pub recv: quinn::RecvStream,
@@ -49,15 +54,53 @@ pub async fn connect_raw(
     Ok((endpoint, conn))
 }
 
+/// Asks the peer for a session on an authenticated connection: the session process's port and token,
+/// or the peer's refusal.
+pub async fn ask_for_session(conn: &quinn::Connection, protocol: u32) -> Result<Control, String> {
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    frame::encode(&Control::Open { protocol }, &[], &mut out).expect("encode");
+    send.write_all(&out).await.map_err(|e| e.to_string())?;
+    let mut frames = FrameReader::new();
+    loop {
+        if let Some(frame) = frames.next_frame().map_err(|e| e.to_string())? {
+            return frame.decode().map_err(|e| e.to_string());
+        }
+        match recv.read_chunk(usize::MAX, true).await {
+            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
+            Ok(None) => return Err("offer stream ended".into()),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
 impl Client {
-    /// Connects, authenticates and opens the session stream (Hello not yet sent).
+    /// Connects, authenticates, asks for a session, connects to the session process and attaches
+    /// (Hello not yet sent).
     pub async fn connect(server: &Server) -> Self {
-        let (endpoint, conn) = connect_raw(server, &server.secret())
+        let (endpoint, lifeline) = connect_raw(server, &server.secret())
             .await
             .expect("connect and authenticate");
-        let (send, recv) = conn.open_bi().await.expect("open the session stream");
+        let Control::Offer { port, token } = ask_for_session(&lifeline, PROTOCOL_VERSION)
+            .await
+            .expect("a session offer")
+        else {
+            panic!("the peer refused the session");
+        };
+        let mut addr = server.addr;
+        addr.set_port(port);
+        let conn = endpoint
+            .connect(addr, &server_name(server.peer))
+            .expect("connect to the session")
+            .await
+            .expect("session handshake");
+        let (mut send, recv) = conn.open_bi().await.expect("open the control lane");
+        let mut out = Vec::new();
+        frame::encode(&StreamOpen::Attach { token }, &[], &mut out).expect("encode");
+        send.write_all(&out).await.expect("attach");
         Self {
             endpoint,
+            lifeline,
             conn,
             send,
             recv,
@@ -122,6 +165,7 @@ impl Client {
             seq: self.seq,
             ctx: self.ctx,
             expects_reply,
+            deps: Deps::default(),
             call,
         };
         let mut out = Vec::new();
@@ -142,7 +186,13 @@ impl Client {
                 self.last_bulk = frame.bulk.to_vec();
                 return frame.decode().map_err(|e| e.to_string());
             }
-            match self.recv.read_chunk(usize::MAX, true).await {
+            // The session process dying shows on the lifeline (its parent closes it with the reason),
+            // not on the session connection, whose far end just goes silent.
+            let chunk = tokio::select! {
+                chunk = self.recv.read_chunk(usize::MAX, true) => chunk,
+                closed = self.lifeline.closed() => return Err(format!("lifeline closed: {closed}")),
+            };
+            match chunk {
                 Ok(Some(chunk)) => self.frames.feed(&chunk.bytes),
                 Ok(None) => return Err("session stream ended".into()),
                 Err(e) => return Err(e.to_string()),
@@ -240,10 +290,17 @@ impl Client {
     }
 
     /// Waits for the connection to close; the close code and reason, or why it closed otherwise.
+    /// How the session ended, as its lifeline's close says (the session process's exit, or the session
+    /// connection's own close when that came first).
     pub async fn closed(&self, within: Duration) -> quinn::ConnectionError {
-        tokio::time::timeout(within, self.conn.closed())
-            .await
-            .expect("the connection closes in time")
+        tokio::time::timeout(within, async {
+            tokio::select! {
+                closed = self.lifeline.closed() => closed,
+                closed = self.conn.closed() => closed,
+            }
+        })
+        .await
+        .expect("the connection closes in time")
     }
 }
 

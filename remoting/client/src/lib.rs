@@ -1,49 +1,60 @@
-//! The client side of a CUDA session: one authenticated QUIC connection to a serving peer, one ordered
-//! command stream on it.
+//! `gleam-client`: the client side of a CUDA session with a serving peer.
 //!
-//! [`Client::connect`] dials the peer (TLS pinned to its [`PeerId`], then the mesh-secret proof), opens the
-//! command stream and exchanges [`Call::Hello`]. From then on a small background tokio runtime owns the
-//! connection: a writer task drains the queue of encoded request frames and coalesces whatever is queued
-//! into one `write_all_chunks`, and a reader task routes each [`ReplyFrame`] to the thread waiting for its
-//! `seq`. Callers never touch async code:
+//! [`Client::connect_any`] dials the peer (TLS pinned to its [`PeerId`], then the mesh-secret proof) and asks
+//! it for a session ([`Control::Open`]); the peer starts the session's own process and answers where it
+//! listens ([`Control::Offer`]). The client connects there directly and attaches with the offered token:
+//! no relay in the data path. The first connection stays open as the session's lifeline: if the session
+//! process dies, the peer closes it with the reason.
 //!
-//! * [`Client::call`] sends a request and blocks the calling thread until its reply;
-//! * [`Client::send`] queues a fire-and-forget request (ordered with everything else), or waits for it
-//!   when the session runs in blocking mode (`CUDA_LAUNCH_BLOCKING=1`);
-//! * [`Client::memcpy_htod`] / [`Client::memcpy_dtoh`] split bulk copies into [`COPY_CHUNK`] pieces
-//!   (device-to-host pieces all requested at once, collected in order).
+//! Requests travel on lanes ([`gleam_protocol::order`]): one QUIC stream per CUDA stream, plus the control
+//! lane for everything else, so a long transfer on one stream never holds back another stream's calls.
+//! A [`Sequencer`] numbers every request and works out what it must follow (per-lane order, barriers,
+//! event records); the serving side's scheduler keeps exactly that order.
 //!
-//! A thread waiting for a reply spins briefly before parking ([`gleam_protocol::tuning::spin_budget`]; `GLEAM_SPIN_US`), and so
-//! does the session process waiting for the next request, on hosts with cores to spare.
+//! Sending costs no thread hop: the calling thread encodes its frame and hands it to quinn itself
+//! (quinn's driver then sends it). Fire-and-forget requests are coalesced per lane: they accumulate in the
+//! lane's batch and the lane's writer task hands the batch to quinn as one chunk shortly after, so a burst
+//! of launches costs one segment, not one per launch; a request that waits for its reply flushes its lane
+//! at once. What quinn cannot take yet is bounded ([`BUFFER_LIMIT`]): past it, callers wait. Replies are
+//! read by one task per lane and handed to the waiting thread through a [`slot::Slot`] (spin, then park).
 //!
-//! If the connection is lost (QUIC idle timeout with keep-alives on, the server's session process died,
-//! a protocol violation), every pending and later call fails with [`ClientError::Lost`] within seconds,
-//! never hangs.
+//! If the session is lost (QUIC idle timeout with keep-alives on, the session process died, a protocol
+//! violation), every pending and later call fails with [`ClientError::Lost`] within seconds, never hangs.
+
+mod slot;
 
 use std::collections::HashMap;
+use std::future::poll_fn;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, mpsc};
-use std::thread::Thread;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use gleam_auth::identity::{Identity, MeshSecret, PeerId};
 use gleam_auth::proof::{AuthError, authenticate_as_client};
 use gleam_auth::tls::{ALPN_CUDA, TlsError, client_config};
-use tokio::sync::mpsc as tokio_mpsc;
-use tracing::{debug, warn};
-
 use gleam_protocol::frame::{self, FrameError, FrameReader};
+use gleam_protocol::order::{Lane, Sequencer};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
-    COPY_CHUNK, Call, ClientHello, PROTOCOL_VERSION, Reply, ReplyFrame, Request, ServerHello,
+    COPY_CHUNK, Call, ClientHello, Control, PROTOCOL_VERSION, Reply, ReplyFrame, Request,
+    ServerHello, StreamOpen,
 };
+use tokio::sync::Notify;
+use tracing::{debug, warn};
 
-/// How long [`Client::connect`] may take in all (handshake, authentication, hello).
+use crate::slot::Slot;
+
+/// How long [`Client::connect`] may take in all (handshake, authentication, session start, hello).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The writer stops coalescing queued frames into one write once it holds this many bytes.
-const COALESCE_BYTES: usize = 1 << 20;
+/// Bytes the client holds that quinn has not taken yet (across lanes); past it, a submitting thread
+/// waits for the network to catch up.
+pub const BUFFER_LIMIT: usize = 32 << 20;
+/// A lane's batch of fire-and-forget frames is handed to quinn at once when it reaches this size.
+const BATCH_FLUSH: usize = 256 << 10;
 /// QUIC application close code of an orderly client exit.
 const CLOSE_CLIENT_EXIT: u32 = 0;
 
@@ -118,6 +129,9 @@ pub enum ClientError {
         /// The peer's.
         server: u32,
     },
+    /// The peer refused to start a session.
+    #[error("the peer refused the session: {0}")]
+    Refused(String),
     /// The peer broke the protocol (an undecodable frame, a reply to nothing, a wrong reply kind).
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -137,9 +151,6 @@ impl ClientError {
     }
 }
 
-/// What a waiter receives: the reply, or why none will come.
-type Outcome = Result<Answer, ClientError>;
-
 /// A reply as the reader task hands it over: the decoded message and its bulk bytes (a view of the
 /// reader's buffer, so handing it over costs no copy).
 #[derive(Debug)]
@@ -150,160 +161,6 @@ pub struct Answer {
     pub reply: Reply,
     /// The bulk bytes (device-to-host data), empty for most replies.
     pub bulk: Bytes,
-}
-
-/// State shared by the calling threads and the background tasks.
-struct Shared {
-    /// Assigns sequence numbers and queues frames in that order (one lock, so the queue is in seq order).
-    queue: Mutex<Queue>,
-    /// Threads waiting for a reply, by seq; `lost` once the session ended.
-    waiters: Mutex<Waiters>,
-    /// Set once the session ended (fast path for callers).
-    lost: AtomicBool,
-    /// Set when this side ends the session, so the end is not reported as a failure.
-    closing: AtomicBool,
-}
-
-struct Queue {
-    next_seq: u64,
-    frames: tokio_mpsc::UnboundedSender<Bytes>,
-    /// Initial capacity of a frame buffer (most requests are small).
-    frame_hint: usize,
-}
-
-#[derive(Default)]
-struct Waiters {
-    pending: HashMap<u64, Arc<Slot>>,
-    lost: Option<ClientError>,
-}
-
-/// Where one reply is handed from the reader task to the waiting thread.
-///
-/// The waiter spins briefly before parking: a reply usually comes back within one LAN round trip,
-/// and waking a parked thread costs several microseconds more than noticing a flag (like the CUDA
-/// driver, which spins in `cuCtxSynchronize` by default). Delivering to a thread that is not parked
-/// costs the reader an atomic swap, no syscall.
-struct Slot {
-    state: AtomicU8,
-    outcome: Mutex<Option<Outcome>>,
-    /// The thread that parked waiting for this slot.
-    thread: OnceLock<Thread>,
-}
-
-/// No outcome yet, nobody parked.
-const SLOT_EMPTY: u8 = 0;
-/// The waiter is (about to be) parked and must be unparked.
-const SLOT_PARKED: u8 = 1;
-/// The outcome is in place.
-const SLOT_READY: u8 = 2;
-
-impl Slot {
-    fn new() -> Self {
-        Self {
-            state: AtomicU8::new(SLOT_EMPTY),
-            outcome: Mutex::new(None),
-            thread: OnceLock::new(),
-        }
-    }
-
-    /// Hands over the outcome. Each slot is delivered at most once (whoever removes it from
-    /// [`Waiters::pending`] delivers it); a second delivery is ignored.
-    fn deliver(&self, outcome: Outcome) {
-        {
-            let mut slot = self
-                .outcome
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if slot.is_some() {
-                return;
-            }
-            *slot = Some(outcome);
-        }
-        if self.state.swap(SLOT_READY, Ordering::AcqRel) == SLOT_PARKED
-            && let Some(thread) = self.thread.get()
-        {
-            thread.unpark();
-        }
-    }
-
-    fn take(&self) -> Option<Outcome> {
-        self.outcome
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-    }
-
-    /// Waits until the outcome is delivered, or until `deadline`.
-    fn wait(&self, spin: Duration, deadline: Option<Instant>) -> Option<Outcome> {
-        if !spin.is_zero() {
-            let start = Instant::now();
-            let mut polls = 0u32;
-            while self.state.load(Ordering::Acquire) != SLOT_READY {
-                std::hint::spin_loop();
-                polls = polls.wrapping_add(1);
-                // Reading the clock costs more than a poll of the flag; look at it now and then.
-                if polls.is_multiple_of(64) && start.elapsed() >= spin {
-                    break;
-                }
-            }
-        }
-        if self.state.load(Ordering::Acquire) != SLOT_READY {
-            let _ = self.thread.set(std::thread::current());
-            // Only park if no outcome arrived meanwhile; an unpark that comes before `park` makes
-            // `park` return at once, so no wake-up is lost.
-            if self
-                .state
-                .compare_exchange(SLOT_EMPTY, SLOT_PARKED, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                while self.state.load(Ordering::Acquire) != SLOT_READY {
-                    match deadline {
-                        None => std::thread::park(),
-                        Some(deadline) => {
-                            let now = Instant::now();
-                            if now >= deadline {
-                                return None;
-                            }
-                            std::thread::park_timeout(deadline - now);
-                        }
-                    }
-                }
-            }
-        }
-        self.take()
-    }
-}
-
-impl Shared {
-    fn waiters(&self) -> MutexGuard<'_, Waiters> {
-        // A poisoned lock only means a thread panicked while holding it; the map is still consistent.
-        self.waiters
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Ends the session: every pending and later call fails with `err` (the first reason wins).
-    fn fail_all(&self, err: ClientError) {
-        let mut waiters = self.waiters();
-        let err = waiters.lost.get_or_insert(err).clone();
-        self.lost.store(true, Ordering::Release);
-        for (_, slot) in waiters.pending.drain() {
-            slot.deliver(Err(err.clone()));
-        }
-    }
-
-    fn lost_error(&self) -> ClientError {
-        self.waiters()
-            .lost
-            .clone()
-            .unwrap_or_else(|| ClientError::Lost("the session ended".into()))
-    }
 }
 
 /// A request whose reply has not been collected yet.
@@ -321,7 +178,10 @@ impl std::fmt::Debug for Pending {
 impl Pending {
     /// Blocks until the reply arrives (or the session ends).
     pub fn wait(self) -> Result<Answer, ClientError> {
-        match self.slot.wait(gleam_protocol::tuning::spin_budget(), None) {
+        match self
+            .slot
+            .wait(gleam_protocol::tuning::spin_budget(), None)
+        {
             Some(outcome) => outcome,
             None => Err(ClientError::Lost("the session ended".into())),
         }
@@ -338,19 +198,54 @@ impl Pending {
     }
 }
 
+/// Bytes and datagrams a session moved over the network (see [`Client::wire_stats`]).
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct WireStats {
+    /// UDP payload bytes sent.
+    pub sent_bytes: u64,
+    /// UDP datagrams sent.
+    pub sent_datagrams: u64,
+    /// UDP payload bytes received.
+    pub received_bytes: u64,
+    /// UDP datagrams received.
+    pub received_datagrams: u64,
+}
+
+impl WireStats {
+    /// As a JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            r#"{{"sent_bytes":{},"sent_datagrams":{},"received_bytes":{},"received_datagrams":{}}}"#,
+            self.sent_bytes, self.sent_datagrams, self.received_bytes, self.received_datagrams
+        )
+    }
+}
+
 /// An established session with a serving peer.
 pub struct Client {
     shared: Arc<Shared>,
     hello: ServerHello,
     blocking: bool,
-    connection: quinn::Connection,
+    peer_addr: SocketAddr,
+    lifeline: quinn::Connection,
     endpoint: quinn::Endpoint,
     // Last, so the tasks stop after everything else is dropped.
     runtime: tokio::runtime::Runtime,
 }
 
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("server", &self.hello.server)
+            .field("peer", &self.peer_addr)
+            .field("blocking", &self.blocking)
+            .field("lost", &self.is_lost())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Client {
-    /// Connects to `peer` at `addr` as `identity`, proves membership with `secret`, and says hello.
+    /// Connects to `peer` at `addr` as `identity`, proves membership with `secret`, and starts a session.
     ///
     /// Fails within [`CONNECT_TIMEOUT`] if the peer does not answer.
     pub fn connect(
@@ -373,8 +268,8 @@ impl Client {
         Self::connect_any(peer, &[addr], identity, secret, timeout)
     }
 
-    /// Connects to `peer` at whichever of `addrs` answers first (tried in order, happy-eyeballs style:
-    /// [`gleam_auth::dial::dial`]), then as [`Client::connect`]. [`Client::peer_addr`] says which one.
+    /// [`Client::connect`] to a peer known by several addresses (best first): they are tried happy-eyeballs
+    /// style, the first to complete the handshake wins.
     pub fn connect_any(
         peer: PeerId,
         addrs: &[SocketAddr],
@@ -397,13 +292,12 @@ impl Client {
         let endpoint = runtime
             .block_on(async { gleam_auth::dial::client_endpoint() })
             .map_err(|e| ClientError::Endpoint(e.to_string()))?;
-
         let secret = secret.clone();
         let pace = gleam_auth::dial::Pace {
             stagger: gleam_auth::dial::Pace::default().stagger,
             attempt_timeout: timeout,
         };
-        let handshake = async {
+        let establish = async {
             let dialed = gleam_auth::dial::dial(&endpoint, &config, peer, addrs, pace)
                 .await
                 .map_err(|e| ClientError::Unreachable {
@@ -412,101 +306,90 @@ impl Client {
                     reason: e.reasons(),
                 })?;
             let addr = dialed.addr;
-            let connection = dialed.conn;
-            authenticate_as_client(&connection, &secret)
+            let lifeline = dialed.conn;
+            authenticate_as_client(&lifeline, &secret)
                 .await
                 .map_err(|e| ClientError::Auth(Arc::new(e)))?;
-            let (mut send, mut recv) = connection
+            let (port, token) = ask_for_session(&lifeline).await?;
+            // The session process listens at the same address, on its own port.
+            let mut session_addr = addr;
+            session_addr.set_port(port);
+            let connection = endpoint
+                .connect_with(config.clone(), session_addr, &gleam_auth::tls::server_name(peer))
+                .map_err(|e| unreachable(peer, session_addr, e))?
+                .await
+                .map_err(|e| unreachable(peer, session_addr, e))?;
+            let (mut send, recv) = connection
                 .open_bi()
                 .await
-                .map_err(|e| unreachable(peer, addr, e))?;
-            let hello = Request {
-                seq: 1,
-                ctx: 0,
-                expects_reply: true,
-                call: Call::Hello(ClientHello {
-                    protocol: PROTOCOL_VERSION,
-                    client: describe_self(),
-                }),
-            };
-            let mut out = Vec::new();
-            frame::encode(&hello, &[], &mut out).map_err(lost_frame)?;
-            send.write_all(&out)
+                .map_err(|e| unreachable(peer, session_addr, e))?;
+            let mut opening = Vec::new();
+            frame::encode(&StreamOpen::Attach { token }, &[], &mut opening).map_err(lost_frame)?;
+            send.write_all(&opening)
                 .await
                 .map_err(|e| ClientError::Lost(e.to_string()))?;
-            let mut reader = FrameReader::new();
-            let frame: ReplyFrame = loop {
-                if let Some(frame) = reader.next_frame().map_err(lost_frame)? {
-                    break frame
-                        .decode()
-                        .map_err(|e| ClientError::Protocol(e.to_string()))?;
-                }
-                match recv.read_chunk(usize::MAX, true).await {
-                    Ok(Some(chunk)) => reader.feed(&chunk.bytes),
-                    Ok(None) => return Err(ClientError::Lost(close_reason(&connection))),
-                    Err(e) => return Err(ClientError::Lost(e.to_string())),
-                }
-            };
-            let server = match frame.reply {
-                Reply::Hello(server) => server,
-                other if !frame.result.is_success() => {
-                    debug!(?other, "hello refused");
-                    return Err(ClientError::Protocol(format!(
-                        "the peer refused the session: {}",
-                        frame.result
-                    )));
-                }
-                other => {
-                    return Err(ClientError::Protocol(format!(
-                        "expected a hello reply, got {other:?}"
-                    )));
-                }
-            };
-            if server.protocol != PROTOCOL_VERSION {
-                return Err(ClientError::Version {
-                    client: PROTOCOL_VERSION,
-                    server: server.protocol,
-                });
-            }
-            Ok((connection, send, recv, reader, server))
+            Ok::<_, ClientError>((addr, lifeline, connection, send, recv))
         };
-        let (connection, send, recv, replies, hello) = runtime
-            .block_on(async { tokio::time::timeout(timeout, handshake).await })
+        let (addr, lifeline, connection, send, recv) = runtime
+            .block_on(async { tokio::time::timeout(timeout, establish).await })
             .map_err(|_| ClientError::Timeout {
                 peer,
                 addr: first,
                 timeout,
             })??;
-        let addr = canonical(connection.remote_address());
 
-        let (frames, queued) = tokio_mpsc::unbounded_channel();
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue {
-                next_seq: 2,
-                frames,
-                frame_hint: 128,
-            }),
-            waiters: Mutex::new(Waiters::default()),
-            lost: AtomicBool::new(false),
-            closing: AtomicBool::new(false),
+        let shared = Arc::new(Shared::new(connection.clone(), runtime.handle().clone()));
+        shared.add_lane(Lane::CONTROL, send, recv);
+        runtime.spawn(watch_lifeline(lifeline.clone(), shared.clone()));
+        runtime.spawn(watch_session(connection, shared.clone()));
+
+        let hello = Call::Hello(ClientHello {
+            protocol: PROTOCOL_VERSION,
+            client: describe_self(),
         });
-        runtime.spawn(writer(send, queued, shared.clone(), connection.clone()));
-        runtime.spawn(reader(recv, replies, shared.clone(), connection.clone()));
+        let answer = shared
+            .submit(0, hello, &[], true)?
+            .ok_or_else(|| ClientError::Protocol("hello has no waiter".into()))?
+            .wait_timeout(timeout)?;
+        let hello = match answer.reply {
+            Reply::Hello(server) => server,
+            other if !answer.result.is_success() => {
+                debug!(?other, "hello refused");
+                return Err(ClientError::Protocol(format!(
+                    "the peer refused the session: {}",
+                    answer.result
+                )));
+            }
+            other => {
+                return Err(ClientError::Protocol(format!(
+                    "expected a hello reply, got {other:?}"
+                )));
+            }
+        };
+        if hello.protocol != PROTOCOL_VERSION {
+            return Err(ClientError::Version {
+                client: PROTOCOL_VERSION,
+                server: hello.protocol,
+            });
+        }
         let blocking = std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v.trim() == "1");
-        debug!(%peer, %addr, backend = %hello.backend, devices = hello.devices.len(), blocking, "session established");
+        let peer_addr = canonical(addr);
+        debug!(%peer, addr = %peer_addr, backend = %hello.backend, devices = hello.devices.len(), blocking,
+            "session established");
         Ok(Self {
             shared,
             hello,
             blocking,
-            connection,
+            peer_addr,
+            lifeline,
             endpoint,
             runtime,
         })
     }
 
-    /// The address this session reached the peer at (the first of those given that answered).
+    /// The address the peer answered on.
     pub fn peer_addr(&self) -> SocketAddr {
-        canonical(self.connection.remote_address())
+        self.peer_addr
     }
 
     /// What the server said about itself and its devices at connect.
@@ -533,44 +416,8 @@ impl Client {
         bulk: &[u8],
         expects_reply: bool,
     ) -> Result<Option<Pending>, ClientError> {
-        if self.is_lost() {
-            return Err(self.shared.lost_error());
-        }
         sent::note(expects_reply);
-        let mut request = Request {
-            seq: 0,
-            ctx,
-            expects_reply,
-            call,
-        };
-        let mut queue = self.shared.queue();
-        request.seq = queue.next_seq;
-        // Encoded straight into the buffer the writer will send.
-        let mut encoded = Vec::with_capacity(queue.frame_hint + bulk.len());
-        if let Err(err) = frame::encode(&request, bulk, &mut encoded) {
-            return Err(ClientError::Protocol(format!(
-                "cannot encode request: {err}"
-            )));
-        }
-        let pending = if expects_reply {
-            let slot = Arc::new(Slot::new());
-            let mut waiters = self.shared.waiters();
-            if let Some(err) = &waiters.lost {
-                return Err(err.clone());
-            }
-            waiters.pending.insert(request.seq, slot.clone());
-            Some(Pending { slot })
-        } else {
-            None
-        };
-        queue.next_seq += 1;
-        if queue.frames.send(Bytes::from(encoded)).is_err() {
-            drop(queue);
-            self.shared
-                .fail_all(ClientError::Lost("the connection's writer stopped".into()));
-            return Err(self.shared.lost_error());
-        }
-        Ok(pending)
+        self.shared.submit(ctx, call, bulk, expects_reply)
     }
 
     /// Sends `call` (with `bulk` bytes) and blocks until its reply.
@@ -684,8 +531,22 @@ impl Client {
         Ok(first_error.unwrap_or(CUresult::SUCCESS))
     }
 
+    /// What this session has put on the network and taken from it so far: UDP payload bytes and
+    /// datagrams (QUIC and TLS overhead included) over the session connection and the lifeline together.
+    pub fn wire_stats(&self) -> WireStats {
+        let mut total = WireStats::default();
+        for connection in [&self.shared.connection, &self.lifeline] {
+            let stats = connection.stats();
+            total.sent_bytes += stats.udp_tx.bytes;
+            total.sent_datagrams += stats.udp_tx.datagrams;
+            total.received_bytes += stats.udp_rx.bytes;
+            total.received_datagrams += stats.udp_rx.datagrams;
+        }
+        total
+    }
+
     /// Ends the session in order: waits (briefly) for the server to finish queued work and free
-    /// everything, then closes the connection.
+    /// everything, then closes the connections.
     pub fn close(&self, timeout: Duration) {
         self.shared.closing.store(true, Ordering::Release);
         if !self.is_lost()
@@ -695,12 +556,13 @@ impl Client {
         }
         self.shared
             .fail_all(ClientError::Lost("the client closed the session".into()));
-        self.connection
-            .close(quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT), b"client exit");
-        // Give the close frame a moment to leave (the process may be exiting right after). No `block_on`:
+        let code = quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT);
+        self.shared.connection.close(code, b"client exit");
+        self.lifeline.close(code, b"client exit");
+        // Give the close frames a moment to leave (the process may be exiting right after). No `block_on`:
         // this may run from a library destructor, after the calling thread's tokio context is gone.
         let endpoint = self.endpoint.clone();
-        let (done, idle) = mpsc::sync_channel(1);
+        let (done, idle) = std::sync::mpsc::sync_channel(1);
         self.runtime.spawn(async move {
             let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
             let _ = done.try_send(());
@@ -709,23 +571,447 @@ impl Client {
     }
 }
 
-impl std::fmt::Debug for Client {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
-            .field("server", &self.hello.server)
-            .field("remote", &self.connection.remote_address())
-            .field("blocking", &self.blocking)
-            .field("lost", &self.is_lost())
-            .finish_non_exhaustive()
-    }
-}
-
 impl Drop for Client {
     fn drop(&mut self) {
         self.shared
             .fail_all(ClientError::Lost("the client was dropped".into()));
-        self.connection
-            .close(quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT), b"client exit");
+        let code = quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT);
+        self.shared.connection.close(code, b"client exit");
+        self.lifeline.close(code, b"client exit");
+    }
+}
+
+/// State shared by the calling threads and the network tasks.
+struct Shared {
+    core: Mutex<Core>,
+    /// Bytes submitted that quinn has not taken yet (backpressure).
+    buffered: AtomicUsize,
+    /// Wakes threads waiting for `buffered` to fall.
+    drained: Condvar,
+    drained_lock: Mutex<()>,
+    /// Set once the session ended (fast path for callers).
+    lost: AtomicBool,
+    /// Set when this side ends the session, so the end is not reported as a failure.
+    closing: AtomicBool,
+    connection: quinn::Connection,
+    runtime: tokio::runtime::Handle,
+}
+
+/// What the lock protects: numbering, lanes and waiters change together, so each lane's stream carries
+/// its requests in seq order.
+struct Core {
+    sequencer: Sequencer,
+    lanes: HashMap<Lane, Arc<LaneTx>>,
+    waiters: HashMap<u64, Arc<Slot>>,
+    lost: Option<ClientError>,
+}
+
+/// One lane's sending half.
+struct LaneTx {
+    /// No request was put in the batch yet (it holds only the opening frame).
+    fresh: AtomicBool,
+    state: Mutex<TxState>,
+    /// Wakes the lane's writer task.
+    flush: Notify,
+}
+
+struct TxState {
+    send: quinn::SendStream,
+    /// Fire-and-forget frames not yet handed to quinn (coalesced into one chunk).
+    batch: BytesMut,
+    /// Chunks handed over but not yet taken by quinn, in order.
+    pending: Vec<Bytes>,
+    failed: Option<String>,
+}
+
+impl TxState {
+    /// Moves the batch to the pending chunks, and hands them to quinn until it takes no more.
+    /// `Ready(Ok)` when everything was taken; `taken` counts the bytes quinn accepted.
+    fn poll_flush(&mut self, cx: &mut Context<'_>, taken: &mut usize) -> Poll<Result<(), String>> {
+        if let Some(err) = &self.failed {
+            return Poll::Ready(Err(err.clone()));
+        }
+        if !self.batch.is_empty() {
+            self.pending.push(self.batch.split().freeze());
+        }
+        while !self.pending.is_empty() {
+            let written = {
+                let fut = self.send.write_chunks(&mut self.pending);
+                let fut = pin!(fut);
+                fut.poll(cx)
+            };
+            match written {
+                Poll::Ready(Ok(written)) => {
+                    *taken += written.bytes;
+                    self.pending.retain(|chunk| !chunk.is_empty());
+                }
+                Poll::Ready(Err(err)) => {
+                    let err = err.to_string();
+                    self.failed = Some(err.clone());
+                    return Poll::Ready(Err(err));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Shared {
+    fn new(connection: quinn::Connection, runtime: tokio::runtime::Handle) -> Self {
+        Self {
+            core: Mutex::new(Core {
+                sequencer: Sequencer::new(1),
+                lanes: HashMap::new(),
+                waiters: HashMap::new(),
+                lost: None,
+            }),
+            buffered: AtomicUsize::new(0),
+            drained: Condvar::new(),
+            drained_lock: Mutex::new(()),
+            lost: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            connection,
+            runtime,
+        }
+    }
+
+    fn core(&self) -> MutexGuard<'_, Core> {
+        lock(&self.core)
+    }
+
+    /// Registers a lane's stream and starts its reader and writer tasks.
+    fn add_lane(self: &Arc<Self>, lane: Lane, send: quinn::SendStream, recv: quinn::RecvStream) {
+        let tx = Arc::new(LaneTx {
+            fresh: AtomicBool::new(false),
+            state: Mutex::new(TxState {
+                send,
+                batch: BytesMut::new(),
+                pending: Vec::new(),
+                failed: None,
+            }),
+            flush: Notify::new(),
+        });
+        self.core().lanes.insert(lane, tx.clone());
+        self.runtime.spawn(lane_writer(tx, self.clone()));
+        self.runtime.spawn(lane_reader(recv, self.clone()));
+    }
+
+    /// Opens the QUIC stream of a new lane (under the core lock, so the lane's first frame precedes any
+    /// request on it).
+    fn open_lane(self: &Arc<Self>, core: &mut Core, lane: Lane) -> Result<Arc<LaneTx>, ClientError> {
+        if let Some(tx) = core.lanes.get(&lane) {
+            return Ok(tx.clone());
+        }
+        let connection = self.connection.clone();
+        // Opening needs stream credit, granted by the peer in advance (1024 streams); if none is left
+        // this waits on the client's runtime for the peer to grant more.
+        let opened = self
+            .runtime
+            .block_on(async move { connection.open_bi().await });
+        let (send, recv) = opened.map_err(|e| ClientError::Lost(e.to_string()))?;
+        // The lane's opening frame goes out with its first request.
+        let mut opening = Vec::new();
+        frame::encode(&StreamOpen::Lane { lane }, &[], &mut opening).map_err(lost_frame)?;
+        // Counted like any request's bytes: the flush that hands them to quinn subtracts them.
+        self.buffered.fetch_add(opening.len(), Ordering::AcqRel);
+        let tx = Arc::new(LaneTx {
+            fresh: AtomicBool::new(true),
+            state: Mutex::new(TxState {
+                send,
+                batch: BytesMut::from(&opening[..]),
+                pending: Vec::new(),
+                failed: None,
+            }),
+            flush: Notify::new(),
+        });
+        core.lanes.insert(lane, tx.clone());
+        self.runtime.spawn(lane_writer(tx.clone(), self.clone()));
+        self.runtime.spawn(lane_reader(recv, self.clone()));
+        Ok(tx)
+    }
+
+    /// Numbers, encodes and sends (or batches) one request.
+    fn submit(
+        self: &Arc<Self>,
+        ctx: u64,
+        call: Call,
+        bulk: &[u8],
+        expects_reply: bool,
+    ) -> Result<Option<Pending>, ClientError> {
+        if self.lost.load(Ordering::Acquire) {
+            return Err(self.lost_error());
+        }
+        self.wait_for_room();
+        let ordering = call.ordering();
+        let mut core = self.core();
+        if let Some(err) = &core.lost {
+            return Err(err.clone());
+        }
+        let (seq, lane, deps) = core.sequencer.next(ordering);
+        let tx = self.open_lane(&mut core, lane)?;
+        let request = Request {
+            seq,
+            ctx,
+            expects_reply,
+            deps,
+            call,
+        };
+        let pending = expects_reply.then(|| {
+            let slot = Arc::new(Slot::new());
+            core.waiters.insert(seq, slot.clone());
+            Pending { slot }
+        });
+        let mut state = lock(&tx.state);
+        let mut head = Vec::with_capacity(64);
+        if let Err(err) = frame::encode_head(&request, bulk.len(), &mut head) {
+            // The seq is taken: a gap would hold every later barrier back, so the session cannot go on.
+            drop(state);
+            drop(core);
+            let err = ClientError::Protocol(format!("cannot encode request {seq}: {err}"));
+            self.fail_all(err.clone());
+            return Err(err);
+        }
+        // Whether this request starts a burst: then the writer task must be woken for it. A new lane's
+        // batch already holds the opening frame, which is no burst of its own.
+        let was_empty = (state.batch.is_empty() && state.pending.is_empty())
+            || tx.fresh.swap(false, Ordering::AcqRel);
+        state.batch.extend_from_slice(&head);
+        state.batch.extend_from_slice(bulk);
+        self.buffered
+            .fetch_add(head.len() + bulk.len(), Ordering::AcqRel);
+        // The numbering lock is not needed to hand the lane's bytes to quinn.
+        drop(core);
+        if expects_reply || state.batch.len() >= BATCH_FLUSH {
+            // Someone waits (or the batch is large): hand everything to quinn now, from this thread.
+            let mut taken = 0;
+            let flushed = state.poll_flush(&mut Context::from_waker(Waker::noop()), &mut taken);
+            self.taken(taken);
+            match flushed {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(err)) => {
+                    drop(state);
+                    let err = ClientError::Lost(err);
+                    self.fail_all(err.clone());
+                    return Err(err);
+                }
+                Poll::Pending => tx.flush.notify_one(),
+            }
+        } else if was_empty {
+            // A fire-and-forget burst: the writer task hands the batch over shortly, coalesced.
+            tx.flush.notify_one();
+        }
+        Ok(pending)
+    }
+
+    /// Waits while the client holds more than [`BUFFER_LIMIT`] bytes quinn has not taken.
+    fn wait_for_room(&self) {
+        if self.buffered.load(Ordering::Acquire) < BUFFER_LIMIT {
+            return;
+        }
+        let mut guard = lock(&self.drained_lock);
+        while self.buffered.load(Ordering::Acquire) >= BUFFER_LIMIT
+            && !self.lost.load(Ordering::Acquire)
+        {
+            guard = self
+                .drained
+                .wait_timeout(guard, Duration::from_millis(50))
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+    }
+
+    /// Quinn took `bytes` more.
+    fn taken(&self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let before = self.buffered.fetch_sub(bytes, Ordering::AcqRel);
+        if before >= BUFFER_LIMIT && before - bytes < BUFFER_LIMIT {
+            let _guard = lock(&self.drained_lock);
+            self.drained.notify_all();
+        }
+    }
+
+    /// Hands a reply to its waiter.
+    fn deliver(&self, reply: ReplyFrame, bulk: Bytes) -> Result<(), ClientError> {
+        let slot = self.core().waiters.remove(&reply.seq);
+        let Some(slot) = slot else {
+            return Err(ClientError::Protocol(format!(
+                "reply to unknown request {}",
+                reply.seq
+            )));
+        };
+        slot.deliver(Ok(Answer {
+            result: reply.result,
+            reply: reply.reply,
+            bulk,
+        }));
+        Ok(())
+    }
+
+    /// Ends the session: every pending and later call fails with `err` (the first reason wins).
+    fn fail_all(&self, err: ClientError) {
+        let waiters: Vec<Arc<Slot>> = {
+            let mut core = self.core();
+            let err = core.lost.get_or_insert(err).clone();
+            self.lost.store(true, Ordering::Release);
+            core.waiters
+                .drain()
+                .map(|(_, slot)| {
+                    slot.deliver(Err(err.clone()));
+                    slot
+                })
+                .collect()
+        };
+        drop(waiters);
+        let _guard = lock(&self.drained_lock);
+        self.drained.notify_all();
+    }
+
+    fn lost_error(&self) -> ClientError {
+        self.core()
+            .lost
+            .clone()
+            .unwrap_or_else(|| ClientError::Lost("the session ended".into()))
+    }
+
+    /// Reports the end of the session (once, unless this side is closing it).
+    fn end(&self, err: ClientError) {
+        if !self.lost.load(Ordering::Acquire) && !self.closing.load(Ordering::Acquire) {
+            warn!(reason = %err, "CUDA session ended");
+        }
+        self.fail_all(err);
+        if let ClientError::Protocol(reason) = &self.lost_error() {
+            self.connection
+                .close(quinn::VarInt::from_u32(1), reason.as_bytes());
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means a thread panicked while holding it; the state stays consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Asks the peer for a session on the authenticated connection: where its process listens.
+async fn ask_for_session(lifeline: &quinn::Connection) -> Result<(u16, [u8; 32]), ClientError> {
+    let (mut send, mut recv) = lifeline
+        .open_bi()
+        .await
+        .map_err(|e| ClientError::Lost(e.to_string()))?;
+    let mut out = Vec::new();
+    frame::encode(
+        &Control::Open {
+            protocol: PROTOCOL_VERSION,
+        },
+        &[],
+        &mut out,
+    )
+    .map_err(lost_frame)?;
+    send.write_all(&out)
+        .await
+        .map_err(|e| ClientError::Lost(e.to_string()))?;
+    let mut frames = FrameReader::new();
+    let control: Control = loop {
+        if let Some(frame) = frames.next_frame().map_err(lost_frame)? {
+            break frame
+                .decode()
+                .map_err(|e| ClientError::Protocol(format!("undecodable session offer: {e}")))?;
+        }
+        match recv.read_chunk(64 << 10, true).await {
+            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
+            Ok(None) | Err(_) => return Err(ClientError::Lost(close_reason(lifeline))),
+        }
+    };
+    match control {
+        Control::Offer { port, token } => Ok((port, token)),
+        Control::Refused { protocol, .. } if protocol != PROTOCOL_VERSION => {
+            Err(ClientError::Version {
+                client: PROTOCOL_VERSION,
+                server: protocol,
+            })
+        }
+        Control::Refused { reason, .. } => Err(ClientError::Refused(reason)),
+        Control::Open { .. } => Err(ClientError::Protocol("expected a session offer".into())),
+    }
+}
+
+/// One lane's writer: hands the lane's batch (and what quinn could not take) to quinn.
+async fn lane_writer(tx: Arc<LaneTx>, shared: Arc<Shared>) {
+    loop {
+        tx.flush.notified().await;
+        let result = poll_fn(|cx| {
+            let mut taken = 0;
+            let flushed = lock(&tx.state).poll_flush(cx, &mut taken);
+            shared.taken(taken);
+            flushed
+        })
+        .await;
+        if let Err(err) = result {
+            let reason = match shared.connection.close_reason() {
+                Some(_) => close_reason(&shared.connection),
+                None => err,
+            };
+            shared.end(ClientError::Lost(reason));
+            return;
+        }
+        if shared.lost.load(Ordering::Acquire) {
+            return;
+        }
+    }
+}
+
+/// One lane's reader: routes replies to their waiters by `seq`.
+async fn lane_reader(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
+    let mut frames = FrameReader::new();
+    let err = 'lane: loop {
+        loop {
+            let frame = match frames.next_frame() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(err) => break 'lane ClientError::Protocol(err.to_string()),
+            };
+            let reply: ReplyFrame = match frame.decode() {
+                Ok(reply) => reply,
+                Err(err) => {
+                    break 'lane ClientError::Protocol(format!("undecodable reply: {err}"));
+                }
+            };
+            if let Err(err) = shared.deliver(reply, frame.bulk) {
+                break 'lane err;
+            }
+        }
+        match recv.read_chunk(usize::MAX, true).await {
+            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
+            Ok(None) if frames.is_mid_frame() => {
+                break ClientError::Protocol("a reply stream ended inside a frame".into());
+            }
+            Ok(None) => break ClientError::Lost(close_reason(&shared.connection)),
+            Err(_) => {
+                // Let the connection record why it closed before reporting it.
+                let conn = shared.connection.clone();
+                let _ = tokio::time::timeout(Duration::from_millis(100), conn.closed()).await;
+                break ClientError::Lost(close_reason(&shared.connection));
+            }
+        }
+    };
+    shared.end(err);
+}
+
+/// The session connection: its loss ends the session.
+async fn watch_session(connection: quinn::Connection, shared: Arc<Shared>) {
+    connection.closed().await;
+    shared.end(ClientError::Lost(close_reason(&connection)));
+}
+
+/// The lifeline: the peer closes it with the reason when the session process dies.
+async fn watch_lifeline(lifeline: quinn::Connection, shared: Arc<Shared>) {
+    let err = lifeline.closed().await;
+    if let quinn::ConnectionError::ApplicationClosed(close) = &err
+        && close.error_code != quinn::VarInt::from_u32(0)
+    {
+        let reason = String::from_utf8_lossy(&close.reason).into_owned();
+        shared.end(ClientError::Lost(format!("the peer's session process failed: {reason}")));
     }
 }
 
@@ -762,7 +1048,7 @@ fn close_reason(connection: &quinn::Connection) -> String {
             "the peer stopped answering (network down or peer gone)".into()
         }
         Some(other) => other.to_string(),
-        None => "the peer ended the command stream".into(),
+        None => "the peer ended the session stream".into(),
     }
 }
 
@@ -776,144 +1062,3 @@ fn describe_self() -> String {
     format!("{program} (pid {}) on {host}", std::process::id())
 }
 
-/// Drains the frame queue onto the stream, coalescing whatever is already queued into one write.
-async fn writer(
-    mut send: quinn::SendStream,
-    mut queued: tokio_mpsc::UnboundedReceiver<Bytes>,
-    shared: Arc<Shared>,
-    connection: quinn::Connection,
-) {
-    let mut batch: Vec<Bytes> = Vec::new();
-    while let Some(first) = queued.recv().await {
-        let mut bytes = first.len();
-        batch.push(first);
-        while bytes < COALESCE_BYTES {
-            match queued.try_recv() {
-                Ok(frame) => {
-                    bytes += frame.len();
-                    batch.push(frame);
-                }
-                Err(_) => break,
-            }
-        }
-        if let Err(err) = send.write_all_chunks(&mut batch).await {
-            let reason = match connection.close_reason() {
-                Some(_) => close_reason(&connection),
-                None => err.to_string(),
-            };
-            warn!(%reason, "CUDA session lost while sending");
-            shared.fail_all(ClientError::Lost(reason));
-            return;
-        }
-        batch.clear();
-    }
-    // Every sender is gone: the client was dropped. Finish the stream so the server sees a clean end.
-    let _ = send.finish();
-}
-
-/// Routes replies to their waiters by `seq`. `frames` may already hold bytes read after the hello.
-async fn reader(
-    mut recv: quinn::RecvStream,
-    mut frames: FrameReader,
-    shared: Arc<Shared>,
-    connection: quinn::Connection,
-) {
-    let err = 'session: loop {
-        loop {
-            let frame = match frames.next_frame() {
-                Ok(Some(frame)) => frame,
-                Ok(None) => break,
-                Err(err) => break 'session ClientError::Protocol(err.to_string()),
-            };
-            let reply: ReplyFrame = match frame.decode() {
-                Ok(reply) => reply,
-                Err(err) => {
-                    break 'session ClientError::Protocol(format!("undecodable reply: {err}"));
-                }
-            };
-            let waiter = shared.waiters().pending.remove(&reply.seq);
-            let Some(slot) = waiter else {
-                break 'session ClientError::Protocol(format!(
-                    "reply to unknown request {}",
-                    reply.seq
-                ));
-            };
-            slot.deliver(Ok(Answer {
-                result: reply.result,
-                reply: reply.reply,
-                bulk: frame.bulk,
-            }));
-        }
-        match recv.read_chunk(usize::MAX, true).await {
-            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
-            Ok(None) if frames.is_mid_frame() => {
-                break ClientError::Protocol("the reply stream ended inside a frame".into());
-            }
-            Ok(None) => break ClientError::Lost(close_reason(&connection)),
-            Err(_) => {
-                // Let the connection record why it closed before reporting it.
-                let _ = tokio::time::timeout(Duration::from_millis(100), connection.closed()).await;
-                break ClientError::Lost(close_reason(&connection));
-            }
-        }
-    };
-    if !shared.lost.load(Ordering::Acquire) && !shared.closing.load(Ordering::Acquire) {
-        warn!(reason = %err, "CUDA session ended");
-    }
-    shared.fail_all(err);
-    if let ClientError::Protocol(reason) = &shared.lost_error() {
-        connection.close(quinn::VarInt::from_u32(1), reason.as_bytes());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_parked_waiter_is_woken_and_an_early_outcome_is_kept() {
-        // Delivered before anyone waits: no park at all.
-        let slot = Slot::new();
-        slot.deliver(Err(ClientError::Lost("early".into())));
-        assert!(
-            matches!(slot.wait(Duration::ZERO, None), Some(Err(ClientError::Lost(r))) if r == "early")
-        );
-
-        // Delivered while the waiter is parked (no spin), from another thread.
-        let slot = Arc::new(Slot::new());
-        let late = slot.clone();
-        let deliverer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
-            late.deliver(Err(ClientError::Lost("late".into())));
-            // A second delivery is ignored.
-            late.deliver(Err(ClientError::Lost("again".into())));
-        });
-        assert!(
-            matches!(slot.wait(Duration::ZERO, None), Some(Err(ClientError::Lost(r))) if r == "late")
-        );
-        deliverer.join().unwrap();
-
-        // Delivered during the spin.
-        let slot = Arc::new(Slot::new());
-        let soon = slot.clone();
-        let deliverer =
-            std::thread::spawn(move || soon.deliver(Err(ClientError::Lost("soon".into()))));
-        assert!(matches!(
-            slot.wait(Duration::from_millis(500), None),
-            Some(Err(_))
-        ));
-        deliverer.join().unwrap();
-
-        // Nothing comes: the deadline ends the wait.
-        let slot = Slot::new();
-        let t = Instant::now();
-        assert!(
-            slot.wait(
-                Duration::from_millis(1),
-                Some(Instant::now() + Duration::from_millis(30))
-            )
-            .is_none()
-        );
-        assert!(t.elapsed() >= Duration::from_millis(30));
-    }
-}

@@ -27,6 +27,7 @@ impl Client {
             seq: self.seq,
             ctx: self.ctx,
             expects_reply,
+            deps: Default::default(),
             call,
         };
         let answer = self.session.handle(request, bulk)?;

@@ -1,58 +1,55 @@
-//! Hosting sessions: one authenticated QUIC connection ↔ one session process.
+//! `gleam-host`: serving CUDA sessions over QUIC, one process per client session.
 //!
-//! [`serve_connection`] accepts the client's command stream, starts a [`WorkerCommand`] (normally
-//! `gleam session --backend X`) and relays frames between the stream and the process's stdin/stdout without
-//! decoding them: it only checks each frame's lengths against the frame limits ([`gleam_protocol::frame`]). The process is killed when the
-//! connection ends (so the driver frees all the session's GPU memory), and the connection is closed with a
-//! reason when the process exits. One client never shares a process with another, and a malformed message
-//! ends only its own session.
+//! * [`serve_connection`] (the peer's side): on an authenticated connection (`gleam serve`, `gleam peer`),
+//!   the client asks for a session ([`Control::Open`]); the peer starts a session process
+//!   ([`SessionCommand`], normally `gleam session`), which listens on an endpoint of its own, and answers
+//!   with its port and a one-time token ([`Control::Offer`]). The client connects to the session process
+//!   directly: no relay in the data path. This connection stays open as the session's lifeline: when the
+//!   session process dies abnormally it is closed with the reason, so the client knows at once.
+//! * [`process`]: the session process itself: its endpoint, the client's lanes (one QUIC stream per CUDA
+//!   stream), the scheduler that keeps CUDA's cross-stream order, and the executor thread running the
+//!   session engine (`gleam-server`) on a backend.
+//!
+//! One client never shares a process with another; when a client leaves (or its process dies) the driver
+//! frees everything it held; a malformed message ends only its own session.
+
+pub mod process;
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes, BytesMut};
+use gleam_protocol::frame::{self, FrameReader};
+use gleam_protocol::wire::{Control, PROTOCOL_VERSION};
 use quinn::VarInt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
 use tracing::{debug, info, warn};
 
-use gleam_protocol::frame::{FrameError, Scanner};
-use gleam_ratelimit::RateLimit;
-use gleam_server::worker::ExitReason;
+use crate::process::ExitReason;
 
-/// Close code: the session ended normally (Goodbye, or the client finished its stream).
+/// Close code: the session ended normally (Goodbye, or the client left).
 pub const CLOSE_ENDED: VarInt = VarInt::from_u32(0);
-/// Close code: the client broke the framing (a frame over the limits) or sent a malformed request.
+/// Close code: the client broke the protocol (a frame over the limits, a malformed or misordered request).
 pub const CLOSE_PROTOCOL_VIOLATION: VarInt = VarInt::from_u32(0x4743_0001);
 /// Close code: the session process failed (crashed, was killed, or its backend could not start).
 pub const CLOSE_WORKER_FAILED: VarInt = VarInt::from_u32(0x4743_0002);
 /// Close code: the session process could not be started.
 pub const CLOSE_WORKER_START: VarInt = VarInt::from_u32(0x4743_0003);
-/// Close code: the client opened no command stream in time.
+/// Close code: the client asked for no session in time.
 pub const CLOSE_NO_STREAM: VarInt = VarInt::from_u32(0x4743_0004);
 
-/// How long a client may take to open its command stream after authenticating.
-const STREAM_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long the last replies may take to reach the client after the session process exited.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
-/// Relay buffer for replies.
-const RELAY_BUFFER: usize = 1 << 20;
-/// Received chunks (about a packet each) handed to the request pipe per `writev`.
-const RELAY_CHUNKS: usize = 256;
-/// Size asked for the session process's pipes.
-const PIPE_SIZE: libc::c_int = 1 << 20;
+/// How long a client may take to ask for a session after authenticating.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a session process may take to announce its endpoint.
+const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Warnings about one connection (clients decide how often those happen): a few a minute, the rest
-/// counted in the next one logged.
-static CONNECTION_WARNINGS: RateLimit = RateLimit::new(20, Duration::from_secs(60));
-
-/// The program that runs one session (`gleam session --backend X`).
+/// The program that runs one session (`gleam session --backend X --config-dir D`). The peer adds
+/// `--client <peer id> --bind <address>`.
 #[derive(Clone, Debug)]
-pub struct WorkerCommand {
+pub struct SessionCommand {
     /// Executable path.
     pub program: PathBuf,
     /// Its arguments.
@@ -61,159 +58,160 @@ pub struct WorkerCommand {
     pub env: Vec<(OsString, OsString)>,
 }
 
-/// Counters of one hosted session.
-#[derive(Debug, Default)]
-struct Traffic {
-    from_client: AtomicU64,
-    to_client: AtomicU64,
-}
-
-/// How the session ended, as reported to the client.
-enum End {
-    /// The connection closed (client left, or network failure): the worker is killed.
-    ConnectionLost(quinn::ConnectionError),
-    /// The client broke the framing.
-    Protocol(String),
-    /// The worker exited (status, or the error waiting for it).
-    WorkerExited(std::io::Result<ExitStatus>),
-}
-
-/// Hosts one authenticated connection's CUDA session until it ends. Never panics on network input.
+/// Serves one authenticated connection's session until it ends. Never panics on network input.
 pub async fn serve_connection(
     conn: quinn::Connection,
-    peer: impl std::fmt::Display,
-    worker: WorkerCommand,
+    peer: gleam_auth::identity::PeerId,
+    command: SessionCommand,
 ) {
     let started = Instant::now();
     let remote = conn.remote_address();
-    let (send, recv) = match tokio::time::timeout(STREAM_TIMEOUT, conn.accept_bi()).await {
+    let (mut send, mut recv) = match tokio::time::timeout(OPEN_TIMEOUT, conn.accept_bi()).await {
         Ok(Ok(streams)) => streams,
         Ok(Err(err)) => {
             debug!(%peer, %remote, error = %err, "connection ended before a session started");
             return;
         }
         Err(_) => {
-            if let Some(suppressed) = CONNECTION_WARNINGS.admit() {
-                warn!(%peer, %remote, suppressed, "client opened no session stream: closing");
-            }
-            conn.close(CLOSE_NO_STREAM, b"no session stream opened");
+            warn!(%peer, %remote, "client asked for no session: closing");
+            conn.close(CLOSE_NO_STREAM, b"no session asked for");
             return;
         }
     };
+    let refuse = |reason: String| Control::Refused {
+        protocol: PROTOCOL_VERSION,
+        reason,
+    };
+    let reply = match read_control(&mut recv).await {
+        Ok(Control::Open { protocol }) if protocol == PROTOCOL_VERSION => None,
+        Ok(Control::Open { protocol }) => {
+            warn!(%peer, client_protocol = protocol, server_protocol = PROTOCOL_VERSION,
+                "client speaks another protocol version: upgrade the older side");
+            Some(refuse(format!(
+                "this peer speaks Gleam protocol {PROTOCOL_VERSION}, the client {protocol}: \
+                 update Gleam on the older device"
+            )))
+        }
+        Ok(_) => Some(refuse("expected a session request".into())),
+        Err(err) => {
+            debug!(%peer, %remote, error = %err, "no session request");
+            conn.close(CLOSE_PROTOCOL_VIOLATION, err.as_bytes());
+            return;
+        }
+    };
+    if let Some(refusal) = reply {
+        let _ = write_control(&mut send, &refusal).await;
+        let _ = send.finish();
+        let _ = tokio::time::timeout(Duration::from_secs(1), conn.closed()).await;
+        return;
+    }
 
-    let mut child = match spawn(&worker) {
+    // The session process listens on every address of the client's family: the client dials the address
+    // it reached this peer on, at the session's port.
+    let bind = match remote {
+        SocketAddr::V4(_) => "0.0.0.0".to_owned(),
+        SocketAddr::V6(_) => "::".to_owned(),
+    };
+    let mut child = match spawn(&command, peer, &bind) {
         Ok(child) => child,
         Err(err) => {
-            if let Some(suppressed) = CONNECTION_WARNINGS.admit() {
-                warn!(%peer, program = %worker.program.display(), error = %err, suppressed,
-                    "cannot start the session process");
-            }
-            conn.close(
-                CLOSE_WORKER_START,
-                b"server could not start a session process",
-            );
+            warn!(%peer, program = %command.program.display(), error = %err, "cannot start the session process");
+            let _ = write_control(&mut send, &refuse("the peer could not start a session process".into())).await;
+            conn.close(CLOSE_WORKER_START, b"server could not start a session process");
             return;
         }
     };
     let pid = child.id().unwrap_or(0);
-    info!(%peer, %remote, pid, "session started");
-    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-        // Unreachable with piped stdio, but never worth a panic.
-        conn.close(
-            CLOSE_WORKER_START,
-            b"server could not start a session process",
-        );
-        return;
-    };
-
-    grow_pipe(&stdin);
-    grow_pipe(&stdout);
-    let traffic = Arc::new(Traffic::default());
-    let mut upload = tokio::spawn(relay_in(recv, stdin, traffic.clone()));
-    let mut download = tokio::spawn(relay_out(stdout, send, traffic.clone()));
-
-    let mut upload_done = false;
-    let end = loop {
-        // Biased, upload first: its failure is the most specific explanation of an end.
-        tokio::select! {
-            biased;
-            result = &mut upload, if !upload_done => {
-                upload_done = true;
-                match result {
-                    // The client finished its stream: stdin is closed, the worker ends by itself.
-                    Ok((Ok(()), _)) => {}
-                    // The worker's stdin (held in `_stdin`) closes only once the violation is recorded.
-                    Ok((Err(RelayError::FrameTooLarge(err)), _stdin)) => {
-                        break End::Protocol(format!("request {err}"));
-                    }
-                    // A reset stream or a broken pipe: the connection or the worker is going away and
-                    // the other branches report why.
-                    Ok((Err(err), _)) => debug!(%peer, error = %err, "request relay stopped"),
-                    Err(err) => debug!(%peer, error = %err, "request relay task failed"),
-                }
-            }
-            err = conn.closed() => break End::ConnectionLost(err),
-            status = child.wait() => break End::WorkerExited(status),
+    let offer = tokio::time::timeout(ANNOUNCE_TIMEOUT, read_announce(&mut child)).await;
+    let (port, token) = match offer {
+        Ok(Ok(offer)) => offer,
+        Ok(Err(err)) => {
+            let status = child.wait().await;
+            let why = status.map_or_else(|e| e.to_string(), |s| describe_exit(s).1);
+            warn!(%peer, pid, error = %err, %why, "the session process did not start");
+            let _ = write_control(&mut send, &refuse(format!("the session process did not start: {why}"))).await;
+            conn.close(CLOSE_WORKER_START, why.as_bytes());
+            return;
         }
-    };
-
-    let (code, reason) = match end {
-        End::ConnectionLost(err) => {
+        Err(_) => {
             kill(&mut child).await;
-            (None, format!("connection closed: {err}"))
-        }
-        End::Protocol(why) => {
-            conn.close(CLOSE_PROTOCOL_VIOLATION, why.as_bytes());
-            kill(&mut child).await;
-            (Some(CLOSE_PROTOCOL_VIOLATION), why)
-        }
-        End::WorkerExited(status) => {
-            // Let the last replies (e.g. Goodbye's) reach the client before closing.
-            if tokio::time::timeout(DRAIN_TIMEOUT, &mut download)
-                .await
-                .is_err()
-            {
-                debug!(%peer, "replies not drained in time");
-            }
-            let (code, why) = match status {
-                Ok(status) => describe_exit(status),
-                Err(err) => (CLOSE_WORKER_FAILED, format!("session process lost: {err}")),
-            };
-            conn.close(code, why.as_bytes());
-            (Some(code), why)
+            let _ = write_control(&mut send, &refuse("the session process did not start in time".into())).await;
+            conn.close(CLOSE_WORKER_START, b"session process did not start in time");
+            return;
         }
     };
-    upload.abort();
-    download.abort();
-    let level_ok = code.is_none_or(|c| c == CLOSE_ENDED);
-    let from_client = traffic.from_client.load(Ordering::Relaxed);
-    let to_client = traffic.to_client.load(Ordering::Relaxed);
+    if write_control(&mut send, &Control::Offer { port, token })
+        .await
+        .is_err()
+    {
+        // The client left: the session process exits when nobody attaches.
+        debug!(%peer, "client gone before the offer");
+    }
+    info!(%peer, %remote, pid, port, "session started");
+
+    // This connection is the session's lifeline: it reports how the session process ended.
+    let status = tokio::select! {
+        status = child.wait() => status,
+        err = conn.closed() => {
+            // The client is gone (its session connection will time out too): the process ends itself;
+            // wait for it, so the daemon's session count stays true.
+            debug!(%peer, error = %err, "lifeline closed");
+            child.wait().await
+        }
+    };
+    let (code, reason) = match status {
+        Ok(status) => describe_exit(status),
+        Err(err) => (CLOSE_WORKER_FAILED, format!("session process lost: {err}")),
+    };
+    conn.close(code, reason.as_bytes());
     let duration_ms = started.elapsed().as_millis() as u64;
-    if level_ok {
-        info!(%peer, %remote, pid, duration_ms, from_client, to_client, %reason, "session ended");
-    } else if let Some(suppressed) = CONNECTION_WARNINGS.admit() {
-        warn!(%peer, %remote, pid, duration_ms, from_client, to_client, %reason, suppressed,
-            "session failed");
+    if code == CLOSE_ENDED {
+        info!(%peer, %remote, pid, duration_ms, %reason, "session ended");
+    } else {
+        warn!(%peer, %remote, pid, duration_ms, %reason, "session failed");
     }
 }
 
-fn spawn(worker: &WorkerCommand) -> std::io::Result<Child> {
-    let mut command = Command::new(&worker.program);
+async fn read_control(recv: &mut quinn::RecvStream) -> Result<Control, String> {
+    let mut frames = FrameReader::new();
+    loop {
+        if let Some(frame) = frames.next_frame().map_err(|e| e.to_string())? {
+            return frame.decode().map_err(|e| format!("malformed session request: {e}"));
+        }
+        match recv.read_chunk(64 << 10, true).await {
+            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
+            Ok(None) => return Err("stream ended before the session request".into()),
+            Err(err) => return Err(err.to_string()),
+        }
+    }
+}
+
+async fn write_control(send: &mut quinn::SendStream, msg: &Control) -> Result<(), String> {
+    let mut out = Vec::new();
+    frame::encode(msg, &[], &mut out).map_err(|e| e.to_string())?;
+    send.write_all(&out).await.map_err(|e| e.to_string())
+}
+
+fn spawn(command: &SessionCommand, client: gleam_auth::identity::PeerId, bind: &str) -> std::io::Result<Child> {
+    let mut cmd = Command::new(&command.program);
     // SAFETY: the closure runs between fork and exec and only makes an async-signal-safe syscall.
     // If the server dies without killing its sessions (SIGKILL), the kernel kills them. (The signal is
     // tied to the forking thread: a tokio worker thread, which lives as long as the runtime.)
     unsafe {
-        command.pre_exec(|| {
+        cmd.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    command
-        .args(&worker.args)
-        .envs(worker.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
+    cmd.args(&command.args)
+        .arg("--client")
+        .arg(client.to_string())
+        .arg("--bind")
+        .arg(bind)
+        .envs(command.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         // If this task is dropped (server shutdown), the session process goes with it.
@@ -221,14 +219,39 @@ fn spawn(worker: &WorkerCommand) -> std::io::Result<Child> {
         .spawn()
 }
 
-/// Pipes default to 64 KiB; a bulk copy then costs a context switch per 64 KiB. Ask for 1 MiB (the
-/// unprivileged maximum by default); failure only costs speed.
-fn grow_pipe(pipe: &impl std::os::fd::AsRawFd) {
-    // SAFETY: F_SETPIPE_SZ on a descriptor we own; no memory is passed.
-    let r = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
-    if r < 0 {
-        debug!(error = %std::io::Error::last_os_error(), "cannot grow the session pipe");
+/// Reads the session process's announcement: `<port> <token in hex>`.
+async fn read_announce(child: &mut Child) -> Result<(u16, [u8; 32]), String> {
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| "no pipe to the session process".to_owned())?;
+    let mut line = String::new();
+    let mut reader = tokio::io::BufReader::new(stdout);
+    reader
+        .read_line(&mut line)
+        .await
+        .map_err(|e| e.to_string())?;
+    parse_announce(&line).ok_or_else(|| format!("unexpected announcement {line:?}"))
+}
+
+/// Parses `<port> <64 hex digits>`.
+fn parse_announce(line: &str) -> Option<(u16, [u8; 32])> {
+    let (port, token) = line.trim().split_once(' ')?;
+    let port = port.parse().ok()?;
+    let mut bytes = [0u8; 32];
+    if token.len() != 64 {
+        return None;
     }
+    for (i, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(token.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some((port, bytes))
+}
+
+/// The announcement line for `port` and `token` (what [`read_announce`] parses).
+pub fn announcement(port: u16, token: &[u8; 32]) -> String {
+    let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{port} {hex}")
 }
 
 async fn kill(child: &mut Child) {
@@ -244,13 +267,10 @@ fn describe_exit(status: ExitStatus) -> (VarInt, String) {
         (Some(0), _) => (CLOSE_ENDED, "session ended".to_owned()),
         (Some(code), _) => {
             let why = ExitReason::describe_code(code);
-            let close = match code {
-                c if c == i32::from(gleam_server::worker::EXIT_MALFORMED)
-                    || c == i32::from(gleam_server::worker::EXIT_FRAME_TOO_LARGE) =>
-                {
-                    CLOSE_PROTOCOL_VIOLATION
-                }
-                _ => CLOSE_WORKER_FAILED,
+            let close = if code == i32::from(process::EXIT_PROTOCOL) {
+                CLOSE_PROTOCOL_VIOLATION
+            } else {
+                CLOSE_WORKER_FAILED
             };
             (close, format!("{why} (session process exit code {code})"))
         }
@@ -260,109 +280,6 @@ fn describe_exit(status: ExitStatus) -> (VarInt, String) {
         ),
         (None, None) => (CLOSE_WORKER_FAILED, "session process ended".to_owned()),
     }
-}
-
-/// A relay direction stopped.
-#[derive(Debug, thiserror::Error)]
-enum RelayError {
-    #[error("{0}")]
-    FrameTooLarge(FrameError),
-    #[error("reading the client stream: {0}")]
-    Read(#[from] quinn::ReadError),
-    #[error("writing the client stream: {0}")]
-    Write(#[from] quinn::WriteError),
-    #[error("session process pipe: {0}")]
-    Pipe(#[from] std::io::Error),
-}
-
-/// Client stream → worker stdin, checking frame lengths on the way. The received chunks go to the pipe
-/// as they are, many per `writev`, without first being copied into a buffer of ours.
-async fn relay_in(
-    recv: quinn::RecvStream,
-    mut stdin: ChildStdin,
-    traffic: Arc<Traffic>,
-) -> (Result<(), RelayError>, Option<ChildStdin>) {
-    match relay_frames(recv, &mut stdin, traffic).await {
-        // The client finished its stream: closing stdin tells the worker the client is done.
-        Ok(()) => (Ok(()), None),
-        // Stdin stays open until the caller has taken note of the failure: on EOF the worker would exit
-        // cleanly, and that exit could be reported instead of, say, a protocol violation.
-        Err(err) => (Err(err), Some(stdin)),
-    }
-}
-
-async fn relay_frames(
-    mut recv: quinn::RecvStream,
-    stdin: &mut ChildStdin,
-    traffic: Arc<Traffic>,
-) -> Result<(), RelayError> {
-    let mut frames = Scanner::new();
-    let mut chunks: Vec<Bytes> = vec![Bytes::new(); RELAY_CHUNKS];
-    while let Some(count) = recv.read_chunks(&mut chunks).await? {
-        let received = &mut chunks[..count];
-        let mut n = 0;
-        for chunk in received.iter() {
-            frames.feed(chunk).map_err(RelayError::FrameTooLarge)?;
-            n += chunk.len();
-        }
-        write_all_chunks(stdin, received).await?;
-        traffic.from_client.fetch_add(n as u64, Ordering::Relaxed);
-    }
-    Ok(())
-}
-
-/// Writes every byte of `chunks` (consuming them) with vectored writes.
-async fn write_all_chunks(stdin: &mut ChildStdin, chunks: &mut [Bytes]) -> std::io::Result<()> {
-    let mut first = 0;
-    while first < chunks.len() {
-        let slices: Vec<std::io::IoSlice<'_>> = chunks[first..]
-            .iter()
-            .map(|c| std::io::IoSlice::new(c))
-            .collect();
-        let mut written = stdin.write_vectored(&slices).await?;
-        if written == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        while written > 0 {
-            let chunk = &mut chunks[first];
-            let take = written.min(chunk.len());
-            chunk.advance(take);
-            written -= take;
-            if chunk.is_empty() {
-                first += 1;
-            }
-        }
-        while first < chunks.len() && chunks[first].is_empty() {
-            first += 1;
-        }
-    }
-    Ok(())
-}
-
-/// Worker stdout → client stream: whatever the worker wrote since the last read goes out in one write,
-/// handed to quinn as it is (no copy into quinn's own buffer).
-async fn relay_out(
-    mut stdout: ChildStdout,
-    mut send: quinn::SendStream,
-    traffic: Arc<Traffic>,
-) -> Result<(), RelayError> {
-    let mut buf = BytesMut::new();
-    loop {
-        // Reuses the block while quinn has released what was sent from it, else starts a new one.
-        if buf.capacity() < RELAY_BUFFER / 4 {
-            buf.reserve(RELAY_BUFFER);
-        }
-        let n = stdout.read_buf(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        send.write_chunk(buf.split().freeze()).await?;
-        traffic.to_client.fetch_add(n as u64, Ordering::Relaxed);
-    }
-    // The worker is done: finish the stream and wait until the client has it all (or gave up).
-    let _ = send.finish();
-    let _ = send.stopped().await;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -376,9 +293,19 @@ mod tests {
         assert_eq!((code, why.as_str()), (CLOSE_ENDED, "session ended"));
         let (code, why) = describe_exit(ExitStatus::from_raw(3 << 8));
         assert_eq!(code, CLOSE_PROTOCOL_VIOLATION);
-        assert!(why.contains("malformed"), "{why}");
+        assert!(why.contains("protocol"), "{why}");
         let (code, why) = describe_exit(ExitStatus::from_raw(9));
         assert_eq!(code, CLOSE_WORKER_FAILED);
         assert!(why.contains("signal 9"), "{why}");
+    }
+
+    #[test]
+    fn announcements_round_trip() {
+        let token: [u8; 32] = std::array::from_fn(|i| i as u8 * 7);
+        let line = announcement(4748, &token);
+        assert_eq!(parse_announce(&format!("{line}\n")), Some((4748, token)));
+        assert_eq!(parse_announce("4748 abc"), None);
+        assert_eq!(parse_announce("port 00"), None);
+        assert_eq!(parse_announce(""), None);
     }
 }

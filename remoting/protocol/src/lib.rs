@@ -7,6 +7,8 @@
 //! * [`wire`]: the session's messages: [`wire::Request`] / [`wire::Call`] from the client,
 //!   [`wire::ReplyFrame`] / [`wire::Reply`] from the server, and the hello exchange.
 //! * [`registry`]: [`registry::Handles`], the registry of live handles with each kind's lifetime rules.
+//! * [`order`]: lanes and dependencies: which requests must run after which ([`order::Sequencer`] on
+//!   the client, [`order::Scheduler`] on the serving side).
 //! * [`types`]: the C ABI types (`CUresult`, handles, constants) shared by every layer.
 //! * [`descriptors`]: the C descriptor structs of arrays, textures, surfaces and 2D/3D copies.
 //! * [`copy`]: 2D/3D copies in the canonical form they travel in.
@@ -17,6 +19,7 @@ pub mod api;
 pub mod copy;
 pub mod descriptors;
 pub mod frame;
+pub mod order;
 pub mod registry;
 pub mod tuning;
 pub mod types;

@@ -22,6 +22,51 @@ pub const PROTOCOL_VERSION: u32 = 5;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
 
+/// The first exchange, on the serving peer's own connection (the address discovery and `gleam run` dial):
+/// the client asks for a session; the peer starts the session's process, which listens on an endpoint of
+/// its own, and says where. The client then connects there directly (no relay in the data path) and keeps
+/// this connection as the session's lifeline: the peer closes it with the reason if the session process
+/// dies.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub enum Control {
+    /// Client: "start a session for me".
+    Open {
+        /// The client's [`PROTOCOL_VERSION`].
+        protocol: u32,
+    },
+    /// Peer: the session process listens on `port` (same address as this connection), and admits the
+    /// client that presents `token` over a connection authenticated as the same peer.
+    Offer {
+        /// UDP port of the session process's endpoint.
+        port: u16,
+        /// The one-time admission token.
+        token: [u8; 32],
+    },
+    /// Peer: no session (another protocol version, the session process could not start...).
+    Refused {
+        /// The peer's [`PROTOCOL_VERSION`].
+        protocol: u32,
+        /// Why, for the user.
+        reason: String,
+    },
+}
+
+/// The first frame of every QUIC stream the client opens on a session connection.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub enum StreamOpen {
+    /// The connection's first stream: admission with the token of [`Control::Offer`]; it carries the
+    /// control lane ([`crate::order::Lane::CONTROL`]).
+    Attach {
+        /// The token.
+        token: [u8; 32],
+    },
+    /// A further stream: the lane it carries.
+    Lane {
+        /// The lane.
+        lane: crate::order::Lane,
+    },
+}
+
 /// One client request.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct Request {
@@ -32,6 +77,8 @@ pub struct Request {
     pub ctx: u64,
     /// Whether the client waits for a reply. `false` = fire-and-forget.
     pub expects_reply: bool,
+    /// What must run before it (see [`crate::order`]).
+    pub deps: crate::order::Deps,
     /// What to do.
     pub call: Call,
 }
@@ -130,6 +177,29 @@ pub enum Call {
     },
     /// Orderly end of the session: the server frees everything and replies [`Reply::Empty`].
     Goodbye,
+}
+
+impl Call {
+    /// What kind of call this is, for logs (a listed call's C name is [`ApiCall::name`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Call::Hello(_) => "Hello",
+            Call::Api(call) => call.name(),
+            Call::MemcpyHtoD { .. } => "MemcpyHtoD",
+            Call::MemcpyDtoH { .. } => "MemcpyDtoH",
+            Call::ModuleLoad => "ModuleLoad",
+            Call::ModuleGetFunction { .. } => "ModuleGetFunction",
+            Call::LibraryLoad => "LibraryLoad",
+            Call::KernelGetFunction { .. } => "KernelGetFunction",
+            Call::LaunchKernel(_) => "LaunchKernel",
+            Call::LaunchKernelEx { .. } => "LaunchKernelEx",
+            Call::Memcpy3D { .. } => "Memcpy3D",
+            Call::MirrorWrite { .. } => "MirrorWrite",
+            Call::MirrorRead { .. } => "MirrorRead",
+            Call::LoadImage { .. } => "LoadImage",
+            Call::Goodbye => "Goodbye",
+        }
+    }
 }
 
 /// A module image, by content: its BLAKE3 hash and length.
@@ -418,6 +488,7 @@ mod tests {
             seq: 7,
             ctx: 0x5555,
             expects_reply: false,
+            deps: crate::order::Deps::default(),
             call: Call::MemcpyHtoD {
                 dst: 0x7f00_0000_0000,
                 stream: Some(9),

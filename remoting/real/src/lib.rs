@@ -748,6 +748,7 @@ mod tests {
                     seq: seq.get(),
                     ctx,
                     expects_reply: reply,
+                    deps: Default::default(),
                     call: c,
                 };
                 s.handle(request, bulk)

@@ -52,6 +52,7 @@ impl<B: Backend> Driver<B> {
             seq: self.seq,
             ctx: self.ctx,
             expects_reply: reply,
+            deps: Default::default(),
             call,
         };
         self.s

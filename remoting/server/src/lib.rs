@@ -6,10 +6,8 @@
 //!   (deferred and sticky errors) to one client's requests.
 //! * [`mirrors`]: the allocations a client mirrors (managed and mapped host memory), which bounds what its
 //!   direct reads and writes may touch.
-//! * [`worker`]: the session process's loop, a [`Session`](session::Session) between stdin and stdout.
 
 pub mod backend;
 pub mod images;
 pub mod mirrors;
 pub mod session;
-pub mod worker;

@@ -112,13 +112,14 @@ impl<B: Backend> Session<B> {
         self.requests += 1;
         let seq = req.seq;
         let expects_reply = req.expects_reply;
+        let call = req.call.kind();
         let (result, reply, bulk) = match self.execute(req, bulk) {
             Ok((reply, bulk)) => (CUresult::SUCCESS, reply, bulk),
             Err(err) => (err, Reply::Empty, Vec::new()),
         };
         if !expects_reply {
             if !result.is_success() {
-                debug!(seq, error = %result, "fire-and-forget request failed: error pending");
+                debug!(seq, call, error = %result, "fire-and-forget request failed: error pending");
             }
             return None;
         }
@@ -679,6 +680,7 @@ mod tests {
             seq,
             ctx,
             expects_reply,
+            deps: Default::default(),
             call,
         }
     }

@@ -98,9 +98,19 @@ pub fn mismatch(call: &str, reply: &Reply) -> CUresult {
 }
 
 /// At exit: lets the server finish and free everything, then closes the connection.
+///
+/// With `GLEAM_STATS=FILE`, writes what the session moved over the network to FILE as JSON (for
+/// benchmarks: bytes on the wire, QUIC overhead included).
 pub fn shutdown() {
     if let Some(session) = session_if_up() {
         session.client.close(GOODBYE_TIMEOUT);
+        if let Some(path) = std::env::var_os("GLEAM_STATS") {
+            let stats = session.client.wire_stats();
+            let written = std::fs::write(&path, stats.to_json());
+            if let Err(err) = written {
+                tracing::warn!(path = %std::path::Path::new(&path).display(), error = %err, "cannot write GLEAM_STATS");
+            }
+        }
     }
 }
 

@@ -1,0 +1,507 @@
+//! Ordering: which requests of a session must run after which, so that requests can travel on several
+//! QUIC streams (one per CUDA stream, "lanes") and still run with CUDA's semantics.
+//!
+//! CUDA orders work per stream; across streams only through events, the legacy default stream and calls
+//! that synchronize the device. A session therefore needs no total order: each request names its
+//! [`Lane`] (the CUDA stream it is ordered on; everything else, and the legacy default stream, on the
+//! control lane) and its [`Deps`]:
+//!
+//! * requests of one lane run in the order they were made (a QUIC stream keeps that order);
+//! * a *barrier* (work on the legacy default stream, device-wide synchronization, calls that change what
+//!   other lanes' work will see) runs only after every earlier request of the session;
+//! * a request on another lane runs after the control lane's latest request (so configuration calls and
+//!   legacy-stream work made before it are in place), and a request naming an event runs after the
+//!   latest request recording that event.
+//!
+//! [`Sequencer`] is the client's half (it numbers requests and computes their lanes and dependencies);
+//! [`Scheduler`] is the serving side's (it holds what arrived, per lane, and says what may run next).
+//! Both are sans-IO.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::ApiCall;
+use crate::types::CU_STREAM_LEGACY;
+use crate::wire::{Call, LaunchAttr};
+
+/// A lane: one ordered sequence of requests, travelling on one QUIC stream.
+#[derive(Clone, Copy, Debug, Deserialize, Eq, Hash, Ord, PartialEq, PartialOrd, Serialize)]
+pub struct Lane(pub u64);
+
+impl Lane {
+    /// Calls ordered on no stream, and work on the legacy default stream.
+    pub const CONTROL: Lane = Lane(0);
+
+    /// The lane of work on CUDA stream `stream` (NULL and `CU_STREAM_LEGACY`: the control lane; the
+    /// per-thread default stream and every created stream: a lane of their own).
+    pub fn of_stream(stream: u64) -> Lane {
+        if stream == 0 || stream == CU_STREAM_LEGACY {
+            Lane::CONTROL
+        } else {
+            Lane(stream)
+        }
+    }
+}
+
+/// What must have run before a request may run.
+#[derive(Clone, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct Deps {
+    /// Every earlier request of the session (smaller `seq`) must have run.
+    pub barrier: bool,
+    /// These requests (by `seq`) must have run.
+    pub after: Vec<u64>,
+}
+
+/// How one call is ordered, from the call alone.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct Ordering {
+    /// The CUDA stream it runs on, if it is stream-ordered.
+    pub stream: Option<u64>,
+    /// Whether it runs after everything before it (see the module docs).
+    pub barrier: bool,
+    /// The event it records, if any.
+    pub records: Option<u64>,
+    /// Events whose latest record it must follow.
+    pub waits: [Option<u64>; 2],
+}
+
+impl Call {
+    /// How this call is ordered against the session's other requests.
+    pub fn ordering(&self) -> Ordering {
+        let on = |stream: Option<u64>| Ordering {
+            // A copy without a stream is the synchronous form: the legacy default stream.
+            stream: Some(stream.unwrap_or(0)),
+            ..Ordering::default()
+        };
+        match self {
+            Call::Api(call) => api_ordering(call),
+            Call::MemcpyHtoD { stream, .. } | Call::MemcpyDtoH { stream, .. } => on(*stream),
+            Call::LaunchKernel(launch) => on(Some(launch.stream)),
+            Call::Memcpy3D { stream, .. } => on(*stream),
+            // Mirror traffic keeps its place in the session's request order, as the client reasoned
+            // about work in flight when it made it.
+            Call::MirrorWrite { .. } | Call::MirrorRead { .. } => Ordering {
+                barrier: true,
+                ..Ordering::default()
+            },
+            // An event named by a launch attribute is recorded by the launch (at its start or end).
+            Call::LaunchKernelEx { launch, attrs } => Ordering {
+                records: attrs.iter().find_map(LaunchAttr::event),
+                ..on(Some(launch.stream))
+            },
+            Call::Hello(_)
+            | Call::ModuleLoad
+            | Call::ModuleGetFunction { .. }
+            | Call::LibraryLoad
+            | Call::KernelGetFunction { .. }
+            | Call::LoadImage { .. } => Ordering::default(),
+            // The session's end runs after everything the client sent before it.
+            Call::Goodbye => Ordering {
+                barrier: true,
+                ..Ordering::default()
+            },
+        }
+    }
+}
+
+fn api_ordering(call: &ApiCall) -> Ordering {
+    crate::api::api_ordering(call)
+}
+
+/// The client's half: numbers requests and works out each one's lane and dependencies.
+#[derive(Debug)]
+pub struct Sequencer {
+    next_seq: u64,
+    /// The control lane's latest request.
+    last_control: Option<u64>,
+    /// Each event's latest recording request.
+    last_record: HashMap<u64, u64>,
+}
+
+impl Default for Sequencer {
+    fn default() -> Self {
+        Self::new(1)
+    }
+}
+
+impl Sequencer {
+    /// A sequencer whose first request gets `first_seq`.
+    pub fn new(first_seq: u64) -> Self {
+        Self {
+            next_seq: first_seq,
+            last_control: None,
+            last_record: HashMap::new(),
+        }
+    }
+
+    /// Numbers the next request, made with `ordering`: its seq, lane and dependencies.
+    pub fn next(&mut self, ordering: Ordering) -> (u64, Lane, Deps) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let stream = ordering.stream;
+        let lane = stream.map_or(Lane::CONTROL, Lane::of_stream);
+        let legacy = lane == Lane::CONTROL && stream.is_some();
+        let mut deps = Deps {
+            barrier: ordering.barrier || legacy,
+            after: Vec::new(),
+        };
+        if lane != Lane::CONTROL
+            && let Some(control) = self.last_control
+        {
+            deps.after.push(control);
+        }
+        for event in ordering.waits.into_iter().flatten() {
+            if let Some(&recorded) = self.last_record.get(&event)
+                && !deps.after.contains(&recorded)
+            {
+                deps.after.push(recorded);
+            }
+        }
+        if let Some(event) = ordering.records {
+            self.last_record.insert(event, seq);
+        }
+        if lane == Lane::CONTROL {
+            self.last_control = Some(seq);
+        }
+        (seq, lane, deps)
+    }
+
+    /// The seq the next request will get.
+    pub fn peek_seq(&self) -> u64 {
+        self.next_seq
+    }
+}
+
+/// The serving side's half: requests arrive per lane, in any interleaving of the lanes; [`Scheduler::pop`]
+/// gives the next one whose dependencies have run, the smallest seq first.
+#[derive(Debug)]
+pub struct Scheduler<T> {
+    lanes: HashMap<Lane, VecDeque<Queued<T>>>,
+    /// Every request with a seq below this has run.
+    done_below: u64,
+    /// Requests at or above `done_below` that have run.
+    done_above: BTreeSet<u64>,
+    /// Requests received and not yet run.
+    waiting: usize,
+}
+
+#[derive(Debug)]
+struct Queued<T> {
+    seq: u64,
+    deps: Deps,
+    item: T,
+}
+
+/// Why the scheduler refused a request: the client broke the protocol.
+#[derive(Clone, Debug, Eq, PartialEq, thiserror::Error)]
+pub enum OrderError {
+    /// A seq that was already received or run.
+    #[error("request {0} arrived twice")]
+    Duplicate(u64),
+    /// A request of a lane with a seq not above the lane's previous one.
+    #[error("request {seq} arrived on lane {lane} after request {previous}")]
+    OutOfOrder {
+        /// The lane.
+        lane: u64,
+        /// The offending seq.
+        seq: u64,
+        /// The lane's previous seq.
+        previous: u64,
+    },
+    /// A dependency on a later request (it could never run).
+    #[error("request {seq} depends on the later request {after}")]
+    Forward {
+        /// The request.
+        seq: u64,
+        /// Its dependency.
+        after: u64,
+    },
+}
+
+impl<T> Default for Scheduler<T> {
+    fn default() -> Self {
+        Self::new(1)
+    }
+}
+
+impl<T> Scheduler<T> {
+    /// A scheduler expecting the session's first request to be `first_seq`.
+    pub fn new(first_seq: u64) -> Self {
+        Self {
+            lanes: HashMap::new(),
+            done_below: first_seq,
+            done_above: BTreeSet::new(),
+            waiting: 0,
+        }
+    }
+
+    /// A request arrived on `lane`.
+    pub fn push(&mut self, lane: Lane, seq: u64, deps: Deps, item: T) -> Result<(), OrderError> {
+        if self.has_run(seq) {
+            return Err(OrderError::Duplicate(seq));
+        }
+        if let Some(&after) = deps.after.iter().find(|&&after| after >= seq) {
+            return Err(OrderError::Forward { seq, after });
+        }
+        let queue = self.lanes.entry(lane).or_default();
+        if let Some(last) = queue.back()
+            && last.seq >= seq
+        {
+            return Err(if last.seq == seq {
+                OrderError::Duplicate(seq)
+            } else {
+                OrderError::OutOfOrder {
+                    lane: lane.0,
+                    seq,
+                    previous: last.seq,
+                }
+            });
+        }
+        queue.push_back(Queued { seq, deps, item });
+        self.waiting += 1;
+        Ok(())
+    }
+
+    /// The next request that may run (the smallest seq among the lanes' first requests whose
+    /// dependencies have run), taken out; `None` if none may run yet.
+    pub fn pop(&mut self) -> Option<(Lane, u64, T)> {
+        let lane = self
+            .lanes
+            .iter()
+            .filter_map(|(lane, queue)| queue.front().map(|q| (*lane, q)))
+            .filter(|(_, q)| self.ready(q))
+            .min_by_key(|(_, q)| q.seq)
+            .map(|(lane, _)| lane)?;
+        let queue = self.lanes.get_mut(&lane)?;
+        let q = queue.pop_front()?;
+        if queue.is_empty() {
+            self.lanes.remove(&lane);
+        }
+        self.waiting -= 1;
+        Some((lane, q.seq, q.item))
+    }
+
+    /// Records that request `seq` ran (call it once the request has been executed).
+    pub fn done(&mut self, seq: u64) {
+        if seq < self.done_below {
+            return;
+        }
+        self.done_above.insert(seq);
+        while self.done_above.remove(&self.done_below) {
+            self.done_below += 1;
+        }
+    }
+
+    /// Whether request `seq` has run.
+    pub fn has_run(&self, seq: u64) -> bool {
+        seq < self.done_below || self.done_above.contains(&seq)
+    }
+
+    /// Requests received and not yet popped.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// Every request below this seq has run (what the session can acknowledge).
+    pub fn done_below(&self) -> u64 {
+        self.done_below
+    }
+
+    fn ready(&self, q: &Queued<T>) -> bool {
+        (!q.deps.barrier || self.done_below >= q.seq)
+            && q.deps.after.iter().all(|&after| self.has_run(after))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::args;
+    use crate::types::CU_STREAM_PER_THREAD;
+
+    const A: u64 = 0x5000;
+    const B: u64 = 0x6000;
+    const EVENT: u64 = 0x7000;
+
+    fn launch(stream: u64) -> Ordering {
+        Ordering {
+            stream: Some(stream),
+            ..Ordering::default()
+        }
+    }
+
+    /// Runs everything the scheduler allows, in its order, after delivering the requests lane by lane
+    /// in the given lane order (the worst interleaving for lanes delivered late).
+    fn run(requests: &[(u64, Lane, Deps)], lane_order: &[Lane]) -> Vec<u64> {
+        let mut s = Scheduler::new(1);
+        let mut ran = Vec::new();
+        for lane in lane_order {
+            for (seq, l, deps) in requests {
+                if l == lane {
+                    s.push(*l, *seq, deps.clone(), *seq).unwrap();
+                }
+            }
+            while let Some((_, seq, _)) = s.pop() {
+                s.done(seq);
+                ran.push(seq);
+            }
+        }
+        ran
+    }
+
+    #[test]
+    fn streams_get_lanes_and_the_legacy_stream_is_a_barrier_on_the_control_lane() {
+        assert_eq!(Lane::of_stream(0), Lane::CONTROL);
+        assert_eq!(Lane::of_stream(CU_STREAM_LEGACY), Lane::CONTROL);
+        assert_eq!(Lane::of_stream(CU_STREAM_PER_THREAD), Lane(CU_STREAM_PER_THREAD));
+        assert_eq!(Lane::of_stream(A), Lane(A));
+        let mut seq = Sequencer::new(1);
+        let (s1, l1, d1) = seq.next(launch(A));
+        assert_eq!((s1, l1, d1.barrier, d1.after.len()), (1, Lane(A), false, 0));
+        let (s2, l2, d2) = seq.next(launch(0));
+        assert_eq!((s2, l2, d2.barrier), (2, Lane::CONTROL, true));
+        // Later work on another stream follows the control lane's latest request.
+        let (_, _, d3) = seq.next(launch(B));
+        assert_eq!(d3.after, [2]);
+        // A call on no stream is on the control lane, not a barrier unless the list says so.
+        let alloc = Call::Api(ApiCall::cuMemAlloc_v2(args::cuMemAlloc_v2 {
+            dptr: (),
+            bytesize: 8,
+        }));
+        let (_, l4, d4) = seq.next(alloc.ordering());
+        assert_eq!((l4, d4.barrier), (Lane::CONTROL, false));
+        let sync = Call::Api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}));
+        assert!(seq.next(sync.ordering()).2.barrier);
+    }
+
+    #[test]
+    fn event_waits_follow_the_latest_record() {
+        let record = Call::Api(ApiCall::cuEventRecord(args::cuEventRecord {
+            event: EVENT,
+            stream: A,
+        }));
+        let wait = Call::Api(ApiCall::cuStreamWaitEvent(args::cuStreamWaitEvent {
+            stream: B,
+            event: EVENT,
+            flags: 0,
+        }));
+        assert_eq!(record.ordering().records, Some(EVENT));
+        assert_eq!(wait.ordering().waits, [Some(EVENT), None]);
+        let mut seq = Sequencer::new(1);
+        let (r, lr, _) = seq.next(record.ordering());
+        assert_eq!(lr, Lane(A));
+        let (_, lw, dw) = seq.next(wait.ordering());
+        assert_eq!((lw, dw.after.clone()), (Lane(B), vec![r]));
+        // The requests arrive lane B first: the wait runs only once the record has.
+        let reqs = [(r, lr, Deps::default()), (2, lw, dw)];
+        assert_eq!(run(&reqs, &[Lane(B), Lane(A)]), [1, 2]);
+    }
+
+    #[test]
+    fn a_destroyed_event_outlives_the_waits_queued_before_its_destruction() {
+        // Record on A, wait on B, destroy: B's wait must find the event even when lane A's record (and so
+        // B's wait) arrives after the destroy on the control lane (a race the streams example hit).
+        let record = Call::Api(ApiCall::cuEventRecord(args::cuEventRecord {
+            event: EVENT,
+            stream: A,
+        }));
+        let wait = Call::Api(ApiCall::cuStreamWaitEvent(args::cuStreamWaitEvent {
+            stream: B,
+            event: EVENT,
+            flags: 0,
+        }));
+        let destroy = Call::Api(ApiCall::cuEventDestroy_v2(args::cuEventDestroy_v2 {
+            event: EVENT,
+        }));
+        assert!(destroy.ordering().barrier, "destroying a handle is a barrier");
+        let mut seq = Sequencer::new(1);
+        let reqs = vec![
+            seq.next(record.ordering()),
+            seq.next(wait.ordering()),
+            seq.next(destroy.ordering()),
+        ];
+        for order in [
+            vec![Lane(A), Lane::CONTROL, Lane(B)],
+            vec![Lane::CONTROL, Lane(B), Lane(A)],
+            vec![Lane(B), Lane::CONTROL, Lane(A)],
+        ] {
+            assert_eq!(run(&reqs, &order), [1, 2, 3], "{order:?}");
+        }
+    }
+
+    #[test]
+    fn independent_lanes_do_not_wait_for_each_other() {
+        // A big upload on A is still arriving while B runs its small calls.
+        let mut seq = Sequencer::new(1);
+        let reqs: Vec<_> = [A, B, A, B, B]
+            .into_iter()
+            .map(|s| seq.next(launch(s)))
+            .collect();
+        let mut s = Scheduler::new(1);
+        for (q, lane, deps) in &reqs {
+            if *lane == Lane(B) {
+                s.push(*lane, *q, deps.clone(), ()).unwrap();
+            }
+        }
+        let mut ran = Vec::new();
+        while let Some((_, q, ())) = s.pop() {
+            s.done(q);
+            ran.push(q);
+        }
+        assert_eq!(ran, [2, 4, 5]);
+        assert_eq!(s.done_below(), 1, "request 1 has not run");
+    }
+
+    #[test]
+    fn barriers_wait_for_every_earlier_request_and_lanes_keep_their_order() {
+        let mut seq = Sequencer::new(1);
+        let reqs = vec![
+            seq.next(launch(A)),
+            seq.next(launch(B)),
+            seq.next(launch(0)),
+            seq.next(launch(A)),
+            seq.next(launch(B)),
+        ];
+        for order in [
+            vec![Lane::CONTROL, Lane(A), Lane(B)],
+            vec![Lane(B), Lane::CONTROL, Lane(A)],
+            vec![Lane(A), Lane(B), Lane::CONTROL],
+        ] {
+            let ran = run(&reqs, &order);
+            assert_eq!(ran.len(), 5, "{order:?}");
+            let pos = |s: u64| ran.iter().position(|&r| r == s).unwrap();
+            // The legacy-stream barrier (3) after 1 and 2; A's and B's later work after it.
+            assert!(pos(3) > pos(1) && pos(3) > pos(2), "{ran:?}");
+            assert!(pos(4) > pos(3) && pos(5) > pos(3), "{ran:?}");
+        }
+    }
+
+    #[test]
+    fn broken_orderings_are_protocol_errors() {
+        let mut s = Scheduler::new(1);
+        s.push(Lane(A), 2, Deps::default(), ()).unwrap();
+        assert!(matches!(
+            s.push(Lane(A), 1, Deps::default(), ()),
+            Err(OrderError::OutOfOrder { .. })
+        ));
+        assert!(matches!(
+            s.push(Lane(A), 2, Deps::default(), ()),
+            Err(OrderError::Duplicate(2))
+        ));
+        let forward = Deps {
+            barrier: false,
+            after: vec![9],
+        };
+        assert!(matches!(
+            s.push(Lane(B), 3, forward, ()),
+            Err(OrderError::Forward { .. })
+        ));
+        let (_, q, ()) = s.pop().unwrap();
+        s.done(q);
+        assert!(matches!(
+            s.push(Lane(B), 2, Deps::default(), ()),
+            Err(OrderError::Duplicate(2))
+        ));
+    }
+}
