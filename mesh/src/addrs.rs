@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use gleam_auth::PeerId;
 use gleam_auth::target::with_scopes;
+use gleam_ratelimit::RateLimit;
 
 /// Every address known of every peer, with dial pacing.
 #[derive(Debug, Default)]
@@ -246,28 +247,68 @@ fn dialable(addr: &SocketAddr) -> bool {
 
 /// Logs a peer's refusals (another mesh, a duplicate identity) once loudly and then quietly: a device of
 /// another mesh on the same LAN must not fill the log forever. Shared by the accept loop and the actor.
-#[derive(Debug, Default)]
+///
+/// Anyone who can reach the port can present a fresh identity per connection, so "once per peer" alone
+/// bounds nothing: the peers remembered are capped ([`MAX_REMEMBERED`]) and all warnings together are
+/// rate-limited ([`REFUSAL_WARNINGS`] per [`REFUSAL_INTERVAL`]; the rest are counted in the next one).
+#[derive(Debug)]
 pub struct RefusalLog {
     warned: Mutex<HashMap<PeerId, Instant>>,
+    flood: RateLimit,
+}
+
+impl Default for RefusalLog {
+    fn default() -> Self {
+        Self {
+            warned: Mutex::default(),
+            flood: RateLimit::new(REFUSAL_WARNINGS, REFUSAL_INTERVAL),
+        }
+    }
 }
 
 impl RefusalLog {
     /// Whether this refusal of `peer` deserves a warning: the first one, and then one per
-    /// [`REWARN_AFTER`].
+    /// [`REWARN_AFTER`], within the overall budget.
     pub fn should_warn(&self, peer: PeerId, now: Instant) -> bool {
         let mut warned = self
             .warned
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match warned.get(&peer) {
-            Some(at) if now.saturating_duration_since(*at) < REWARN_AFTER => false,
-            _ => {
-                warned.insert(peer, now);
+        if warned
+            .get(&peer)
+            .is_some_and(|at| now.saturating_duration_since(*at) < REWARN_AFTER)
+        {
+            return false;
+        }
+        if warned.len() >= MAX_REMEMBERED {
+            warned.retain(|_, at| now.saturating_duration_since(*at) < REWARN_AFTER);
+            if warned.len() >= MAX_REMEMBERED {
+                // A flood of identities: forgetting them costs at most a repeated (rate-limited) warning.
+                warned.clear();
+            }
+        }
+        warned.insert(peer, now);
+        drop(warned);
+        match self.flood.admit_at(now) {
+            Some(0) => true,
+            Some(suppressed) => {
+                tracing::warn!(
+                    suppressed,
+                    "refusal warnings about {suppressed} other peers were not logged (too many refusals)"
+                );
                 true
             }
+            None => false,
         }
     }
 }
+
+/// Most refusing peers remembered for [`RefusalLog`].
+pub const MAX_REMEMBERED: usize = 4096;
+/// Refusal warnings logged per [`REFUSAL_INTERVAL`], all peers together.
+pub const REFUSAL_WARNINGS: u32 = 20;
+/// See [`REFUSAL_WARNINGS`].
+pub const REFUSAL_INTERVAL: Duration = Duration::from_secs(60);
 
 /// A dial in flight blocks the next for at most this long.
 pub const DIAL_GUARD: Duration = Duration::from_secs(10);
@@ -382,6 +423,31 @@ mod tests {
         assert!((23..=25).contains(&warnings), "{warnings}: one per hour");
         // After 30, 60, 120, 240, 480 s, every 600 s.
         assert!((140..=150).contains(&dials), "{dials} dials");
+    }
+
+    #[test]
+    fn a_flood_of_fresh_identities_is_warned_about_a_few_times_a_minute_in_bounded_memory() {
+        let t0 = Instant::now();
+        let log = RefusalLog::default();
+        let mut warnings = 0u32;
+        // 100,000 refusals of distinct identities over 10 minutes.
+        for i in 0..100_000u32 {
+            let now = t0 + Duration::from_millis(u64::from(i) * 6);
+            let mut id = [0u8; 16];
+            id[..4].copy_from_slice(&i.to_le_bytes());
+            if log.should_warn(PeerId::from_bytes(id), now) {
+                warnings += 1;
+            }
+            let remembered = log.warned.lock().unwrap().len();
+            assert!(
+                remembered <= MAX_REMEMBERED,
+                "{remembered} peers remembered"
+            );
+        }
+        assert!(
+            (REFUSAL_WARNINGS * 10..=REFUSAL_WARNINGS * 11).contains(&warnings),
+            "{warnings} warnings"
+        );
     }
 
     #[test]

@@ -232,7 +232,7 @@ pub enum ControlError {
 }
 
 /// Longest accepted line, either way.
-pub(crate) const MAX_LINE: u64 = 1 << 20;
+pub const MAX_LINE: u64 = 1 << 20;
 const SOCKET_NAME: &str = "daemon.sock";
 const TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -277,7 +277,9 @@ impl BroadcastHandler<Member> for StateBroadcasts {
         data: &[u8],
         sender: Option<&Member>,
     ) -> Result<Option<StateKey>, postcard::Error> {
-        let state: PeerState = postcard::from_bytes(data)?;
+        let mut state: PeerState = postcard::from_bytes(data)?;
+        // Another peer's figures: checked before anyone keeps or shows them.
+        state.sanitize();
         let key = StateKey {
             id: state.id,
             version: (state.boot, state.version),

@@ -84,24 +84,35 @@ pub async fn measure_bandwidth(
         quinn::ReadExactError::ReadError(err) => ProbeError::Read(err),
         quinn::ReadExactError::FinishedEarly(_) => ProbeError::Protocol("no probe reply"),
     })?;
+    let report = parse_reply(&reply, bytes, started.elapsed(), rtt)?;
+    debug!(peer = %conn.remote_address(), bytes, ?report, "bandwidth probe");
+    Ok(report)
+}
+
+/// Reads the receiver's answer to a probe of `sent` bytes, which took `elapsed` at the prober with the
+/// connection's RTT at `rtt`. The receiver is another device: its figures are checked, not trusted.
+pub fn parse_reply(
+    reply: &[u8; 24],
+    sent: u32,
+    elapsed: Duration,
+    rtt: Duration,
+) -> Result<ProbeReport, ProbeError> {
     let field = |i: usize| {
         let mut word = [0u8; 8];
         word.copy_from_slice(&reply[i * 8..i * 8 + 8]);
         u64::from_be_bytes(word)
     };
     let (received, timed_bytes, timed_us) = (field(0), field(1), field(2));
-    if received > u64::from(bytes) || timed_bytes > received {
+    if received > u64::from(sent) || timed_bytes > received {
         return Err(ProbeError::Protocol("probe reply does not match"));
     }
-    let report = ProbeReport {
+    Ok(ProbeReport {
         received,
         timed_bytes,
         timed: Duration::from_micros(timed_us),
-        elapsed: started.elapsed(),
+        elapsed,
         rtt,
-    };
-    debug!(peer = %conn.remote_address(), bytes, ?report, "bandwidth probe");
-    Ok(report)
+    })
 }
 
 /// Answers a probe whose kind byte was already read from `recv`.
@@ -245,13 +256,15 @@ impl Prober {
         self.due = now + self.interval;
         // A probe the receiver stopped still had bytes queued at the bottleneck: count the whole probe
         // at the rate it measured, but no more than half again its span (the sender resets the rest).
+        // The receiver's figures are its word: computed in floating point and capped before they become
+        // a Duration (a span of u64::MAX µs over one timed byte once overflowed it and panicked).
         let airtime = report
             .filter(|report| report.timed >= MIN_TIMED && report.timed_bytes > 0)
             .map_or(Duration::ZERO, |report| {
-                let whole = report
-                    .timed
-                    .mul_f64(f64::from(self.last_size) / report.timed_bytes as f64);
-                whole.min(cost.mul_f64(1.5))
+                let whole = report.timed.as_secs_f64() * f64::from(self.last_size)
+                    / report.timed_bytes as f64;
+                Duration::try_from_secs_f64(whole.min(cost.as_secs_f64() * 1.5))
+                    .unwrap_or(Duration::ZERO)
             });
         let charged = cost.max(airtime).mul_f64(WIRE_OVERHEAD);
         self.credit_us -= charged.as_micros().min(i64::MAX as u128) as i64;
@@ -538,6 +551,25 @@ mod tests {
         assert!(share < 0.015, "share {share}");
         let size = prober.poll_probe(t0 + Duration::from_secs(3600)).unwrap();
         assert_eq!(size, 1_250_000, "10 ms at 1 Gbit/s");
+    }
+
+    #[test]
+    fn an_absurd_answer_from_the_receiver_is_survived() {
+        let t0 = Instant::now();
+        let mut prober = Prober::new(t0, Duration::ZERO, Duration::from_secs(1));
+        // A fast link makes the next probe large; then the receiver claims one timed byte over
+        // u64::MAX microseconds.
+        simulate(&mut prober, t0, Duration::ZERO, 10, 10_000_000_000);
+        let now = t0 + Duration::from_secs(3600);
+        let size = prober.poll_probe(now).unwrap();
+        let mut reply = [0u8; 24];
+        reply[..8].copy_from_slice(&u64::from(size).to_be_bytes());
+        reply[8..16].copy_from_slice(&1u64.to_be_bytes());
+        reply[16..].copy_from_slice(&u64::MAX.to_be_bytes());
+        let cost = Duration::from_millis(5);
+        let report = parse_reply(&reply, size, cost, Duration::from_micros(200)).unwrap();
+        prober.on_probe_done(now + cost, Some(report), cost);
+        assert!(prober.poll_probe(now + Duration::from_secs(10)).is_some());
     }
 
     #[test]

@@ -61,6 +61,26 @@ impl PeerState {
         }
         self.links.truncate(MAX_LINKS);
     }
+
+    /// Makes a state another peer sent safe to keep and to show: within the limits of
+    /// [`Self::truncate_to_limits`], and with figures JSON can carry and the policy can use (a NaN
+    /// utilization once made every `gleam peers list` answer undecodable): utilization and loss within
+    /// 0..=1, a job time finite and not negative, anything else 0 (unknown).
+    pub fn sanitize(&mut self) {
+        self.truncate_to_limits();
+        self.load.utilization = fraction(self.load.utilization);
+        if !(self.load.mean_job_secs.is_finite() && self.load.mean_job_secs >= 0.0) {
+            self.load.mean_job_secs = 0.0;
+        }
+        for link in &mut self.links {
+            link.quality.loss = fraction(link.quality.loss);
+        }
+    }
+}
+
+/// `x` within 0..=1 (NaN: 0).
+fn fraction(x: f32) -> f32 {
+    if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) }
 }
 
 /// Static facts about one GPU.
@@ -337,6 +357,27 @@ pub(crate) mod tests {
             serde_json::from_str::<CacheDigest>(r#"{"entries":0,"bytes":0,"digest":"xyz"}"#)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn sanitized_states_carry_only_figures_json_can_hold() {
+        let mut s = state(7, 1, 1);
+        s.load.utilization = f32::NAN;
+        s.load.mean_job_secs = f32::NEG_INFINITY;
+        s.links = vec![LinkReport {
+            peer: PeerId::from_bytes([1; 16]),
+            quality: LinkQuality {
+                rtt_us: 1,
+                bandwidth_bps: 1,
+                loss: f32::INFINITY,
+            },
+        }];
+        s.sanitize();
+        assert_eq!(s.load.utilization, 0.0);
+        assert_eq!(s.load.mean_job_secs, 0.0);
+        assert_eq!(s.links[0].quality.loss, 1.0);
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<PeerState>(&json).unwrap(), s);
     }
 
     #[test]

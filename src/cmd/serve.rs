@@ -13,6 +13,7 @@ use anyhow::Context;
 use gleam_auth::identity::{Identity, MeshSecret, MeshSecretError};
 use gleam_auth::tls::ALPN_CUDA;
 use gleam_host::SessionCommand;
+use gleam_ratelimit::RateLimit;
 
 use super::backend::Backend;
 use quinn::VarInt;
@@ -20,6 +21,9 @@ use tracing::{debug, info, warn};
 
 /// Close code: the client asked for a protocol `gleam serve` does not speak (e.g. mesh gossip).
 const CLOSE_WRONG_ALPN: VarInt = VarInt::from_u32(0x4743_0010);
+/// Refused connections are logged a few a minute (anyone who can reach the port can cause one); the rest
+/// are counted in the next one logged.
+static REFUSALS: RateLimit = RateLimit::new(20, std::time::Duration::from_secs(60));
 
 /// Example: `gleam serve 0.0.0.0:7447 --backend auto`. Clients connect with `GLEAM_PEER=<peer-id>@<addr>`.
 #[derive(Debug, clap::Args)]
@@ -118,7 +122,9 @@ async fn accept(incoming: quinn::Incoming, secret: Arc<MeshSecret>, worker: Sess
         .and_then(|data| data.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
         .and_then(|data| data.protocol);
     if alpn.as_deref() != Some(ALPN_CUDA) {
-        warn!(%remote, "connection for another protocol than CUDA sessions: closing");
+        if let Some(suppressed) = REFUSALS.admit() {
+            warn!(%remote, suppressed, "connection for another protocol than CUDA sessions: closing");
+        }
         conn.close(
             CLOSE_WRONG_ALPN,
             b"`gleam serve` only serves CUDA sessions (ALPN gleam-cuda/1)",
@@ -128,7 +134,9 @@ async fn accept(incoming: quinn::Incoming, secret: Arc<MeshSecret>, worker: Sess
     let peer = match gleam_auth::proof::authenticate_as_server(&conn, &secret).await {
         Ok(peer) => peer,
         Err(err) => {
-            warn!(%remote, error = %err, "client refused");
+            if let Some(suppressed) = REFUSALS.admit() {
+                warn!(%remote, error = %err, suppressed, "client refused");
+            }
             return;
         }
     };

@@ -306,10 +306,12 @@ fn worker(pool: &Weak<Pool>) {
             tracing::error!("a job on an emulated stream panicked");
         }
         crate::memory::clear_thread_cache();
-        done.advance_to(work.ticket);
+        // The item's own signals (events it records) first: whoever the stream's progress wakes (a
+        // stream synchronisation) must find them complete, as CUDA promises.
         for (completed, target) in &work.completes {
             completed.advance_to(*target);
         }
+        done.advance_to(work.ticket);
 
         state = pool.lock();
         if let Some(queue) = state.queues.get_mut(&id) {

@@ -113,6 +113,24 @@ pub enum ImageKind {
     Ptx,
 }
 
+/// The first four bytes of the image at `image`, read one at a time up to a NUL (zeros after it): PTX
+/// text may be shorter than four bytes (`""` is one), and no magic number holds a zero byte, so this reads
+/// nothing an image does not have and classifies the same.
+///
+/// # Safety
+/// `image` is readable up to its first NUL byte or for four bytes, whichever comes first.
+unsafe fn head(image: *const u8) -> [u8; 4] {
+    let mut head = [0u8; 4];
+    for (i, byte) in head.iter_mut().enumerate() {
+        // SAFETY: no NUL among the bytes before this one, so the caller promised this one is readable.
+        *byte = unsafe { image.add(i).read() };
+        if *byte == 0 {
+            break;
+        }
+    }
+    head
+}
+
 /// Classifies an image by its first four bytes.
 pub fn classify(head: &[u8]) -> ImageKind {
     let magic = head
@@ -137,9 +155,9 @@ pub unsafe fn unwrap_fatbin_wrapper(image: *const c_void) -> Result<*const c_voi
     if image.is_null() {
         return Err(ImageError::Null);
     }
-    // SAFETY: any valid image is at least 4 bytes (the shortest, PTX text, is NUL-terminated and longer).
-    let head = unsafe { std::slice::from_raw_parts(image.cast::<u8>(), 4) };
-    if classify(head) != ImageKind::FatbinWrapper {
+    // SAFETY: the image is readable up to its first NUL or for its whole header.
+    let head = unsafe { head(image.cast()) };
+    if classify(&head) != ImageKind::FatbinWrapper {
         return Ok(image);
     }
     // SAFETY: a wrapper is 24 bytes: magic u32, version u32, data u64, filename_or_fatbins u64.
@@ -164,9 +182,9 @@ pub unsafe fn unwrap_fatbin_wrapper(image: *const c_void) -> Result<*const c_voi
 pub unsafe fn image_size(image: *const c_void) -> Result<usize, ImageError> {
     // SAFETY: forwarded contract.
     let image = unsafe { unwrap_fatbin_wrapper(image)? }.cast::<u8>();
-    // SAFETY: every valid image has at least 4 readable bytes.
-    let head = unsafe { std::slice::from_raw_parts(image, 4) };
-    match classify(head) {
+    // SAFETY: the image is readable up to its first NUL or for its whole header.
+    let head = unsafe { head(image) };
+    match classify(&head) {
         ImageKind::Fatbin => {
             // SAFETY: a fatbin header is 16 bytes.
             let header = unsafe { std::slice::from_raw_parts(image, FATBIN_HEADER_BYTES) };
@@ -451,14 +469,17 @@ impl<'a> Fatbin<'a> {
             if entry_header > MAX_ENTRY_HEADER_BYTES {
                 return Err(ImageError::Implausible(entry_header));
             }
-            let compressed = read_u32(entry, 16).map_or(0, u64::from);
-            let sm_arch = read_u32(entry, 28).unwrap_or(0);
-            let flags = read_u64(entry, 40).unwrap_or(0);
+            // The optional fields are read from the entry's own header only: one shorter than 64 bytes lacks
+            // them (reading on would take the payload or the next entry for them).
+            let header = &entry[..(entry_header as usize).min(entry.len())];
+            let compressed = read_u32(header, 16).map_or(0, u64::from);
+            let sm_arch = read_u32(header, 28).unwrap_or(0);
+            let flags = read_u64(header, 40).unwrap_or(0);
             let version = (
-                read_u16(entry, 26).unwrap_or(0),
-                read_u16(entry, 24).unwrap_or(0),
+                read_u16(header, 26).unwrap_or(0),
+                read_u16(header, 24).unwrap_or(0),
             );
-            let uncompressed_size = read_u64(entry, 56).unwrap_or(0);
+            let uncompressed_size = read_u64(header, 56).unwrap_or(0);
             let compressed_flag = flags & (FLAG_COMPRESSED_LZ4 | FLAG_COMPRESSED_ZSTD) != 0;
             // A compressed payload is `compressed_size` bytes; the stride covers whichever is larger.
             let stored = if compressed_flag && compressed > 0 {

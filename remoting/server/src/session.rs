@@ -16,8 +16,9 @@
 //! * [`Call::Goodbye`] frees everything ([`Backend::shutdown`]) and ends the session.
 
 use std::collections::HashSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use gleam_ratelimit::RateLimit;
 use tracing::{debug, info, warn};
 
 use crate::backend::Backend;
@@ -58,7 +59,14 @@ pub struct Session<B: Backend> {
     capturing: HashSet<u64>,
     started: Instant,
     requests: u64,
+    /// Warnings about a client breaking the protocol (requests before hello, a second hello): a
+    /// hostile client must not decide how much the server logs.
+    misuse: RateLimit,
 }
+
+/// Protocol-misuse warnings logged per [`MISUSE_INTERVAL`]; the rest are counted.
+const MISUSE_BURST: u32 = 10;
+const MISUSE_INTERVAL: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 enum State {
@@ -94,6 +102,7 @@ impl<B: Backend> Session<B> {
             capturing: HashSet::new(),
             started: Instant::now(),
             requests: 0,
+            misuse: RateLimit::new(MISUSE_BURST, MISUSE_INTERVAL),
         }
     }
 
@@ -140,6 +149,13 @@ impl<B: Backend> Session<B> {
         if self.state != State::Closed {
             self.close();
         }
+        let unlogged = self.misuse.take_suppressed();
+        if unlogged > 0 {
+            warn!(
+                unlogged,
+                "more protocol violations were refused than logged"
+            );
+        }
         info!(
             requests = self.requests,
             duration_ms = self.started.elapsed().as_millis() as u64,
@@ -153,12 +169,19 @@ impl<B: Backend> Session<B> {
         match (self.state, &req.call) {
             (State::Greeting, Call::Hello(_)) => {}
             (State::Greeting, _) => {
-                warn!(seq = req.seq, "request before hello: refused");
+                if let Some(suppressed) = self.misuse.admit() {
+                    warn!(seq = req.seq, suppressed, "request before hello: refused");
+                }
                 return Err(CUresult::NOT_INITIALIZED);
             }
             (State::Closed, _) => return Err(CUresult::DEINITIALIZED),
             (State::Open, Call::Hello(_)) => {
-                warn!(seq = req.seq, "second hello in one session: refused");
+                if let Some(suppressed) = self.misuse.admit() {
+                    warn!(
+                        seq = req.seq,
+                        suppressed, "second hello in one session: refused"
+                    );
+                }
                 return Err(CUresult::ILLEGAL_STATE);
             }
             (State::Open, _) => {}
@@ -759,6 +782,54 @@ mod tests {
         let r = s.handle_req(req(1, 0, true, sync())).unwrap();
         assert_eq!(r.result, CUresult::NOT_INITIALIZED);
         assert!(s.backend.log.is_empty());
+    }
+
+    /// Log lines written while `f` runs, at the server's default level (warnings).
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buffer.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    /// Issue 11: 200,000 requests before hello wrote 31 MB of warnings, one per request.
+    #[test]
+    fn a_flood_of_refused_requests_logs_a_bounded_amount() {
+        let log = logged(|| {
+            let mut s = Session::new(Recorder::default());
+            for seq in 0..200_000 {
+                let r = s.handle_req(req(seq, 0, true, sync())).unwrap();
+                assert_eq!(r.result, CUresult::NOT_INITIALIZED);
+            }
+            s.finish();
+        });
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), MISUSE_BURST as usize + 1, "{log}");
+        assert!(log.len() < 4096, "{} bytes logged", log.len());
+        assert!(lines[0].contains("request before hello: refused"), "{log}");
+        // The final summary counts what was not logged.
+        let summary = lines.last().unwrap();
+        assert!(
+            summary.contains(&format!("unlogged={}", 200_000 - MISUSE_BURST)),
+            "{summary}"
+        );
     }
 
     #[test]

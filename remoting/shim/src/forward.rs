@@ -70,7 +70,9 @@ macro_rules! forwarders {
             match send(call)? {
                 Some(ApiReply::$name(outs)) => {
                     outs.register(&mut handles::lock(), &owner);
-                    settle(effect, Some(&ApiReply::$name(outs.clone())));
+                    let reply = ApiReply::$name(outs.clone());
+                    crate::memory::note_global(&reply, &owner);
+                    settle(effect, Some(&reply));
                     // SAFETY: `to_request` accepted each argument above.
                     $(unsafe { <$ty as Arg>::write_reply($arg, outs.$arg) };)*
                     Ok(())

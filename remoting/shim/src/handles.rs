@@ -34,6 +34,7 @@ pub fn record(kind: Kind, handle: u64, owner: &Owner) {
 /// Handles died (and contexts lost everything they held): drop what the shim keeps for them.
 pub fn died(died: &Died) {
     crate::module::forget_functions(&died.handles);
+    crate::memory::holders_died(&died.handles);
     for &ctx in &died.emptied_contexts {
         crate::memory::context_emptied(ctx);
         crate::managed::context_emptied(ctx);

@@ -11,11 +11,20 @@
 //! recorded with its pool; `cuMemAddressReserve` records the reserved range (beside the table: nothing is
 //! there yet), and each `cuMemMap` records the mapped range in the table as device memory, so copies and
 //! pointer queries treat it as the server does, and `cuMemFree` refuses it.
+//!
+//! A copy checks its device range before it touches a host byte, as NVIDIA's driver does: an oversized
+//! count (up to `SIZE_MAX`) is `CUDA_ERROR_INVALID_VALUE`, never a read past the application's buffer.
+//! The range comes from the mirrors (managed and page-locked memory), this table (allocations, mappings,
+//! and module globals recorded when
+//! `cuModuleGetGlobal`/`cuLibraryGetGlobal` return them), else from the server (`cuMemGetAddressRange`:
+//! device memory this table does not know).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
+use gleam_protocol::api::ApiReply;
+use gleam_protocol::registry::Owner;
 use gleam_protocol::types::{
     CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CUmemAccessDesc, CUmemLocation,
     CUmemoryPool, CUresult, CUstream,
@@ -38,12 +47,21 @@ pub enum Kind {
         /// The `CUmemGenericAllocationHandle` mapped.
         handle: u64,
     },
+    /// A module global (device memory the application did not allocate and cannot free), as
+    /// `cuModuleGetGlobal`/`cuLibraryGetGlobal` returned it; gone with its module or library.
+    Global {
+        /// The module or library handle it belongs to.
+        holder: u64,
+    },
 }
 
 impl Kind {
     /// Whether the range is device memory (the server's).
     pub fn is_device(self) -> bool {
-        matches!(self, Kind::Device | Kind::Mapped { .. })
+        matches!(
+            self,
+            Kind::Device | Kind::Mapped { .. } | Kind::Global { .. }
+        )
     }
 }
 
@@ -86,7 +104,7 @@ fn table() -> MutexGuard<'static, BTreeMap<u64, Region>> {
 pub fn lookup(ptr: u64) -> Option<Region> {
     let table = table();
     let (_, region) = table.range(..=ptr).next_back()?;
-    (ptr < region.base + region.size.max(1)).then_some(*region)
+    (ptr < region.base.saturating_add(region.size.max(1))).then_some(*region)
 }
 
 fn record(base: u64, size: u64, kind: Kind, pool: Option<u64>) {
@@ -108,11 +126,19 @@ fn record(base: u64, size: u64, kind: Kind, pool: Option<u64>) {
 }
 
 /// Removes the allocation starting exactly at `base` if it is of the wanted kind (`device`: memory from
-/// an allocation call, which a free call frees; mappings are unmapped instead).
+/// an allocation call, which a free call frees; else host memory; mappings are unmapped instead, module
+/// globals go with their module).
 fn unrecord(base: u64, device: bool) -> Result<Region, CUresult> {
     let mut table = table();
+    let wanted = |kind: Kind| {
+        if device {
+            kind == Kind::Device
+        } else {
+            matches!(kind, Kind::Host { .. })
+        }
+    };
     match table.get(&base) {
-        Some(r) if !matches!(r.kind, Kind::Mapped { .. }) && (r.kind == Kind::Device) == device => {
+        Some(r) if wanted(r.kind) => {
             let region = *r;
             table.remove(&base);
             Ok(region)
@@ -124,7 +150,105 @@ fn unrecord(base: u64, device: bool) -> Result<Region, CUresult> {
 /// `ctx` lost everything it held: its device allocations are gone (the server's driver freed them).
 /// Mappings belong to the device, not to a context, and stay.
 pub fn context_emptied(ctx: u64) {
-    table().retain(|_, r| !(r.ctx == ctx && r.kind == Kind::Device));
+    table().retain(|_, r| !(r.ctx == ctx && matches!(r.kind, Kind::Device | Kind::Global { .. })));
+}
+
+/// A listed call returned a module global's address: records its range (see the module documentation).
+/// `owner` is what the call was admitted with (it names the module or library).
+pub fn note_global(reply: &ApiReply, owner: &Owner) {
+    let (base, size, holder) = match reply {
+        ApiReply::cuModuleGetGlobal_v2(o) => (o.dptr, o.bytes, owner.module),
+        ApiReply::cuLibraryGetGlobal(o) => (o.dptr, o.bytes, owner.library),
+        _ => return,
+    };
+    // `bytes` is 0 when the application passed NULL for it (and `dptr` when it passed NULL for that):
+    // then the size is unknown here, and the server is asked when a copy needs it.
+    let Some(holder) = holder.filter(|_| base != 0 && size != 0) else {
+        return;
+    };
+    // An allocation already recorded at this address is the better description.
+    table().entry(base).or_insert(Region {
+        base,
+        size: size as u64,
+        kind: Kind::Global { holder },
+        ctx: context::current(),
+        pool: None,
+        access: 3,
+    });
+}
+
+/// Modules and libraries died: their globals' ranges go with them.
+pub fn holders_died(died: &[(gleam_protocol::registry::Kind, u64)]) {
+    use gleam_protocol::registry::Kind as Handle;
+    let gone: Vec<u64> = died
+        .iter()
+        .filter(|(kind, _)| matches!(kind, Handle::Module | Handle::Library))
+        .map(|&(_, handle)| handle)
+        .collect();
+    if !gone.is_empty() {
+        table().retain(|_, r| !matches!(r.kind, Kind::Global { holder } if gone.contains(&holder)));
+    }
+}
+
+/// The length of the run of mappings that starts with `first`: one reservation mapped piece by piece
+/// is one contiguous range of device memory, and a copy may cross from one piece into the next.
+fn mapped_run(first: Region) -> u64 {
+    let table = table();
+    let mut end = first.base.saturating_add(first.size);
+    for (&base, r) in table.range(end..) {
+        if base != end || !matches!(r.kind, Kind::Mapped { .. }) {
+            break;
+        }
+        end = base.saturating_add(r.size);
+    }
+    end - first.base
+}
+
+/// Checks that `[ptr, ptr + n)` lies in one range of device memory, before a copy touches any host byte
+/// (`n` = 0 checks nothing, as CUDA's zero-byte copies succeed).
+pub(crate) fn check_device_range(ptr: u64, n: usize) -> Result<(), CUresult> {
+    if n == 0 {
+        return Ok(());
+    }
+    if ptr == 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let end = ptr.checked_add(n as u64).ok_or(CUresult::INVALID_VALUE)?;
+    // Mirrored memory (managed, page-locked, registered) is device memory too, at its host address or,
+    // when registered, at its device address.
+    if let Some(m) = managed::lookup(ptr) {
+        let base = if (m.host..m.host.saturating_add(m.len)).contains(&ptr) {
+            m.host
+        } else {
+            m.device
+        };
+        return match end > base.saturating_add(m.len) {
+            true => Err(CUresult::INVALID_VALUE),
+            false => Ok(()),
+        };
+    }
+    let (base, size) = match lookup(ptr) {
+        Some(r) if matches!(r.kind, Kind::Mapped { .. }) => (r.base, mapped_run(r)),
+        Some(r) if r.kind.is_device() => (r.base, r.size),
+        // Host memory is not mapped into the remote device.
+        Some(_) => return Err(CUresult::INVALID_VALUE),
+        None => {
+            // Device memory this table does not know: the server's driver does. Any other error is the
+            // session's (a deferred error of an earlier call, reported instead, as by any waiting call).
+            let (mut base, mut size) = (0u64, 0usize);
+            // SAFETY: valid out-pointers to locals.
+            unsafe { forward::cuMemGetAddressRange_v2(&raw mut base, &raw mut size, ptr) }
+                .map_err(|err| match err {
+                    CUresult::NOT_FOUND | CUresult::INVALID_VALUE => CUresult::INVALID_VALUE,
+                    other => other,
+                })?;
+            (base, size as u64)
+        }
+    };
+    if end > base.saturating_add(size) {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    Ok(())
 }
 
 /// Host bytes of a copy source (`n` may be 0, then `src` may be NULL).
@@ -161,11 +285,10 @@ pub unsafe fn htod(
     if let Some(s) = stream {
         handles::check(gleam_protocol::registry::Kind::Stream, s)?;
     }
-    // SAFETY: forwarded.
+    // Before the source is read: a count larger than the destination must not read past the source.
+    check_device_range(dst, n)?;
+    // SAFETY: forwarded; the destination holds `n` bytes, so the caller's `n` is the copy's size.
     let bytes = unsafe { host_slice(src, n)? };
-    if dst == 0 && n > 0 {
-        return Err(CUresult::INVALID_VALUE);
-    }
     // From mirrored memory: the server's copy has the bytes once the host's writes are pushed.
     if let Some(m) = managed::containing(src as u64, n as u64) {
         managed::flush_range(src as u64, n as u64)?;
@@ -209,11 +332,9 @@ pub unsafe fn dtoh(
     if let Some(s) = stream {
         handles::check(gleam_protocol::registry::Kind::Stream, s)?;
     }
-    // SAFETY: forwarded.
+    check_device_range(src, n)?;
+    // SAFETY: forwarded; the source holds `n` bytes, so the caller's `n` is the copy's size.
     let bytes = unsafe { host_slice_mut(dst, n)? };
-    if src == 0 && n > 0 {
-        return Err(CUresult::INVALID_VALUE);
-    }
     managed::before_work()?;
     let mirrored = managed::containing(dst as u64, n as u64);
     if mirrored.is_some() || managed::overlaps(dst as u64, n as u64) {
@@ -280,10 +401,16 @@ unsafe fn unified(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> Res
             (true, false, s) => htod(dst, src as *const c_void, n, s.map(|s| s as u64)),
             (false, true, s) => dtoh(dst as *mut c_void, src, n, s.map(|s| s as u64)),
             (false, false, _) => {
-                // Host to host: ordered after nothing on the device, so done here.
-                let from = host_slice(src as *const c_void, n)?;
-                let to = host_slice_mut(dst as *mut c_void, n)?;
-                to.copy_from_slice(from);
+                // Host to host: ordered after nothing on the device, so done here. The ranges may
+                // overlap (fuzz target shim: two slices of them were undefined behaviour), so no slices:
+                // a memmove of the `n` bytes the caller promised at each.
+                if n == 0 {
+                    return Ok(());
+                }
+                if src == 0 || dst == 0 {
+                    return Err(CUresult::INVALID_VALUE);
+                }
+                std::ptr::copy(src as *const u8, dst as *mut u8, n);
                 Ok(())
             }
         }

@@ -438,7 +438,11 @@ pub(crate) unsafe fn prepare(a: &LaunchArgs) -> Result<Launch, CUresult> {
     if a.grid.contains(&0) || a.block.contains(&0) {
         return Err(config);
     }
-    let threads = a.block.iter().map(|&d| u64::from(d)).product::<u64>();
+    // Three u32 dimensions can overflow a u64 product (fuzz target shim: a debug build panicked).
+    let threads = a
+        .block
+        .iter()
+        .fold(1u64, |n, &d| n.saturating_mul(u64::from(d)));
     let dev = context::device_of(0).unwrap_or(0);
     let device_limit = |id: u32| device::attribute(dev, id).ok().filter(|&v| v > 0);
     if device_limit(MAX_THREADS_PER_BLOCK).is_some_and(|max| threads > max as u64) {

@@ -1,0 +1,39 @@
+//! End to end, no GPU: hostile arguments from the application must get CUDA's error codes from the shim,
+//! never kill the application.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Server, compile_c, output_within, text};
+
+/// Issue 11: `cuMemcpyHtoD_v2(p, buf, SIZE_MAX)` into a 4 KiB allocation aborted the program, and 64 MiB or
+/// 1 TiB crashed it, because the host buffer was read before the device range was checked. Every
+/// oversized copy (both directions, sync and async, allocations and module globals) is now
+/// `CUDA_ERROR_INVALID_VALUE`, and in-range copies still work.
+#[test]
+fn oversized_copies_are_invalid_values_not_crashes() {
+    let server = Server::start("emu");
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_c("hostile_copies", dir.path());
+    let out = output_within(server.run(&exe, &[]), Duration::from_secs(60));
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "hostile_copies failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    assert!(stdout.ends_with("done\n"), "{stdout}");
+    assert!(
+        stdout.contains("htod n=18446744073709551615: CUDA_ERROR_INVALID_VALUE"),
+        "{stdout}"
+    );
+    // The global was read, written in range, and kept its bytes through the refused copies.
+    let fill = u32::from_le_bytes([7; 4]);
+    assert!(stdout.contains("global holds 1 2 3 4\n"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("global holds {fill} {fill} {fill} {fill}\n")),
+        "{stdout}"
+    );
+}
