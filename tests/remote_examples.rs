@@ -59,3 +59,25 @@ fn streams() {
 fn reduce() {
     run_example("reduce");
 }
+
+/// Copies larger than the client's send buffer (and the session's per-lane queue) keep flowing: the
+/// benchmark's 256 MiB copies each way, both synchronous and on a stream. (A calling thread's inline
+/// flush once left quinn holding a no-op waker, and a copy past 32 MiB stalled for good.)
+#[test]
+fn copies_larger_than_every_buffer_complete() {
+    let server = Server::start("emu");
+    let mut command = server.run(&example("bench_driver"), &[]);
+    command
+        .env("GLEAM_BENCH_COPY_MIB", "256")
+        .env("GLEAM_BENCH_LAUNCHES", "100")
+        .env("GLEAM_BENCH_SYNCS", "20");
+    let out = output_within(command, Duration::from_secs(120));
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench_driver failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("\"copy_mib\": 256"), "{stdout}");
+}

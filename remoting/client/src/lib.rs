@@ -954,13 +954,24 @@ async fn ask_for_session(lifeline: &quinn::Connection) -> Result<(u16, [u8; 32])
 async fn lane_writer(tx: Arc<LaneTx>, shared: Arc<Shared>) {
     loop {
         tx.flush.notified().await;
-        let result = poll_fn(|cx| {
-            let mut taken = 0;
-            let flushed = lock(&tx.state).poll_flush(cx, &mut taken);
-            shared.taken(taken);
-            flushed
-        })
-        .await;
+        // A calling thread's inline flush polls quinn with a no-op waker, which replaces this task's: a
+        // notification while quinn is full therefore re-polls, registering this task again (else a full
+        // send window would never wake anyone, and a large copy stalled for good).
+        let result = loop {
+            let flushed = tokio::select! {
+                biased;
+                flushed = poll_fn(|cx| {
+                    let mut taken = 0;
+                    let flushed = lock(&tx.state).poll_flush(cx, &mut taken);
+                    shared.taken(taken);
+                    flushed
+                }) => Some(flushed),
+                () = tx.flush.notified() => None,
+            };
+            if let Some(result) = flushed {
+                break result;
+            }
+        };
         if let Err(err) = result {
             let reason = match shared.connection.close_reason() {
                 Some(_) => close_reason(&shared.connection),
