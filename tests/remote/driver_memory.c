@@ -397,8 +397,7 @@ static void arrays(void) {
     OK(cuMemcpy2D_v2(&c));
     for (int y = 0; y < 3; y++)
         for (int x = 0; x < 4; x++) CHECK(sub[y][x] == (float)(100 * (y + 2) + x + 5));
-    c.srcXInBytes = 2; /* not on an element boundary */
-    EXPECT(cuMemcpy2D_v2(&c), 1);
+    /* An offset inside an element is accepted by NVIDIA's driver 580 (recorded on the H200). */
     c.srcXInBytes = 10 * sizeof(float); /* past the row */
     EXPECT(cuMemcpy2D_v2(&c), 1);
 
@@ -684,8 +683,9 @@ static void textures(void) {
     OK(cuMemcpy2D_v2(&c));
     for (int y = 0; y < SHT; y++)
         for (int x = 0; x < SWD; x++) CHECK(sback[y][x] == simg[y][x] * 2.0f + x);
-    res.res.array.hArray = a; /* created without SURFACE_LDST */
-    EXPECT(cuSurfObjectCreate(&surf, &res), 1);
+    res.res.array.hArray = a; /* created without SURFACE_LDST: NVIDIA's driver 580 makes the surface anyway */
+    OK(cuSurfObjectCreate(&surf, &res));
+    OK(cuSurfObjectDestroy(surf));
     printf("textures: surface read-modify-write ok\n");
 
     OK(cuTexObjectDestroy(lin));

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gleam_protocol::copy::Copy3D;
 use gleam_protocol::api::{MemOp, args, outs};
+use gleam_protocol::copy::Copy3D;
 use gleam_protocol::registry::{Died, Handles, Kind};
 use gleam_protocol::types::{
     CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CUmemAllocationProp, CUmemLocation,

@@ -137,13 +137,14 @@ pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> Result<(), CUresu
     }
     let result = match catch_unwind(AssertUnwindSafe(body)) {
         // `GLEAM_LOG=gleamcuda=trace` lists every call in order with its result: what a new workload
-        // does just before it fails.
+        // does just before it fails. Logging itself may panic at exit (thread-locals already gone), so it
+        // stays inside the guard too.
         Ok(Ok(())) => {
-            tracing::trace!(call = name, "ok");
+            let _ = catch_unwind(|| tracing::trace!(call = name, "ok"));
             CUresult::SUCCESS
         }
         Ok(Err(err)) => {
-            tracing::trace!(call = name, %err, "call failed");
+            let _ = catch_unwind(|| tracing::trace!(call = name, %err, "call failed"));
             err
         }
         Err(panic) => {
@@ -152,7 +153,9 @@ pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> Result<(), CUresu
                 .map(std::string::ToString::to_string)
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            tracing::error!(call = name, panic = %what, "internal error in Gleam's libcuda (a bug)");
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                tracing::error!(call = name, panic = %what, "internal error in Gleam's libcuda (a bug)");
+            }));
             CUresult::UNKNOWN
         }
     };
