@@ -904,7 +904,7 @@ impl Shared {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means a thread panicked while holding it; the state stays consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Asks the peer for a session on the authenticated connection: where its process listens.

@@ -464,7 +464,7 @@ impl Outbox {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means a thread panicked while holding it; the state stays consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The network thread: binds, admits the client, runs the lanes until the session ends.
