@@ -684,8 +684,9 @@ static void textures(void) {
     for (int y = 0; y < SHT; y++)
         for (int x = 0; x < SWD; x++) CHECK(sback[y][x] == simg[y][x] * 2.0f + x);
     res.res.array.hArray = a; /* created without SURFACE_LDST: NVIDIA's driver 580 makes the surface anyway */
-    OK(cuSurfObjectCreate(&surf, &res));
-    OK(cuSurfObjectDestroy(surf));
+    CUsurfObject plain_surf = 0;
+    OK(cuSurfObjectCreate(&plain_surf, &res));
+    OK(cuSurfObjectDestroy(plain_surf));
     printf("textures: surface read-modify-write ok\n");
 
     OK(cuTexObjectDestroy(lin));
