@@ -356,8 +356,10 @@ impl RefTexture<'_> {
                     let sum: i64 = ints.map(|(w, v)| w * v.max(-m)).sum();
                     f64::from(r8(sum) as f32 / 32767.0)
                 } else {
+                    // s8: the nearest multiple of 1/32767 (the hardware's rule is not settled).
                     let sum: i64 = ints.map(|(w, v)| w * v.max(-m)).sum();
-                    round_away(i128::from(sum), i128::from(256 * m), 0, 24, -149)
+                    let q = (2 * sum * 32767 + 256 * m).div_euclid(2 * 256 * m);
+                    f64::from(q as f32 / 32767.0)
                 }
             }
         }
