@@ -89,7 +89,8 @@ pub struct Resource {
     /// Layers of a layered array, 0 when not layered.
     pub layers: u64,
     /// The dimensions the resource was declared with: 1 (linear memory, 1D arrays), 2 (pitch-2D images, 2D
-    /// arrays) or 3. `txq`/`suq` answer 0 for the extents beyond them, as the hardware does.
+    /// arrays) or 3. `txq`/`suq` answer a height of 1 beyond the first and a depth of 0 (the layer count
+    /// when layered) beyond the second, as the hardware does.
     pub dims: u8,
     /// A cubemap array: refused when sampled.
     pub cubemap: bool,
@@ -282,18 +283,24 @@ pub struct SurfaceDesc {
 ///   diagonal). Taps of weight 0 are not read.
 /// - Blending is exact and rounded once, halves away from zero: to f32 for f32 texels, to f16 for f16 texels.
 ///   8- and 16-bit unsigned normalized texels blend in 16-bit fixed point (8-bit values widened to 16 bits by
-///   repeating their byte, the sum rounded halves up to 16 bits) and read as that over 65535; signed
-///   normalized texels (not recorded) blend exactly, rounded to f32 halves away.
+///   repeating their byte, the sum rounded halves up to 16 bits) and read as that over 65535; signed 16-bit
+///   ones likewise (the sum rounded halves up to a 16-bit integer, read as that over 32767). Signed 8-bit
+///   texels also come out as a multiple of 1/32767, but not the nearest one to the exact blend: their rule is
+///   not settled (see `filter_channel`).
 /// - Address modes act on texel indices: clamp to `[0, n - 1]`; border gives the border colour for a tap
 ///   outside; wrap takes the index modulo `n`; mirror reflects with period `2n`. Wrap and mirror exist only
 ///   with normalized coordinates: with unnormalized ones they act as clamp, as on the hardware.
 /// - Read modes: 8- and 16-bit integer formats read as normalized floats (`u/255`, `u/65535`,
 ///   `max(s/127, -1)`, `max(s/32767, -1)`) unless `read_as_integer`; 32-bit integers are never promoted;
 ///   f16 and f32 read as f32. Channels missing from the format read as 0, alpha included.
-/// - The border colour acts as a texel of the texture's format: channels the format lacks are 0, and for
-///   normalized integer formats it is truncated to the format's steps (0.5 reads back as 32767/65535 from a
-///   16-bit format). Not recorded, hence the interpreter's choice: f16 rounds it to nearest, integer reads
-///   take its integer part.
+/// - The border colour acts as a texel of the texture's format: channels the format lacks are 0; unsigned
+///   normalized formats truncate it to their steps (0.5 reads back as 127/255 from u8, 32767/65535 from
+///   u16; 0.3 as 76/255), signed normalized ones round it to the nearest step (-0.3 and 0.7 read back as
+///   -9830/32767 and 22937/32767 from s16); f16 rounds it toward zero (0.1 reads back as 0.0999755859375,
+///   1e-5 as 167·2^-24, 70000 as 65504); integer reads take the low bits of its f32 bit pattern (3.7, that
+///   is 0x406ccccd, reads back as 205 from u8; -2, 300 and 0.5 as 0). Not recorded, hence the interpreter's
+///   choice: halves of signed steps round away from zero, signed integer reads sign-extend those bits,
+///   32-bit integer reads take all of them.
 /// - Integer coordinates (`.s32`): texel indices, point-sampled; on linear memory (`tex1Dfetch`) an index
 ///   outside the buffer reads zero.
 /// - `tld4` returns one component of the four texels of the bilinear footprint, counter-clockwise from the
@@ -302,9 +309,9 @@ pub struct SurfaceDesc {
 ///   are rows and slices. Out of range: `.trap` faults, `.clamp` clamps each coordinate into the surface,
 ///   `.zero` loads zero and drops stores.
 /// - Layered geometries (`a1d`, `a2d`): the first coordinate is the layer, clamped to the layers present.
-/// - `txq`/`suq` answer `width`, `height`, `depth` in texels, 0 beyond the dimensions the resource was
-///   declared with ([`Resource::dims`]; a 2D array's depth reads 0 on the GPU), and `array_size`; other
-///   queries are refused.
+/// - `txq`/`suq` answer `width`, `height`, `depth` in texels and `array_size`: a 1D resource's height reads
+///   1, a 2D one's depth 0, a layered one's depth its layer count (a layered 2D surface of 2 layers answers
+///   a depth of 2; [`Resource::dims`]); other queries are refused.
 ///
 /// Refused as [`crate::ExecError::Unsupported`] rather than answered wrongly: mipmapped resources and LOD
 /// forms, cubemaps, sRGB, linear filtering of integer reads, float coordinates on linear memory, a result type
@@ -457,9 +464,13 @@ fn stored(
     })
 }
 
-/// The border colour in the texture's own format, as if it were a stored texel. 8- and 16-bit normalized
-/// formats hold it truncated to their integer steps (0.5 reads back as 32767/65535 from a u16 texture), f16
-/// rounds it to the nearest half, integer reads take its integer part; channels the format lacks are 0.
+/// The border colour in the texture's own format, as if it were a stored texel (recorded on the H200):
+/// - unsigned normalized formats truncate it to their steps (0.5 reads back as 127/255 from u8, 32767/65535
+///   from u16), signed normalized ones round it to the nearest step (0.7 reads back as 22937/32767 from s16);
+/// - f16 rounds it toward zero (0.1 reads back as 0.0999755859375, 70000 as 65504);
+/// - integer reads take the low bits of its f32 bit pattern (3.7, 0x406ccccd, reads back as 205 = 0xcd from
+///   u8), sign-extended for the signed formats;
+/// - channels the format lacks are 0.
 fn border_stored(desc: &TextureDesc) -> Stored {
     let present = |c: usize| c < usize::from(desc.resource.channels);
     let b = desc.border;
@@ -468,7 +479,7 @@ fn border_stored(desc: &TextureDesc) -> Stored {
     if f.is_float() {
         return Stored::Float(std::array::from_fn(|c| match (present(c), f) {
             (false, _) => 0.0,
-            (true, C::F16) => half::f16::from_f32(b[c]).to_f32(),
+            (true, C::F16) => f16_toward_zero(b[c]),
             (true, _) => b[c],
         }));
     }
@@ -476,16 +487,38 @@ fn border_stored(desc: &TextureDesc) -> Stored {
         if !present(c) {
             return 0;
         }
-        let v = f64::from(b[c]);
         if desc.read_as_integer || !f.promotes() {
-            // Saturating, NaN to 0.
-            return i64::from(v as i32);
+            let bits = b[c].to_bits();
+            return match f {
+                C::U8 => i64::from(bits as u8),
+                C::S8 => i64::from(bits as u8 as i8),
+                C::U16 => i64::from(bits as u16),
+                C::S16 => i64::from(bits as u16 as i16),
+                C::S32 => i64::from(bits as i32),
+                _ => i64::from(bits),
+            };
         }
+        let v = f64::from(b[c]);
         let max = f64::from(f.norm_max());
-        let lo = if f.signed() { -1.0 } else { 0.0 };
-        let v = if v.is_nan() { 0.0 } else { v.clamp(lo, 1.0) };
-        (v * max).trunc() as i64
+        if f.signed() {
+            let v = if v.is_nan() { 0.0 } else { v.clamp(-1.0, 1.0) };
+            (v * max).round() as i64
+        } else {
+            let v = if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) };
+            (v * max).trunc() as i64
+        }
     }))
+}
+
+/// `v` rounded toward zero to f16 (finite values beyond its range become its largest finite value).
+fn f16_toward_zero(v: f32) -> f32 {
+    let h = half::f16::from_f32(v);
+    if h.to_f32().abs() > v.abs() {
+        // Rounded away from zero: the next value toward zero has the bit pattern one below.
+        half::f16::from_bits(h.to_bits() - 1).to_f32()
+    } else {
+        h.to_f32()
+    }
 }
 
 /// A stored texel as the read mode returns it, unfiltered.
@@ -764,9 +797,11 @@ pub fn sample(
 /// Channel `c` of the taps blended with their weights (1/256 steps summing to 256).
 ///
 /// The hardware blends exactly and rounds once, halves away from zero: f32 texels to f32, f16 texels to
-/// f16; 8- and 16-bit normalized texels are blended as 16-bit fixed point (8-bit values widened to 16 bits
-/// by repeating their byte) and the 16-bit result converted to a float; signed normalized ones (nothing
-/// recorded) are blended exactly and rounded to f32.
+/// f16; 8- and 16-bit unsigned normalized texels are blended as 16-bit fixed point (8-bit values widened
+/// to 16 bits by repeating their byte) and the 16-bit result converted to a float; signed 16-bit ones
+/// likewise (over 32767). Signed 8-bit ones are taken to the nearest multiple of 1/32767 of the exact
+/// blend: an approximation, the recording (`tex2d_s8_norm_linear`) gives a multiple of 1/32767 that is not
+/// always the nearest.
 fn filter_channel(format: ChannelFormat, taps: &[(u32, Stored)], c: usize) -> f32 {
     use ChannelFormat as C;
     let ints = || {
@@ -793,34 +828,19 @@ fn filter_channel(format: ChannelFormat, taps: &[(u32, Stored)], c: usize) -> f3
             let sum: i64 = ints().map(|(w, v)| w * v * widen).sum();
             ((sum + 128) >> 8) as f32 / 65535.0
         }
-        C::S8 | C::S16 => {
-            let max = i64::from(format.norm_max());
-            let sum: i64 = ints().map(|(w, v)| w * v.max(-max)).sum();
-            // Correctly rounded in f64, then to f32 halves away: an f32 halfway point is never within
-            // the f64 error of a quotient of these small integers.
-            f32_ties_away(sum as f64 / (256 * max) as f64)
+        C::S16 => {
+            // 16-bit fixed point like the unsigned formats: the sum rounded halves up to 16 bits.
+            let sum: i64 = ints().map(|(w, v)| w * v.max(-32767)).sum();
+            ((sum + 128) >> 8) as f32 / 32767.0
+        }
+        C::S8 => {
+            // Not settled: the hardware gives a multiple of 1/32767 within one step of the exact blend;
+            // this takes the nearest (halves up), which the recording matches in 95% of its samples.
+            let sum: i64 = ints().map(|(w, v)| w * v.max(-127)).sum();
+            let q = (2 * sum * 32767 + 256 * 127).div_euclid(2 * 256 * 127);
+            q as f32 / 32767.0
         }
         C::U32 | C::S32 => 0.0,
-    }
-}
-
-/// `x` rounded to f32, halves away from zero.
-fn f32_ties_away(x: f64) -> f32 {
-    let r = x as f32;
-    let err = x - f64::from(r);
-    if err == 0.0 || !x.is_finite() {
-        return r;
-    }
-    // The neighbour on the other side of `x`; `x` halfway between them rounds away from zero.
-    let other = if err > 0.0 {
-        r.next_up()
-    } else {
-        r.next_down()
-    };
-    if (f64::from(other) - x).abs() == err.abs() && other.abs() > r.abs() {
-        other
-    } else {
-        r
     }
 }
 
@@ -1121,8 +1141,10 @@ impl Query {
     pub fn answer(self, r: &Resource) -> u32 {
         let v = match self {
             Query::Width => r.width,
-            Query::Height if r.dims < 2 => 0,
+            // A 1D resource is one texel high; a layered one answers its layer count as its depth.
+            Query::Height if r.dims < 2 => 1,
             Query::Height => r.height,
+            Query::Depth if r.layers > 0 => r.layers,
             Query::Depth if r.dims < 3 => 0,
             Query::Depth => r.depth,
             Query::ArraySize => r.layers,
@@ -1273,9 +1295,6 @@ mod tests {
             1.0 + 2f32.powi(-10)
         );
         assert_eq!(sum(&[(192, 1.0), (64, 1.0 + 2f32.powi(-10))], 11, -24), 1.0);
-        assert_eq!(f32_ties_away(1.0 + 2f64.powi(-24)), 1.0 + 2f32.powi(-23));
-        assert_eq!(f32_ties_away(-1.0 - 2f64.powi(-24)), -1.0 - 2f32.powi(-23));
-        assert_eq!(f32_ties_away(1.0 + 2f64.powi(-25)), 1.0);
     }
 
     #[test]
@@ -1297,7 +1316,7 @@ mod tests {
     }
 
     #[test]
-    fn queries_answer_zero_beyond_the_declared_dimensions() {
+    fn queries_answer_as_recorded() {
         let r2 = Resource::array(0, ChannelFormat::F32, 1, [7, 5, 0], 0);
         let r3 = Resource::array(0, ChannelFormat::F32, 1, [4, 3, 2], 0);
         let r1 = Resource::array(0, ChannelFormat::F32, 1, [9, 0, 0], 4);
@@ -1310,17 +1329,26 @@ mod tests {
             [Query::Width, Query::Height, Query::Depth].map(|x| q(x, &r3)),
             [4, 3, 2]
         );
-        assert_eq!([Query::Height, Query::ArraySize].map(|x| q(x, &r1)), [0, 4]);
+        // A 1D resource is one texel high; a layered one's depth is its layer count.
+        assert_eq!(
+            [Query::Height, Query::Depth, Query::ArraySize].map(|x| q(x, &r1)),
+            [1, 4, 4]
+        );
+        let d1 = Resource::array(0, ChannelFormat::F32, 1, [9, 0, 0], 0);
+        assert_eq!(
+            [Query::Width, Query::Height, Query::Depth].map(|x| q(x, &d1)),
+            [9, 1, 0]
+        );
         // A layered 2D array is 2D whether its caller gives the depth as 0 or as one slice.
         for depth in [0, 1] {
             let a2 = Resource::array(0, ChannelFormat::F32, 1, [4, 3, depth], 2);
             assert_eq!(
                 [Query::Width, Query::Height, Query::Depth, Query::ArraySize].map(|x| q(x, &a2)),
-                [4, 3, 0, 2]
+                [4, 3, 2, 2]
             );
         }
         let lin = Resource::linear(0, ChannelFormat::F32, 4, 160);
-        assert_eq!([Query::Width, Query::Height].map(|x| q(x, &lin)), [10, 0]);
+        assert_eq!([Query::Width, Query::Height].map(|x| q(x, &lin)), [10, 1]);
     }
 
     #[test]

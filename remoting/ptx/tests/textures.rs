@@ -180,29 +180,52 @@ impl RefTexture<'_> {
         }
     }
 
-    /// The border colour stored in the texture's format: normalized formats truncate it to their steps, f16
-    /// rounds it, integer reads take its integer part; missing channels are 0.
+    /// The border colour stored in the texture's format: unsigned normalized formats truncate it to their
+    /// steps, signed ones round it to the nearest step, f16 rounds it toward zero, integer reads take the low
+    /// bits of its f32 bit pattern (sign-extended); missing channels are 0.
     fn border_raw(&self) -> Raw {
         let ch = self.res.channels as usize;
-        let b: [f64; 4] = std::array::from_fn(|c| {
-            if c < ch {
-                f64::from(self.spec.border[c])
+        let b: [f32; 4] = std::array::from_fn(|c| if c < ch { self.spec.border[c] } else { 0.0 });
+        let bits = |v: f32, width: u32, signed: bool| -> i64 {
+            let x = u64::from(v.to_bits()) & ((1u64 << width) - 1);
+            if signed && x >> (width - 1) == 1 {
+                x as i64 - (1i64 << width)
             } else {
-                0.0
+                x as i64
             }
-        });
+        };
         match self.res.format {
-            ChannelFormat::F32 => Raw::Float(b),
-            ChannelFormat::F16 => Raw::Float(b.map(|v| half::f16::from_f64(v).to_f64())),
-            ChannelFormat::U32 | ChannelFormat::S32 => Raw::Int(b.map(|v| i64::from(v as i32))),
-            _ if self.spec.read_as_integer => Raw::Int(b.map(|v| i64::from(v as i32))),
-            f => {
-                let lo = if matches!(f, ChannelFormat::S8 | ChannelFormat::S16) {
-                    -1.0
+            ChannelFormat::F32 => Raw::Float(b.map(f64::from)),
+            ChannelFormat::F16 => Raw::Float(b.map(|v| {
+                // Toward zero: the nearest f16, or the one below it in magnitude.
+                let h = half::f16::from_f32(v);
+                let h = if h.to_f32().abs() > v.abs() {
+                    half::f16::from_bits(h.to_bits() - 1)
                 } else {
-                    0.0
+                    h
                 };
-                Raw::Int(b.map(|v| (v.clamp(lo, 1.0) * self.norm_max() as f64).trunc() as i64))
+                h.to_f64()
+            })),
+            ChannelFormat::U32 => Raw::Int(b.map(|v| bits(v, 32, false))),
+            ChannelFormat::S32 => Raw::Int(b.map(|v| bits(v, 32, true))),
+            f if self.spec.read_as_integer => {
+                let (width, signed) = match f {
+                    ChannelFormat::U8 => (8, false),
+                    ChannelFormat::S8 => (8, true),
+                    ChannelFormat::U16 => (16, false),
+                    _ => (16, true),
+                };
+                Raw::Int(b.map(|v| bits(v, width, signed)))
+            }
+            ChannelFormat::S8 | ChannelFormat::S16 => {
+                Raw::Int(b.map(|v| {
+                    (f64::from(v).clamp(-1.0, 1.0) * self.norm_max() as f64).round() as i64
+                }))
+            }
+            _ => {
+                Raw::Int(b.map(|v| {
+                    (f64::from(v).clamp(0.0, 1.0) * self.norm_max() as f64).trunc() as i64
+                }))
             }
         }
     }
@@ -328,9 +351,15 @@ impl RefTexture<'_> {
                     let widen = 65535 / m;
                     let sum: i64 = ints.map(|(w, v)| w * v * widen).sum();
                     f64::from(r8(sum) as f32 / 65535.0)
-                } else {
+                } else if f == ChannelFormat::S16 {
+                    // 16-bit fixed point, like the unsigned formats.
                     let sum: i64 = ints.map(|(w, v)| w * v.max(-m)).sum();
-                    round_away(i128::from(sum), i128::from(256 * m), 0, 24, -149)
+                    f64::from(r8(sum) as f32 / 32767.0)
+                } else {
+                    // s8: the nearest multiple of 1/32767 (the hardware's rule is not settled).
+                    let sum: i64 = ints.map(|(w, v)| w * v.max(-m)).sum();
+                    let q = (2 * sum * 32767 + 256 * m).div_euclid(2 * 256 * m);
+                    f64::from(q as f32 / 32767.0)
                 }
             }
         }
@@ -520,9 +549,13 @@ fn reference(c: &Case, inputs: &HashMap<String, Vec<u8>>) -> HashMap<String, Vec
             }
         }
         "tex_query" => {
-            // Extents beyond the declared dimensions read 0.
+            // A 1D resource is one texel high; the depth of a layered one is its layer count, that of a
+            // 2D one 0.
             let dims = |r: &ResourceSpec| match r.kind {
-                ResKind::Array { dims, .. } => dims.map(|d| d as u32),
+                ResKind::Array {
+                    dims: [w, h, d],
+                    layers,
+                } => [w, h.max(1), if layers > 0 { layers } else { d }].map(|d| d as u32),
                 _ => unreachable!(),
             };
             for r in &c.resources {
