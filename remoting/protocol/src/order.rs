@@ -76,9 +76,18 @@ impl Call {
         };
         match self {
             Call::Api(call) => api_ordering(call),
-            Call::MemcpyHtoD { stream, .. } | Call::MemcpyDtoH { stream, .. } => on(*stream),
+            Call::MemcpyHtoD { stream, .. } => on(*stream),
+            // Reading to the host blocks the session until the stream's work is done, which may need an
+            // earlier request of another lane (a stream write releasing a wait): it runs after all of them.
+            Call::MemcpyDtoH { stream, .. } => Ordering {
+                barrier: true,
+                ..on(*stream)
+            },
             Call::LaunchKernel(launch) => on(Some(launch.stream)),
-            Call::Memcpy3D { stream, .. } => on(*stream),
+            Call::Memcpy3D { copy, stream } => Ordering {
+                barrier: matches!(copy.dst.place, crate::copy::Place::Host),
+                ..on(*stream)
+            },
             // Mirror traffic keeps its place in the session's request order, as the client reasoned
             // about work in flight when it made it.
             Call::MirrorWrite { .. } | Call::MirrorRead { .. } => Ordering {
@@ -434,6 +443,39 @@ mod tests {
         ] {
             assert_eq!(run(&reqs, &order), [1, 2, 3], "{order:?}");
         }
+    }
+
+    #[test]
+    fn a_stream_synchronization_runs_after_every_earlier_request() {
+        // A wait on A that a write on B releases, then a synchronization of A: the executor blocks in the
+        // synchronization, so the write (arriving late on its lane) must run before it.
+        let wait = Call::Api(ApiCall::cuStreamWaitValue32_v2(
+            args::cuStreamWaitValue32_v2 {
+                stream: A,
+                addr: 0x1000,
+                value: 1,
+                flags: 0,
+            },
+        ));
+        let write = Call::Api(ApiCall::cuStreamWriteValue32_v2(
+            args::cuStreamWriteValue32_v2 {
+                stream: B,
+                addr: 0x1000,
+                value: 1,
+                flags: 0,
+            },
+        ));
+        let sync = Call::Api(ApiCall::cuStreamSynchronize(args::cuStreamSynchronize {
+            stream: A,
+        }));
+        assert!(sync.ordering().barrier);
+        let mut seq = Sequencer::new(1);
+        let reqs = vec![
+            seq.next(wait.ordering()),
+            seq.next(write.ordering()),
+            seq.next(sync.ordering()),
+        ];
+        assert_eq!(run(&reqs, &[Lane(A), Lane(B)]), [1, 2, 3]);
     }
 
     #[test]
