@@ -397,9 +397,8 @@ static void arrays(void) {
     OK(cuMemcpy2D_v2(&c));
     for (int y = 0; y < 3; y++)
         for (int x = 0; x < 4; x++) CHECK(sub[y][x] == (float)(100 * (y + 2) + x + 5));
-    /* An offset inside an element is accepted by NVIDIA's driver 580 (recorded on the H200). */
-    c.srcXInBytes = 10 * sizeof(float); /* past the row */
-    EXPECT(cuMemcpy2D_v2(&c), 1);
+    /* An offset inside an element is accepted by NVIDIA's driver 580, and a copy past the array's row
+     * crashes it (both recorded on the H200): Gleam refuses the latter (remoting/protocol/src/copy.rs). */
 
     /* Array to pitched device memory and back to the host, asynchronously on a stream. */
     CUdeviceptr pitched;
@@ -689,8 +688,7 @@ static void textures(void) {
     OK(cuSurfObjectDestroy(plain_surf));
     printf("textures: surface read-modify-write ok\n");
 
-    OK(cuTexObjectDestroy(lin));
-    EXPECT(cuTexObjectDestroy(lin), 400);
+    OK(cuTexObjectDestroy(lin)); /* a second destroy: NVIDIA's driver 580 answers success, Gleam 400 */
     OK(cuTexObjectDestroy(wrap));
     OK(cuTexObjectDestroy(fetch));
     OK(cuSurfObjectDestroy(surf));
