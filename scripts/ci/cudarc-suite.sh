@@ -56,12 +56,6 @@ declare -A UPSTREAM=(
 # this list in the change that makes it pass (the run fails while a listed test passes).
 declare -A EXPECTED_FAIL=(
     [driver::safe::core::tests::test_event_try_is_complete]="cuLaunchHostFunc (host callbacks) is not implemented yet"
-    [driver::safe::unified_memory::tests::test_unified_memory_global]="cuMemAllocManaged (managed memory) is not implemented yet"
-    [driver::safe::unified_memory::tests::test_unified_memory_host]="cuMemAllocManaged (managed memory) is not implemented yet"
-    [driver::safe::unified_memory::tests::test_unified_memory_single_stream]="cuMemAllocManaged (managed memory) is not implemented yet"
-    [driver::safe::unified_memory::tests::test_unified_slice_copy_to_views]="cuMemAllocManaged (managed memory) is not implemented yet"
-    [driver::safe::unified_memory::tests::test_unified_slice_split_at]="cuMemAllocManaged (managed memory) is not implemented yet"
-    [driver::safe::unified_memory::tests::test_unified_slice_views_respect_stream_attachment]="cuMemAllocManaged (managed memory) is not implemented yet"
 )
 if [ "${CUDARC_INCLUDE_SLOW:-0}" = 1 ]; then
     TOO_SLOW=()
