@@ -20,8 +20,15 @@ fn example(name: &str) -> PathBuf {
 }
 
 fn run_example(name: &str) {
+    run_example_with(name, &[]);
+}
+
+/// Runs an example with `env` set and checks its output against the real GPU's.
+fn run_example_with(name: &str, env: &[(&str, &str)]) {
     let server = Server::start("emu");
-    let out = output_within(server.run(&example(name), &[]), Duration::from_secs(300));
+    let mut command = server.run(&example(name), &[]);
+    command.envs(env.iter().copied());
+    let out = output_within(command, Duration::from_secs(300));
     let stdout = text(&out.stdout);
     assert!(
         out.status.success(),
@@ -80,4 +87,14 @@ fn copies_larger_than_every_buffer_complete() {
         text(&out.stderr)
     );
     assert!(stdout.contains("\"copy_mib\": 256"), "{stdout}");
+}
+
+/// The differential test of CUDA's asynchrony: with `CUDA_LAUNCH_BLOCKING=1` every call waits for the peer
+/// (no fire-and-forget, no batching), and each example must give the same output as without it (and as on
+/// the real GPU).
+#[test]
+fn every_example_gives_the_same_output_with_cuda_launch_blocking() {
+    for name in ["vector_add", "matmul", "streams", "reduce"] {
+        run_example_with(name, &[("CUDA_LAUNCH_BLOCKING", "1")]);
+    }
 }
