@@ -305,6 +305,7 @@ const API_TYPES: &[&str] = &[
     "AttrValue",
     "MemOpParams",
     "One",
+    "OneSize",
     "Graph",
     "GraphExec",
     "MemPool",

@@ -1612,9 +1612,6 @@ impl ApiBackend for EmuBackend {
         a: args::cuMemPoolSetAccess,
     ) -> Result<outs::cuMemPoolSetAccess, CUresult> {
         self.check()?;
-        if a.count != 1 {
-            return Err(CUresult::INVALID_VALUE);
-        }
         self.shared
             .pools()
             .set_access(a.pool, &a.map.location, a.map.flags)?;
@@ -1729,9 +1726,6 @@ impl ApiBackend for EmuBackend {
         a: args::cuMemSetAccess,
     ) -> Result<outs::cuMemSetAccess, CUresult> {
         self.check()?;
-        if a.count != 1 {
-            return Err(CUresult::INVALID_VALUE);
-        }
         device_location(&a.desc.location)?;
         self.shared
             .mem

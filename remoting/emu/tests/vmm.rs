@@ -73,7 +73,7 @@ impl Emu {
                     location: DEVICE0,
                     flags,
                 }),
-                count: 1,
+                count: (),
             })
             .map(|_| ())
     }

@@ -100,36 +100,48 @@ pub struct MemOpParams(pub [u64; 6]);
 
 impl Plain for MemOpParams {}
 
-/// The count of an array argument that travels one element per message (`cuStreamBatchMemOp`'s
-/// `count`): 1 at the forwarder's C ABI (anything else is `CUDA_ERROR_INVALID_VALUE`), nothing on the
-/// wire, and 1 for the serving driver, which so never reads past the one element a message carries,
-/// whatever a client sends.
-#[derive(Clone, Copy, Debug)]
-pub enum One {}
+/// Counts of array arguments that travel one element per message: 1 at the forwarder's C ABI (anything
+/// else is `CUDA_ERROR_INVALID_VALUE`), nothing on the wire, and 1 for the serving driver, which so never
+/// reads past the one element a message carries, whatever a client sends. The shim sends a longer array
+/// one element per call.
+macro_rules! one_element_count {
+    ($($(#[$doc:meta])* $name:ident: $c:ty;)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug)]
+        pub enum $name {}
 
-impl CType for One {
-    type C = u32;
+        impl CType for $name {
+            type C = $c;
+        }
+
+        impl Arg for $name {
+            type C = $c;
+            type Request = ();
+            type Reply = ();
+            type Slot = ();
+
+            unsafe fn to_request(c: $c) -> Result<(), CUresult> {
+                if c == 1 {
+                    Ok(())
+                } else {
+                    Err(CUresult::INVALID_VALUE)
+                }
+            }
+            unsafe fn write_reply(_: $c, _: ()) {}
+            fn slot(_: ()) {}
+            fn slot_c(_: &mut ()) -> $c {
+                1
+            }
+            fn slot_reply(_: ()) {}
+        }
+    )*};
 }
 
-impl Arg for One {
-    type C = u32;
-    type Request = ();
-    type Reply = ();
-    type Slot = ();
-
-    unsafe fn to_request(c: u32) -> Result<(), CUresult> {
-        if c == 1 {
-            Ok(())
-        } else {
-            Err(CUresult::INVALID_VALUE)
-        }
-    }
-    unsafe fn write_reply(_: u32, _: ()) {}
-    fn slot(_: ()) {}
-    fn slot_c(_: &mut ()) -> u32 {
-        1
-    }
-    fn slot_reply(_: ()) {}
+one_element_count! {
+    /// An `unsigned int` count of one (`cuStreamBatchMemOp`'s `count`).
+    One: u32;
+    /// A `size_t` count of one (`cuMemSetAccess`'s and `cuMemPoolSetAccess`'s `count`).
+    OneSize: usize;
 }
 
 /// A stream memory operation, as [`MemOpParams`] or the single-operation calls describe it, checked.
@@ -1039,6 +1051,24 @@ mod tests {
 #[cfg(test)]
 mod memop_tests {
     use super::*;
+
+    #[test]
+    fn one_element_counts_accept_one_and_send_nothing() {
+        // SAFETY: plain integers.
+        unsafe {
+            assert!(One::to_request(1).is_ok());
+            assert_eq!(One::to_request(2), Err(CUresult::INVALID_VALUE));
+            assert!(OneSize::to_request(1).is_ok());
+            assert_eq!(OneSize::to_request(0), Err(CUresult::INVALID_VALUE));
+            assert_eq!(
+                OneSize::to_request(usize::MAX),
+                Err(CUresult::INVALID_VALUE)
+            );
+        }
+        // Whatever a client sent, the serving driver is told 1.
+        assert_eq!(OneSize::slot_c(&mut ()), 1);
+        assert_eq!(One::slot_c(&mut ()), 1);
+    }
 
     fn params(words: [u64; 6]) -> MemOpParams {
         MemOpParams(words)

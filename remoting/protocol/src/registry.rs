@@ -806,6 +806,13 @@ impl HandleArg for crate::api::One {
     fn register(_: &mut Handles, _: &(), _: &Owner) {}
 }
 
+impl HandleArg for crate::api::OneSize {
+    fn check(_: &Handles, _: &(), _: &mut Owner) -> Result<(), CUresult> {
+        Ok(())
+    }
+    fn register(_: &mut Handles, _: &(), _: &Owner) {}
+}
+
 impl HandleArg for PtrValue {
     fn check(_: &Handles, _: &u64, _: &mut Owner) -> Result<(), CUresult> {
         Ok(())

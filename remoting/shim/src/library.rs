@@ -22,7 +22,7 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 use gleam_protocol::api::{Array, SurfObject, TexObject};
 use gleam_protocol::api::{CStr as CStrArg, Context, Event, Function, Kernel, Library, Module};
 use gleam_protocol::api::{Graph, GraphExec, In, InOut, LaunchConfig, OptOut, Out, Plain, Stream};
-use gleam_protocol::api::{MemHandle, MemPool, One, PtrValue};
+use gleam_protocol::api::{MemHandle, MemPool, One, OneSize, PtrValue};
 use gleam_protocol::registry::{Kind, Owner};
 use gleam_protocol::types::{CUfunction, CUkernel, CUlibrary, CUmodule, CUresult};
 use gleam_protocol::wire::ParamSlot;
@@ -197,7 +197,8 @@ as_is!(
     Array,
     TexObject,
     SurfObject,
-    One
+    One,
+    OneSize
 );
 
 impl<T: gleam_protocol::api::Value> Translate for Out<T>
