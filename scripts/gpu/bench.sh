@@ -16,31 +16,34 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
 trap cleanup EXIT
 
-# The server gets a clean environment, so it loads NVIDIA's driver and never the shim.
-env -i PATH="$PATH" HOME="$HOME" GLEAM_LOG=info "$C/gleam" serve 127.0.0.1:0 --backend "${BACKEND:-cuda}" --config-dir "$cfg" \
-    >"$OUT/serve.out" 2>"$OUT/serve.log" &
-pids+=($!)
-for _ in $(seq 300); do grep -q "listening on" "$OUT/serve.out" 2>/dev/null && break; sleep 0.1; done
-line=$(grep "listening on" "$OUT/serve.out") || { echo "server did not start"; cat "$OUT/serve.log"; exit 1; }
+# Starts `gleam serve` as NAME with a clean environment (so it loads NVIDIA's driver and never the shim) plus
+# the given VAR=VALUE settings; sets `line` to its "listening on ADDR as ID" line.
+start_server() {
+    local name=$1; shift
+    env -i PATH="$PATH" HOME="$HOME" GLEAM_LOG=info "$@" "$C/gleam" serve 127.0.0.1:0 \
+        --backend "${BACKEND:-cuda}" --config-dir "$cfg" >"$OUT/$name.out" 2>"$OUT/$name.log" &
+    pids+=($!)
+    for _ in $(seq 300); do grep -q "listening on" "$OUT/$name.out" 2>/dev/null && break; sleep 0.1; done
+    line=$(grep "listening on" "$OUT/$name.out") || { echo "$name did not start"; cat "$OUT/$name.log"; exit 1; }
+}
+# An emulated 1 Gbit/s link with 1 ms round trips from LISTEN to TO.
+link() {
+    "$C/gleam" linkemu --listen "$1" --to "$2" --rate 1gbit --delay 0.5ms 2>"$OUT/$3.log" &
+    pids+=($!)
+}
+
+start_server serve
 addr=$(sed -E 's/.*listening on ([^ ]+) as .*/\1/' <<<"$line")
 id=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
-port=${addr##*:}
 echo "server: $id at $addr"
 
 # The link: a second server whose session processes listen on port 47100 only (GLEAM_SESSION_PORTS), and two
 # emulated links on 127.0.0.2 (all of 127/8 is loopback): one to the server's port (authentication, the
 # session's lifeline), one to the session port (every CUDA call), so the session's traffic crosses the link.
-env -i PATH="$PATH" HOME="$HOME" GLEAM_LOG=info GLEAM_SESSION_PORTS=47100 "$C/gleam" serve 127.0.0.1:0 \
-    --backend "${BACKEND:-cuda}" --config-dir "$cfg" >"$OUT/serve-link.out" 2>"$OUT/serve-link.log" &
-pids+=($!)
-for _ in $(seq 300); do grep -q "listening on" "$OUT/serve-link.out" 2>/dev/null && break; sleep 0.1; done
-link_port=$(sed -nE 's/.*listening on [^ ]+:([0-9]+) as .*/\1/p' "$OUT/serve-link.out")
-"$C/gleam" linkemu --listen 127.0.0.2:47000 --to "127.0.0.1:$link_port" --rate 1gbit --delay 0.5ms \
-    2>"$OUT/linkemu.log" &
-pids+=($!)
-"$C/gleam" linkemu --listen 127.0.0.2:47100 --to 127.0.0.1:47100 --rate 1gbit --delay 0.5ms \
-    2>"$OUT/linkemu-session.log" &
-pids+=($!)
+start_server serve-link GLEAM_SESSION_PORTS=47100
+link_port=$(sed -nE 's/.*listening on [^ ]+:([0-9]+) as .*/\1/p' <<<"$line")
+link 127.0.0.2:47000 "127.0.0.1:$link_port" linkemu
+link 127.0.0.2:47100 127.0.0.1:47100 linkemu-session
 sleep 0.5
 
 run() { # name, then the command
