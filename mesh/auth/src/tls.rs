@@ -316,7 +316,9 @@ fn provider() -> Arc<CryptoProvider> {
 const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 /// Kernel buffer asked for each QUIC UDP socket, each way (see [`bind_udp`]).
 const UDP_BUFFER: libc::c_int = 8 << 20;
-const IDLE_TIMEOUT_MS: u32 = 5_000;
+/// A connection that hears nothing from its peer for this long is lost (sessions count their grace
+/// window from the last time they heard from the other side, so they need it).
+pub const IDLE_TIMEOUT_MS: u32 = 5_000;
 const KEEP_ALIVE: Duration = Duration::from_secs(1);
 const MAX_STREAMS: u32 = 1024;
 /// The largest UDP payload over IPv4 or IPv6 (a 65535-byte datagram less its headers).

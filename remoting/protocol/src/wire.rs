@@ -18,7 +18,7 @@ use crate::copy::Copy3D;
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
 
@@ -39,8 +39,32 @@ pub enum Control {
     Offer {
         /// UDP port of the session process's endpoint.
         port: u16,
-        /// The one-time admission token.
+        /// The session's secret: it admits the client (over a connection authenticated as the same
+        /// peer), and again when it resumes the session after a drop ([`Control::Resume`],
+        /// [`StreamOpen::Resume`]). Handed over on this authenticated connection only.
         token: [u8; 32],
+        /// The session's number at this peer, to name it in [`Control::Resume`].
+        session: u64,
+        /// How long the session outlives a silent link, in milliseconds, counted from the last time
+        /// the peer heard from the client: a client that comes back within it resumes the session.
+        grace_ms: u64,
+    },
+    /// Client, on a new connection after a drop: "resume session `session`" (proved by its `token`;
+    /// the connection must be authenticated as the peer that opened it). The peer answers with the
+    /// session's [`Control::Offer`] (the same port and token) if the session lives, or
+    /// [`Control::Gone`] at once if not (it ended, or this peer restarted).
+    Resume {
+        /// The client's [`PROTOCOL_VERSION`].
+        protocol: u32,
+        /// [`Control::Offer::session`].
+        session: u64,
+        /// [`Control::Offer::token`].
+        token: [u8; 32],
+    },
+    /// Peer: the session to resume is no more.
+    Gone {
+        /// Why, for the user.
+        reason: String,
     },
     /// Peer: no session (another protocol version, the session process could not start...).
     Refused {
@@ -65,6 +89,32 @@ pub enum StreamOpen {
         /// The lane.
         lane: crate::order::Lane,
     },
+    /// The first stream of a connection that resumes the session after a drop (instead of
+    /// [`StreamOpen::Attach`]); it carries the control lane. The session process answers with
+    /// [`Resumed`] as this stream's first frame, then sends again the replies after `replies`.
+    Resume {
+        /// The session's token.
+        token: [u8; 32],
+        /// Per lane, the last reply the client received ([`crate::resume::Marks`]).
+        replies: crate::resume::Marks,
+    },
+}
+
+/// The session process's answer to [`StreamOpen::Resume`]: the first frame of the resumed control lane.
+/// The client then sends again, per lane, the requests after these marks.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Resumed {
+    /// Per lane, the last request the session process received ([`crate::resume::Marks`]).
+    pub received: crate::resume::Marks,
+}
+
+/// An acknowledgement: per lane, the last frame received ([`crate::resume::Marks`]). Each side sends
+/// them on a unidirectional stream of its own (the only one it opens), now and then, so the other side
+/// can forget what it keeps for resending.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Acks {
+    /// Per lane, the last frame received.
+    pub through: crate::resume::Marks,
 }
 
 /// One client request.
