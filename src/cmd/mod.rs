@@ -146,3 +146,19 @@ pub fn init_tracing(verbose: u8) {
         false => builder.try_init(),
     };
 }
+
+/// `--session-grace`/`--grace`: seconds, fractions allowed, up to a day.
+pub(crate) fn parse_grace(text: &str) -> Result<f64, String> {
+    gleam_host::process::parse_grace(text)
+        .map(|grace| grace.as_secs_f64())
+        .ok_or_else(|| format!("{text:?} is not a number of seconds between 0 and 86400"))
+}
+
+/// Tells each session process the grace window given on the command line (else it reads
+/// `GLEAM_SESSION_GRACE` itself, or uses its default).
+pub(crate) fn pass_grace(worker: &mut gleam_host::SessionCommand, grace: Option<f64>) {
+    if let Some(secs) = grace {
+        worker.args.push("--grace".to_owned());
+        worker.args.push(secs.to_string());
+    }
+}

@@ -55,6 +55,10 @@ pub struct Args {
     /// uses 0660 so members of its group can use `gleam run` and `gleam peers`).
     #[arg(long, default_value = "600", value_parser = parse_mode)]
     pub socket_mode: u32,
+    /// How long a CUDA session outlives a silent network link, in seconds, counted from the last time its
+    /// client was heard: a client that reconnects within it resumes the session with its GPU state.
+    #[arg(long, env = "GLEAM_SESSION_GRACE", value_name = "SECS", value_parser = super::parse_grace)]
+    pub session_grace: Option<f64>,
     #[command(flatten)]
     pub config: super::ConfigDir,
 }
@@ -83,7 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (device, handler) = if args.borrow_only {
         borrow_only()
     } else {
-        serving(args.backend, &dir)?
+        serving(args.backend, &dir, args.session_grace)?
     };
     // What this device caches by content is gossiped with its GPU facts, for cache-affine placement.
     let device: Arc<dyn DeviceInfo> = match BlobStore::open(dir.join("cache"), CACHE_BUDGET) {
@@ -119,13 +123,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 fn serving(
     backend: Backend,
     config_dir: &std::path::Path,
+    session_grace: Option<f64>,
 ) -> anyhow::Result<(Arc<dyn DeviceInfo>, SessionHandler)> {
     let choice = backend.resolve()?;
     let device: Arc<dyn DeviceInfo> = match choice {
         Backend::Cuda => Arc::new(RealDevice::new()),
         Backend::Emu | Backend::Auto => Arc::new(EmulatedDevice::new()),
     };
-    let worker = choice.session_command(config_dir)?;
+    let mut worker = choice.session_command(config_dir)?;
+    super::pass_grace(&mut worker, session_grace);
     let handler: SessionHandler = Arc::new(move |conn: quinn::Connection, peer: PeerId| {
         let worker = worker.clone();
         tokio::spawn(async move { gleam_host::serve_connection(conn, peer, worker).await });

@@ -33,6 +33,10 @@ pub struct Args {
     /// What executes sessions: `auto` (a GPU if one answers, else `emu`), `cuda` or `emu`.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     pub backend: Backend,
+    /// How long a CUDA session outlives a silent network link, in seconds, counted from the last time its
+    /// client was heard: a client that reconnects within it resumes the session with its GPU state.
+    #[arg(long, env = "GLEAM_SESSION_GRACE", value_name = "SECS", value_parser = super::parse_grace)]
+    pub session_grace: Option<f64>,
     #[command(flatten)]
     pub config: super::ConfigDir,
 }
@@ -49,7 +53,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let addr = resolve(&args.addr)?;
 
     let choice = args.backend.resolve()?;
-    let worker = choice.session_command(&config_dir)?;
+    let mut worker = choice.session_command(&config_dir)?;
+    super::pass_grace(&mut worker, args.session_grace);
 
     // Two threads: measured on the H200 box, a current-thread runtime gave the same round trips.
     let runtime = tokio::runtime::Builder::new_multi_thread()

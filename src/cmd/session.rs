@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use gleam_auth::identity::{Identity, PeerId};
 use gleam_host::process::{self, ATTACH_TIMEOUT, EXIT_BACKEND, Options};
+use std::time::Duration;
 use gleam_real::RealBackend;
 use tracing::error;
 
@@ -29,6 +30,9 @@ pub struct Args {
     /// The address to listen on (`0.0.0.0` or `::`).
     #[arg(long)]
     pub bind: IpAddr,
+    /// How long the session outlives a silent link, in seconds (default: `GLEAM_SESSION_GRACE`, else 15).
+    #[arg(long, value_name = "SECS", value_parser = super::parse_grace)]
+    pub grace: Option<f64>,
     #[command(flatten)]
     pub config: super::ConfigDir,
 }
@@ -43,16 +47,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             config_dir.display()
         )
     })?;
+    let grace = match args.grace {
+        Some(secs) => Duration::from_secs_f64(secs),
+        None => process::configured_grace().map_err(anyhow::Error::msg)?,
+    };
     let options = Options {
         bind: args.bind,
         identity,
         client: args.client,
         attach_timeout: ATTACH_TIMEOUT,
+        grace,
     };
     // The parent reads exactly one line: where to send the client.
-    let announce = |port: u16, token: &[u8; 32]| {
+    let announce = |port: u16, token: &[u8; 32], grace: Duration| {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "{}", gleam_host::announcement(port, token))?;
+        writeln!(out, "{}", gleam_host::announcement(port, token, grace))?;
         out.flush()
     };
     let backend = match args.backend {

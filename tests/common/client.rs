@@ -81,7 +81,7 @@ impl Client {
         let (endpoint, lifeline) = connect_raw(server, &server.secret())
             .await
             .expect("connect and authenticate");
-        let Control::Offer { port, token } = ask_for_session(&lifeline, PROTOCOL_VERSION)
+        let Control::Offer { port, token, .. } = ask_for_session(&lifeline, PROTOCOL_VERSION)
             .await
             .expect("a session offer")
         else {

@@ -10,13 +10,21 @@
 //!   stream), the scheduler that keeps CUDA's cross-stream order, and the executor thread running the
 //!   session engine (`gleam-server`) on a backend.
 //!
+//! A session outlives a drop of its connections for its grace window ([`process`]): the client dials
+//! this peer again, asks to resume it ([`Control::Resume`], with the session's token, over a connection
+//! authenticated as the same peer) and is sent back to the same session process, or told at once that
+//! the session is gone (it ended, or this peer restarted since). The new connection becomes the
+//! session's lifeline; a lifeline that drops with the link does not end the session.
+//!
 //! One client never shares a process with another; when a client leaves (or its process dies) the driver
 //! frees everything it held; a malformed message ends only its own session.
 
 pub mod process;
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{LazyLock, Mutex};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -26,6 +34,7 @@ use gleam_protocol::wire::{Control, PROTOCOL_VERSION};
 use quinn::VarInt;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::process::ExitReason;
@@ -41,6 +50,8 @@ pub const CLOSE_WORKER_START: VarInt = VarInt::from_u32(0x4743_0003);
 /// Close code: the client asked for no session in time.
 pub const CLOSE_NO_STREAM: VarInt = VarInt::from_u32(0x4743_0004);
 
+/// How long this peer remembers why a session ended, to tell a client that comes back to resume it.
+const ENDED_MEMORY: Duration = Duration::from_secs(120);
 /// How long a client may take to ask for a session after authenticating.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a session process may take to announce its endpoint.
@@ -84,7 +95,15 @@ pub async fn serve_connection(
     };
     let reply = match read_control(&mut recv).await {
         Ok(Control::Open { protocol }) if protocol == PROTOCOL_VERSION => None,
-        Ok(Control::Open { protocol }) => {
+        Ok(Control::Resume {
+            protocol,
+            session,
+            token,
+        }) if protocol == PROTOCOL_VERSION => {
+            resume(conn, peer, send, session, &token).await;
+            return;
+        }
+        Ok(Control::Open { protocol } | Control::Resume { protocol, .. }) => {
             warn!(%peer, client_protocol = protocol, server_protocol = PROTOCOL_VERSION,
                 "client speaks another protocol version: upgrade the older side");
             Some(refuse(format!(
@@ -133,7 +152,7 @@ pub async fn serve_connection(
     };
     let pid = child.id().unwrap_or(0);
     let offer = tokio::time::timeout(ANNOUNCE_TIMEOUT, read_announce(&mut child)).await;
-    let (port, token) = match offer {
+    let (port, token, grace) = match offer {
         Ok(Ok(offer)) => offer,
         Ok(Err(err)) => {
             let status = child.wait().await;
@@ -158,35 +177,132 @@ pub async fn serve_connection(
             return;
         }
     };
-    if write_control(&mut send, &Control::Offer { port, token })
-        .await
-        .is_err()
-    {
+    let session: u64 = rand::random();
+    let offer = Control::Offer {
+        port,
+        token,
+        session,
+        grace_ms: grace.as_millis() as u64,
+    };
+    let (lifelines_tx, mut lifelines) = mpsc::channel(2);
+    lock_sessions().insert(
+        session,
+        Entry {
+            peer,
+            token,
+            offer: offer.clone(),
+            state: EntryState::Live(lifelines_tx),
+        },
+    );
+    if write_control(&mut send, &offer).await.is_err() {
         // The client left: the session process exits when nobody attaches.
         debug!(%peer, "client gone before the offer");
     }
     info!(%peer, %remote, pid, port, "session started");
 
-    // This connection is the session's lifeline: it reports how the session process ended.
-    let status = tokio::select! {
-        status = child.wait() => status,
-        err = conn.closed() => {
-            // The client is gone (its session connection will time out too): the process ends itself;
-            // wait for it, so the daemon's session count stays true.
-            debug!(%peer, error = %err, "lifeline closed");
-            child.wait().await
+    // The lifeline reports how the session process ended. It may drop with the link (the session
+    // process then waits for the client for its grace window, and decides); a client that resumes hands
+    // in a new one.
+    let mut conn = conn;
+    let mut lifeline_up = true;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            err = conn.closed(), if lifeline_up => {
+                debug!(%peer, error = %err, "lifeline closed");
+                lifeline_up = false;
+            }
+            Some(new) = lifelines.recv() => {
+                conn.close(process::CLOSE_SUPERSEDED, b"the session resumed on a new connection");
+                conn = new;
+                lifeline_up = true;
+            }
         }
     };
     let (code, reason) = match status {
         Ok(status) => describe_exit(status),
         Err(err) => (CLOSE_WORKER_FAILED, format!("session process lost: {err}")),
     };
+    if let Some(entry) = lock_sessions().get_mut(&session) {
+        entry.state = EntryState::Ended(reason.clone());
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep(ENDED_MEMORY).await;
+        lock_sessions().remove(&session);
+    });
     conn.close(code, reason.as_bytes());
     let duration_ms = started.elapsed().as_millis() as u64;
     if code == CLOSE_ENDED {
         info!(%peer, %remote, pid, duration_ms, %reason, "session ended");
     } else {
         warn!(%peer, %remote, pid, duration_ms, %reason, "session failed");
+    }
+}
+
+/// The sessions this peer runs (and recently ran), by [`Control::Offer::session`]: where a client that
+/// lost its connections is sent back to. One table per process (`gleam serve` and `gleam peer` each
+/// serve connections through [`serve_connection`]).
+static SESSIONS: LazyLock<Mutex<HashMap<u64, Entry>>> = LazyLock::new(Mutex::default);
+
+struct Entry {
+    /// The peer that opened it (only it may resume it).
+    peer: gleam_auth::identity::PeerId,
+    token: [u8; 32],
+    /// What the client was told at the start (the same answer resumes it).
+    offer: Control,
+    state: EntryState,
+}
+
+enum EntryState {
+    /// Its process runs; a resumed client's connection becomes its lifeline through this.
+    Live(mpsc::Sender<quinn::Connection>),
+    /// It ended, for this reason.
+    Ended(String),
+}
+
+fn lock_sessions() -> std::sync::MutexGuard<'static, HashMap<u64, Entry>> {
+    // A poisoned lock only means a thread panicked while holding it; the table stays consistent.
+    SESSIONS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A client asks to resume `session` after a drop: it is sent back to the session's process if the
+/// session lives and is its own, else told at once that it is gone.
+async fn resume(
+    conn: quinn::Connection,
+    peer: gleam_auth::identity::PeerId,
+    mut send: quinn::SendStream,
+    session: u64,
+    token: &[u8; 32],
+) {
+    let answer = {
+        let sessions = lock_sessions();
+        match sessions.get(&session) {
+            Some(entry) if entry.peer == peer && process::tokens_match(&entry.token, token) => {
+                match &entry.state {
+                    EntryState::Live(lifelines) => Ok((entry.offer.clone(), lifelines.clone())),
+                    EntryState::Ended(why) => Err(format!("the session ended: {why}")),
+                }
+            }
+            // Another peer's session, a wrong token, or one this process never ran (it restarted):
+            // the same answer for all, so nothing is learnt about other sessions.
+            _ => Err("this peer has no such session (it ended, or the peer restarted)".to_owned()),
+        }
+    };
+    match answer {
+        Ok((offer, lifelines)) => {
+            if write_control(&mut send, &offer).await.is_ok() {
+                info!(%peer, remote = %conn.remote_address(), session, "client resumes its session");
+                let _ = lifelines.send(conn).await;
+            }
+        }
+        Err(reason) => {
+            info!(%peer, remote = %conn.remote_address(), session, %reason, "nothing to resume");
+            let _ = write_control(&mut send, &Control::Gone { reason }).await;
+            let _ = send.finish();
+            let _ = tokio::time::timeout(Duration::from_secs(1), conn.closed()).await;
+        }
     }
 }
 
@@ -243,8 +359,8 @@ fn spawn(
         .spawn()
 }
 
-/// Reads the session process's announcement: `<port> <token in hex>`.
-async fn read_announce(child: &mut Child) -> Result<(u16, [u8; 32]), String> {
+/// Reads the session process's announcement: `<port> <token in hex> <grace in ms>`.
+async fn read_announce(child: &mut Child) -> Result<(u16, [u8; 32], Duration), String> {
     let stdout = child
         .stdout
         .take()
@@ -258,10 +374,15 @@ async fn read_announce(child: &mut Child) -> Result<(u16, [u8; 32]), String> {
     parse_announce(&line).ok_or_else(|| format!("unexpected announcement {line:?}"))
 }
 
-/// Parses `<port> <64 hex digits>`.
-fn parse_announce(line: &str) -> Option<(u16, [u8; 32])> {
-    let (port, token) = line.trim().split_once(' ')?;
+/// Parses `<port> <64 hex digits> <grace in ms>`.
+fn parse_announce(line: &str) -> Option<(u16, [u8; 32], Duration)> {
+    let mut words = line.split_whitespace();
+    let (port, token, grace) = (words.next()?, words.next()?, words.next()?);
+    if words.next().is_some() {
+        return None;
+    }
     let port = port.parse().ok()?;
+    let grace = Duration::from_millis(grace.parse().ok()?);
     let mut bytes = [0u8; 32];
     if token.len() != 64 {
         return None;
@@ -269,13 +390,13 @@ fn parse_announce(line: &str) -> Option<(u16, [u8; 32])> {
     for (i, byte) in bytes.iter_mut().enumerate() {
         *byte = u8::from_str_radix(token.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
-    Some((port, bytes))
+    Some((port, bytes, grace))
 }
 
-/// The announcement line for `port` and `token` (what [`read_announce`] parses).
-pub fn announcement(port: u16, token: &[u8; 32]) -> String {
+/// The announcement line for `port`, `token` and the grace window (what [`read_announce`] parses).
+pub fn announcement(port: u16, token: &[u8; 32], grace: Duration) -> String {
     let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{port} {hex}")
+    format!("{port} {hex} {}", grace.as_millis())
 }
 
 async fn kill(child: &mut Child) {
@@ -326,8 +447,12 @@ mod tests {
     #[test]
     fn announcements_round_trip() {
         let token: [u8; 32] = std::array::from_fn(|i| i as u8 * 7);
-        let line = announcement(4748, &token);
-        assert_eq!(parse_announce(&format!("{line}\n")), Some((4748, token)));
+        let grace = Duration::from_millis(15_000);
+        let line = announcement(4748, &token, grace);
+        assert_eq!(
+            parse_announce(&format!("{line}\n")),
+            Some((4748, token, grace))
+        );
         assert_eq!(parse_announce("4748 abc"), None);
         assert_eq!(parse_announce("port 00"), None);
         assert_eq!(parse_announce(""), None);

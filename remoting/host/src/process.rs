@@ -18,13 +18,20 @@
 //!
 //! The executor spins briefly before sleeping when it runs out of work, on hosts with cores to spare
 //! ([`gleam_protocol::tuning::spin_budget`]), so a synchronous client's next request finds it awake.
+//!
+//! The session outlives its connection: when the link goes silent, the process keeps its GPU state, runs
+//! what it received, and keeps its replies ([`gleam_protocol::resume`]) for the grace window
+//! ([`Options::grace`]). A client that comes back within it (authenticated as the same peer, presenting
+//! the session's token) resumes the session on a new connection: each side sends again what the other
+//! did not receive, so every request runs once and every reply arrives once. Past the window the session
+//! ends and frees everything, as when the client leaves.
 
 use std::collections::HashMap;
 use std::future::poll_fn;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -34,11 +41,12 @@ use gleam_auth::identity::{Identity, PeerId};
 use gleam_auth::tls;
 use gleam_protocol::frame::{self, FrameError, FrameReader};
 use gleam_protocol::order::{Lane, OrderError, Scheduler};
-use gleam_protocol::wire::{Request, StreamOpen};
+use gleam_protocol::resume::{Frame, Marks, Misordered, Received, Retained};
+use gleam_protocol::wire::{Acks, Request, Resumed, StreamOpen};
 use gleam_server::backend::Backend;
 use gleam_server::session::{Answer, Session};
 use quinn::VarInt;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tracing::{debug, error, info, warn};
 
 use crate::{CLOSE_ENDED, CLOSE_PROTOCOL_VIOLATION};
@@ -47,6 +55,17 @@ use crate::{CLOSE_ENDED, CLOSE_PROTOCOL_VIOLATION};
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the last replies (Goodbye's) may take to leave before the connection closes.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a session outlives a silent link by default, counted from the last time the client was
+/// heard (`GLEAM_SESSION_GRACE` in seconds, or `gleam serve`/`gleam peer --session-grace`).
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(15);
+/// Reply bytes kept for resending (not yet acknowledged by the client) past which the executor waits for
+/// acknowledgements before running more.
+const REPLY_CACHE_LIMIT: usize = 96 << 20;
+/// How long an acknowledgement waits to gather more receipts (and how often a quiet side re-checks).
+const ACK_DELAY: Duration = Duration::from_millis(5);
+const ACK_TICK: Duration = Duration::from_millis(100);
+/// Close code of a connection replaced by a resumed one.
+pub const CLOSE_SUPERSEDED: VarInt = VarInt::from_u32(0x4743_0005);
 /// Bulk bytes one lane may have received and not yet run; past it, the lane's reader stops reading and
 /// QUIC flow control holds the client back. Per lane, so a lane waiting on another never starves it: the
 /// request everything waits for is always at the head of its own lane.
@@ -63,6 +82,24 @@ pub struct Options {
     pub client: PeerId,
     /// How long to wait for the client.
     pub attach_timeout: Duration,
+    /// How long the session outlives a silent link (from the last time the client was heard).
+    pub grace: Duration,
+}
+
+/// The grace window configured by `GLEAM_SESSION_GRACE` (seconds, fractions allowed), else
+/// [`DEFAULT_GRACE`]; `None` if the variable is set but not a number of seconds.
+pub fn configured_grace() -> Result<Duration, String> {
+    match std::env::var("GLEAM_SESSION_GRACE") {
+        Ok(text) => parse_grace(&text)
+            .ok_or_else(|| format!("GLEAM_SESSION_GRACE={text:?} is not a number of seconds (e.g. 15)")),
+        Err(_) => Ok(DEFAULT_GRACE),
+    }
+}
+
+/// Seconds (fractions allowed, up to a day) as a duration.
+pub fn parse_grace(text: &str) -> Option<Duration> {
+    let secs: f64 = text.trim().parse().ok()?;
+    (secs.is_finite() && (0.0..=86_400.0).contains(&secs)).then(|| Duration::from_secs_f64(secs))
 }
 
 /// How a session process ended (its exit code tells the parent).
@@ -115,13 +152,14 @@ impl ExitReason {
     }
 }
 
-/// Serves one session: binds, calls `announce(port, token)` (the parent reads it), waits for the client,
-/// then executes its requests on `backend` until it leaves.
+/// Serves one session: binds, calls `announce(port, token, grace)` (the parent reads it), waits for the
+/// client, then executes its requests on `backend` until it leaves (or stays away past the grace window).
 pub fn run<B: Backend>(
     backend: B,
     options: Options,
-    announce: impl FnOnce(u16, &[u8; 32]) -> io::Result<()>,
+    announce: impl FnOnce(u16, &[u8; 32], Duration) -> io::Result<()>,
 ) -> ExitReason {
+    let grace = options.grace;
     let token: [u8; 32] = rand::random();
     let shared = Arc::new(Shared::default());
     let (port_tx, port_rx) = std::sync::mpsc::sync_channel(1);
@@ -140,7 +178,7 @@ pub fn run<B: Backend>(
         Ok(Err(err)) => return ExitReason::Network(err),
         Err(_) => return ExitReason::Network("the network thread ended at start".into()),
     };
-    if let Err(err) = announce(port, &token) {
+    if let Err(err) = announce(port, &token, grace) {
         shared.end(End::Network(format!(
             "cannot tell the parent our port: {err}"
         )));
@@ -174,6 +212,11 @@ fn execute<B: Backend>(backend: B, shared: &Shared) -> ExitReason {
         {
             break ExitReason::Network(err);
         }
+        // The reply cache is bounded: past it, wait for the client to acknowledge what it received
+        // (during a drop, until it resumes or the session ends).
+        while shared.outbox.is_full() && shared.ending().is_none() {
+            shared.outbox.wait_for_room(Duration::from_millis(50));
+        }
         if session.is_closed() {
             break ExitReason::Ended;
         }
@@ -187,7 +230,7 @@ fn execute<B: Backend>(backend: B, shared: &Shared) -> ExitReason {
 enum End {
     /// The executor finished (goodbye, or it stopped for a reason it returns itself).
     Executor,
-    /// The client left or the connection was lost.
+    /// The client left, or stayed away past the grace window.
     ClientGone(String),
     /// The client never attached.
     NoClient(Duration),
@@ -248,6 +291,8 @@ struct Inbox {
     drained: Notify,
     /// The executor is (about to be) asleep on `ready`.
     sleeping: AtomicBool,
+    /// Something arrived that the client has not been told about.
+    ack_due: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -256,6 +301,22 @@ struct InboxState {
     /// Bulk bytes queued per lane.
     queued: HashMap<Lane, usize>,
     closed: bool,
+    /// The connection whose lanes may push (a resume fences the previous one's readers off).
+    generation: u64,
+    /// What arrived, per lane: acknowledged to the client, and where a resume picks up.
+    received: Received,
+}
+
+/// Why a request was not taken.
+#[derive(Debug, thiserror::Error)]
+enum PushError {
+    /// It came on a connection the session has left behind: the client sends it again.
+    #[error("stale connection")]
+    Stale,
+    #[error(transparent)]
+    Order(#[from] OrderError),
+    #[error(transparent)]
+    Misordered(#[from] Misordered),
 }
 
 impl InboxState {
@@ -275,18 +336,51 @@ impl InboxState {
 }
 
 impl Inbox {
-    /// A request arrived on `lane`.
-    fn push(&self, lane: Lane, request: Request, bulk: Bytes) -> Result<(), OrderError> {
+    /// A request arrived on `lane` of connection `generation`.
+    fn push(
+        &self,
+        lane: Lane,
+        generation: u64,
+        request: Request,
+        bulk: Bytes,
+    ) -> Result<(), PushError> {
         {
             let mut state = lock(&self.state);
+            if state.generation != generation {
+                return Err(PushError::Stale);
+            }
             let (seq, deps, len) = (request.seq, request.deps.clone(), bulk.len());
+            state.received.note(lane, seq)?;
             state.scheduler.push(lane, seq, deps, (request, bulk))?;
             *state.queued.entry(lane).or_default() += len;
         }
         if self.sleeping.load(Ordering::Acquire) {
             self.ready.notify_one();
         }
+        self.ack_due.notify_one();
         Ok(())
+    }
+
+    /// The connection whose lanes may push now.
+    fn generation(&self) -> u64 {
+        lock(&self.state).generation
+    }
+
+    /// A new connection takes over: the previous one's readers push nothing more. Returns the new
+    /// generation and what was received (where the client resumes).
+    fn fence(&self) -> (u64, Marks) {
+        let mut state = lock(&self.state);
+        state.generation += 1;
+        (state.generation, state.received.marks())
+    }
+
+    /// What was received, if anything arrived since the last acknowledgement.
+    fn acks_due(&self) -> Option<Marks> {
+        let mut state = lock(&self.state);
+        state
+            .received
+            .take_changed()
+            .then(|| state.received.marks())
     }
 
     /// Stops the executor once what may run now has run.
@@ -351,38 +445,47 @@ impl Inbox {
         lock(&self.state).scheduler.done(seq);
     }
 }
-
 /// Each lane's sending half, shared by the executor (which writes answers directly) and the lane's writer
-/// task (which flushes what quinn could not take at once).
+/// task (which flushes what quinn could not take at once), with the lane's reply cache: every reply is
+/// kept until the client acknowledges it, so a reply lost in a drop is sent again on resume.
 #[derive(Debug, Default)]
 struct Outbox {
-    lanes: Mutex<HashMap<Lane, Arc<LaneTx>>>,
+    lanes: Mutex<HashMap<Lane, Arc<LaneOut>>>,
+    /// Reply bytes kept, over every lane.
+    cached: AtomicUsize,
+    room: Condvar,
+    room_lock: Mutex<()>,
 }
 
-#[derive(Debug)]
-struct LaneTx {
-    state: Mutex<TxState>,
-    /// Wakes the lane's writer task when data is left pending.
-    flush: Notify,
+#[derive(Debug, Default)]
+struct LaneOut {
+    state: Mutex<OutState>,
 }
 
-#[derive(Debug)]
-struct TxState {
-    send: quinn::SendStream,
+#[derive(Debug, Default)]
+struct OutState {
+    /// The lane's stream on the current connection; `None` while the link is down or before the client
+    /// reopened the lane after a resume.
+    send: Option<quinn::SendStream>,
+    /// Wakes this stream's writer task (one per stream, so a stale writer never takes a wake-up).
+    flush: Arc<Notify>,
     /// Chunks quinn has not taken yet, in order.
     pending: Vec<Bytes>,
-    failed: Option<String>,
+    /// Replies the client has not acknowledged.
+    cache: Retained,
 }
 
-impl TxState {
-    /// Hands pending chunks to quinn until it takes no more. `Ready(Ok)` when everything was taken.
+impl OutState {
+    /// Hands pending chunks to quinn until it takes no more. `Ready(Ok)` when everything was taken (or
+    /// there is no stream: the cache keeps the replies for the next connection).
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), String>> {
-        if let Some(err) = &self.failed {
-            return Poll::Ready(Err(err.clone()));
-        }
+        let Some(send) = self.send.as_mut() else {
+            self.pending.clear();
+            return Poll::Ready(Ok(()));
+        };
         while !self.pending.is_empty() {
             let written = {
-                let fut = self.send.write_chunks(&mut self.pending);
+                let fut = send.write_chunks(&mut self.pending);
                 let fut = pin!(fut);
                 fut.poll(cx)
             };
@@ -391,9 +494,10 @@ impl TxState {
                     self.pending.retain(|chunk| !chunk.is_empty());
                 }
                 Poll::Ready(Err(err)) => {
-                    let err = err.to_string();
-                    self.failed = Some(err.clone());
-                    return Poll::Ready(Err(err));
+                    // The connection is going: what was not sent stays in the cache.
+                    self.send = None;
+                    self.pending.clear();
+                    return Poll::Ready(Err(err.to_string()));
                 }
                 Poll::Pending => return Poll::Pending,
             }
@@ -403,58 +507,119 @@ impl TxState {
 }
 
 impl Outbox {
-    fn add(&self, lane: Lane, send: quinn::SendStream) -> Arc<LaneTx> {
-        let tx = Arc::new(LaneTx {
-            state: Mutex::new(TxState {
-                send,
-                pending: Vec::new(),
-                failed: None,
-            }),
-            flush: Notify::new(),
-        });
-        lock(&self.lanes).insert(lane, tx.clone());
-        tx
+    fn lane(&self, lane: Lane) -> Arc<LaneOut> {
+        lock(&self.lanes).entry(lane).or_default().clone()
     }
 
-    /// Writes `answer` on `lane`: straight to quinn when it has room, else queued for the lane's writer.
+    /// Gives `lane` its stream on a new connection: what the client has not acknowledged goes first
+    /// (after `first`, the resumed control lane's [`Resumed`] frame). Returns the writer's wake-up.
+    fn attach(&self, lane: Lane, send: quinn::SendStream, first: Option<Bytes>) -> Arc<Notify> {
+        let out = self.lane(lane);
+        let mut state = lock(&out.state);
+        state.send = Some(send);
+        state.flush = Arc::new(Notify::new());
+        state.pending = first.into_iter().collect();
+        let again = state.cache.unacked();
+        state.pending.extend(again);
+        let flush = state.flush.clone();
+        drop(state);
+        flush.notify_one();
+        flush
+    }
+
+    /// The link is down: every lane's stream is gone (the replies stay cached).
+    fn detach_all(&self) {
+        let lanes: Vec<Arc<LaneOut>> = lock(&self.lanes).values().cloned().collect();
+        for out in lanes {
+            let mut state = lock(&out.state);
+            state.send = None;
+            state.pending.clear();
+            state.flush.notify_one();
+        }
+    }
+
+    /// The client has the replies up to these marks.
+    fn ack(&self, marks: &[(Lane, u64)]) {
+        let mut freed = 0;
+        for &(lane, seq) in marks {
+            let out = lock(&self.lanes).get(&lane).cloned();
+            if let Some(out) = out {
+                freed += lock(&out.state).cache.ack(seq);
+            }
+        }
+        if freed > 0 {
+            let before = self.cached.fetch_sub(freed, Ordering::AcqRel);
+            if before >= REPLY_CACHE_LIMIT && before - freed < REPLY_CACHE_LIMIT {
+                let _guard = lock(&self.room_lock);
+                self.room.notify_all();
+            }
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        self.cached.load(Ordering::Acquire) >= REPLY_CACHE_LIMIT
+    }
+
+    fn wait_for_room(&self, at_most: Duration) {
+        let guard = lock(&self.room_lock);
+        if self.is_full() {
+            let _ = self.room.wait_timeout(guard, at_most);
+        }
+    }
+
+    /// Writes `answer` on `lane`: kept in the lane's cache, and straight to quinn when it has room, else
+    /// queued for the lane's writer. With the link down it is only kept.
     fn send(&self, lane: Lane, answer: Answer) -> Result<(), String> {
-        let Some(tx) = lock(&self.lanes).get(&lane).cloned() else {
-            return Err(format!("no stream for lane {}", lane.0));
-        };
+        let out = self.lane(lane);
         let mut head = Vec::with_capacity(64);
         frame::encode_head(&answer.frame, answer.bulk.len(), &mut head)
             .map_err(|e| e.to_string())?;
-        let mut state = lock(&tx.state);
+        // The answer's bytes are handed over as they are: no copy into a frame buffer.
+        let frame = Frame {
+            seq: answer.frame.seq,
+            head: Bytes::from(head),
+            bulk: Bytes::from(answer.bulk),
+        };
+        let mut state = lock(&out.state);
+        let before = state.cache.bytes();
+        state.cache.keep(frame.clone());
+        self.cached
+            .fetch_add(state.cache.bytes() - before, Ordering::AcqRel);
+        if state.send.is_none() {
+            return Ok(());
+        }
         let was_idle = state.pending.is_empty();
-        state.pending.push(Bytes::from(head));
-        if !answer.bulk.is_empty() {
-            // The answer's bytes are handed over as they are: no copy into a frame buffer.
-            state.pending.push(Bytes::from(answer.bulk));
+        state.pending.push(frame.head);
+        if !frame.bulk.is_empty() {
+            state.pending.push(frame.bulk);
         }
         if was_idle {
             // Nothing queued before: try now, without waking the network thread for it.
             let mut cx = Context::from_waker(Waker::noop());
             match state.poll_flush(&mut cx) {
-                Poll::Ready(Ok(())) => return Ok(()),
-                Poll::Ready(Err(err)) => return Err(err),
+                // A failed write is the link going down: the main loop sees it on the connection.
+                Poll::Ready(_) => return Ok(()),
                 Poll::Pending => {}
             }
         }
+        let flush = state.flush.clone();
         drop(state);
-        tx.flush.notify_one();
+        flush.notify_one();
         Ok(())
     }
 
     /// Flushes every lane and waits until the client has received it all (at the session's end: closing
     /// the connection drops whatever is not yet acknowledged, Goodbye's answer included).
     async fn flush_all(&self) {
-        let lanes: Vec<Arc<LaneTx>> = lock(&self.lanes).values().cloned().collect();
+        let lanes: Vec<Arc<LaneOut>> = lock(&self.lanes).values().cloned().collect();
         let mut delivered = Vec::with_capacity(lanes.len());
-        for tx in lanes {
-            let _ = poll_fn(|cx| lock(&tx.state).poll_flush(cx)).await;
-            let mut state = lock(&tx.state);
-            let _ = state.send.finish();
-            delivered.push(state.send.stopped());
+        for out in lanes {
+            let _ = poll_fn(|cx| lock(&out.state).poll_flush(cx)).await;
+            let mut state = lock(&out.state);
+            if let Some(send) = state.send.as_mut() {
+                let _ = send.finish();
+                delivered.push(send.stopped());
+            }
         }
         for stopped in delivered {
             let _ = stopped.await;
@@ -494,28 +659,49 @@ fn network(
         };
         let port = endpoint.local_addr().map(|a| a.port()).unwrap_or(0);
         let _ = port_tx.send(Ok(port));
-        let attached = tokio::time::timeout(
-            options.attach_timeout,
-            admit(&endpoint, options.client, &token, &shared),
-        )
+        let (arrivals_tx, mut arrivals) = mpsc::channel(4);
+        let acceptor = tokio::spawn(accept(
+            endpoint.clone(),
+            options.client,
+            token,
+            arrivals_tx,
+        ));
+        let first = tokio::time::timeout(options.attach_timeout, async {
+            loop {
+                match arrivals.recv().await? {
+                    Arrival::Attach(link) => return Some(link),
+                    Arrival::Resume(link, _) => {
+                        link.conn
+                            .close(CLOSE_PROTOCOL_VIOLATION, b"no session to resume yet");
+                    }
+                }
+            }
+        })
         .await;
-        let conn = match attached {
-            Ok(Some(conn)) => conn,
+        let link = match first {
+            Ok(Some(link)) => link,
             Ok(None) => return,
             Err(_) => {
+                acceptor.abort();
                 shared.end(End::NoClient(options.attach_timeout));
                 endpoint.close(CLOSE_ENDED, b"no client");
                 return;
             }
         };
-        serve(&conn, &shared).await;
+        info!(client = %options.client, remote = %link.conn.remote_address(), "client attached");
+        let conn = connect(&shared, link, None);
+        let last = drive(conn, &mut arrivals, &shared, options.grace).await;
+        acceptor.abort();
         // Let the last answers (Goodbye's) leave before closing.
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, shared.outbox.flush_all()).await;
         let (code, reason) = match shared.ending() {
             Some(End::Protocol(why)) => (CLOSE_PROTOCOL_VIOLATION, why),
             _ => (CLOSE_ENDED, "session ended".to_owned()),
         };
-        conn.close(code, reason.as_bytes());
+        if let Some(conn) = last {
+            conn.close(code, reason.as_bytes());
+        }
+        endpoint.close(code, reason.as_bytes());
         let _ = tokio::time::timeout(Duration::from_millis(500), endpoint.wait_idle()).await;
     });
 }
@@ -564,94 +750,280 @@ fn session_ports(text: &str) -> Option<std::ops::RangeInclusive<u16>> {
     (lo <= hi && lo > 0).then_some(lo..=hi)
 }
 
-/// Waits for the client's connection: authenticated as `client`, its first stream presenting `token`.
-/// Anything else is refused. `None` if the session ended meanwhile.
-async fn admit(
-    endpoint: &quinn::Endpoint,
+/// A connection that presented the session's token on its first stream.
+struct Link {
+    conn: quinn::Connection,
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    frames: FrameReader,
+}
+
+/// What the acceptor hands the session.
+enum Arrival {
+    /// The client's first connection.
+    Attach(Link),
+    /// A connection resuming the session, with the client's reply marks.
+    Resume(Link, Marks),
+}
+
+/// Admits connections for the whole session: authenticated as `client`, their first stream presenting
+/// `token` (the first connection attaches, later ones resume). Anything else is refused.
+async fn accept(
+    endpoint: quinn::Endpoint,
     client: PeerId,
-    token: &[u8; 32],
-    shared: &Arc<Shared>,
-) -> Option<quinn::Connection> {
-    loop {
-        let incoming = endpoint.accept().await?;
-        let conn = match incoming.await {
-            Ok(conn) => conn,
-            Err(err) => {
-                debug!(error = %err, "a connection to the session endpoint failed its handshake");
-                continue;
+    token: [u8; 32],
+    arrivals: mpsc::Sender<Arrival>,
+) {
+    while let Some(incoming) = endpoint.accept().await {
+        let arrivals = arrivals.clone();
+        // Each on its own task: a connection that stalls mid-handshake holds up no other.
+        tokio::spawn(async move {
+            if let Some(arrival) = admit(incoming, client, &token).await {
+                let _ = arrivals.send(arrival).await;
             }
-        };
-        match tls::remote_peer_id(&conn) {
-            Ok(peer) if peer == client => {}
-            Ok(peer) => {
-                warn!(%peer, expected = %client, "refused a connection from another peer");
-                conn.close(CLOSE_PROTOCOL_VIOLATION, b"not this session's client");
-                continue;
-            }
-            Err(err) => {
-                warn!(error = %err, "refused a connection without a peer certificate");
-                conn.close(CLOSE_PROTOCOL_VIOLATION, b"no peer certificate");
-                continue;
-            }
+        });
+    }
+}
+
+/// One incoming connection: the peer's identity, then its first stream's opening frame.
+async fn admit(incoming: quinn::Incoming, client: PeerId, token: &[u8; 32]) -> Option<Arrival> {
+    let conn = match incoming.await {
+        Ok(conn) => conn,
+        Err(err) => {
+            debug!(error = %err, "a connection to the session endpoint failed its handshake");
+            return None;
         }
-        let first = tokio::time::timeout(ATTACH_TIMEOUT, conn.accept_bi()).await;
-        let Ok(Ok((send, recv))) = first else {
-            conn.close(CLOSE_PROTOCOL_VIOLATION, b"no stream opened");
-            continue;
-        };
-        let mut frames = FrameReader::new();
-        let mut recv = recv;
-        match read_opening(&mut recv, &mut frames).await {
-            Ok(StreamOpen::Attach { token: presented }) if constant_time_eq(&presented, token) => {
-                let tx = shared.outbox.add(Lane::CONTROL, send);
-                tokio::spawn(lane_writer(tx, shared.clone()));
-                tokio::spawn(lane_reader(recv, frames, Lane::CONTROL, shared.clone()));
-                info!(client = %client, remote = %conn.remote_address(), "client attached");
-                return Some(conn);
-            }
-            Ok(_) => {
-                warn!("refused a connection without the session's token");
-                conn.close(CLOSE_PROTOCOL_VIOLATION, b"wrong session token");
-            }
-            Err(err) => {
-                conn.close(CLOSE_PROTOCOL_VIOLATION, err.as_bytes());
-            }
+    };
+    match tls::remote_peer_id(&conn) {
+        Ok(peer) if peer == client => {}
+        Ok(peer) => {
+            warn!(%peer, expected = %client, "refused a connection from another peer");
+            conn.close(CLOSE_PROTOCOL_VIOLATION, b"not this session's client");
+            return None;
+        }
+        Err(err) => {
+            warn!(error = %err, "refused a connection without a peer certificate");
+            conn.close(CLOSE_PROTOCOL_VIOLATION, b"no peer certificate");
+            return None;
+        }
+    }
+    let first = tokio::time::timeout(ATTACH_TIMEOUT, conn.accept_bi()).await;
+    let Ok(Ok((send, mut recv))) = first else {
+        conn.close(CLOSE_PROTOCOL_VIOLATION, b"no stream opened");
+        return None;
+    };
+    let mut frames = FrameReader::new();
+    let opening = tokio::time::timeout(ATTACH_TIMEOUT, read_opening(&mut recv, &mut frames)).await;
+    let link = |conn, send, recv, frames| Link {
+        conn,
+        send,
+        recv,
+        frames,
+    };
+    match opening {
+        Ok(Ok(StreamOpen::Attach { token: presented })) if constant_time_eq(&presented, token) => {
+            Some(Arrival::Attach(link(conn, send, recv, frames)))
+        }
+        Ok(Ok(StreamOpen::Resume {
+            token: presented,
+            replies,
+        })) if constant_time_eq(&presented, token) => {
+            Some(Arrival::Resume(link(conn, send, recv, frames), replies))
+        }
+        Ok(Ok(_)) => {
+            warn!("refused a connection without the session's token");
+            conn.close(CLOSE_PROTOCOL_VIOLATION, b"wrong session token");
+            None
+        }
+        Ok(Err(err)) => {
+            conn.close(CLOSE_PROTOCOL_VIOLATION, err.as_bytes());
+            None
+        }
+        Err(_) => {
+            conn.close(CLOSE_PROTOCOL_VIOLATION, b"no stream opening in time");
+            None
         }
     }
 }
 
-/// Serves the attached connection's lanes until the session ends or the client goes.
-async fn serve(conn: &quinn::Connection, shared: &Arc<Shared>) {
+/// Makes `link` the session's connection: its first stream carries the control lane (after the
+/// [`Resumed`] frame when it resumes, with the client's reply marks); starts its tasks.
+fn connect(shared: &Arc<Shared>, link: Link, resumed: Option<Marks>) -> quinn::Connection {
+    let Link {
+        conn,
+        send,
+        recv,
+        frames,
+    } = link;
+    let (generation, first) = match resumed {
+        None => (shared.inbox.generation(), None),
+        Some(replies) => {
+            // Readers of the previous connection push nothing from here on: what was received is final.
+            let (generation, received) = shared.inbox.fence();
+            shared.outbox.detach_all();
+            shared.outbox.ack(&replies);
+            let mut first = Vec::new();
+            if let Err(err) = frame::encode(&Resumed { received }, &[], &mut first) {
+                shared.end(End::Network(format!("cannot encode the resume answer: {err}")));
+            }
+            (generation, Some(Bytes::from(first)))
+        }
+    };
+    start_lane(shared, Lane::CONTROL, generation, send, recv, frames, first);
+    tokio::spawn(send_acks(conn.clone(), generation, shared.clone()));
+    conn
+}
+
+/// Starts a lane's reader and writer on the current connection.
+fn start_lane(
+    shared: &Arc<Shared>,
+    lane: Lane,
+    generation: u64,
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    frames: FrameReader,
+    first: Option<Bytes>,
+) {
+    let flush = shared.outbox.attach(lane, send, first);
+    tokio::spawn(lane_writer(lane, flush, shared.clone()));
+    tokio::spawn(lane_reader(recv, frames, lane, generation, shared.clone()));
+}
+
+/// Serves the session's connections until the session ends: the lanes the client opens, its
+/// acknowledgements, and, when the link drops, the grace window and the connection that resumes within
+/// it. Returns the last connection, to close.
+async fn drive(
+    conn: quinn::Connection,
+    arrivals: &mut mpsc::Receiver<Arrival>,
+    shared: &Arc<Shared>,
+    grace: Duration,
+) -> Option<quinn::Connection> {
+    let mut current = Some(conn);
+    // While the link is down: when the session gives up on the client.
+    let mut give_up: Option<tokio::time::Instant> = None;
     loop {
         let ended = shared.ended.notified();
         let mut ended = pin!(ended);
         // Registered before looking, so an end between the look and the wait still wakes us.
         ended.as_mut().enable();
         if shared.ending().is_some() {
-            return;
+            return current;
         }
+        let conn = current.clone();
+        let streams = async {
+            match &conn {
+                Some(conn) => tokio::select! {
+                    biased;
+                    bi = conn.accept_bi() => bi.map(|(send, recv)| Stream::Bi(send, recv)),
+                    uni = conn.accept_uni() => uni.map(Stream::Uni),
+                },
+                None => std::future::pending().await,
+            }
+        };
+        let deadline = async {
+            match give_up {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
-            () = ended => return,
-            stream = conn.accept_bi() => match stream {
-                Ok((send, mut recv)) => {
-                    let mut frames = FrameReader::new();
-                    match read_opening(&mut recv, &mut frames).await {
-                        Ok(StreamOpen::Lane { lane }) if lane != Lane::CONTROL => {
-                            let tx = shared.outbox.add(lane, send);
-                            tokio::spawn(lane_writer(tx, shared.clone()));
-                            tokio::spawn(lane_reader(recv, frames, lane, shared.clone()));
-                        }
-                        Ok(_) => shared.end(End::Protocol("a second attach or a second control lane".into())),
-                        Err(err) => shared.end(End::Protocol(err)),
+            () = ended => return current,
+            arrival = arrivals.recv() => match arrival {
+                Some(Arrival::Resume(link, replies)) => {
+                    if let Some(old) = current.take() {
+                        old.close(CLOSE_SUPERSEDED, b"the session resumed on a new connection");
                     }
+                    let away = give_up.map(|_| "after a drop").unwrap_or("before this side saw the drop");
+                    info!(remote = %link.conn.remote_address(), away, "session resumed");
+                    current = Some(connect(shared, link, Some(replies)));
+                    give_up = None;
                 }
-                Err(err) => {
-                    shared.end(End::ClientGone(err.to_string()));
-                    return;
+                Some(Arrival::Attach(link)) => {
+                    link.conn.close(CLOSE_PROTOCOL_VIOLATION, b"already attached: resume instead");
+                }
+                None => {
+                    shared.end(End::Network("the session endpoint closed".into()));
+                    return current;
                 }
             },
+            stream = streams => match stream {
+                Ok(Stream::Bi(send, recv)) => {
+                    if let Some(conn) = &conn {
+                        tokio::spawn(open_lane(send, recv, shared.inbox.generation(), shared.clone(), conn.clone()));
+                    }
+                }
+                Ok(Stream::Uni(recv)) => {
+                    tokio::spawn(read_acks(recv, shared.clone()));
+                }
+                Err(err) => {
+                    current = None;
+                    match &err {
+                        // The client closed the session (it exited, or found us breaking the protocol).
+                        quinn::ConnectionError::ApplicationClosed(_) => {
+                            shared.end(End::ClientGone(err.to_string()));
+                            return None;
+                        }
+                        // This side closed it: the session is ending.
+                        quinn::ConnectionError::LocallyClosed => return None,
+                        _ => {
+                            shared.outbox.detach_all();
+                            // The grace window counts from the last time the client was heard: a timed-out
+                            // connection heard nothing for the idle timeout already.
+                            let quiet = match err {
+                                quinn::ConnectionError::TimedOut => {
+                                    Duration::from_millis(u64::from(tls::IDLE_TIMEOUT_MS))
+                                }
+                                _ => Duration::ZERO,
+                            };
+                            let left = grace.saturating_sub(quiet);
+                            warn!(error = %err, grace_left_ms = left.as_millis() as u64,
+                                "lost the client's connection: the session waits for it to come back");
+                            give_up = Some(tokio::time::Instant::now() + left);
+                        }
+                    }
+                }
+            },
+            () = deadline => {
+                shared.end(End::ClientGone(format!(
+                    "the client did not come back within the grace window ({grace:?})"
+                )));
+                return None;
+            }
         }
+    }
+}
+
+/// A stream the client opened.
+enum Stream {
+    /// A lane.
+    Bi(quinn::SendStream, quinn::RecvStream),
+    /// Its acknowledgements.
+    Uni(quinn::RecvStream),
+}
+
+/// A lane stream the client opened: reads its opening, then serves it (unless a resume superseded its
+/// connection meanwhile).
+async fn open_lane(
+    send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    generation: u64,
+    shared: Arc<Shared>,
+    conn: quinn::Connection,
+) {
+    let mut frames = FrameReader::new();
+    match read_opening(&mut recv, &mut frames).await {
+        Ok(StreamOpen::Lane { lane }) if lane != Lane::CONTROL => {
+            if shared.inbox.generation() == generation {
+                start_lane(&shared, lane, generation, send, recv, frames, None);
+            }
+        }
+        Ok(_) => shared.end(End::Protocol(
+            "a second attach or a second control lane".into(),
+        )),
+        // The connection went down while the lane opened: the client opens it again on resume.
+        Err(_) if conn.close_reason().is_some() => {}
+        Err(err) => shared.end(End::Protocol(err)),
     }
 }
 
@@ -679,6 +1051,7 @@ async fn lane_reader(
     mut recv: quinn::RecvStream,
     mut frames: FrameReader,
     lane: Lane,
+    generation: u64,
     shared: Arc<Shared>,
 ) {
     let why = 'lane: loop {
@@ -695,8 +1068,11 @@ async fn lane_reader(
                 Ok(request) => request,
                 Err(err) => break 'lane End::Protocol(format!("malformed request: {err}")),
             };
-            if let Err(err) = shared.inbox.push(lane, request, frame.bulk) {
-                break 'lane End::Protocol(err.to_string());
+            match shared.inbox.push(lane, generation, request, frame.bulk) {
+                Ok(()) => {}
+                // A resume took over: the client sends this again on the new connection.
+                Err(PushError::Stale) => return,
+                Err(err) => break 'lane End::Protocol(err.to_string()),
             }
         }
         // Backpressure: stop reading while this lane's queue is full (QUIC flow control then holds
@@ -709,7 +1085,12 @@ async fn lane_reader(
             }
             // The client finished this lane; the session goes on.
             Ok(None) => return,
-            Err(err) => break End::ClientGone(err.to_string()),
+            // The connection is going (the session's main loop handles that), or the client reset the
+            // stream: a partial frame is dropped and comes again on resume.
+            Err(err) => {
+                debug!(lane = lane.0, error = %err, "lane stream ended");
+                return;
+            }
         }
     };
     if let End::Protocol(why) = &why {
@@ -718,19 +1099,92 @@ async fn lane_reader(
     shared.end(why);
 }
 
-/// One lane's writer: flushes whatever the executor left pending (at the session's end, `flush_all`
-/// takes over).
-async fn lane_writer(tx: Arc<LaneTx>, shared: Arc<Shared>) {
+/// One lane's writer on one connection: flushes whatever the executor left pending (at the session's
+/// end, `flush_all` takes over). Ends with its stream.
+async fn lane_writer(lane: Lane, flush: Arc<Notify>, shared: Arc<Shared>) {
+    let Some(out) = lock(&shared.outbox.lanes).get(&lane).cloned() else {
+        return;
+    };
     loop {
-        tx.flush.notified().await;
+        flush.notified().await;
         if shared.ending().is_some() {
             return;
         }
-        if let Err(err) = poll_fn(|cx| lock(&tx.state).poll_flush(cx)).await {
-            shared.end(End::ClientGone(err));
+        let result = poll_fn(|cx| {
+            let mut state = lock(&out.state);
+            if !Arc::ptr_eq(&state.flush, &flush) || state.send.is_none() {
+                // The stream this writer served is gone.
+                return Poll::Ready(Err(String::new()));
+            }
+            state.poll_flush(cx)
+        })
+        .await;
+        if result.is_err() {
             return;
         }
     }
+}
+
+/// Sends the client, now and then, what arrived (so it can forget what it kept for resending), on a
+/// unidirectional stream of this connection.
+async fn send_acks(conn: quinn::Connection, generation: u64, shared: Arc<Shared>) {
+    let Ok(mut send) = conn.open_uni().await else {
+        return;
+    };
+    let mut out = Vec::new();
+    loop {
+        tokio::select! {
+            () = shared.inbox.ack_due.notified() => {
+                // Gather what arrives meanwhile into the same acknowledgement.
+                tokio::time::sleep(ACK_DELAY).await;
+            }
+            () = tokio::time::sleep(ACK_TICK) => {}
+        }
+        if shared.ending().is_some() || shared.inbox.generation() != generation {
+            return;
+        }
+        let Some(through) = shared.inbox.acks_due() else {
+            continue;
+        };
+        out.clear();
+        if frame::encode(&Acks { through }, &[], &mut out).is_err()
+            || send.write_all(&out).await.is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Applies the client's acknowledgements of replies.
+async fn read_acks(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
+    let mut frames = FrameReader::new();
+    loop {
+        loop {
+            match frames.next_frame() {
+                Ok(Some(frame)) => match frame.decode::<Acks>() {
+                    Ok(acks) => shared.outbox.ack(&acks.through),
+                    Err(err) => {
+                        shared.end(End::Protocol(format!("malformed acknowledgement: {err}")));
+                        return;
+                    }
+                },
+                Ok(None) => break,
+                Err(err) => {
+                    shared.end(End::Protocol(format!("acknowledgement stream: {err}")));
+                    return;
+                }
+            }
+        }
+        match recv.read_chunk(64 << 10, true).await {
+            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
+            Ok(None) | Err(_) => return,
+        }
+    }
+}
+
+/// Whether a presented session token is the session's (compared in constant time).
+pub fn tokens_match(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    constant_time_eq(a, b)
 }
 
 /// Compares two tokens in time independent of where they differ.
