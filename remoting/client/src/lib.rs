@@ -18,8 +18,18 @@
 //! at once. What quinn cannot take yet is bounded ([`BUFFER_LIMIT`]): past it, callers wait. Replies are
 //! read by one task per lane and handed to the waiting thread through a [`slot::Slot`] (spin, then park).
 //!
-//! If the session is lost (QUIC idle timeout with keep-alives on, the session process died, a protocol
-//! violation), every pending and later call fails with [`ClientError::Lost`] within seconds, never hangs.
+//! A session survives network drops ([`gleam_protocol::resume`]): every request frame is kept until the
+//! serving side acknowledges it (a reply acknowledges its lane's requests up to it; acknowledgements come
+//! on a stream of their own for the rest), bounded by [`RETAIN_LIMIT`]. When the link goes silent past
+//! QUIC's idle timeout, calls wait, and the client dials the peer again (every address it knows, from
+//! whatever interface now works), asks to resume its session ([`Control::Resume`]) and, on the session
+//! process's own endpoint, tells it which replies it has; each side then sends again what the other has
+//! not: each request runs once, each reply arrives once, and the GPU state is untouched.
+//!
+//! If the session is lost for good (the link stayed down past the session's grace window, the peer
+//! restarted, the session process died, a protocol violation), every pending and later call fails with
+//! [`ClientError::Lost`], never hangs: at the end of the window, or within a round trip of reaching a
+//! peer that no longer has the session.
 
 mod slot;
 
@@ -28,7 +38,7 @@ use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -38,13 +48,14 @@ use gleam_auth::proof::{AuthError, authenticate_as_client};
 use gleam_auth::tls::{ALPN_CUDA, TlsError, client_config};
 use gleam_protocol::frame::{self, FrameError, FrameReader};
 use gleam_protocol::order::{Lane, Sequencer};
+use gleam_protocol::resume::{Frame, Marks, Received, Retained, mark_of};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
-    COPY_CHUNK, Call, ClientHello, Control, PROTOCOL_VERSION, Reply, ReplyFrame, Request,
-    ServerHello, StreamOpen,
+    Acks, COPY_CHUNK, Call, ClientHello, Control, PROTOCOL_VERSION, Reply, ReplyFrame, Request,
+    Resumed, ServerHello, StreamOpen,
 };
 use tokio::sync::Notify;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::slot::Slot;
 
@@ -53,6 +64,19 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bytes the client holds that quinn has not taken yet (across lanes); past it, a submitting thread
 /// waits for the network to catch up.
 pub const BUFFER_LIMIT: usize = 32 << 20;
+/// Bytes of requests sent and not yet acknowledged by the serving side (kept to send again after a drop);
+/// past it, a submitting thread waits for acknowledgements.
+pub const RETAIN_LIMIT: usize = 128 << 20;
+/// One attempt to resume a session (dial, authenticate, reach the session process) may take this long.
+const RESUME_ATTEMPT: Duration = Duration::from_secs(2);
+/// Pause between attempts to resume.
+const RESUME_PAUSE: Duration = Duration::from_millis(200);
+/// The client keeps trying this much past the serving side's grace window (the two ends see the drop at
+/// slightly different times; a peer reached after its window answers "gone" at once).
+const RESUME_MARGIN: Duration = Duration::from_millis(500);
+/// How long an acknowledgement of replies waits to gather more, and how often a quiet client re-checks.
+const ACK_DELAY: Duration = Duration::from_millis(5);
+const ACK_TICK: Duration = Duration::from_millis(100);
 /// A lane's batch of fire-and-forget frames is handed to quinn at once when it reaches this size.
 const BATCH_FLUSH: usize = 256 << 10;
 /// QUIC application close code of an orderly client exit.
@@ -230,7 +254,6 @@ pub struct Client {
     hello: ServerHello,
     blocking: bool,
     peer_addr: SocketAddr,
-    lifeline: quinn::Connection,
     endpoint: quinn::Endpoint,
     // Last, so the tasks stop after everything else is dropped.
     runtime: tokio::runtime::Runtime,
@@ -313,7 +336,19 @@ impl Client {
             authenticate_as_client(&lifeline, &secret)
                 .await
                 .map_err(|e| ClientError::Auth(Arc::new(e)))?;
-            let (port, token) = ask_for_session(&lifeline).await?;
+            let offer = ask_for_session(
+                &lifeline,
+                &Control::Open {
+                    protocol: PROTOCOL_VERSION,
+                },
+            )
+            .await?;
+            let Offer {
+                port,
+                token,
+                session,
+                grace,
+            } = offer.map_err(ClientError::Refused)?;
             // The session process listens at the same address, on its own port.
             let mut session_addr = addr;
             session_addr.set_port(port);
@@ -335,9 +370,21 @@ impl Client {
             send.write_all(&opening)
                 .await
                 .map_err(|e| ClientError::Lost(e.to_string()))?;
-            Ok::<_, ClientError>((addr, lifeline, connection, send, recv))
+            let resume = Resume {
+                peer,
+                addrs: std::iter::once(addr)
+                    .chain(addrs.iter().copied().filter(|a| *a != addr))
+                    .collect(),
+                config: config.clone(),
+                secret: secret.clone(),
+                endpoint: endpoint.clone(),
+                session,
+                token,
+                grace,
+            };
+            Ok::<_, ClientError>((addr, lifeline, connection, send, recv, resume))
         };
-        let (addr, lifeline, connection, send, recv) = runtime
+        let (addr, lifeline, connection, send, recv, resume) = runtime
             .block_on(async { tokio::time::timeout(timeout, establish).await })
             .map_err(|_| ClientError::Timeout {
                 peer,
@@ -345,10 +392,14 @@ impl Client {
                 timeout,
             })??;
 
-        let shared = Arc::new(Shared::new(connection.clone(), runtime.handle().clone()));
+        let shared = Arc::new(Shared::new(
+            connection.clone(),
+            lifeline.clone(),
+            runtime.handle().clone(),
+        ));
+        let _ = shared.resume.set(resume);
         shared.add_lane(Lane::CONTROL, send, recv);
-        runtime.spawn(watch_lifeline(lifeline.clone(), shared.clone()));
-        runtime.spawn(watch_session(connection, shared.clone()));
+        shared.start_connection_tasks(0, &connection, &lifeline);
 
         let hello = Call::Hello(ClientHello {
             protocol: PROTOCOL_VERSION,
@@ -388,7 +439,6 @@ impl Client {
             hello,
             blocking,
             peer_addr,
-            lifeline,
             endpoint,
             runtime,
         })
@@ -541,11 +591,12 @@ impl Client {
     /// What this session has put on the network and taken from it so far: UDP payload bytes and
     /// datagrams (QUIC and TLS overhead included) over the session connection and the lifeline together.
     pub fn wire_stats(&self) -> WireStats {
+        let (connection, lifeline) = self.shared.connections();
         let mut total = WireStats {
-            mtu: self.shared.connection.stats().path.current_mtu,
+            mtu: connection.stats().path.current_mtu,
             ..WireStats::default()
         };
-        for connection in [&self.shared.connection, &self.lifeline] {
+        for connection in [&connection, &lifeline] {
             let stats = connection.stats();
             total.sent_bytes += stats.udp_tx.bytes;
             total.sent_datagrams += stats.udp_tx.datagrams;
@@ -559,7 +610,10 @@ impl Client {
     /// everything, then closes the connections.
     pub fn close(&self, timeout: Duration) {
         self.shared.closing.store(true, Ordering::Release);
+        // While the link is down there is nobody to say goodbye to: the serving side frees the session
+        // at the end of its grace window.
         if !self.is_lost()
+            && !self.shared.suspended.load(Ordering::Acquire)
             && let Ok(Some(pending)) = self.submit(0, Call::Goodbye, &[], true)
         {
             let _ = pending.wait_timeout(timeout);
@@ -567,8 +621,9 @@ impl Client {
         self.shared
             .fail_all(ClientError::Lost("the client closed the session".into()));
         let code = quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT);
-        self.shared.connection.close(code, b"client exit");
-        self.lifeline.close(code, b"client exit");
+        let (connection, lifeline) = self.shared.connections();
+        connection.close(code, b"client exit");
+        lifeline.close(code, b"client exit");
         // Give the close frames a moment to leave (the process may be exiting right after). No `block_on`:
         // this may run from a library destructor, after the calling thread's tokio context is gone.
         let endpoint = self.endpoint.clone();
@@ -583,11 +638,13 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Release);
         self.shared
             .fail_all(ClientError::Lost("the client was dropped".into()));
         let code = quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT);
-        self.shared.connection.close(code, b"client exit");
-        self.lifeline.close(code, b"client exit");
+        let (connection, lifeline) = self.shared.connections();
+        connection.close(code, b"client exit");
+        lifeline.close(code, b"client exit");
     }
 }
 
@@ -596,15 +653,38 @@ struct Shared {
     core: Mutex<Core>,
     /// Bytes submitted that quinn has not taken yet (backpressure).
     buffered: AtomicUsize,
-    /// Wakes threads waiting for `buffered` to fall.
+    /// Bytes of requests kept until the serving side acknowledges them.
+    retained: AtomicUsize,
+    /// Wakes threads waiting for `buffered` or `retained` to fall, or for the link to come back.
     drained: Condvar,
     drained_lock: Mutex<()>,
     /// Set once the session ended (fast path for callers).
     lost: AtomicBool,
     /// Set when this side ends the session, so the end is not reported as a failure.
     closing: AtomicBool,
-    connection: quinn::Connection,
+    /// Set while the link is down and the session is being resumed: submitting threads wait.
+    suspended: AtomicBool,
+    /// The session connection and the lifeline (replaced on resume).
+    connections: Mutex<(quinn::Connection, quinn::Connection)>,
+    /// How to resume the session (from the peer's offer).
+    resume: OnceLock<Resume>,
+    /// A reply arrived that the serving side has not been told about.
+    ack_due: Notify,
     runtime: tokio::runtime::Handle,
+}
+
+/// What the client needs to resume its session after a drop.
+struct Resume {
+    peer: PeerId,
+    /// The address that answered first, then the others.
+    addrs: Vec<SocketAddr>,
+    config: quinn::ClientConfig,
+    secret: MeshSecret,
+    endpoint: quinn::Endpoint,
+    session: u64,
+    token: [u8; 32],
+    /// The session's grace window, counted from the last time the peer heard from us.
+    grace: Duration,
 }
 
 /// What the lock protects: numbering, lanes and waiters change together, so each lane's stream carries
@@ -614,6 +694,10 @@ struct Core {
     lanes: HashMap<Lane, Arc<LaneTx>>,
     waiters: HashMap<u64, Arc<Slot>>,
     lost: Option<ClientError>,
+    /// The connection whose readers may deliver (each resume attempt fences the previous ones off).
+    generation: u64,
+    /// The replies received, per lane (acknowledged to the serving side; where a resume picks up).
+    replies: Received,
 }
 
 /// One lane's sending half.
@@ -626,39 +710,78 @@ struct LaneTx {
 }
 
 struct TxState {
-    send: quinn::SendStream,
+    /// The lane's stream on the current connection (`None` while the link is down).
+    send: Option<quinn::SendStream>,
     /// Fire-and-forget frames not yet handed to quinn (coalesced into one chunk).
     batch: BytesMut,
+    /// The requests in `batch`: seq and where its frame starts (a new lane's opening frame comes first).
+    frames: Vec<(u64, usize)>,
     /// Chunks handed over but not yet taken by quinn, in order.
     pending: Vec<Bytes>,
-    failed: Option<String>,
+    /// Requests sent that the serving side has not acknowledged.
+    retained: Retained,
+}
+
+/// What one flush moved, for the shared byte counts.
+#[derive(Default)]
+struct Moved {
+    /// Bytes quinn took.
+    taken: usize,
+    /// Bytes no longer to be handed to quinn on this connection (the link is down: they are kept).
+    dropped: usize,
+    /// Bytes of requests newly kept for resending.
+    kept: usize,
 }
 
 impl TxState {
+    /// Moves the batch's requests to the kept frames; returns the batch's bytes as one chunk.
+    fn seal(&mut self, moved: &mut Moved) -> Option<Bytes> {
+        if self.batch.is_empty() {
+            return None;
+        }
+        let chunk = self.batch.split().freeze();
+        let starts: Vec<(u64, usize)> = std::mem::take(&mut self.frames);
+        for (i, &(seq, start)) in starts.iter().enumerate() {
+            let end = starts.get(i + 1).map_or(chunk.len(), |&(_, next)| next);
+            moved.kept += end - start;
+            self.retained.keep(Frame {
+                seq,
+                head: chunk.slice(start..end),
+                bulk: Bytes::new(),
+            });
+        }
+        Some(chunk)
+    }
+
     /// Moves the batch to the pending chunks, and hands them to quinn until it takes no more.
-    /// `Ready(Ok)` when everything was taken; `taken` counts the bytes quinn accepted.
-    fn poll_flush(&mut self, cx: &mut Context<'_>, taken: &mut usize) -> Poll<Result<(), String>> {
-        if let Some(err) = &self.failed {
-            return Poll::Ready(Err(err.clone()));
+    /// `Ready(Ok)` when everything was taken (or the link is down: then everything is kept for the
+    /// resume); `moved` counts what moved.
+    fn poll_flush(&mut self, cx: &mut Context<'_>, moved: &mut Moved) -> Poll<Result<(), String>> {
+        if let Some(chunk) = self.seal(moved) {
+            self.pending.push(chunk);
         }
-        if !self.batch.is_empty() {
-            self.pending.push(self.batch.split().freeze());
-        }
+        let Some(send) = self.send.as_mut() else {
+            moved.dropped += self.pending.iter().map(Bytes::len).sum::<usize>();
+            self.pending.clear();
+            return Poll::Ready(Ok(()));
+        };
         while !self.pending.is_empty() {
             let written = {
-                let fut = self.send.write_chunks(&mut self.pending);
+                let fut = send.write_chunks(&mut self.pending);
                 let fut = pin!(fut);
                 fut.poll(cx)
             };
             match written {
                 Poll::Ready(Ok(written)) => {
-                    *taken += written.bytes;
+                    moved.taken += written.bytes;
                     self.pending.retain(|chunk| !chunk.is_empty());
                 }
                 Poll::Ready(Err(err)) => {
-                    let err = err.to_string();
-                    self.failed = Some(err.clone());
-                    return Poll::Ready(Err(err));
+                    // The connection is going: what was not sent is kept for the resume.
+                    self.send = None;
+                    moved.dropped += self.pending.iter().map(Bytes::len).sum::<usize>();
+                    self.pending.clear();
+                    return Poll::Ready(Err(err.to_string()));
                 }
                 Poll::Pending => return Poll::Pending,
             }
@@ -668,20 +791,30 @@ impl TxState {
 }
 
 impl Shared {
-    fn new(connection: quinn::Connection, runtime: tokio::runtime::Handle) -> Self {
+    fn new(
+        connection: quinn::Connection,
+        lifeline: quinn::Connection,
+        runtime: tokio::runtime::Handle,
+    ) -> Self {
         Self {
             core: Mutex::new(Core {
                 sequencer: Sequencer::new(1),
                 lanes: HashMap::new(),
                 waiters: HashMap::new(),
                 lost: None,
+                generation: 0,
+                replies: Received::default(),
             }),
             buffered: AtomicUsize::new(0),
+            retained: AtomicUsize::new(0),
             drained: Condvar::new(),
             drained_lock: Mutex::new(()),
             lost: AtomicBool::new(false),
             closing: AtomicBool::new(false),
-            connection,
+            suspended: AtomicBool::new(false),
+            connections: Mutex::new((connection, lifeline)),
+            resume: OnceLock::new(),
+            ack_due: Notify::new(),
             runtime,
         }
     }
@@ -690,43 +823,77 @@ impl Shared {
         lock(&self.core)
     }
 
-    /// Registers a lane's stream and starts its reader and writer tasks.
+    /// The current session connection and lifeline.
+    fn connections(&self) -> (quinn::Connection, quinn::Connection) {
+        lock(&self.connections).clone()
+    }
+
+    fn connection(&self) -> quinn::Connection {
+        lock(&self.connections).0.clone()
+    }
+
+    /// Registers the control lane's stream and starts its reader and writer tasks.
     fn add_lane(self: &Arc<Self>, lane: Lane, send: quinn::SendStream, recv: quinn::RecvStream) {
         let tx = Arc::new(LaneTx {
             fresh: AtomicBool::new(false),
             state: Mutex::new(TxState {
-                send,
+                send: Some(send),
                 batch: BytesMut::new(),
+                frames: Vec::new(),
                 pending: Vec::new(),
-                failed: None,
+                retained: Retained::default(),
             }),
             flush: Notify::new(),
         });
         self.core().lanes.insert(lane, tx.clone());
         self.runtime.spawn(lane_writer(tx, self.clone()));
-        self.runtime.spawn(lane_reader(recv, self.clone()));
+        self.runtime
+            .spawn(lane_reader(recv, FrameReader::new(), lane, 0, self.clone()));
+    }
+
+    /// Starts the tasks that watch a (new) connection and its lifeline, and exchange acknowledgements.
+    fn start_connection_tasks(
+        self: &Arc<Self>,
+        generation: u64,
+        connection: &quinn::Connection,
+        lifeline: &quinn::Connection,
+    ) {
+        self.runtime.spawn(watch_session(
+            connection.clone(),
+            generation,
+            self.clone(),
+        ));
+        self.runtime
+            .spawn(watch_lifeline(lifeline.clone(), generation, self.clone()));
+        self.runtime
+            .spawn(send_acks(connection.clone(), generation, self.clone()));
+        self.runtime
+            .spawn(read_acks(connection.clone(), generation, self.clone()));
     }
 
     /// Opens the QUIC stream of a new lane (under the core lock, so the lane's first frame precedes any
-    /// request on it).
-    fn open_lane(
-        self: &Arc<Self>,
-        core: &mut Core,
-        lane: Lane,
-    ) -> Result<Arc<LaneTx>, ClientError> {
+    /// request on it). With the link down the lane starts without a stream: the resume opens it.
+    fn open_lane(self: &Arc<Self>, core: &mut Core, lane: Lane) -> Arc<LaneTx> {
         if let Some(tx) = core.lanes.get(&lane) {
-            return Ok(tx.clone());
+            return tx.clone();
         }
-        let connection = self.connection.clone();
+        let connection = self.connection();
         // Opening needs stream credit, granted by the peer in advance (1024 streams); if none is left
         // this waits on the client's runtime for the peer to grant more.
         let opened = self
             .runtime
             .block_on(async move { connection.open_bi().await });
-        let (send, recv) = opened.map_err(|e| ClientError::Lost(e.to_string()))?;
+        let (send, recv) = match opened {
+            Ok((send, recv)) => (Some(send), Some(recv)),
+            Err(err) => {
+                debug!(lane = lane.0, error = %err, "lane opened while the link is down");
+                (None, None)
+            }
+        };
         // The lane's opening frame goes out with its first request.
         let mut opening = Vec::new();
-        frame::encode(&StreamOpen::Lane { lane }, &[], &mut opening).map_err(lost_frame)?;
+        // Encoding a lane number cannot fail.
+        let _ = frame::encode(&StreamOpen::Lane { lane }, &[], &mut opening);
         // Counted like any request's bytes: the flush that hands them to quinn subtracts them.
         self.buffered.fetch_add(opening.len(), Ordering::AcqRel);
         let tx = Arc::new(LaneTx {
@@ -734,15 +901,25 @@ impl Shared {
             state: Mutex::new(TxState {
                 send,
                 batch: BytesMut::from(&opening[..]),
+                frames: Vec::new(),
                 pending: Vec::new(),
-                failed: None,
+                retained: Retained::default(),
             }),
             flush: Notify::new(),
         });
         core.lanes.insert(lane, tx.clone());
         self.runtime.spawn(lane_writer(tx.clone(), self.clone()));
-        self.runtime.spawn(lane_reader(recv, self.clone()));
-        Ok(tx)
+        if let Some(recv) = recv {
+            let generation = core.generation;
+            self.runtime.spawn(lane_reader(
+                recv,
+                FrameReader::new(),
+                lane,
+                generation,
+                self.clone(),
+            ));
+        }
+        tx
     }
 
     /// Numbers, encodes and sends (or batches) one request.
@@ -756,14 +933,16 @@ impl Shared {
         if self.lost.load(Ordering::Acquire) {
             return Err(self.lost_error());
         }
-        self.wait_for_room();
+        self.wait_for_room()?;
         let ordering = call.ordering();
         let mut core = self.core();
         if let Some(err) = &core.lost {
             return Err(err.clone());
         }
-        let (seq, lane, deps) = core.sequencer.next(ordering);
-        let tx = self.open_lane(&mut core, lane)?;
+        let lane = ordering.stream.map_or(Lane::CONTROL, Lane::of_stream);
+        let tx = self.open_lane(&mut core, lane);
+        let (seq, numbered, deps) = core.sequencer.next(ordering);
+        debug_assert_eq!(numbered, lane, "the lane opened is the lane numbered");
         let request = Request {
             seq,
             ctx,
@@ -790,6 +969,8 @@ impl Shared {
         // batch already holds the opening frame, which is no burst of its own.
         let was_empty = (state.batch.is_empty() && state.pending.is_empty())
             || tx.fresh.swap(false, Ordering::AcqRel);
+        let start = state.batch.len();
+        state.frames.push((seq, start));
         state.batch.extend_from_slice(&head);
         state.batch.extend_from_slice(bulk);
         self.buffered
@@ -798,18 +979,13 @@ impl Shared {
         drop(core);
         if expects_reply || state.batch.len() >= BATCH_FLUSH {
             // Someone waits (or the batch is large): hand everything to quinn now, from this thread.
-            let mut taken = 0;
-            let flushed = state.poll_flush(&mut Context::from_waker(Waker::noop()), &mut taken);
-            self.taken(taken);
-            match flushed {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(err)) => {
-                    drop(state);
-                    let err = ClientError::Lost(err);
-                    self.fail_all(err.clone());
-                    return Err(err);
-                }
-                Poll::Pending => tx.flush.notify_one(),
+            let mut moved = Moved::default();
+            let flushed = state.poll_flush(&mut Context::from_waker(Waker::noop()), &mut moved);
+            drop(state);
+            self.moved(&moved);
+            // A failed write is the link going down: the request is kept and goes again on resume.
+            if let Poll::Pending = flushed {
+                tx.flush.notify_one();
             }
         } else if was_empty {
             // A fire-and-forget burst: the writer task hands the batch over shortly, coalesced.
@@ -818,49 +994,99 @@ impl Shared {
         Ok(pending)
     }
 
-    /// Waits while the client holds more than [`BUFFER_LIMIT`] bytes quinn has not taken.
-    fn wait_for_room(&self) {
-        if self.buffered.load(Ordering::Acquire) < BUFFER_LIMIT {
-            return;
+    /// Waits while the client holds more than [`BUFFER_LIMIT`] bytes quinn has not taken or more than
+    /// [`RETAIN_LIMIT`] unacknowledged bytes, or while the link is down (until it is resumed, or the
+    /// session is lost).
+    fn wait_for_room(&self) -> Result<(), ClientError> {
+        let full = || {
+            self.buffered.load(Ordering::Acquire) >= BUFFER_LIMIT
+                || self.retained.load(Ordering::Acquire) >= RETAIN_LIMIT
+                || self.suspended.load(Ordering::Acquire)
+        };
+        if !full() {
+            return Ok(());
         }
         let mut guard = lock(&self.drained_lock);
-        while self.buffered.load(Ordering::Acquire) >= BUFFER_LIMIT
-            && !self.lost.load(Ordering::Acquire)
-        {
+        while full() && !self.lost.load(Ordering::Acquire) {
             guard = self
                 .drained
                 .wait_timeout(guard, Duration::from_millis(50))
                 .map_or_else(|e| e.into_inner().0, |(g, _)| g);
         }
+        drop(guard);
+        if self.lost.load(Ordering::Acquire) {
+            return Err(self.lost_error());
+        }
+        Ok(())
     }
 
-    /// Quinn took `bytes` more.
-    fn taken(&self, bytes: usize) {
-        if bytes == 0 {
+    /// Accounts for what a flush moved.
+    fn moved(&self, moved: &Moved) {
+        if moved.kept > 0 {
+            self.retained.fetch_add(moved.kept, Ordering::AcqRel);
+        }
+        let gone = moved.taken + moved.dropped;
+        if gone == 0 {
             return;
         }
-        let before = self.buffered.fetch_sub(bytes, Ordering::AcqRel);
-        if before >= BUFFER_LIMIT && before - bytes < BUFFER_LIMIT {
-            let _guard = lock(&self.drained_lock);
-            self.drained.notify_all();
+        let before = self.buffered.fetch_sub(gone, Ordering::AcqRel);
+        if before >= BUFFER_LIMIT && before - gone < BUFFER_LIMIT {
+            self.wake_submitters();
         }
     }
 
-    /// Hands a reply to its waiter.
-    fn deliver(&self, reply: ReplyFrame, bulk: Bytes) -> Result<(), ClientError> {
-        let slot = self.core().waiters.remove(&reply.seq);
+    /// The serving side acknowledged `lane`'s requests up to `through`.
+    fn acked(&self, tx: &LaneTx, through: u64) {
+        let freed = lock(&tx.state).retained.ack(through);
+        if freed > 0 {
+            let before = self.retained.fetch_sub(freed, Ordering::AcqRel);
+            if before >= RETAIN_LIMIT && before - freed < RETAIN_LIMIT {
+                self.wake_submitters();
+            }
+        }
+    }
+
+    fn wake_submitters(&self) {
+        let _guard = lock(&self.drained_lock);
+        self.drained.notify_all();
+    }
+
+    /// Hands a reply that came on `lane` of connection `generation` to its waiter. `Ok(false)`: the
+    /// connection was left behind (the reply comes again on the new one).
+    fn deliver(
+        &self,
+        lane: Lane,
+        generation: u64,
+        reply: ReplyFrame,
+        bulk: Bytes,
+    ) -> Result<bool, ClientError> {
+        let (slot, tx) = {
+            let mut core = self.core();
+            if core.generation != generation {
+                return Ok(false);
+            }
+            core.replies
+                .note(lane, reply.seq)
+                .map_err(|e| ClientError::Protocol(format!("reply {e}")))?;
+            (core.waiters.remove(&reply.seq), core.lanes.get(&lane).cloned())
+        };
         let Some(slot) = slot else {
             return Err(ClientError::Protocol(format!(
                 "reply to unknown request {}",
                 reply.seq
             )));
         };
+        // A reply says its request, and every earlier one of its lane, arrived.
+        if let Some(tx) = tx {
+            self.acked(&tx, reply.seq);
+        }
         slot.deliver(Ok(Answer {
             result: reply.result,
             reply: reply.reply,
             bulk,
         }));
-        Ok(())
+        self.ack_due.notify_one();
+        Ok(true)
     }
 
     /// Ends the session: every pending and later call fails with `err` (the first reason wins).
@@ -878,8 +1104,7 @@ impl Shared {
                 .collect()
         };
         drop(waiters);
-        let _guard = lock(&self.drained_lock);
-        self.drained.notify_all();
+        self.wake_submitters();
     }
 
     fn lost_error(&self) -> ClientError {
@@ -896,9 +1121,36 @@ impl Shared {
         }
         self.fail_all(err);
         if let ClientError::Protocol(reason) = &self.lost_error() {
-            self.connection
+            self.connection()
                 .close(quinn::VarInt::from_u32(1), reason.as_bytes());
         }
+    }
+
+    /// Connection `generation` went silent for `quiet` (or failed): calls wait while the session is
+    /// resumed on a new connection, within the session's grace window.
+    fn suspend(self: &Arc<Self>, generation: u64, quiet: Duration, why: String) {
+        {
+            let core = self.core();
+            if core.generation != generation || core.lost.is_some() {
+                return;
+            }
+        }
+        let Some(resume) = self.resume.get() else {
+            self.end(ClientError::Lost(why));
+            return;
+        };
+        if self.closing.load(Ordering::Acquire) || resume.grace <= quiet {
+            self.end(ClientError::Lost(why));
+            return;
+        }
+        if self.suspended.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let window = resume.grace - quiet;
+        warn!(reason = %why, window_ms = window.as_millis() as u64,
+            "lost the link to the GPU peer: calls wait while the session is resumed");
+        self.runtime
+            .spawn(reconnect(self.clone(), window + RESUME_MARGIN, why));
     }
 }
 
@@ -907,21 +1159,26 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Asks the peer for a session on the authenticated connection: where its process listens.
-async fn ask_for_session(lifeline: &quinn::Connection) -> Result<(u16, [u8; 32]), ClientError> {
+/// What the peer answered to a request for a session.
+struct Offer {
+    port: u16,
+    token: [u8; 32],
+    session: u64,
+    grace: Duration,
+}
+
+/// Asks the peer for a session (`request`: open one, or resume one) on the authenticated connection:
+/// where its process listens, or why there is none (`Err` inside: refused, or gone).
+async fn ask_for_session(
+    lifeline: &quinn::Connection,
+    request: &Control,
+) -> Result<Result<Offer, String>, ClientError> {
     let (mut send, mut recv) = lifeline
         .open_bi()
         .await
         .map_err(|e| ClientError::Lost(e.to_string()))?;
     let mut out = Vec::new();
-    frame::encode(
-        &Control::Open {
-            protocol: PROTOCOL_VERSION,
-        },
-        &[],
-        &mut out,
-    )
-    .map_err(lost_frame)?;
+    frame::encode(request, &[], &mut out).map_err(lost_frame)?;
     send.write_all(&out)
         .await
         .map_err(|e| ClientError::Lost(e.to_string()))?;
@@ -938,32 +1195,265 @@ async fn ask_for_session(lifeline: &quinn::Connection) -> Result<(u16, [u8; 32])
         }
     };
     match control {
-        Control::Offer { port, token } => Ok((port, token)),
+        Control::Offer {
+            port,
+            token,
+            session,
+            grace_ms,
+        } => Ok(Ok(Offer {
+            port,
+            token,
+            session,
+            grace: Duration::from_millis(grace_ms),
+        })),
         Control::Refused { protocol, .. } if protocol != PROTOCOL_VERSION => {
             Err(ClientError::Version {
                 client: PROTOCOL_VERSION,
                 server: protocol,
             })
         }
-        Control::Refused { reason, .. } => Err(ClientError::Refused(reason)),
-        Control::Open { .. } => Err(ClientError::Protocol("expected a session offer".into())),
+        Control::Refused { reason, .. } | Control::Gone { reason } => Ok(Err(reason)),
+        Control::Open { .. } | Control::Resume { .. } => {
+            Err(ClientError::Protocol("expected a session offer".into()))
+        }
     }
 }
 
-/// One lane's writer: hands the lane's batch (and what quinn could not take) to quinn.
+/// Why one attempt to resume did not.
+enum Attempt {
+    /// The peer answered: the session is no more.
+    Gone(String),
+    /// Try again (the peer was not reached, or the attempt broke off).
+    Failed(String),
+}
+
+/// Resumes the session until `window` passes: then, or when the peer says the session is gone, the
+/// session is lost.
+async fn reconnect(shared: Arc<Shared>, window: Duration, why: String) {
+    let Some(resume) = shared.resume.get() else {
+        return;
+    };
+    let started = Instant::now();
+    let deadline = started + window;
+    let mut attempts = 0u32;
+    loop {
+        if shared.lost.load(Ordering::Acquire) {
+            return;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            shared.end(ClientError::Lost(format!(
+                "the GPU peer stayed unreachable past the session's grace window ({:.1} s): {why}",
+                resume.grace.as_secs_f64()
+            )));
+            return;
+        }
+        attempts += 1;
+        match tokio::time::timeout(left.min(RESUME_ATTEMPT), resume_once(&shared, resume)).await {
+            Ok(Ok(())) => {
+                info!(attempts, after_ms = started.elapsed().as_millis() as u64,
+                    "CUDA session resumed on a new connection");
+                return;
+            }
+            Ok(Err(Attempt::Gone(reason))) => {
+                shared.end(ClientError::Lost(format!(
+                    "the GPU peer no longer has this session: {reason}"
+                )));
+                return;
+            }
+            Ok(Err(Attempt::Failed(reason))) => debug!(attempts, %reason, "resume attempt failed"),
+            Err(_) => debug!(attempts, "resume attempt timed out"),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokio::time::sleep(RESUME_PAUSE.min(left)).await;
+    }
+}
+
+/// One attempt: dial the peer, ask to resume, reach the session process, exchange marks, and switch every
+/// lane to the new connection.
+async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attempt> {
+    let failed = |e: &dyn std::fmt::Display| Attempt::Failed(e.to_string());
+    let pace = gleam_auth::dial::Pace {
+        stagger: gleam_auth::dial::Pace::default().stagger,
+        attempt_timeout: RESUME_ATTEMPT,
+    };
+    let dialed = gleam_auth::dial::dial(
+        &resume.endpoint,
+        &resume.config,
+        resume.peer,
+        &resume.addrs,
+        pace,
+    )
+    .await
+    .map_err(|e| Attempt::Failed(e.reasons()))?;
+    let lifeline = dialed.conn;
+    authenticate_as_client(&lifeline, &resume.secret)
+        .await
+        .map_err(|e| failed(&e))?;
+    let request = Control::Resume {
+        protocol: PROTOCOL_VERSION,
+        session: resume.session,
+        token: resume.token,
+    };
+    let offer = match ask_for_session(&lifeline, &request).await {
+        Ok(Ok(offer)) => offer,
+        Ok(Err(reason)) => return Err(Attempt::Gone(reason)),
+        Err(err @ ClientError::Version { .. }) => return Err(Attempt::Gone(err.to_string())),
+        Err(err) => return Err(failed(&err)),
+    };
+    let mut session_addr = dialed.addr;
+    session_addr.set_port(offer.port);
+    let connection = resume
+        .endpoint
+        .connect_with(
+            resume.config.clone(),
+            session_addr,
+            &gleam_auth::tls::server_name(resume.peer),
+        )
+        .map_err(|e| failed(&e))?
+        .await
+        .map_err(|e| failed(&e))?;
+    let (mut send, mut recv) = connection.open_bi().await.map_err(|e| failed(&e))?;
+    // From here on, replies on earlier connections are not delivered: the marks sent are final.
+    let (generation, replies, lanes) = {
+        let mut core = shared.core();
+        core.generation += 1;
+        let lanes: Vec<Lane> = core
+            .lanes
+            .keys()
+            .copied()
+            .filter(|&l| l != Lane::CONTROL)
+            .collect();
+        (core.generation, core.replies.marks(), lanes)
+    };
+    let mut opening = Vec::new();
+    frame::encode(
+        &StreamOpen::Resume {
+            token: resume.token,
+            replies,
+        },
+        &[],
+        &mut opening,
+    )
+    .map_err(|e| failed(&e))?;
+    send.write_all(&opening).await.map_err(|e| failed(&e))?;
+    let mut frames = FrameReader::new();
+    let resumed: Resumed = loop {
+        if let Some(frame) = frames.next_frame().map_err(|e| failed(&e))? {
+            break frame.decode().map_err(|e| {
+                Attempt::Failed(format!("undecodable answer to the resume: {e}"))
+            })?;
+        }
+        match recv.read_chunk(64 << 10, true).await {
+            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
+            Ok(None) | Err(_) => return Err(Attempt::Failed(close_reason(&connection))),
+        }
+    };
+    let mut streams = HashMap::new();
+    for lane in lanes {
+        let (send, recv) = connection.open_bi().await.map_err(|e| failed(&e))?;
+        streams.insert(lane, (send, recv));
+    }
+    switch(
+        shared,
+        generation,
+        &resumed.received,
+        (connection, lifeline),
+        (send, recv, frames),
+        streams,
+    )
+}
+
+/// Moves every lane to the new connection: its stream starts with the requests the session process has
+/// not received, then what was not sent yet.
+fn switch(
+    shared: &Arc<Shared>,
+    generation: u64,
+    received: &Marks,
+    (connection, lifeline): (quinn::Connection, quinn::Connection),
+    control: (quinn::SendStream, quinn::RecvStream, FrameReader),
+    mut streams: HashMap<Lane, (quinn::SendStream, quinn::RecvStream)>,
+) -> Result<(), Attempt> {
+    let core = shared.core();
+    if core.generation != generation {
+        return Err(Attempt::Failed("a newer resume attempt took over".into()));
+    }
+    if core
+        .lanes
+        .keys()
+        .any(|&l| l != Lane::CONTROL && !streams.contains_key(&l))
+    {
+        // A lane was opened meanwhile: the next attempt opens it too.
+        return Err(Attempt::Failed("a lane was opened during the resume".into()));
+    }
+    let (control_send, control_recv, control_frames) = control;
+    let mut control = Some((control_send, control_recv, control_frames));
+    let mut readers = Vec::new();
+    let mut moved = Moved::default();
+    let mut added = 0usize;
+    for (&lane, tx) in &core.lanes {
+        let (send, recv, frames, opening) = if lane == Lane::CONTROL {
+            let Some((send, recv, frames)) = control.take() else {
+                continue;
+            };
+            (send, recv, frames, None)
+        } else {
+            let Some((send, recv)) = streams.remove(&lane) else {
+                continue;
+            };
+            let mut opening = Vec::new();
+            // Encoding a lane number cannot fail.
+            let _ = frame::encode(&StreamOpen::Lane { lane }, &[], &mut opening);
+            (send, recv, FrameReader::new(), Some(Bytes::from(opening)))
+        };
+        let mut state = lock(&tx.state);
+        // The batch (whose new-lane opening frame belonged to the old connection) is kept with the rest.
+        if let Some(chunk) = state.seal(&mut moved) {
+            moved.dropped += chunk.len();
+        }
+        moved.dropped += state.pending.iter().map(Bytes::len).sum::<usize>();
+        let freed = state.retained.ack(mark_of(received, lane));
+        shared.retained.fetch_sub(freed, Ordering::AcqRel);
+        let mut pending: Vec<Bytes> = opening.into_iter().collect();
+        pending.extend(state.retained.unacked());
+        added += pending.iter().map(Bytes::len).sum::<usize>();
+        state.pending = pending;
+        state.send = Some(send);
+        tx.fresh.store(false, Ordering::Release);
+        drop(state);
+        readers.push((lane, recv, frames));
+        tx.flush.notify_one();
+    }
+    shared.buffered.fetch_add(added, Ordering::AcqRel);
+    shared.moved(&moved);
+    *lock(&shared.connections) = (connection.clone(), lifeline.clone());
+    drop(core);
+    for (lane, recv, frames) in readers {
+        shared
+            .runtime
+            .spawn(lane_reader(recv, frames, lane, generation, shared.clone()));
+    }
+    shared.start_connection_tasks(generation, &connection, &lifeline);
+    shared.suspended.store(false, Ordering::Release);
+    shared.wake_submitters();
+    Ok(())
+}
+
+/// One lane's writer: hands the lane's batch (and what quinn could not take) to quinn, on whichever
+/// connection is current.
 async fn lane_writer(tx: Arc<LaneTx>, shared: Arc<Shared>) {
     loop {
         tx.flush.notified().await;
         // A calling thread's inline flush polls quinn with a no-op waker, which replaces this task's: a
         // notification while quinn is full therefore re-polls, registering this task again (else a full
         // send window would never wake anyone, and a large copy stalled for good).
-        let result = loop {
+        let _ = loop {
             let flushed = tokio::select! {
                 biased;
                 flushed = poll_fn(|cx| {
-                    let mut taken = 0;
-                    let flushed = lock(&tx.state).poll_flush(cx, &mut taken);
-                    shared.taken(taken);
+                    let mut moved = Moved::default();
+                    let flushed = lock(&tx.state).poll_flush(cx, &mut moved);
+                    shared.moved(&moved);
                     flushed
                 }) => Some(flushed),
                 () = tx.flush.notified() => None,
@@ -972,23 +1462,21 @@ async fn lane_writer(tx: Arc<LaneTx>, shared: Arc<Shared>) {
                 break result;
             }
         };
-        if let Err(err) = result {
-            let reason = match shared.connection.close_reason() {
-                Some(_) => close_reason(&shared.connection),
-                None => err,
-            };
-            shared.end(ClientError::Lost(reason));
-            return;
-        }
+        // A failed write is the link going down: the connection's watcher starts the resume.
         if shared.lost.load(Ordering::Acquire) {
             return;
         }
     }
 }
 
-/// One lane's reader: routes replies to their waiters by `seq`.
-async fn lane_reader(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
-    let mut frames = FrameReader::new();
+/// One lane's reader on one connection: routes replies to their waiters by `seq`.
+async fn lane_reader(
+    mut recv: quinn::RecvStream,
+    mut frames: FrameReader,
+    lane: Lane,
+    generation: u64,
+    shared: Arc<Shared>,
+) {
     let err = 'lane: loop {
         loop {
             let frame = match frames.next_frame() {
@@ -1002,8 +1490,11 @@ async fn lane_reader(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
                     break 'lane ClientError::Protocol(format!("undecodable reply: {err}"));
                 }
             };
-            if let Err(err) = shared.deliver(reply, frame.bulk) {
-                break 'lane err;
+            match shared.deliver(lane, generation, reply, frame.bulk) {
+                Ok(true) => {}
+                // A resume left this connection behind.
+                Ok(false) => return,
+                Err(err) => break 'lane err,
             }
         }
         match recv.read_chunk(usize::MAX, true).await {
@@ -1011,34 +1502,122 @@ async fn lane_reader(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
             Ok(None) if frames.is_mid_frame() => {
                 break ClientError::Protocol("a reply stream ended inside a frame".into());
             }
-            Ok(None) => break ClientError::Lost(close_reason(&shared.connection)),
-            Err(_) => {
-                // Let the connection record why it closed before reporting it.
-                let conn = shared.connection.clone();
-                let _ = tokio::time::timeout(Duration::from_millis(100), conn.closed()).await;
-                break ClientError::Lost(close_reason(&shared.connection));
-            }
+            // The stream ended or the connection is going: the connection's watcher decides what
+            // happens (a resume sends the missing replies again; a partial frame is dropped).
+            Ok(None) | Err(_) => return,
         }
     };
     shared.end(err);
 }
 
-/// The session connection: its loss ends the session.
-async fn watch_session(connection: quinn::Connection, shared: Arc<Shared>) {
-    connection.closed().await;
-    shared.end(ClientError::Lost(close_reason(&connection)));
+/// The session connection: the serving side closing it ends the session; losing it starts a resume.
+async fn watch_session(connection: quinn::Connection, generation: u64, shared: Arc<Shared>) {
+    let err = connection.closed().await;
+    match err {
+        quinn::ConnectionError::ApplicationClosed(_) => {
+            // The session process closes it when the session ends (or this client broke the protocol);
+            // a connection it left behind for a resumed one is no longer watched.
+            if shared.core().generation == generation {
+                shared.end(ClientError::Lost(close_reason(&connection)));
+            }
+        }
+        quinn::ConnectionError::LocallyClosed => {}
+        quinn::ConnectionError::TimedOut => shared.suspend(
+            generation,
+            Duration::from_millis(u64::from(gleam_auth::tls::IDLE_TIMEOUT_MS)),
+            close_reason(&connection),
+        ),
+        other => shared.suspend(generation, Duration::ZERO, other.to_string()),
+    }
 }
 
-/// The lifeline: the peer closes it with the reason when the session process dies.
-async fn watch_lifeline(lifeline: quinn::Connection, shared: Arc<Shared>) {
+/// The lifeline: the peer closes it with the reason when the session process dies. It may also drop
+/// with the link (the resume brings a new one).
+async fn watch_lifeline(lifeline: quinn::Connection, generation: u64, shared: Arc<Shared>) {
     let err = lifeline.closed().await;
     if let quinn::ConnectionError::ApplicationClosed(close) = &err
         && close.error_code != quinn::VarInt::from_u32(0)
+        && shared.core().generation == generation
     {
         let reason = String::from_utf8_lossy(&close.reason).into_owned();
         shared.end(ClientError::Lost(format!(
             "the peer's session process failed: {reason}"
         )));
+    }
+}
+
+/// Tells the serving side, now and then, which replies arrived (so it can forget them), on this
+/// connection's unidirectional stream.
+async fn send_acks(connection: quinn::Connection, generation: u64, shared: Arc<Shared>) {
+    let Ok(mut send) = connection.open_uni().await else {
+        return;
+    };
+    let mut out = Vec::new();
+    loop {
+        tokio::select! {
+            () = shared.ack_due.notified() => tokio::time::sleep(ACK_DELAY).await,
+            () = tokio::time::sleep(ACK_TICK) => {}
+        }
+        let through = {
+            let mut core = shared.core();
+            if core.generation != generation || core.lost.is_some() {
+                return;
+            }
+            if !core.replies.take_changed() {
+                continue;
+            }
+            core.replies.marks()
+        };
+        out.clear();
+        if frame::encode(&Acks { through }, &[], &mut out).is_err()
+            || send.write_all(&out).await.is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Applies the serving side's acknowledgements of requests (it opens one unidirectional stream).
+async fn read_acks(connection: quinn::Connection, generation: u64, shared: Arc<Shared>) {
+    let Ok(mut recv) = connection.accept_uni().await else {
+        return;
+    };
+    let mut frames = FrameReader::new();
+    loop {
+        loop {
+            let acks = match frames.next_frame() {
+                Ok(Some(frame)) => match frame.decode::<Acks>() {
+                    Ok(acks) => acks,
+                    Err(err) => {
+                        shared.end(ClientError::Protocol(format!(
+                            "undecodable acknowledgement: {err}"
+                        )));
+                        return;
+                    }
+                },
+                Ok(None) => break,
+                Err(err) => {
+                    shared.end(ClientError::Protocol(err.to_string()));
+                    return;
+                }
+            };
+            for (lane, through) in acks.through {
+                let tx = {
+                    let core = shared.core();
+                    if core.generation != generation {
+                        return;
+                    }
+                    core.lanes.get(&lane).cloned()
+                };
+                if let Some(tx) = tx {
+                    shared.acked(&tx, through);
+                }
+            }
+        }
+        match recv.read_chunk(64 << 10, true).await {
+            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
+            Ok(None) | Err(_) => return,
+        }
     }
 }
 
