@@ -13,8 +13,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use gleam_auth::identity::{Identity, PeerId};
 use gleam_host::process::{self, ATTACH_TIMEOUT, EXIT_BACKEND, Options};
-use std::time::Duration;
 use gleam_real::RealBackend;
+use std::time::Duration;
 use tracing::error;
 
 use super::backend::Backend;

@@ -68,7 +68,10 @@ pub const BUFFER_LIMIT: usize = 32 << 20;
 /// past it, a submitting thread waits for acknowledgements.
 pub const RETAIN_LIMIT: usize = 128 << 20;
 /// One attempt to resume a session (dial, authenticate, reach the session process) may take this long.
-const RESUME_ATTEMPT: Duration = Duration::from_secs(2);
+const RESUME_ATTEMPT: Duration = Duration::from_secs(3);
+/// How long one attempt waits for the peer's handshake: short, so that once the link is back a fresh
+/// attempt reaches the peer soon (a long one waits out QUIC's growing retransmission intervals).
+const RESUME_DIAL: Duration = Duration::from_secs(1);
 /// Pause between attempts to resume.
 const RESUME_PAUSE: Duration = Duration::from_millis(200);
 /// The client keeps trying this much past the serving side's grace window (the two ends see the drop at
@@ -858,11 +861,8 @@ impl Shared {
         connection: &quinn::Connection,
         lifeline: &quinn::Connection,
     ) {
-        self.runtime.spawn(watch_session(
-            connection.clone(),
-            generation,
-            self.clone(),
-        ));
+        self.runtime
+            .spawn(watch_session(connection.clone(), generation, self.clone()));
         self.runtime
             .spawn(watch_lifeline(lifeline.clone(), generation, self.clone()));
         self.runtime
@@ -1068,7 +1068,10 @@ impl Shared {
             core.replies
                 .note(lane, reply.seq)
                 .map_err(|e| ClientError::Protocol(format!("reply {e}")))?;
-            (core.waiters.remove(&reply.seq), core.lanes.get(&lane).cloned())
+            (
+                core.waiters.remove(&reply.seq),
+                core.lanes.get(&lane).cloned(),
+            )
         };
         let Some(slot) = slot else {
             return Err(ClientError::Protocol(format!(
@@ -1251,8 +1254,11 @@ async fn reconnect(shared: Arc<Shared>, window: Duration, why: String) {
         attempts += 1;
         match tokio::time::timeout(left.min(RESUME_ATTEMPT), resume_once(&shared, resume)).await {
             Ok(Ok(())) => {
-                info!(attempts, after_ms = started.elapsed().as_millis() as u64,
-                    "CUDA session resumed on a new connection");
+                info!(
+                    attempts,
+                    after_ms = started.elapsed().as_millis() as u64,
+                    "CUDA session resumed on a new connection"
+                );
                 return;
             }
             Ok(Err(Attempt::Gone(reason))) => {
@@ -1275,7 +1281,7 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
     let failed = |e: &dyn std::fmt::Display| Attempt::Failed(e.to_string());
     let pace = gleam_auth::dial::Pace {
         stagger: gleam_auth::dial::Pace::default().stagger,
-        attempt_timeout: RESUME_ATTEMPT,
+        attempt_timeout: RESUME_DIAL,
     };
     let dialed = gleam_auth::dial::dial(
         &resume.endpoint,
@@ -1340,9 +1346,9 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
     let mut frames = FrameReader::new();
     let resumed: Resumed = loop {
         if let Some(frame) = frames.next_frame().map_err(|e| failed(&e))? {
-            break frame.decode().map_err(|e| {
-                Attempt::Failed(format!("undecodable answer to the resume: {e}"))
-            })?;
+            break frame
+                .decode()
+                .map_err(|e| Attempt::Failed(format!("undecodable answer to the resume: {e}")))?;
         }
         match recv.read_chunk(64 << 10, true).await {
             Ok(Some(chunk)) => frames.feed(&chunk.bytes),
@@ -1384,7 +1390,9 @@ fn switch(
         .any(|&l| l != Lane::CONTROL && !streams.contains_key(&l))
     {
         // A lane was opened meanwhile: the next attempt opens it too.
-        return Err(Attempt::Failed("a lane was opened during the resume".into()));
+        return Err(Attempt::Failed(
+            "a lane was opened during the resume".into(),
+        ));
     }
     let (control_send, control_recv, control_frames) = control;
     let mut control = Some((control_send, control_recv, control_frames));

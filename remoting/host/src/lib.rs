@@ -24,9 +24,9 @@ pub mod process;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{LazyLock, Mutex};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use gleam_protocol::frame::{self, FrameReader};

@@ -90,8 +90,9 @@ pub struct Options {
 /// [`DEFAULT_GRACE`]; `None` if the variable is set but not a number of seconds.
 pub fn configured_grace() -> Result<Duration, String> {
     match std::env::var("GLEAM_SESSION_GRACE") {
-        Ok(text) => parse_grace(&text)
-            .ok_or_else(|| format!("GLEAM_SESSION_GRACE={text:?} is not a number of seconds (e.g. 15)")),
+        Ok(text) => parse_grace(&text).ok_or_else(|| {
+            format!("GLEAM_SESSION_GRACE={text:?} is not a number of seconds (e.g. 15)")
+        }),
         Err(_) => Ok(DEFAULT_GRACE),
     }
 }
@@ -660,12 +661,7 @@ fn network(
         let port = endpoint.local_addr().map(|a| a.port()).unwrap_or(0);
         let _ = port_tx.send(Ok(port));
         let (arrivals_tx, mut arrivals) = mpsc::channel(4);
-        let acceptor = tokio::spawn(accept(
-            endpoint.clone(),
-            options.client,
-            token,
-            arrivals_tx,
-        ));
+        let acceptor = tokio::spawn(accept(endpoint.clone(), options.client, token, arrivals_tx));
         let first = tokio::time::timeout(options.attach_timeout, async {
             loop {
                 match arrivals.recv().await? {
@@ -864,7 +860,9 @@ fn connect(shared: &Arc<Shared>, link: Link, resumed: Option<Marks>) -> quinn::C
             shared.outbox.ack(&replies);
             let mut first = Vec::new();
             if let Err(err) = frame::encode(&Resumed { received }, &[], &mut first) {
-                shared.end(End::Network(format!("cannot encode the resume answer: {err}")));
+                shared.end(End::Network(format!(
+                    "cannot encode the resume answer: {err}"
+                )));
             }
             (generation, Some(Bytes::from(first)))
         }

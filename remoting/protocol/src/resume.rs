@@ -231,7 +231,11 @@ mod tests {
         assert_eq!(r.bytes(), 4100);
         let again = r.unacked();
         assert_eq!(again.len(), 2);
-        assert_eq!(again[1].as_ptr(), data.as_ptr(), "the same bytes, not a copy");
+        assert_eq!(
+            again[1].as_ptr(),
+            data.as_ptr(),
+            "the same bytes, not a copy"
+        );
     }
 
     #[test]
