@@ -984,7 +984,7 @@ impl Shared {
             drop(state);
             self.moved(&moved);
             // A failed write is the link going down: the request is kept and goes again on resume.
-            if let Poll::Pending = flushed {
+            if flushed.is_pending() {
                 tx.flush.notify_one();
             }
         } else if was_empty {

@@ -297,7 +297,7 @@ mod tests {
             let mut to_client: HashMap<Lane, Wire> = HashMap::new();
             let mut delivered: Vec<u64> = Vec::new();
             let mut next_seq = 1u64;
-            let wants_reply = |seq: u64| seq % 3 == 0;
+            let wants_reply = |seq: u64| seq.is_multiple_of(3);
 
             for _step in 0..300 {
                 match rng.below(10) {
