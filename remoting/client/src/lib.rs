@@ -51,8 +51,8 @@ use gleam_protocol::order::{Lane, Sequencer};
 use gleam_protocol::resume::{Frame, Marks, Received, Retained, mark_of};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
-    Acks, COPY_CHUNK, Call, ClientHello, Control, PROTOCOL_VERSION, Reply, ReplyFrame, Request,
-    Resumed, ServerHello, StreamOpen,
+    Acks, CLOSE_RESUME_ABANDONED, COPY_CHUNK, Call, ClientHello, Control, PROTOCOL_VERSION, Reply,
+    ReplyFrame, Request, Resumed, ServerHello, StreamOpen,
 };
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
@@ -1293,6 +1293,7 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
     .await
     .map_err(|e| Attempt::Failed(e.reasons()))?;
     let lifeline = dialed.conn;
+    let mut attempt = Attempting(vec![lifeline.clone()]);
     authenticate_as_client(&lifeline, &resume.secret)
         .await
         .map_err(|e| failed(&e))?;
@@ -1319,6 +1320,7 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
         .map_err(|e| failed(&e))?
         .await
         .map_err(|e| failed(&e))?;
+    attempt.0.push(connection.clone());
     let (mut send, mut recv) = connection.open_bi().await.map_err(|e| failed(&e))?;
     // From here on, replies on earlier connections are not delivered: the marks sent are final.
     let (generation, replies, lanes) = {
@@ -1367,7 +1369,24 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
         (connection, lifeline),
         (send, recv, frames),
         streams,
-    )
+    )?;
+    attempt.0.clear();
+    Ok(())
+}
+
+/// An attempt's connections, closed as abandoned unless it succeeds (dropped, a quinn connection closes
+/// with code 0, which the session process would take for this client's exit).
+struct Attempting(Vec<quinn::Connection>);
+
+impl Drop for Attempting {
+    fn drop(&mut self) {
+        for connection in &self.0 {
+            connection.close(
+                quinn::VarInt::from_u32(CLOSE_RESUME_ABANDONED),
+                b"resume attempt abandoned",
+            );
+        }
+    }
 }
 
 /// Moves every lane to the new connection: its stream starts with the requests the session process has

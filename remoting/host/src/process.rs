@@ -42,7 +42,7 @@ use gleam_auth::tls;
 use gleam_protocol::frame::{self, FrameError, FrameReader};
 use gleam_protocol::order::{Lane, OrderError, Scheduler};
 use gleam_protocol::resume::{Frame, Marks, Misordered, Received, Retained};
-use gleam_protocol::wire::{Acks, Request, Resumed, StreamOpen};
+use gleam_protocol::wire::{Acks, CLOSE_RESUME_ABANDONED, Request, Resumed, StreamOpen};
 use gleam_server::backend::Backend;
 use gleam_server::session::{Answer, Session};
 use quinn::VarInt;
@@ -957,6 +957,13 @@ async fn drive(
                 Err(err) => {
                     current = None;
                     match &err {
+                        // A resume attempt the client gave up: it tries again (below, as a drop).
+                        quinn::ConnectionError::ApplicationClosed(close)
+                            if close.error_code == VarInt::from_u32(CLOSE_RESUME_ABANDONED) => {
+                            shared.outbox.detach_all();
+                            give_up = Some(tokio::time::Instant::now() + grace);
+                            warn!("the client abandoned a resume: waiting for its next attempt");
+                        }
                         // The client closed the session (it exited, or found us breaking the protocol).
                         quinn::ConnectionError::ApplicationClosed(_) => {
                             shared.end(End::ClientGone(err.to_string()));

@@ -19,6 +19,10 @@ use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
 pub const PROTOCOL_VERSION: u32 = 6;
+/// QUIC close code of a connection the client abandons while resuming a session (an attempt that broke
+/// off, or lost to a newer one): the session waits for the next attempt, where any other close by the
+/// client ends it.
+pub const CLOSE_RESUME_ABANDONED: u32 = 0x4743_0006;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
 
