@@ -186,6 +186,13 @@ fn survive(grace: Option<&str>, drop: Duration) -> Option<Duration> {
     let healed = Instant::now();
     let (status, ended) = wait_for_exit(&mut program, Duration::from_secs(60));
     assert_completed(&setup, &program, status, iterations);
+    if let Some(line) = program
+        .log_text()
+        .lines()
+        .find(|l| l.contains("resumed on a new connection"))
+    {
+        eprintln!("client: {line}");
+    }
     eprintln!(
         "link down {:.1} s: program finished correctly {:.1} s after the link came back ({:.1} s after the drop)",
         (healed - cut).as_secs_f64(),
