@@ -175,7 +175,7 @@ fn assert_completed(
 
 /// Link down for `drop`, then up; the program (which runs across it) must finish correctly.
 fn survive(grace: Option<&str>, drop: Duration) -> Option<Duration> {
-    let mut setup = Setup::new(grace)?;
+    let setup = Setup::new(grace)?;
     let iterations = 30;
     let mut program = setup.start_program(iterations, 50);
     wait_for_iterations(&program, 5);
@@ -222,7 +222,7 @@ fn a_10_s_drop_resumes_the_session_and_the_program_finishes_correctly() {
 /// A drop longer than the window: the program's calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE when the
 /// window ends (counted from the drop), never later, and the session process is gone.
 fn drop_past_the_window(grace: Option<&str>, window: Duration, drop: Duration) {
-    let Some(mut setup) = Setup::new(grace) else {
+    let Some(setup) = Setup::new(grace) else {
         return;
     };
     let mut program = setup.start_program(1000, 50);
@@ -275,7 +275,7 @@ fn a_20_s_drop_fails_at_the_default_15_s_window() {
 
 #[test]
 fn the_client_resumes_from_a_new_address() {
-    let Some(mut setup) = Setup::new(None) else {
+    let Some(setup) = Setup::new(None) else {
         return;
     };
     let iterations = 30;

@@ -981,8 +981,9 @@ impl Shared {
             // Someone waits (or the batch is large): hand everything to quinn now, from this thread.
             let mut moved = Moved::default();
             let flushed = state.poll_flush(&mut Context::from_waker(Waker::noop()), &mut moved);
-            drop(state);
+            // Counted under the lane's lock: a reply acknowledging these frames finds them counted.
             self.moved(&moved);
+            drop(state);
             // A failed write is the link going down: the request is kept and goes again on resume.
             if flushed.is_pending() {
                 tx.flush.notify_one();
@@ -1416,8 +1417,6 @@ fn switch(
     let (control_send, control_recv, control_frames) = control;
     let mut control = Some((control_send, control_recv, control_frames));
     let mut readers = Vec::new();
-    let mut moved = Moved::default();
-    let mut added = 0usize;
     for (&lane, tx) in &core.lanes {
         let (send, recv, frames, opening) = if lane == Lane::CONTROL {
             let Some((send, recv, frames)) = control.take() else {
@@ -1435,15 +1434,21 @@ fn switch(
         };
         let mut state = lock(&tx.state);
         // The batch (whose new-lane opening frame belonged to the old connection) is kept with the rest.
+        let mut moved = Moved::default();
         if let Some(chunk) = state.seal(&mut moved) {
             moved.dropped += chunk.len();
         }
         moved.dropped += state.pending.iter().map(Bytes::len).sum::<usize>();
+        // The counts change under the lane's lock, so an acknowledgement never finds them behind.
+        shared.moved(&moved);
         let freed = state.retained.ack(mark_of(received, lane));
         shared.retained.fetch_sub(freed, Ordering::AcqRel);
         let mut pending: Vec<Bytes> = opening.into_iter().collect();
         pending.extend(state.retained.unacked());
-        added += pending.iter().map(Bytes::len).sum::<usize>();
+        shared.buffered.fetch_add(
+            pending.iter().map(Bytes::len).sum::<usize>(),
+            Ordering::AcqRel,
+        );
         state.pending = pending;
         state.send = Some(send);
         tx.fresh.store(false, Ordering::Release);
@@ -1451,8 +1456,6 @@ fn switch(
         readers.push((lane, recv, frames));
         tx.flush.notify_one();
     }
-    shared.buffered.fetch_add(added, Ordering::AcqRel);
-    shared.moved(&moved);
     *lock(&shared.connections) = (connection.clone(), lifeline.clone());
     drop(core);
     for (lane, recv, frames) in readers {
@@ -1479,7 +1482,10 @@ async fn lane_writer(tx: Arc<LaneTx>, shared: Arc<Shared>) {
                 biased;
                 flushed = poll_fn(|cx| {
                     let mut moved = Moved::default();
-                    let flushed = lock(&tx.state).poll_flush(cx, &mut moved);
+                    let mut state = lock(&tx.state);
+                    let flushed = state.poll_flush(cx, &mut moved);
+                    // Counted under the lane's lock: a reply acknowledging these frames finds them
+                    // counted.
                     shared.moved(&moved);
                     flushed
                 }) => Some(flushed),
