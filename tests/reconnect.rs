@@ -86,8 +86,9 @@ impl Setup {
         self.server = Some(server);
     }
 
-    /// Runs the program through `gleam run` on the client node: `iterations` of `pause_ms` each.
-    fn start_program(&self, iterations: u32, pause_ms: u32) -> Proc {
+    /// Runs the program through `gleam run` on the client node: `iterations` of `pause_ms` each, copying
+    /// `copy_kib` each way per iteration.
+    fn start_program(&self, iterations: u32, pause_ms: u32, copy_kib: u32) -> Proc {
         let mut command = self.lab.command_in(CLIENT, &*BIN);
         command
             .env("GLEAM_SHIM", common::shim())
@@ -103,7 +104,11 @@ impl Setup {
             .arg(&self.config)
             .arg("--")
             .arg(&self.program)
-            .args([iterations.to_string(), pause_ms.to_string()]);
+            .args([
+                iterations.to_string(),
+                pause_ms.to_string(),
+                copy_kib.to_string(),
+            ]);
         Proc::spawn(command, self.config.join("program.log"))
     }
 
@@ -173,11 +178,12 @@ fn assert_completed(
     );
 }
 
-/// Link down for `drop`, then up; the program (which runs across it) must finish correctly.
-fn survive(grace: Option<&str>, drop: Duration) -> Option<Duration> {
+/// Link down for `drop`, then up; the program (which runs across it, copying `copy_kib` each way per
+/// iteration) must finish correctly.
+fn survive(grace: Option<&str>, drop: Duration, copy_kib: u32) -> Option<Duration> {
     let setup = Setup::new(grace)?;
     let iterations = 30;
-    let mut program = setup.start_program(iterations, 50);
+    let mut program = setup.start_program(iterations, 50, copy_kib);
     wait_for_iterations(&program, 5);
     setup.lab.partition(CLIENT);
     let cut = Instant::now();
@@ -204,12 +210,14 @@ fn survive(grace: Option<&str>, drop: Duration) -> Option<Duration> {
 
 #[test]
 fn a_3_s_drop_is_survived_and_the_program_finishes_correctly() {
-    survive(None, Duration::from_secs(3));
+    survive(None, Duration::from_secs(3), 1024);
 }
 
 #[test]
 fn a_10_s_drop_resumes_the_session_and_the_program_finishes_correctly() {
-    let Some(setup_free) = survive(None, Duration::from_secs(10)) else {
+    // 8 MiB copies travel in pieces of 4 MiB: the drop catches requests and replies in flight, which
+    // each side sends again.
+    let Some(setup_free) = survive(None, Duration::from_secs(10), 8192) else {
         return;
     };
     // The program had about 25 iterations of 50 ms left: it finishes soon after the link is back.
@@ -225,7 +233,7 @@ fn drop_past_the_window(grace: Option<&str>, window: Duration, drop: Duration) {
     let Some(setup) = Setup::new(grace) else {
         return;
     };
-    let mut program = setup.start_program(1000, 50);
+    let mut program = setup.start_program(1000, 50, 1024);
     wait_for_iterations(&program, 5);
     setup.lab.partition(CLIENT);
     let cut = Instant::now();
@@ -279,7 +287,7 @@ fn the_client_resumes_from_a_new_address() {
         return;
     };
     let iterations = 30;
-    let mut program = setup.start_program(iterations, 50);
+    let mut program = setup.start_program(iterations, 50, 1024);
     wait_for_iterations(&program, 5);
     // The client's network goes away and comes back with another address (a new DHCP lease, another
     // access point): the old connection cannot come back, a new one must.
@@ -308,7 +316,7 @@ fn a_peer_restarted_during_the_drop_says_at_once_that_the_session_is_gone() {
     let Some(mut setup) = Setup::new(None) else {
         return;
     };
-    let mut program = setup.start_program(1000, 50);
+    let mut program = setup.start_program(1000, 50, 1024);
     wait_for_iterations(&program, 5);
     setup.lab.partition(CLIENT);
     let cut = Instant::now();

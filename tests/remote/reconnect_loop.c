@@ -3,7 +3,8 @@
  * forget), then copies a fresh pattern to the device and back and checks it. A launch that ran twice, or
  * not at all, shows in the counter at the end; a copy that went wrong shows at once. Prints one line per
  * iteration ("iter N") and "done iterations=N counter=ok" at the end; on a failed call prints
- * "FAIL <call> <error name>" and exits 10. Usage: reconnect_loop ITERATIONS PAUSE_MS */
+ * "FAIL <call> <error name>" and exits 10. Usage: reconnect_loop ITERATIONS PAUSE_MS [COPY_KIB] (default 1024;
+ * copies of several MiB travel in several pieces, so a drop catches some in flight each way). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,6 @@ CUresult cuCtxSynchronize(void);
 CUresult cuGetErrorName(CUresult error, const char **name);
 
 #define N 4096
-#define PATTERN (256 * 1024)
 
 static void check(CUresult r, const char *call) {
     if (r != 0) {
@@ -76,13 +76,16 @@ static const char PTX[] =
 int main(int argc, char **argv) {
     int iterations = argc > 1 ? atoi(argv[1]) : 20;
     int pause_ms = argc > 2 ? atoi(argv[2]) : 100;
+    size_t words = (size_t)(argc > 3 ? atoi(argv[3]) : 1024) * 1024 / sizeof(unsigned int);
+    size_t bytes = words * sizeof(unsigned int);
+    unsigned int *pattern = malloc(bytes), *back = malloc(bytes);
+    static unsigned int result[N];
     CUdevice dev;
     CUcontext ctx;
     CUmodule module;
     CUfunction add_one;
     CUstream stream;
     CUdeviceptr counter, scratch;
-    static unsigned int pattern[PATTERN], back[PATTERN], result[N];
 
     CHECK(cuInit(0));
     CHECK(cuDeviceGet(&dev, 0));
@@ -92,7 +95,11 @@ int main(int argc, char **argv) {
     CHECK(cuModuleGetFunction(&add_one, module, "add_one"));
     CHECK(cuStreamCreate(&stream, 1 /* non-blocking */));
     CHECK(cuMemAlloc_v2(&counter, N * sizeof(unsigned int)));
-    CHECK(cuMemAlloc_v2(&scratch, sizeof pattern));
+    if (pattern == NULL || back == NULL || words == 0) {
+        printf("FAIL cannot allocate %zu bytes\n", bytes);
+        return 13;
+    }
+    CHECK(cuMemAlloc_v2(&scratch, bytes));
     CHECK(cuMemsetD32_v2(counter, 0, N));
     /* The stream does not synchronize with the legacy stream: the zeroing must be done first. */
     CHECK(cuCtxSynchronize());
@@ -100,10 +107,10 @@ int main(int argc, char **argv) {
         unsigned int n = N;
         void *params[] = {&counter, &n};
         CHECK(cuLaunchKernel(add_one, N / 256, 1, 1, 256, 1, 1, 0, stream, params, NULL));
-        for (int j = 0; j < PATTERN; j++) pattern[j] = (unsigned int)(i * 2654435761u + j);
-        CHECK(cuMemcpyHtoD_v2(scratch, pattern, sizeof pattern));
-        CHECK(cuMemcpyDtoH_v2(back, scratch, sizeof back));
-        if (memcmp(pattern, back, sizeof pattern) != 0) {
+        for (size_t j = 0; j < words; j++) pattern[j] = (unsigned int)(i * 2654435761u + j);
+        CHECK(cuMemcpyHtoD_v2(scratch, pattern, bytes));
+        CHECK(cuMemcpyDtoH_v2(back, scratch, bytes));
+        if (memcmp(pattern, back, bytes) != 0) {
             printf("FAIL iteration %d: the copy came back different\n", i);
             return 11;
         }
