@@ -356,3 +356,38 @@ fn a_peer_restarted_during_the_drop_says_at_once_that_the_session_is_gone() {
         "the error came {took:?} after the link came back"
     );
 }
+
+#[test]
+fn the_session_follows_a_client_address_move_without_a_drop() {
+    let Some(setup) = Setup::new(None) else {
+        return;
+    };
+    let iterations = 30;
+    let mut program = setup.start_program(iterations, 50, 1024);
+    wait_for_iterations(&program, 5);
+    // The address moves while the link stays up: QUIC follows the client to its new address (or, if the
+    // old path is gone for good, the session resumes from the new one).
+    let old = format!("{}/24", setup.lab.node(CLIENT).ip);
+    // Deleting a subnet's first address deletes the others of the subnet too, unless they are promoted.
+    let promote = Command::new("ip")
+        .args(["netns", "exec", &setup.lab.node(CLIENT).ns])
+        .args(["sysctl", "-qw", "net.ipv4.conf.eth0.promote_secondaries=1"])
+        .status()
+        .expect("run sysctl");
+    assert!(promote.success(), "sysctl promote_secondaries failed");
+    let moved = Instant::now();
+    setup.ip_in_client(&["addr", "add", "10.77.0.78/24", "dev", "eth0"]);
+    setup.ip_in_client(&["addr", "del", &old, "dev", "eth0"]);
+    let (status, ended) = wait_for_exit(&mut program, Duration::from_secs(60));
+    assert_completed(&setup, &program, status, iterations);
+    let resumed = setup.server_log().contains("client resumes its session");
+    eprintln!(
+        "address moved mid-session: program finished correctly {:.1} s later ({})",
+        (ended - moved).as_secs_f64(),
+        if resumed {
+            "the session resumed on a new connection"
+        } else {
+            "the connection migrated"
+        }
+    );
+}
