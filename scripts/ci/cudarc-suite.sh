@@ -27,7 +27,7 @@ OUTDIR=${CUDARC_SUITE_OUT:-$ROOT/target/cudarc-suite}
 TIMEOUT=${CUDARC_TEST_TIMEOUT:-120}
 FILTER=${CUDARC_FILTER:-}
 VERSION=0.19.10
-FEATURES=std,driver,nvrtc,f16,dynamic-loading,cuda-13000
+FEATURES=${CUDARC_FEATURES:-std,driver,nvrtc,f16,dynamic-loading,cuda-13000}
 GLEAM=${1:-$ROOT/target/debug/gleam}
 mkdir -p "$OUTDIR"
 started=$(date +%s)
