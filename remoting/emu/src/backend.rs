@@ -15,6 +15,7 @@ use gleam_protocol::types::{
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr, ParamSlot};
 use gleam_ptx::{ExecError, LaunchConfig, LaunchOptions, StopReason};
 use gleam_server::backend::{ApiBackend, Backend};
+use gleam_server::callbacks::CallbackPoint;
 
 use crate::arrays::Objects;
 use crate::attrs::{self, Attr, StreamAttrs};
@@ -2872,6 +2873,34 @@ impl Backend for EmuBackend {
 
     fn kernel_get_function(&mut self, kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
         Ok((kernel, self.function_info(kernel)?))
+    }
+
+    fn host_callback(&mut self, stream: u64, point: CallbackPoint) -> Result<(), CUresult> {
+        self.ctx()?;
+        let key = self.streams.resolve(stream)?;
+        if self.captures.capturing(key) {
+            // A captured host node would call back into the client at every launch of the graph, long
+            // after this request was answered: not offered. Like any illegal call in a capture, it
+            // invalidates the capture.
+            tracing::warn!(
+                "a host function queued on a capturing stream: refused (graphs with host nodes are not \
+                 supported remotely)"
+            );
+            return Err(self.captures.invalidate(key));
+        }
+        // The stream answers the client when it gets here, then waits (holding no worker) for the
+        // client's function to return.
+        let released = self.streams.signal();
+        let release = released.clone();
+        point.on_returned(move || release.advance_to(1));
+        let shared = self.shared.clone();
+        let reach: Job = Box::new(move || {
+            point.reached(shared.sticky().unwrap_or(CUresult::SUCCESS));
+        });
+        self.streams
+            .enqueue(key, self.current, Vec::new(), Some(reach))?;
+        self.streams
+            .enqueue(key, self.current, vec![(released, 1)], None)
     }
 
     fn launch(&mut self, launch: &Launch) -> Result<(), CUresult> {

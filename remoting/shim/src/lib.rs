@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gleam_protocol::types::CUresult;
 
 pub mod arrays;
+pub mod callbacks;
 pub mod capture;
 pub mod context;
 pub mod device;
@@ -58,6 +59,7 @@ pub mod hand {
         cuMemcpy3DAsync_v2, cuMemcpyAtoA_v2, cuMemcpyAtoD_v2, cuMemcpyAtoH_v2,
         cuMemcpyAtoHAsync_v2, cuMemcpyDtoA_v2, cuMemcpyHtoA_v2, cuMemcpyHtoAAsync_v2,
     };
+    pub use crate::callbacks::{cuLaunchHostFunc, cuStreamAddCallback};
     pub use crate::capture::{
         cuGraphInstantiate_v2, cuStreamBeginCapture, cuStreamBeginCapture_v2, cuStreamEndCapture,
         cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
