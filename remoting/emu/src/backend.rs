@@ -619,6 +619,49 @@ impl EmuBackend {
         })
     }
 
+    /// `cuMemsetD2D8/16/32` and their async forms: `height` rows of `width` elements of `pattern`, rows
+    /// `pitch` bytes apart.
+    fn memset2d(
+        &mut self,
+        dst: u64,
+        pitch: usize,
+        pattern: Vec<u8>,
+        (width, height): (usize, usize),
+        stream: u64,
+    ) -> Result<(), CUresult> {
+        self.ctx()?;
+        let span = gleam_protocol::copy::fill_2d_span(dst, pitch, pattern.len(), width, height)?;
+        if span == 0 {
+            self.streams.resolve(stream)?;
+            return Ok(());
+        }
+        self.shared.mem.check(dst, span as u64, true)?;
+        self.submit(stream, "2D memset", move |mem| {
+            for r in 0..height {
+                mem.fill(dst + (r * pitch) as u64, &pattern, width as u64)
+                    .map_err(|_| CUresult::ILLEGAL_ADDRESS)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// `cuMemcpyPeer`: both contexts are of the one device, so a device-to-device copy.
+    fn peer_copy(
+        &mut self,
+        (dst, dst_ctx): (u64, u64),
+        (src, src_ctx): (u64, u64),
+        bytes: usize,
+        stream: u64,
+    ) -> Result<(), CUresult> {
+        self.ctx()?;
+        for ctx in [dst_ctx, src_ctx] {
+            if !self.contexts.contains_key(&ctx) {
+                return Err(CUresult::INVALID_CONTEXT);
+            }
+        }
+        self.dtod(dst, src, bytes, stream)
+    }
+
     fn dtod(&mut self, dst: u64, src: u64, bytes: usize, stream: u64) -> Result<(), CUresult> {
         self.ctx()?;
         if bytes == 0 {
@@ -1394,6 +1437,91 @@ impl ApiBackend for EmuBackend {
         a: args::cuMemsetD32_v2,
     ) -> Result<outs::cuMemsetD32_v2, CUresult> {
         self.memset(a.dst, a.value.to_le_bytes().to_vec(), a.n, 0)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D8_v2(
+        &mut self,
+        a: args::cuMemsetD2D8_v2,
+    ) -> Result<outs::cuMemsetD2D8_v2, CUresult> {
+        self.memset2d(a.dst, a.pitch, vec![a.value], (a.width, a.height), 0)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D8Async(
+        &mut self,
+        a: args::cuMemsetD2D8Async,
+    ) -> Result<outs::cuMemsetD2D8Async, CUresult> {
+        self.memset2d(a.dst, a.pitch, vec![a.value], (a.width, a.height), a.stream)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D16_v2(
+        &mut self,
+        a: args::cuMemsetD2D16_v2,
+    ) -> Result<outs::cuMemsetD2D16_v2, CUresult> {
+        self.memset2d(
+            a.dst,
+            a.pitch,
+            a.value.to_le_bytes().to_vec(),
+            (a.width, a.height),
+            0,
+        )?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D16Async(
+        &mut self,
+        a: args::cuMemsetD2D16Async,
+    ) -> Result<outs::cuMemsetD2D16Async, CUresult> {
+        self.memset2d(
+            a.dst,
+            a.pitch,
+            a.value.to_le_bytes().to_vec(),
+            (a.width, a.height),
+            a.stream,
+        )?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D32_v2(
+        &mut self,
+        a: args::cuMemsetD2D32_v2,
+    ) -> Result<outs::cuMemsetD2D32_v2, CUresult> {
+        self.memset2d(
+            a.dst,
+            a.pitch,
+            a.value.to_le_bytes().to_vec(),
+            (a.width, a.height),
+            0,
+        )?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D32Async(
+        &mut self,
+        a: args::cuMemsetD2D32Async,
+    ) -> Result<outs::cuMemsetD2D32Async, CUresult> {
+        self.memset2d(
+            a.dst,
+            a.pitch,
+            a.value.to_le_bytes().to_vec(),
+            (a.width, a.height),
+            a.stream,
+        )?;
+        Ok(Default::default())
+    }
+
+    fn cuMemcpyPeer(&mut self, a: args::cuMemcpyPeer) -> Result<outs::cuMemcpyPeer, CUresult> {
+        self.peer_copy((a.dst, a.dst_ctx), (a.src, a.src_ctx), a.bytes, 0)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemcpyPeerAsync(
+        &mut self,
+        a: args::cuMemcpyPeerAsync,
+    ) -> Result<outs::cuMemcpyPeerAsync, CUresult> {
+        self.peer_copy((a.dst, a.dst_ctx), (a.src, a.src_ctx), a.bytes, a.stream)?;
         Ok(Default::default())
     }
 

@@ -35,6 +35,7 @@ pub mod context;
 pub mod device;
 pub mod export_table;
 pub mod exports;
+pub mod fills;
 pub mod forward;
 pub mod handles;
 pub mod hostmem;
@@ -76,6 +77,10 @@ pub mod hand {
         cuGetErrorString, cuInit,
     };
     pub use crate::export_table::cuGetExportTable;
+    pub use crate::fills::{
+        cuMemsetD2D8_v2, cuMemsetD2D8Async, cuMemsetD2D16_v2, cuMemsetD2D16Async, cuMemsetD2D32_v2,
+        cuMemsetD2D32Async,
+    };
     pub use crate::hostmem::{
         cuMemAdvise, cuMemAdvise_v2, cuMemAllocHost_v2, cuMemAllocManaged, cuMemFreeHost,
         cuMemHostAlloc, cuMemHostGetDevicePointer_v2, cuMemHostGetFlags, cuMemHostRegister,
