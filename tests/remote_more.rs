@@ -1,5 +1,5 @@
 //! End to end, no GPU: less common driver calls real programs make (2D memsets, peer copies and peer
-//! access on one device), as a C program (`tests/remote/driver_more.c`) sees them through `gleam run`
+//! access on one device, the device by PCI bus id), as a C program (`tests/remote/driver_more.c`) sees them through `gleam run`
 //! against `gleam serve --backend emu`. The same program runs on NVIDIA's driver (the ignored GPU test).
 
 mod common;
@@ -25,6 +25,7 @@ fn run_on(server: &Server, exe: &std::path::Path, mode: &str) -> String {
 /// what follows stay as they were), a pitched allocation whole; misaligned fills and rows wider than
 /// the pitch are refused. `cuMemcpyPeer`/`cuMemcpyPeerAsync` copy between two contexts of the device;
 /// peer access answers as the driver does for one device (it is not its own peer).
+/// `cuDeviceGetByPCIBusId` finds the device by its bus id, in full or short form.
 #[test]
 fn two_d_memsets_and_peer_copies() {
     let server = Server::start("emu");
@@ -45,6 +46,8 @@ fn two_d_memsets_and_peer_copies() {
         "{stdout}"
     );
     assert!(stdout.contains("peer access on one device ok"), "{stdout}");
+    let stdout = run_on(&server, &exe, "pci");
+    assert!(stdout.contains("device by PCI bus id ok"), "{stdout}");
 }
 
 /// On a machine with a GPU: the same program on NVIDIA's driver directly and through Gleam on that GPU.
@@ -54,7 +57,7 @@ fn the_same_program_passes_on_nvidias_driver_and_through_gleam_on_a_gpu() {
     let server = Server::start("cuda");
     let dir = tempfile::tempdir().unwrap();
     let exe = compile_c("driver_more", dir.path());
-    for mode in ["memset2d", "peer"] {
+    for mode in ["memset2d", "peer", "pci"] {
         let native = output_within(
             {
                 let mut cmd = std::process::Command::new(&exe);

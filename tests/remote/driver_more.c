@@ -2,7 +2,7 @@
  * Runs unchanged on NVIDIA's driver and through Gleam, so what it expects is the real driver's
  * behaviour. No cuda.h on CI: the declarations it needs are here, with the driver's ABI (CUDA 13.0).
  *
- *   driver_more memset2d|peer
+ *   driver_more memset2d|peer|pci
  *
  * Prints one line per check and `<mode> ok` at the end; exits non-zero on the first failure. */
 #include <stdint.h>
@@ -47,6 +47,8 @@ CUresult cuStreamSynchronize(CUstream stream);
 CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer);
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags);
 CUresult cuCtxDisablePeerAccess(CUcontext peer);
+CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev);
+CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *id);
 
 #define INVALID_VALUE 1
 #define INVALID_DEVICE 101
@@ -182,6 +184,26 @@ static void peer(void) {
     EXPECT(cuCtxDestroy_v2(b), 0);
 }
 
+static void pci(void) {
+    char id[64], other[64];
+    unsigned domain = 0, bus = 0, device = 0, function = 0;
+    CUdevice dev = -1;
+    EXPECT(cuDeviceGetPCIBusId(id, sizeof id, 0), 0);
+    EXPECT(cuDeviceGetByPCIBusId(&dev, id), 0);
+    CHECK(dev == 0, "%s is device %d", id, dev);
+    CHECK(sscanf(id, "%x:%x:%x.%x", &domain, &bus, &device, &function) == 4, "bus id %s", id);
+    /* The short form without the domain names the same device. */
+    snprintf(other, sizeof other, "%02x:%02x.%x", bus, device, function);
+    dev = -1;
+    EXPECT(cuDeviceGetByPCIBusId(&dev, other), 0);
+    CHECK(dev == 0, "%s is device %d", other, dev);
+    snprintf(other, sizeof other, "%04x:%02x:%02x.0", domain, (bus + 1) & 0xff, device);
+    EXPECT(cuDeviceGetByPCIBusId(&dev, other), INVALID_DEVICE);
+    EXPECT(cuDeviceGetByPCIBusId(&dev, "not a bus id"), INVALID_VALUE);
+    EXPECT(cuDeviceGetByPCIBusId(&dev, NULL), INVALID_VALUE);
+    printf("device by PCI bus id ok\n");
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     CUcontext ctx;
@@ -192,6 +214,8 @@ int main(int argc, char **argv) {
         memset2d();
     } else if (strcmp(mode, "peer") == 0) {
         peer();
+    } else if (strcmp(mode, "pci") == 0) {
+        pci();
     } else {
         printf("unknown mode %s\n", mode);
         return 2;

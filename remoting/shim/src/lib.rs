@@ -71,10 +71,10 @@ pub mod hand {
         cuCtxPushCurrent, cuCtxPushCurrent_v2, cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
     };
     pub use crate::device::{
-        cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetCount,
-        cuDeviceGetName, cuDeviceGetPCIBusId, cuDeviceGetProperties, cuDeviceGetUuid,
-        cuDeviceGetUuid_v2, cuDeviceTotalMem_v2, cuDriverGetVersion, cuGetErrorName,
-        cuGetErrorString, cuInit,
+        cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetByPCIBusId,
+        cuDeviceGetCount, cuDeviceGetName, cuDeviceGetPCIBusId, cuDeviceGetProperties,
+        cuDeviceGetUuid, cuDeviceGetUuid_v2, cuDeviceTotalMem_v2, cuDriverGetVersion,
+        cuGetErrorName, cuGetErrorString, cuInit,
     };
     pub use crate::export_table::cuGetExportTable;
     pub use crate::fills::{
