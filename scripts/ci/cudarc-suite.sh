@@ -55,7 +55,6 @@ declare -A UPSTREAM=(
 # Tests that fail through Gleam today, each named with what is missing. Nothing else may fail; each leaves
 # this list in the change that makes it pass (the run fails while a listed test passes).
 declare -A EXPECTED_FAIL=(
-    [driver::safe::core::tests::test_event_try_is_complete]="cuLaunchHostFunc (host callbacks) is not implemented yet"
 )
 if [ "${CUDARC_INCLUDE_SLOW:-0}" = 1 ]; then
     TOO_SLOW=()
