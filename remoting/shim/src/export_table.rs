@@ -535,7 +535,10 @@ extern "C" fn decline_objects() -> CUresult {
 /// Size-prefixed: 136 bytes (17 slots) on driver 580.
 static OBJECTS: Table<17> = table(
     stub_slots::<2>(),
-    &[(0, (17 * W) as *const ()), (4, decline_objects as *const ())],
+    &[
+        (0, (17 * W) as *const ()),
+        (4, decline_objects as *const ()),
+    ],
 );
 
 /// The table for `id`, if Gleam serves it.
