@@ -111,8 +111,11 @@ fn main() {
     // is checked before the next call relies on it.
     let gpu = unsafe { Gpu::open() };
     let result = match workload.as_str() {
+        // SAFETY: the context is current on this thread and the kernels are loaded (each workload).
         "launch-storm" => unsafe { launch_storm(&gpu) },
+        // SAFETY: as above.
         "weights" => unsafe { weights(&gpu) },
+        // SAFETY: as above.
         "two-streams" => unsafe { two_streams(&gpu) },
         _ => {
             eprintln!("usage: bench_workloads launch-storm|weights|two-streams");
