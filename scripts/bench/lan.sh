@@ -39,9 +39,11 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$cfg"; }
 trap cleanup EXIT
 
-# A peer whose session processes listen on one fixed port, so that an emulated link can carry them too.
+# A peer whose session processes listen on a few fixed ports (one per session; a session that just ended
+# may still hold its port while the next starts), so that an emulated link can carry them too.
+SESSION_PORTS=$(seq 47300 47307)
 env -i PATH="$PATH" HOME="$HOME" ${LD_LIBRARY_PATH:+LD_LIBRARY_PATH="$LD_LIBRARY_PATH"} GLEAM_LOG=warn \
-    GLEAM_SESSION_PORTS=47300 "$BIN/gleam" serve 127.0.0.1:0 --backend "$BACKEND" --config-dir "$cfg" \
+    GLEAM_SESSION_PORTS=47300-47307 "$BIN/gleam" serve 127.0.0.1:0 --backend "$BACKEND" --config-dir "$cfg" \
     > "$OUT/serve.out" 2> "$OUT/serve.log" &
 pids+=($!)
 for _ in $(seq 300); do grep -q "listening on" "$OUT/serve.out" 2>/dev/null && break; sleep 0.1; done
@@ -49,12 +51,12 @@ line=$(grep "listening on" "$OUT/serve.out") || { echo "the peer did not start";
 port=$(sed -nE 's/.*listening on [^ ]+:([0-9]+) as .*/\1/p' <<<"$line")
 id=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
 
-# Each link: two relays on its own loopback address (the peer's port and the session port).
+# Each link: relays on its own loopback address (the peer's port and the session ports).
 declare -A LINK_ADDR=([L0]=127.0.0.1 [L1]=127.0.0.2 [L2]=127.0.0.3)
 declare -A LINK_ARGS=([L1]="--rate 1gbit --delay 0.5ms" [L2]="--rate 300mbit --delay 2.5ms --jitter 2ms --loss 0.5%")
 for l in $LINKS; do
     [ "$l" = L0 ] && continue
-    for p in "$port" 47300; do
+    for p in "$port" $SESSION_PORTS; do
         # shellcheck disable=SC2086
         "$BIN/gleam" linkemu --listen "${LINK_ADDR[$l]}:$p" --to "127.0.0.1:$p" ${LINK_ARGS[$l]} 2>>"$OUT/linkemu-$l.log" &
         pids+=($!)
