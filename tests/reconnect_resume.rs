@@ -13,6 +13,7 @@ use gleam_auth::tls::server_name;
 use gleam_protocol::api::{ApiCall, ApiReply, args};
 use gleam_protocol::frame::{self, Frame, FrameReader};
 use gleam_protocol::order::{Deps, Lane};
+use gleam_protocol::resume::Awaited;
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
     CLOSE_RESUME_ABANDONED, Call, ClientHello, Control, PROTOCOL_VERSION, Reply, ReplyFrame,
@@ -259,7 +260,7 @@ async fn a_resumed_session_gets_what_it_missed_once_and_only_its_owner_may_resum
         &sneak,
         &StreamOpen::Resume {
             token: s.token,
-            replies: Vec::new(),
+            replies: Awaited::default(),
         },
     )
     .await;
@@ -290,7 +291,11 @@ async fn a_resumed_session_gets_what_it_missed_once_and_only_its_owner_may_resum
         &conn,
         &StreamOpen::Resume {
             token: s.token,
-            replies: vec![(Lane::CONTROL, 3)],
+            // Replies 1-3 arrived; 5 and the half-sent 6 are awaited.
+            replies: Awaited {
+                next: 7,
+                waiting: vec![5, 6],
+            },
         },
     )
     .await;

@@ -31,6 +31,7 @@
 //! [`ClientError::Lost`], never hangs: at the end of the window, or within a round trip of reaching a
 //! peer that no longer has the session.
 
+mod signal;
 mod slot;
 
 use std::collections::HashMap;
@@ -48,7 +49,7 @@ use gleam_auth::proof::{AuthError, authenticate_as_client};
 use gleam_auth::tls::{ALPN_CUDA, TlsError, client_config};
 use gleam_protocol::frame::{self, FrameError, FrameReader};
 use gleam_protocol::order::{Lane, Sequencer};
-use gleam_protocol::resume::{Frame, Marks, Received, Retained, mark_of};
+use gleam_protocol::resume::{Awaited, Frame, Marks, Retained, mark_of};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
     Acks, CLOSE_RESUME_ABANDONED, COPY_CHUNK, Call, ClientHello, Control, PROTOCOL_VERSION, Reply,
@@ -699,8 +700,11 @@ struct Core {
     lost: Option<ClientError>,
     /// The connection whose readers may deliver (each resume attempt fences the previous ones off).
     generation: u64,
-    /// The replies received, per lane (acknowledged to the serving side; where a resume picks up).
-    replies: Received,
+    /// A reply arrived since the serving side was last told which ones the client awaits.
+    replies_changed: bool,
+    /// The last seq given to an out-of-band signal (numbered on their own lane, so the serving side
+    /// can say which ones arrived).
+    signals: u64,
 }
 
 /// One lane's sending half.
@@ -806,7 +810,8 @@ impl Shared {
                 waiters: HashMap::new(),
                 lost: None,
                 generation: 0,
-                replies: Received::default(),
+                replies_changed: false,
+                signals: 0,
             }),
             buffered: AtomicUsize::new(0),
             retained: AtomicUsize::new(0),
@@ -1066,9 +1071,7 @@ impl Shared {
             if core.generation != generation {
                 return Ok(false);
             }
-            core.replies
-                .note(lane, reply.seq)
-                .map_err(|e| ClientError::Protocol(format!("reply {e}")))?;
+            core.replies_changed = true;
             (
                 core.waiters.remove(&reply.seq),
                 core.lanes.get(&lane).cloned(),
@@ -1155,6 +1158,18 @@ impl Shared {
             "lost the link to the GPU peer: calls wait while the session is resumed");
         self.runtime
             .spawn(reconnect(self.clone(), window + RESUME_MARGIN, why));
+    }
+}
+
+impl Core {
+    /// The replies this client still waits for.
+    fn awaited(&self) -> Awaited {
+        let mut waiting: Vec<u64> = self.waiters.keys().copied().collect();
+        waiting.sort_unstable();
+        Awaited {
+            next: self.sequencer.peek_seq(),
+            waiting,
+        }
     }
 }
 
@@ -1333,7 +1348,7 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
             .copied()
             .filter(|&l| l != Lane::CONTROL)
             .collect();
-        (core.generation, core.replies.marks(), lanes)
+        (core.generation, core.awaited(), lanes)
     };
     let mut opening = Vec::new();
     frame::encode(
@@ -1596,15 +1611,13 @@ async fn send_acks(connection: quinn::Connection, generation: u64, shared: Arc<S
             if core.generation != generation || core.lost.is_some() {
                 return;
             }
-            if !core.replies.take_changed() {
+            if !std::mem::take(&mut core.replies_changed) {
                 continue;
             }
-            core.replies.marks()
+            core.awaited()
         };
         out.clear();
-        if frame::encode(&Acks { through }, &[], &mut out).is_err()
-            || send.write_all(&out).await.is_err()
-        {
+        if frame::encode(&through, &[], &mut out).is_err() || send.write_all(&out).await.is_err() {
             return;
         }
     }

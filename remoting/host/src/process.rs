@@ -41,9 +41,10 @@ use gleam_auth::identity::{Identity, PeerId};
 use gleam_auth::tls;
 use gleam_protocol::frame::{self, FrameError, FrameReader};
 use gleam_protocol::order::{Lane, OrderError, Scheduler};
-use gleam_protocol::resume::{Frame, Marks, Misordered, Received, Retained};
-use gleam_protocol::wire::{Acks, CLOSE_RESUME_ABANDONED, Request, Resumed, StreamOpen};
+use gleam_protocol::resume::{Awaited, Frame, Marks, Misordered, Received, ReplyCache};
+use gleam_protocol::wire::{Acks, CLOSE_RESUME_ABANDONED, Call, Request, Resumed, StreamOpen};
 use gleam_server::backend::Backend;
+use gleam_server::callbacks::HostCallbacks;
 use gleam_server::session::{Answer, Session};
 use quinn::VarInt;
 use tokio::sync::{Notify, mpsc};
@@ -199,8 +200,24 @@ pub fn run<B: Backend>(
 }
 
 /// The executor: runs requests as the scheduler allows, answers on their lanes.
-fn execute<B: Backend>(backend: B, shared: &Shared) -> ExitReason {
+fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
     let mut session = Session::new(backend);
+    // Host functions are answered when their stream reaches them, from whatever thread that is; the
+    // network side reports their completions and the session's end.
+    let callbacks = session.host_callbacks();
+    let out = Arc::downgrade(shared);
+    callbacks.set_sink(Box::new(move |lane, frame| {
+        if let Some(shared) = out.upgrade() {
+            let answer = Answer {
+                frame,
+                bulk: Vec::new(),
+            };
+            if let Err(err) = shared.outbox.send(lane, answer) {
+                debug!(%err, "a host function's answer could not be sent");
+            }
+        }
+    }));
+    let _ = shared.callbacks.set(callbacks);
     let spin = gleam_protocol::tuning::spin_budget();
     let reason = loop {
         let Some((lane, seq, (request, bulk))) = shared.inbox.next(spin) else {
@@ -245,6 +262,8 @@ enum End {
 struct Shared {
     inbox: Inbox,
     outbox: Outbox,
+    /// The session's host functions in flight (set by the executor at start).
+    callbacks: std::sync::OnceLock<Arc<HostCallbacks>>,
     end: Mutex<Option<End>>,
     ended: Notify,
 }
@@ -260,6 +279,10 @@ impl Shared {
             }
         }
         self.inbox.close();
+        // A stream held for a client function must not keep the executor from ending.
+        if let Some(callbacks) = self.callbacks.get() {
+            callbacks.cancel_all();
+        }
         self.ended.notify_waiters();
         self.ended.notify_one();
     }
@@ -357,6 +380,20 @@ impl Inbox {
         }
         if self.sleeping.load(Ordering::Acquire) {
             self.ready.notify_one();
+        }
+        self.ack_due.notify_one();
+        Ok(())
+    }
+
+    /// An out-of-band signal arrived on `lane` of connection `generation` (acted on at once, never
+    /// scheduled): noted, so that it is acknowledged and a resume does not send it again.
+    fn note_signal(&self, lane: Lane, generation: u64, seq: u64) -> Result<(), PushError> {
+        {
+            let mut state = lock(&self.state);
+            if state.generation != generation {
+                return Err(PushError::Stale);
+            }
+            state.received.note(lane, seq)?;
         }
         self.ack_due.notify_one();
         Ok(())
@@ -472,8 +509,8 @@ struct OutState {
     flush: Arc<Notify>,
     /// Chunks quinn has not taken yet, in order.
     pending: Vec<Bytes>,
-    /// Replies the client has not acknowledged.
-    cache: Retained,
+    /// Replies the client may not have.
+    cache: ReplyCache,
 }
 
 impl OutState {
@@ -539,14 +576,12 @@ impl Outbox {
         }
     }
 
-    /// The client has the replies up to these marks.
-    fn ack(&self, marks: &[(Lane, u64)]) {
+    /// The client has every reply but those it still awaits.
+    fn ack(&self, awaited: &Awaited) {
         let mut freed = 0;
-        for &(lane, seq) in marks {
-            let out = lock(&self.lanes).get(&lane).cloned();
-            if let Some(out) = out {
-                freed += lock(&out.state).cache.ack(seq);
-            }
+        let lanes: Vec<Arc<LaneOut>> = lock(&self.lanes).values().cloned().collect();
+        for out in lanes {
+            freed += lock(&out.state).cache.ack(awaited);
         }
         if freed > 0 {
             let before = self.cached.fetch_sub(freed, Ordering::AcqRel);
@@ -758,8 +793,8 @@ struct Link {
 enum Arrival {
     /// The client's first connection.
     Attach(Link),
-    /// A connection resuming the session, with the client's reply marks.
-    Resume(Link, Marks),
+    /// A connection resuming the session, with the replies the client awaits.
+    Resume(Link, Awaited),
 }
 
 /// Admits connections for the whole session: authenticated as `client`, their first stream presenting
@@ -843,8 +878,8 @@ async fn admit(incoming: quinn::Incoming, client: PeerId, token: &[u8; 32]) -> O
 }
 
 /// Makes `link` the session's connection: its first stream carries the control lane (after the
-/// [`Resumed`] frame when it resumes, with the client's reply marks); starts its tasks.
-fn connect(shared: &Arc<Shared>, link: Link, resumed: Option<Marks>) -> quinn::Connection {
+/// [`Resumed`] frame when it resumes, with the replies the client awaits); starts its tasks.
+fn connect(shared: &Arc<Shared>, link: Link, resumed: Option<Awaited>) -> quinn::Connection {
     let Link {
         conn,
         send,
@@ -1073,6 +1108,20 @@ async fn lane_reader(
                 Ok(request) => request,
                 Err(err) => break 'lane End::Protocol(format!("malformed request: {err}")),
             };
+            // Out of band: the executor may be blocked waiting for the stream this releases. Noted as
+            // received (signals are numbered on their own lane), so a resume sends it again only if
+            // it did not arrive.
+            if let Call::HostFuncReturned { id } = request.call {
+                match shared.inbox.note_signal(lane, generation, request.seq) {
+                    Ok(()) => {}
+                    Err(PushError::Stale) => return,
+                    Err(err) => break 'lane End::Protocol(err.to_string()),
+                }
+                if let Some(callbacks) = shared.callbacks.get() {
+                    callbacks.returned(id);
+                }
+                continue;
+            }
             match shared.inbox.push(lane, generation, request, frame.bulk) {
                 Ok(()) => {}
                 // A resume took over: the client sends this again on the new connection.
@@ -1166,8 +1215,8 @@ async fn read_acks(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
     loop {
         loop {
             match frames.next_frame() {
-                Ok(Some(frame)) => match frame.decode::<Acks>() {
-                    Ok(acks) => shared.outbox.ack(&acks.through),
+                Ok(Some(frame)) => match frame.decode::<Awaited>() {
+                    Ok(awaited) => shared.outbox.ack(&awaited),
                     Err(err) => {
                         shared.end(End::Protocol(format!("malformed acknowledgement: {err}")));
                         return;

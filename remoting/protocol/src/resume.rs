@@ -9,19 +9,21 @@
 //! * the client keeps every request frame ([`Retained`], one per lane) until the serving side has
 //!   *received* it: a received request lives in the session process, which survives the drop, and runs
 //!   exactly once there;
-//! * the serving side keeps every reply frame (its reply cache, a [`Retained`] per lane) until the client
-//!   has received it.
+//! * the serving side keeps every reply frame (its reply cache, a [`ReplyCache`] per lane) until the
+//!   client has received it.
 //!
-//! Each side tracks what it received per lane ([`Received`]). Frames of one lane travel on one QUIC
-//! stream, in seq order, so "everything up to seq S" per lane says exactly which frames arrived, and an
-//! acknowledgement is one number per lane ([`Marks`]). Acknowledgements travel while the link is up (a
-//! reply acknowledges its lane's requests up to its seq; periodic [`crate::wire::Acks`] cover the rest),
-//! so what is retained stays small. On resume each side tells the other its marks; each acknowledges
-//! through them and sends again, in order, what is left: nothing twice, nothing lost.
+//! Requests of one lane travel on one QUIC stream in seq order, so the serving side says what it
+//! received with one number per lane ("everything up to seq S": [`Received`], [`Marks`]). Replies of a
+//! lane may leave out of seq order (a host function's answer waits for its stream), so the client says
+//! instead which replies it still waits for ([`Awaited`]). Acknowledgements travel while the link is up
+//! (a reply acknowledges its lane's requests up to its seq; periodic [`crate::wire::Acks`] and
+//! [`Awaited`] cover the rest), so what is kept stays small. On resume each side tells the other what it
+//! has; each forgets that and sends again what is left: nothing twice, nothing lost.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use crate::order::Lane;
 
@@ -119,6 +121,76 @@ impl Retained {
     /// The acknowledged mark.
     pub fn acked(&self) -> u64 {
         self.acked
+    }
+}
+
+/// Which replies the client still waits for: every request below `next` that asked for a reply and is
+/// not in `waiting` has had it.
+#[derive(Clone, Debug, Default, Deserialize, Eq, PartialEq, Serialize)]
+pub struct Awaited {
+    /// The seq the client's next request will get.
+    pub next: u64,
+    /// The requests whose replies it waits for, in increasing order.
+    pub waiting: Vec<u64>,
+}
+
+impl Awaited {
+    /// Whether the client has the reply to request `seq`.
+    pub fn has(&self, seq: u64) -> bool {
+        seq < self.next && self.waiting.binary_search(&seq).is_err()
+    }
+}
+
+/// One lane's replies the client may not have yet, by seq.
+#[derive(Debug, Default)]
+pub struct ReplyCache {
+    frames: BTreeMap<u64, Frame>,
+    bytes: usize,
+}
+
+impl ReplyCache {
+    /// Keeps a reply just sent.
+    pub fn keep(&mut self, frame: Frame) {
+        self.bytes += frame.len();
+        if let Some(old) = self.frames.insert(frame.seq, frame) {
+            self.bytes -= old.len();
+        }
+    }
+
+    /// Forgets the replies the client has. Returns the bytes freed.
+    pub fn ack(&mut self, awaited: &Awaited) -> usize {
+        let mut freed = 0;
+        self.frames.retain(|&seq, frame| {
+            let gone = awaited.has(seq);
+            if gone {
+                freed += frame.len();
+            }
+            !gone
+        });
+        self.bytes -= freed;
+        freed
+    }
+
+    /// The replies to send again on a new connection, as chunks for the stream.
+    pub fn unacked(&self) -> Vec<Bytes> {
+        let mut out = Vec::with_capacity(self.frames.len() * 2);
+        for frame in self.frames.values() {
+            out.push(frame.head.clone());
+            if !frame.bulk.is_empty() {
+                out.push(frame.bulk.clone());
+            }
+        }
+        out
+    }
+
+    /// The seqs kept, in order.
+    pub fn seqs(&self) -> impl Iterator<Item = u64> + '_ {
+        self.frames.keys().copied()
+    }
+
+    /// Bytes kept.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -220,8 +292,26 @@ mod tests {
     }
 
     #[test]
+    fn replies_are_forgotten_once_the_client_no_longer_waits_for_them_in_any_order() {
+        let mut cache = ReplyCache::default();
+        for seq in [4, 9, 6] {
+            cache.keep(frame(seq, 10));
+        }
+        // The client waits for 6 (a host function's answer that left last) and for 12, sent after.
+        let awaited = Awaited {
+            next: 13,
+            waiting: vec![6, 12],
+        };
+        assert!(awaited.has(4) && awaited.has(9) && !awaited.has(6) && !awaited.has(13));
+        assert_eq!(cache.ack(&awaited), 20);
+        assert_eq!(cache.seqs().collect::<Vec<_>>(), [6]);
+        assert_eq!(cache.bytes(), 10);
+        assert_eq!(cache.unacked().len(), 1);
+    }
+
+    #[test]
     fn replies_keep_their_bulk_bytes_without_a_copy() {
-        let mut r = Retained::default();
+        let mut r = ReplyCache::default();
         let data = Bytes::from(vec![1u8; 4096]);
         r.keep(Frame {
             seq: 4,
@@ -288,23 +378,32 @@ mod tests {
             let lanes = [Lane(0), Lane(5), Lane(9)];
             // Client side.
             let mut sent: HashMap<Lane, Retained> = HashMap::new();
-            let mut replies_got = Received::default();
+            let mut waiting: std::collections::BTreeSet<u64> = Default::default();
             let mut to_server: HashMap<Lane, Wire> = HashMap::new();
             // Server side.
             let mut got = Received::default();
             let mut executed: Vec<u64> = Vec::new();
-            let mut reply_cache: HashMap<Lane, Retained> = HashMap::new();
+            let mut reply_cache: HashMap<Lane, ReplyCache> = HashMap::new();
+            // Replies made but not sent yet (host functions' answers leave when their stream gets there).
+            let mut held: Vec<(Lane, u64)> = Vec::new();
             let mut to_client: HashMap<Lane, Wire> = HashMap::new();
             let mut delivered: Vec<u64> = Vec::new();
             let mut next_seq = 1u64;
             let wants_reply = |seq: u64| seq.is_multiple_of(3);
+            let awaited = |next: u64, waiting: &std::collections::BTreeSet<u64>| Awaited {
+                next,
+                waiting: waiting.iter().copied().collect(),
+            };
 
             for _step in 0..300 {
-                match rng.below(10) {
+                match rng.below(12) {
                     // The client sends a request.
                     0..=3 => {
                         let lane = lanes[rng.below(3) as usize];
                         let f = frame(next_seq, 1 + rng.below(8) as usize);
+                        if wants_reply(next_seq) {
+                            waiting.insert(next_seq);
+                        }
                         next_seq += 1;
                         sent.entry(lane).or_default().keep(f.clone());
                         to_server.entry(lane).or_default().in_flight.push_back(f);
@@ -316,28 +415,34 @@ mod tests {
                             got.note(lane, f.seq).expect("in order, once");
                             executed.push(f.seq);
                             if wants_reply(f.seq) {
-                                let r = frame(f.seq, 3);
-                                reply_cache.entry(lane).or_default().keep(r.clone());
-                                to_client.entry(lane).or_default().in_flight.push_back(r);
+                                held.push((lane, f.seq));
                             }
                         }
                     }
+                    // A held reply leaves (any of them: not necessarily in seq order).
+                    6 | 7 if !held.is_empty() => {
+                        let (lane, seq) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                        let r = frame(seq, 3);
+                        reply_cache.entry(lane).or_default().keep(r.clone());
+                        to_client.entry(lane).or_default().in_flight.push_back(r);
+                    }
                     // A reply reaches the client; a reply acknowledges its lane's requests up to it.
-                    6 => {
+                    6..=9 => {
                         let lane = lanes[rng.below(3) as usize];
                         if let Some(r) = to_client.entry(lane).or_default().in_flight.pop_front() {
-                            replies_got.note(lane, r.seq).expect("in order, once");
+                            assert!(waiting.remove(&r.seq), "seed {seed}: reply {} twice", r.seq);
                             delivered.push(r.seq);
                             sent.entry(lane).or_default().ack(r.seq);
                         }
                     }
                     // Acknowledgements both ways (they may be stale: an ack in flight).
-                    7 => {
+                    10 => {
                         for (lane, seq) in got.marks() {
                             sent.entry(lane).or_default().ack(seq);
                         }
-                        for (lane, seq) in replies_got.marks() {
-                            reply_cache.entry(lane).or_default().ack(seq);
+                        let has = awaited(next_seq, &waiting);
+                        for cache in reply_cache.values_mut() {
+                            cache.ack(&has);
                         }
                     }
                     // The link drops: everything in flight is lost; then the resume.
@@ -345,7 +450,7 @@ mod tests {
                         to_server.clear();
                         to_client.clear();
                         let server_marks = got.marks();
-                        let client_marks = replies_got.marks();
+                        let has = awaited(next_seq, &waiting);
                         for lane in lanes {
                             let kept = sent.entry(lane).or_default();
                             kept.ack(mark_of(&server_marks, lane));
@@ -354,7 +459,7 @@ mod tests {
                                 wire.in_flight.push_back(frame(seq, 1));
                             }
                             let cache = reply_cache.entry(lane).or_default();
-                            cache.ack(mark_of(&client_marks, lane));
+                            cache.ack(&has);
                             let wire = to_client.entry(lane).or_default();
                             for seq in cache.seqs() {
                                 wire.in_flight.push_back(frame(seq, 1));
@@ -375,19 +480,23 @@ mod tests {
                     got.note(lane, seq).expect("in order, once");
                     executed.push(seq);
                     if wants_reply(seq) {
-                        reply_cache.entry(lane).or_default().keep(frame(seq, 3));
+                        held.push((lane, seq));
                     }
                 }
             }
-            let client_marks = replies_got.marks();
+            for (lane, seq) in held.drain(..) {
+                reply_cache.entry(lane).or_default().keep(frame(seq, 3));
+            }
+            let has = awaited(next_seq, &waiting);
             for lane in lanes {
                 let cache = reply_cache.entry(lane).or_default();
-                cache.ack(mark_of(&client_marks, lane));
+                cache.ack(&has);
                 for seq in cache.seqs().collect::<Vec<_>>() {
-                    replies_got.note(lane, seq).expect("in order, once");
+                    assert!(waiting.remove(&seq), "seed {seed}: reply {seq} twice");
                     delivered.push(seq);
                 }
             }
+            assert!(waiting.is_empty(), "seed {seed}: replies lost: {waiting:?}");
             executed.sort_unstable();
             assert_eq!(
                 executed,

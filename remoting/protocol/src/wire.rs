@@ -18,7 +18,7 @@ use crate::copy::Copy3D;
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// QUIC close code of a connection the client abandons while resuming a session (an attempt that broke
 /// off, or lost to a newer one): the session waits for the next attempt, where any other close by the
 /// client ends it.
@@ -95,12 +95,13 @@ pub enum StreamOpen {
     },
     /// The first stream of a connection that resumes the session after a drop (instead of
     /// [`StreamOpen::Attach`]); it carries the control lane. The session process answers with
-    /// [`Resumed`] as this stream's first frame, then sends again the replies after `replies`.
+    /// [`Resumed`] as this stream's first frame, then sends again the replies the client still awaits
+    /// (each on its lane's stream, once the client has reopened it).
     Resume {
         /// The session's token.
         token: [u8; 32],
-        /// Per lane, the last reply the client received ([`crate::resume::Marks`]).
-        replies: crate::resume::Marks,
+        /// The replies the client still waits for.
+        replies: crate::resume::Awaited,
     },
 }
 
@@ -112,9 +113,10 @@ pub struct Resumed {
     pub received: crate::resume::Marks,
 }
 
-/// An acknowledgement: per lane, the last frame received ([`crate::resume::Marks`]). Each side sends
-/// them on a unidirectional stream of its own (the only one it opens), now and then, so the other side
-/// can forget what it keeps for resending.
+/// The session process's acknowledgement of requests: per lane, the last one received
+/// ([`crate::resume::Marks`]), now and then on a unidirectional stream of its own (the only one it
+/// opens), so the client can forget what it keeps for resending. The client acknowledges replies the
+/// same way with [`crate::resume::Awaited`] frames on its own unidirectional stream.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct Acks {
     /// Per lane, the last frame received.
@@ -229,6 +231,24 @@ pub enum Call {
         /// `true`: load it as a library (context-independent), else as a module of the current context.
         as_library: bool,
     },
+    /// `cuLaunchHostFunc` and `cuStreamAddCallback`: a point in `stream` where the client runs a function.
+    /// The server answers only when the stream reaches that point, with [`Reply::Empty`] and, as `result`,
+    /// the status the function gets (`CUDA_SUCCESS`, or the error of a faulted context or of a refused
+    /// call), and from then on holds the stream until [`Call::HostFuncReturned`] names the same `id`.
+    /// The client does not wait for the answer on the calling thread.
+    HostFunc {
+        /// The stream (0, `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` as the application passed them).
+        stream: u64,
+        /// The client's number for this callback, unique in the session.
+        id: u64,
+    },
+    /// The client's function of [`Call::HostFunc`] `id` returned: its stream may go on. Out of band: sent
+    /// with seq 0 on [`crate::order::Lane::SIGNALS`], acted on as it arrives (never scheduled: the executor
+    /// may be blocked in a synchronization that waits for exactly this), never answered.
+    HostFuncReturned {
+        /// The callback's id.
+        id: u64,
+    },
     /// Orderly end of the session: the server frees everything and replies [`Reply::Empty`].
     Goodbye,
 }
@@ -251,6 +271,8 @@ impl Call {
             Call::MirrorWrite { .. } => "MirrorWrite",
             Call::MirrorRead { .. } => "MirrorRead",
             Call::LoadImage { .. } => "LoadImage",
+            Call::HostFunc { .. } => "HostFunc",
+            Call::HostFuncReturned { .. } => "HostFuncReturned",
             Call::Goodbye => "Goodbye",
         }
     }

@@ -1,0 +1,70 @@
+//! Out-of-band messages: requests the serving peer acts on as they arrive, outside the session's order.
+//!
+//! Such a message is not numbered by the session's [`gleam_protocol::order::Sequencer`] (the peer never
+//! schedules it) and travels on its own lane ([`Lane::SIGNALS`]), so neither a long transfer queued on
+//! another lane nor the peer's per-lane backpressure holds it back: the message it carries may be exactly
+//! what the peer's executor is blocked waiting for (a host function's completion, which a stream
+//! synchronization waits on). Signals are numbered on their lane instead (1, 2, ...): the peer says which
+//! ones arrived, so after a network drop each is sent again only if it was lost, and acted on once.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Waker};
+
+use gleam_protocol::frame;
+use gleam_protocol::order::{Deps, Lane};
+use gleam_protocol::wire::{Call, Request};
+
+use crate::{Client, ClientError, Moved, Shared, lock};
+
+impl Client {
+    /// Sends `call` out of band (see the module docs), at once. Only calls the peer handles out of band
+    /// may be sent this way (today [`Call::HostFuncReturned`]); anything else ends the session as a
+    /// protocol violation.
+    pub fn signal(&self, call: Call) -> Result<(), ClientError> {
+        self.shared.signal(call)
+    }
+}
+
+impl Shared {
+    fn signal(self: &Arc<Self>, call: Call) -> Result<(), ClientError> {
+        if self.lost.load(Ordering::Acquire) {
+            return Err(self.lost_error());
+        }
+        let mut core = self.core();
+        if let Some(err) = &core.lost {
+            return Err(err.clone());
+        }
+        // With the link down the signal is kept with the lane's other frames and goes on resume: no wait.
+        let tx = self.open_lane(&mut core, Lane::SIGNALS);
+        let seq = core.signals + 1;
+        let request = Request {
+            seq,
+            ctx: 0,
+            expects_reply: false,
+            deps: Deps::default(),
+            call,
+        };
+        let mut head = Vec::with_capacity(32);
+        frame::encode_head(&request, 0, &mut head)
+            .map_err(|e| ClientError::Protocol(format!("cannot encode a signal: {e}")))?;
+        core.signals = seq;
+        // Taken under the numbering lock, so signals enter their lane in the order of their numbers.
+        let mut state = lock(&tx.state);
+        drop(core);
+        tx.fresh.store(false, Ordering::Release);
+        let start = state.batch.len();
+        state.frames.push((seq, start));
+        state.batch.extend_from_slice(&head);
+        self.buffered.fetch_add(head.len(), Ordering::AcqRel);
+        let mut moved = Moved::default();
+        let flushed = state.poll_flush(&mut Context::from_waker(Waker::noop()), &mut moved);
+        self.moved(&moved);
+        drop(state);
+        // A failed write is the link going down: the signal is kept and goes again on resume.
+        if flushed.is_pending() {
+            tx.flush.notify_one();
+        }
+        Ok(())
+    }
+}
