@@ -1,7 +1,8 @@
 /* A CUDA driver-API program that keeps working for a while, for the drop tests (tests/reconnect.rs): each
  * iteration launches a kernel that adds one to every element of a counter (on a stream of its own, fire and
- * forget), then copies a fresh pattern to the device and back and checks it. A launch that ran twice, or
- * not at all, shows in the counter at the end; a copy that went wrong shows at once. Prints one line per
+ * forget) and a host function after it on the same stream (which counts on the host), then copies a fresh
+ * pattern to the device and back and checks it. A launch or host function that ran twice, or not at all,
+ * shows in the counters at the end; a copy that went wrong shows at once. Prints one line per
  * iteration ("iter N") and "done iterations=N counter=ok" at the end; on a failed call prints
  * "FAIL <call> <error name>" and exits 10. Usage: reconnect_loop ITERATIONS PAUSE_MS [COPY_KIB] (default 1024;
  * copies of several MiB travel in several pieces, so a drop catches some in flight each way). */
@@ -31,6 +32,12 @@ CUresult cuStreamCreate(CUstream *stream, unsigned flags);
 CUresult cuStreamSynchronize(CUstream stream);
 CUresult cuCtxSynchronize(void);
 CUresult cuGetErrorName(CUresult error, const char **name);
+typedef void (*CUhostFn)(void *user);
+CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *user);
+
+static int host_calls = 0;
+
+static void count_call(void *user) { __atomic_fetch_add((int *)user, 1, __ATOMIC_SEQ_CST); }
 
 #define N 4096
 
@@ -107,6 +114,7 @@ int main(int argc, char **argv) {
         unsigned int n = N;
         void *params[] = {&counter, &n};
         CHECK(cuLaunchKernel(add_one, N / 256, 1, 1, 256, 1, 1, 0, stream, params, NULL));
+        CHECK(cuLaunchHostFunc(stream, count_call, &host_calls));
         for (size_t j = 0; j < words; j++) pattern[j] = (unsigned int)(i * 2654435761u + j);
         CHECK(cuMemcpyHtoD_v2(scratch, pattern, bytes));
         CHECK(cuMemcpyDtoH_v2(back, scratch, bytes));
@@ -125,6 +133,11 @@ int main(int argc, char **argv) {
             printf("FAIL counter[%d] = %u after %d launches\n", j, result[j], iterations);
             return 12;
         }
+    }
+    int calls = __atomic_load_n(&host_calls, __ATOMIC_SEQ_CST);
+    if (calls != iterations) {
+        printf("FAIL %d host functions ran for %d launched\n", calls, iterations);
+        return 14;
     }
     printf("done iterations=%d counter=ok\n", iterations);
     return 0;
