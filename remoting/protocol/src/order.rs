@@ -77,6 +77,8 @@ impl Call {
         match self {
             Call::Api(call) => api_ordering(call),
             Call::MemcpyHtoD { stream, .. } => on(*stream),
+            // A cached upload's chunks travel on its copy's lane, ahead of the copy.
+            Call::UploadChunk { stream, .. } | Call::UploadCopy { stream, .. } => on(*stream),
             // Reading to the host blocks the session until the stream's work is done, which may need an
             // earlier request of another lane (a stream write releasing a wait): it runs after all of them.
             Call::MemcpyDtoH { stream, .. } => Ordering {
@@ -104,7 +106,8 @@ impl Call {
             | Call::ModuleGetFunction { .. }
             | Call::LibraryLoad
             | Call::KernelGetFunction { .. }
-            | Call::LoadImage { .. } => Ordering::default(),
+            | Call::LoadImage { .. }
+            | Call::UploadBegin { .. } => Ordering::default(),
             // The session's end runs after everything the client sent before it.
             Call::Goodbye => Ordering {
                 barrier: true,

@@ -18,7 +18,7 @@ use crate::copy::Copy3D;
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
 
@@ -175,6 +175,40 @@ pub enum Call {
         /// `true`: load it as a library (context-independent), else as a module of the current context.
         as_library: bool,
     },
+    /// Announces a host-to-device payload by content (the content cache, `gleam_cache`): `manifest` is
+    /// a `gleam_cache::Manifest` in its encoded form, the ids of the payload's fixed-size chunks. The
+    /// server stages the payload under the client's number `upload`, fills every chunk it holds (its
+    /// content cache, verified; chunks this session sent before) and answers [`Reply::UploadWanted`] with
+    /// the chunks it lacks. Bookkeeping, not a CUDA call: it runs whatever error is pending, without
+    /// reporting or clearing it. Refused (`OUT_OF_MEMORY`) when the session stages too much already: the
+    /// client then copies the plain way ([`Call::MemcpyHtoD`]).
+    UploadBegin {
+        /// The client's number for this payload (unique among its unfinished uploads).
+        upload: u64,
+        /// The encoded manifest.
+        manifest: Vec<u8>,
+    },
+    /// One chunk the server asked for: the frame's bulk bytes are the chunk's encoded form
+    /// (`gleam_cache::Encoded`: codec header, then body), checked against its id before it is staged and
+    /// kept in the content cache. Fire-and-forget bookkeeping, travelling on the copy's lane.
+    UploadChunk {
+        /// The upload it belongs to.
+        upload: u64,
+        /// The chunk's index in the manifest.
+        index: u32,
+        /// The copy's stream (`None`: the synchronous copy), for its lane.
+        stream: Option<u64>,
+    },
+    /// Copies a staged upload, now complete, to device memory at `dst` and forgets it: the CUDA call
+    /// (`cuMemcpyHtoD`, or `cuMemcpyHtoDAsync` on `stream`). Reply: [`Reply::Empty`].
+    UploadCopy {
+        /// The upload.
+        upload: u64,
+        /// Destination device address.
+        dst: u64,
+        /// `None` for the synchronous copy, else the stream handle.
+        stream: Option<u64>,
+    },
     /// Orderly end of the session: the server frees everything and replies [`Reply::Empty`].
     Goodbye,
 }
@@ -197,6 +231,9 @@ impl Call {
             Call::MirrorWrite { .. } => "MirrorWrite",
             Call::MirrorRead { .. } => "MirrorRead",
             Call::LoadImage { .. } => "LoadImage",
+            Call::UploadBegin { .. } => "UploadBegin",
+            Call::UploadChunk { .. } => "UploadChunk",
+            Call::UploadCopy { .. } => "UploadCopy",
             Call::Goodbye => "Goodbye",
         }
     }
@@ -381,6 +418,12 @@ pub enum Reply {
     },
     /// The server does not have the image a [`Call::LoadImage`] named: send it.
     ImageWanted,
+    /// Answer to [`Call::UploadBegin`]: the indices of the chunks to send, in payload order (one index
+    /// per distinct missing chunk: the server fills repeats itself).
+    UploadWanted {
+        /// Chunk indices.
+        missing: Vec<u32>,
+    },
     /// A function handle and what the client needs to launch and query it locally.
     Function {
         /// `CUfunction`.

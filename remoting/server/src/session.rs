@@ -25,6 +25,7 @@ use crate::backend::Backend;
 use crate::images::Images;
 pub use crate::images::use_content_cache;
 use crate::mirrors::{self, Mirrors};
+use crate::payloads::Payloads;
 use gleam_protocol::api::ApiCall;
 use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
@@ -55,6 +56,8 @@ pub struct Session<B: Backend> {
     mirrors: Mirrors,
     /// The module images this session was sent or found (by content).
     images: Images,
+    /// Host-to-device payloads being staged (by content).
+    payloads: Payloads,
     /// Streams in capture mode (`cuStreamBeginCapture_v2` .. `cuStreamEndCapture`).
     capturing: HashSet<u64>,
     started: Instant,
@@ -99,6 +102,7 @@ impl<B: Backend> Session<B> {
             handles: Handles::default(),
             mirrors: Mirrors::default(),
             images: Images::default(),
+            payloads: Payloads::default(),
             capturing: HashSet::new(),
             started: Instant::now(),
             requests: 0,
@@ -196,7 +200,14 @@ impl<B: Backend> Session<B> {
         // Mirror traffic keeps the client's copies of managed and mapped memory coherent: it needs no
         // context and runs whatever error is pending, without reporting or clearing it (a refused write
         // becomes the pending error, since coherence was lost).
-        if matches!(req.call, Call::MirrorRead { .. } | Call::MirrorWrite { .. }) {
+        // So does the bookkeeping of cached uploads (the copy itself is the CUDA call).
+        if matches!(
+            req.call,
+            Call::MirrorRead { .. }
+                | Call::MirrorWrite { .. }
+                | Call::UploadBegin { .. }
+                | Call::UploadChunk { .. }
+        ) {
             let expects_reply = req.expects_reply;
             return self.dispatch(req.ctx, req.call, bulk).map_err(|err| {
                 if expects_reply {
@@ -237,6 +248,8 @@ impl<B: Backend> Session<B> {
     /// Frees everything the session holds and refuses anything more.
     fn close(&mut self) {
         self.state = State::Closed;
+        // The chunks this session received reach the content cache before the client hears goodbye.
+        self.payloads.finish();
         self.backend.shutdown(&self.handles);
         self.handles.clear();
         self.mirrors.clear();
@@ -457,6 +470,28 @@ impl<B: Backend> Session<B> {
                     self.handles.check(Kind::Event, event)?;
                 }
                 self.backend.launch_ex(&launch, &attrs)?;
+                Reply::Empty
+            }
+            Call::UploadBegin { upload, manifest } => {
+                let missing = self.payloads.begin(upload, &manifest)?;
+                Reply::UploadWanted { missing }
+            }
+            Call::UploadChunk { upload, index, .. } => {
+                self.payloads.chunk(upload, index, bulk)?;
+                Reply::Empty
+            }
+            Call::UploadCopy {
+                upload,
+                dst,
+                stream,
+            } => {
+                let checked = self
+                    .check_stream(stream)
+                    .and_then(|()| self.not_capturing(stream));
+                // Taken whatever happens: a refused copy must not keep its staging.
+                let payload = self.payloads.take(upload);
+                checked?;
+                self.backend.memcpy_htod(dst, &payload?, stream)?;
                 Reply::Empty
             }
             // Handled before dispatch.

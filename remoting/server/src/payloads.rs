@@ -1,0 +1,495 @@
+//! Host-to-device payloads by content: what a serving peer has been sent once, it is not sent again.
+//!
+//! A client announces a large copy's payload by its [`Manifest`] ([`Call::UploadBegin`]); [`Payloads`]
+//! stages it in a buffer of its length, fills every chunk it can (the peer's content cache, verified;
+//! a chunk already received in this session and not yet written there; a repeat of a chunk of the same
+//! payload) and says which chunks it lacks. The client sends those, encoded ([`Call::UploadChunk`]); each
+//! is decoded straight into the staging buffer, checked against its id, and handed to a writer thread
+//! that keeps it in the content cache. The copy ([`Call::UploadCopy`]) takes the complete buffer.
+//!
+//! Staging is bounded ([`MAX_UPLOAD`] per payload, [`MAX_STAGED`] per session): past it an announcement
+//! is refused and the client copies the plain way. The cache is best effort: a store that cannot be
+//! opened or written only means that chunks are sent again next time.
+//!
+//! [`Call::UploadBegin`]: gleam_protocol::wire::Call::UploadBegin
+//! [`Call::UploadChunk`]: gleam_protocol::wire::Call::UploadChunk
+//! [`Call::UploadCopy`]: gleam_protocol::wire::Call::UploadCopy
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use gleam_cache::{BlobStore, ContentId, Decoder, Manifest};
+use gleam_protocol::types::CUresult;
+use tracing::{debug, warn};
+
+use crate::images::content_cache;
+
+/// The largest payload one announcement may stage (clients split larger copies).
+pub const MAX_UPLOAD: u64 = 256 << 20;
+/// What one session may have staged at once.
+pub const MAX_STAGED: u64 = 1 << 30;
+/// Chunks waiting for the writer thread, at most (each up to a chunk's size): past it, staging waits
+/// for the disk.
+const WRITE_QUEUE: usize = 16;
+/// How long the end of a session waits for the cache writes it queued.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A session's staged uploads and its link to the content cache.
+#[derive(Debug)]
+pub struct Payloads {
+    /// `None` until first needed; `Some(None)` when there is no store.
+    store: Option<Option<Arc<BlobStore>>>,
+    uploads: HashMap<u64, Staged>,
+    staged: u64,
+    decoder: Decoder,
+    writer: Option<Writer>,
+}
+
+impl Default for Payloads {
+    /// The payloads of a session process, with the process's content cache ([`use_content_cache`]).
+    ///
+    /// [`use_content_cache`]: crate::images::use_content_cache
+    fn default() -> Self {
+        Self {
+            store: None,
+            uploads: HashMap::new(),
+            staged: 0,
+            decoder: Decoder::new(),
+            writer: None,
+        }
+    }
+}
+
+/// One announced payload being staged.
+#[derive(Debug)]
+struct Staged {
+    manifest: Manifest,
+    buf: Vec<u8>,
+    /// Per chunk: whether its bytes are in `buf`.
+    filled: Vec<bool>,
+    unfilled: usize,
+}
+
+impl Staged {
+    fn range(&self, index: usize) -> std::ops::Range<usize> {
+        let r = self.manifest.chunk_range(index);
+        r.start as usize..r.end as usize
+    }
+
+    /// Chunk `index` is in place: copies it to every unfilled repeat of it.
+    fn filled(&mut self, index: usize) {
+        if !self.filled[index] {
+            self.filled[index] = true;
+            self.unfilled -= 1;
+        }
+        let id = self.manifest.chunks()[index];
+        let from = self.range(index);
+        for j in 0..self.filled.len() {
+            if !self.filled[j] && self.manifest.chunks()[j] == id {
+                let to = self.range(j).start;
+                self.buf.copy_within(from.clone(), to);
+                self.filled[j] = true;
+                self.unfilled -= 1;
+            }
+        }
+    }
+}
+
+impl Payloads {
+    /// A session's payloads with `store` as the content cache (`None`: none; chunks are then sent
+    /// every time).
+    pub fn with_store(store: Option<Arc<BlobStore>>) -> Self {
+        Self {
+            store: Some(store),
+            ..Self::default()
+        }
+    }
+
+    fn store(&mut self) -> Option<Arc<BlobStore>> {
+        self.store.get_or_insert_with(content_cache).clone()
+    }
+
+    /// Stages the payload `manifest` (encoded) describes as `upload`, filled from what this peer holds;
+    /// returns the indices of the chunks to send (one per distinct missing chunk).
+    pub fn begin(&mut self, upload: u64, manifest: &[u8]) -> Result<Vec<u32>, CUresult> {
+        let manifest = Manifest::decode(manifest).map_err(|err| {
+            debug!(upload, %err, "refused an upload announcement");
+            CUresult::INVALID_VALUE
+        })?;
+        if manifest.len() > MAX_UPLOAD {
+            debug!(upload, len = manifest.len(), "refused an oversized upload");
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // A number reused replaces the unfinished upload it named.
+        self.forget(upload);
+        if self.staged + manifest.len() > MAX_STAGED {
+            debug!(
+                upload,
+                staged = self.staged,
+                "too much staged: the client copies this one the plain way"
+            );
+            return Err(CUresult::OUT_OF_MEMORY);
+        }
+        let chunks = manifest.chunks().len();
+        let mut staged = Staged {
+            buf: vec![0; manifest.len() as usize],
+            filled: vec![false; chunks],
+            unfilled: chunks,
+            manifest,
+        };
+        // Chunks received in this session and still on their way to the store.
+        if let Some(writer) = &self.writer {
+            let queued = writer.queued();
+            for index in 0..chunks {
+                if staged.filled[index] {
+                    continue;
+                }
+                if let Some(bytes) = queued.get(&staged.manifest.chunks()[index]) {
+                    let range = staged.range(index);
+                    if bytes.len() == range.len() {
+                        staged.buf[range].copy_from_slice(bytes);
+                        staged.filled(index);
+                    }
+                }
+            }
+        }
+        if staged.unfilled > 0
+            && let Some(store) = self.store()
+        {
+            let wanted: Vec<usize> = (0..chunks).filter(|&i| !staged.filled[i]).collect();
+            match store.read_chunks(&staged.manifest, &mut staged.buf, &wanted) {
+                Ok(found) => {
+                    for index in found {
+                        staged.filled(index);
+                    }
+                }
+                Err(err) => warn!(%err, "content cache read failed: the client sends the chunks"),
+            }
+        }
+        let mut missing = Vec::new();
+        let mut asked = std::collections::HashSet::new();
+        for (index, id) in staged.manifest.chunks().iter().enumerate() {
+            if !staged.filled[index] && asked.insert(*id) {
+                missing.push(index as u32);
+            }
+        }
+        debug!(
+            upload,
+            bytes = staged.buf.len(),
+            chunks,
+            missing = missing.len(),
+            "upload staged"
+        );
+        self.staged += staged.buf.len() as u64;
+        self.uploads.insert(upload, staged);
+        Ok(missing)
+    }
+
+    /// Decodes chunk `index` of `upload` from its wire form into place, checks it, and queues it for
+    /// the content cache.
+    pub fn chunk(&mut self, upload: u64, index: u32, wire: &[u8]) -> Result<(), CUresult> {
+        let staged = self
+            .uploads
+            .get_mut(&upload)
+            .ok_or(CUresult::INVALID_VALUE)?;
+        let index = index as usize;
+        if index >= staged.filled.len() {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        if staged.filled[index] {
+            return Ok(());
+        }
+        let id = staged.manifest.chunks()[index];
+        let range = staged.range(index);
+        if let Err(err) = self
+            .decoder
+            .decode_into(&id, wire, &mut staged.buf[range.clone()])
+        {
+            warn!(upload, index, %err, "refused a chunk that is not what the upload announced");
+            return Err(CUresult::INVALID_VALUE);
+        }
+        staged.filled(index);
+        let bytes: Arc<[u8]> = staged.buf[range].into();
+        if let Some(store) = self.store() {
+            self.writer
+                .get_or_insert_with(|| Writer::start(store))
+                .put(id, bytes);
+        }
+        Ok(())
+    }
+
+    /// The complete payload of `upload`, which is forgotten. Fails if chunks are still missing.
+    pub fn take(&mut self, upload: u64) -> Result<Vec<u8>, CUresult> {
+        let staged = self
+            .uploads
+            .remove(&upload)
+            .ok_or(CUresult::INVALID_VALUE)?;
+        self.staged -= staged.buf.len() as u64;
+        if staged.unfilled > 0 {
+            warn!(
+                upload,
+                missing = staged.unfilled,
+                "an upload was copied before all its chunks arrived"
+            );
+            return Err(CUresult::INVALID_VALUE);
+        }
+        Ok(staged.buf)
+    }
+
+    /// Drops every unfinished upload and waits (boundedly) until the queued chunks are in the content
+    /// cache, so that the client's next session finds them.
+    pub fn finish(&mut self) {
+        self.uploads.clear();
+        self.staged = 0;
+        if let Some(writer) = &self.writer {
+            writer.flush(FLUSH_TIMEOUT);
+        }
+    }
+
+    fn forget(&mut self, upload: u64) {
+        if let Some(old) = self.uploads.remove(&upload) {
+            self.staged -= old.buf.len() as u64;
+        }
+    }
+}
+
+/// The thread that writes received chunks to the content cache, off the session's executor (a commit
+/// costs a file write and an fsync).
+#[derive(Debug)]
+struct Writer {
+    jobs: Option<SyncSender<Job>>,
+    /// Chunks queued and not yet committed, by id.
+    queued: Arc<Mutex<HashMap<ContentId, Arc<[u8]>>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+enum Job {
+    Put(ContentId, Arc<[u8]>),
+    Flush(SyncSender<()>),
+}
+
+impl Writer {
+    fn start(store: Arc<BlobStore>) -> Self {
+        let (jobs, rx) = sync_channel(WRITE_QUEUE);
+        let queued = Arc::new(Mutex::new(HashMap::new()));
+        let thread = {
+            let queued = queued.clone();
+            std::thread::Builder::new()
+                .name("gleam-cache-writer".into())
+                .spawn(move || write_chunks(&store, &rx, &queued))
+                .inspect_err(|err| warn!(%err, "cannot start the content cache writer"))
+                .ok()
+        };
+        Self {
+            jobs: thread.is_some().then_some(jobs),
+            queued,
+            thread,
+        }
+    }
+
+    fn queued(&self) -> MutexGuard<'_, HashMap<ContentId, Arc<[u8]>>> {
+        lock(&self.queued)
+    }
+
+    fn put(&self, id: ContentId, bytes: Arc<[u8]>) {
+        let Some(jobs) = &self.jobs else { return };
+        self.queued().insert(id, bytes.clone());
+        if jobs.send(Job::Put(id, bytes)).is_err() {
+            self.queued().remove(&id);
+        }
+    }
+
+    fn flush(&self, timeout: Duration) {
+        let Some(jobs) = &self.jobs else { return };
+        let (done, wait) = sync_channel(1);
+        if jobs.send(Job::Flush(done)).is_ok() && wait.recv_timeout(timeout).is_err() {
+            warn!("the content cache writer did not finish in time");
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn write_chunks(
+    store: &BlobStore,
+    jobs: &Receiver<Job>,
+    queued: &Mutex<HashMap<ContentId, Arc<[u8]>>>,
+) {
+    while let Ok(job) = jobs.recv() {
+        match job {
+            Job::Put(id, bytes) => {
+                if let Err(err) = store.put_verified(id, &bytes) {
+                    warn!(%id, %err, "cannot keep a chunk in the content cache");
+                }
+                lock(queued).remove(&id);
+            }
+            Job::Flush(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gleam_cache::{Compression, Encoder};
+
+    fn data(len: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s as u8
+            })
+            .collect()
+    }
+
+    /// Sends what `payloads` asks for, as a client does; returns the chunks sent and the payload.
+    fn upload(payloads: &mut Payloads, id: u64, bytes: &[u8], chunk: u32) -> (Vec<u32>, Vec<u8>) {
+        let manifest = Manifest::with_chunk_size(bytes, chunk);
+        let missing = payloads.begin(id, &manifest.encode()).unwrap();
+        let mut encoder = Encoder::new(Compression::default());
+        for &index in &missing {
+            let r = manifest.chunk_range(index as usize);
+            let wire = encoder
+                .encode(&bytes[r.start as usize..r.end as usize])
+                .to_wire();
+            payloads.chunk(id, index, &wire).unwrap();
+        }
+        (missing, payloads.take(id).unwrap())
+    }
+
+    #[test]
+    fn a_second_upload_of_the_same_bytes_sends_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(BlobStore::open(dir.path(), 1 << 30).unwrap());
+        let bytes = data(10_000, 1);
+        let mut first = Payloads::with_store(Some(store.clone()));
+        let (sent, got) = upload(&mut first, 1, &bytes, 1024);
+        assert_eq!(sent.len(), 10);
+        assert_eq!(got, bytes);
+        // Within the session (the writes may still be queued) and in another session after them.
+        let (sent, got) = upload(&mut first, 2, &bytes, 1024);
+        assert!(sent.is_empty(), "{sent:?}");
+        assert_eq!(got, bytes);
+        first.finish();
+        let mut second = Payloads::with_store(Some(store));
+        let (sent, got) = upload(&mut second, 1, &bytes, 1024);
+        assert!(sent.is_empty());
+        assert_eq!(got, bytes);
+    }
+
+    #[test]
+    fn a_changed_chunk_is_the_only_one_sent_and_repeats_are_sent_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(BlobStore::open(dir.path(), 1 << 30).unwrap());
+        let mut payloads = Payloads::with_store(Some(store));
+        let mut bytes = data(8192, 2);
+        upload(&mut payloads, 1, &bytes, 1024);
+        bytes[5000] ^= 1;
+        let (sent, got) = upload(&mut payloads, 2, &bytes, 1024);
+        assert_eq!(sent, vec![4]);
+        assert_eq!(got, bytes);
+        // Eight equal chunks: one is asked for, the others filled from it.
+        let same = data(1024, 3).repeat(8);
+        let (sent, got) = upload(&mut payloads, 3, &same, 1024);
+        assert_eq!(sent, vec![0]);
+        assert_eq!(got, same);
+    }
+
+    #[test]
+    fn corrupt_or_foreign_chunks_are_refused_and_the_copy_fails() {
+        let mut payloads = Payloads::with_store(None);
+        let bytes = data(4096, 4);
+        let manifest = Manifest::with_chunk_size(&bytes, 1024);
+        assert_eq!(
+            payloads.begin(7, &manifest.encode()).unwrap(),
+            vec![0, 1, 2, 3]
+        );
+        let mut encoder = Encoder::new(Compression::OFF);
+        // Chunk 1's bytes sent as chunk 0.
+        let wrong = encoder.encode(&bytes[1024..2048]).to_wire();
+        assert_eq!(payloads.chunk(7, 0, &wrong), Err(CUresult::INVALID_VALUE));
+        assert_eq!(payloads.chunk(7, 9, &wrong), Err(CUresult::INVALID_VALUE));
+        assert_eq!(payloads.chunk(8, 0, &wrong), Err(CUresult::INVALID_VALUE));
+        assert_eq!(payloads.take(7), Err(CUresult::INVALID_VALUE));
+        assert_eq!(payloads.staged, 0);
+        assert_eq!(
+            payloads.begin(1, b"not a manifest"),
+            Err(CUresult::INVALID_VALUE)
+        );
+    }
+
+    #[test]
+    fn a_corrupt_blob_in_the_store_is_asked_for_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(BlobStore::open(dir.path(), 1 << 30).unwrap());
+        let bytes = data(4096, 5);
+        let mut first = Payloads::with_store(Some(store.clone()));
+        upload(&mut first, 1, &bytes, 1024);
+        first.finish();
+        // Flip a byte of chunk 2's file.
+        let id = ContentId::of(&bytes[2048..3072]).to_hex();
+        let path = dir.path().join("blobs").join(&id[..2]).join(&id);
+        let mut blob = std::fs::read(&path).unwrap();
+        blob[10] ^= 0xff;
+        std::fs::write(&path, blob).unwrap();
+        let mut second = Payloads::with_store(Some(store.clone()));
+        let (sent, got) = upload(&mut second, 1, &bytes, 1024);
+        assert_eq!(sent, vec![2]);
+        assert_eq!(got, bytes);
+        assert_eq!(store.stats().unwrap().corrupt, 1);
+    }
+
+    #[test]
+    fn staging_is_bounded() {
+        let mut payloads = Payloads::with_store(None);
+        let big = |len: u64| {
+            // A manifest of `len` bytes without the bytes: equal chunks of zeros.
+            let zero = ContentId::of(&vec![0u8; 8 << 20]);
+            let chunks = len.div_ceil(8 << 20) as usize;
+            let mut m = Vec::new();
+            m.extend_from_slice(b"GLMF");
+            m.extend_from_slice(&[1, 0, 0, 0]);
+            m.extend_from_slice(&len.to_le_bytes());
+            m.extend_from_slice(&(8u32 << 20).to_le_bytes());
+            m.extend_from_slice(&(chunks as u32).to_le_bytes());
+            for _ in 0..chunks {
+                m.extend_from_slice(zero.as_bytes());
+            }
+            m
+        };
+        assert_eq!(
+            payloads.begin(1, &big(MAX_UPLOAD + 1)),
+            Err(CUresult::INVALID_VALUE)
+        );
+        for upload in 0..(MAX_STAGED / MAX_UPLOAD) {
+            payloads.begin(upload, &big(MAX_UPLOAD)).unwrap();
+        }
+        assert_eq!(
+            payloads.begin(99, &big(MAX_UPLOAD)),
+            Err(CUresult::OUT_OF_MEMORY)
+        );
+        // Reusing a number frees what it held.
+        payloads.begin(0, &big(MAX_UPLOAD)).unwrap();
+        payloads.finish();
+        assert_eq!(payloads.staged, 0);
+    }
+}
