@@ -218,6 +218,12 @@ impl<B: Backend> Session<B> {
             });
         }
 
+        // A cached upload's copy that will not run must not keep its staging.
+        if let (Some(err), Call::UploadCopy { upload, .. }) = (self.pending, &req.call)
+            && (err.is_sticky() || req.expects_reply)
+        {
+            let _ = self.payloads.take(*upload);
+        }
         if let Some(err) = self.pending {
             if err.is_sticky() {
                 return Err(err);
