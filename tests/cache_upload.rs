@@ -50,7 +50,10 @@ impl Lab {
 
     /// Runs `upload MIB SEED MODE [KIND CHANGES...]`; returns its stdout and the bytes the session sent.
     fn upload(&self, args: &[&str], env: &[(&str, &str)]) -> (String, u64) {
-        let stats = self.dir.path().join(format!("stats-{}.json", rand_suffix()));
+        let stats = self
+            .dir
+            .path()
+            .join(format!("stats-{}.json", next_suffix()));
         let mut cmd = self.command(args, &stats);
         cmd.envs(env.iter().copied());
         let out = output_within(cmd, LIMIT);
@@ -77,7 +80,7 @@ fn checked(out: &Output, args: &[&str]) -> String {
     stdout
 }
 
-fn rand_suffix() -> u64 {
+fn next_suffix() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed)
@@ -85,7 +88,8 @@ fn rand_suffix() -> u64 {
 
 fn sent_bytes(stats: &Path) -> u64 {
     let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(stats).expect("GLEAM_STATS written")).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(stats).expect("GLEAM_STATS written"))
+            .unwrap();
     json["sent_bytes"].as_u64().expect("sent_bytes")
 }
 
@@ -189,7 +193,10 @@ fn an_evicted_chunk_is_sent_again() {
     assert!(stats.evicted >= 2, "{stats:?}");
     assert!(stats.bytes <= 20 * MIB, "{stats:?}");
     let (_, sent) = lab.upload(&[&size, "7", "sync"], &[]);
-    assert!(sent >= 16 * MIB, "evicted chunks must be sent again: {sent}");
+    assert!(
+        sent >= 16 * MIB,
+        "evicted chunks must be sent again: {sent}"
+    );
     assert_consistent(&lab.cache_dir());
 }
 
