@@ -219,7 +219,7 @@ pub(crate) fn upload(
         plain = tally.plain,
         hits = tally.hits,
         compressed = compress.load(Ordering::Relaxed),
-        mib_per_s = src.len() as f64 / (1 << 20) as f64 / secs,
+        mib_per_s = src.len() as f64 / 1_048_576.0 / secs,
         "upload by content done"
     );
     result
