@@ -943,6 +943,67 @@ mod tests {
     }
 
     #[test]
+    fn cached_uploads_are_bookkeeping_and_their_copy_the_cuda_call() {
+        let mut s = open(Recorder {
+            fail_memset: Some(CUresult::INVALID_VALUE),
+            ..Default::default()
+        });
+        s.handle_req(req(2, 0, false, memset(1)));
+        let data: Vec<u8> = (0..3000u32).map(|i| (i / 1024) as u8).collect();
+        let manifest = gleam_cache::Manifest::with_chunk_size(&data, 1024);
+        let mut seq = 2;
+        let mut upload = |s: &mut Session<Recorder>, id: u64| {
+            seq += 1;
+            let begin = Call::UploadBegin {
+                upload: id,
+                manifest: manifest.encode(),
+            };
+            // Bookkeeping neither reports nor clears the pending error.
+            let r = s.handle_req(req(seq, 0, true, begin)).unwrap();
+            assert_eq!(r.result, CUresult::SUCCESS);
+            let Reply::UploadWanted { missing } = r.reply else {
+                panic!("{:?}", r.reply)
+            };
+            assert_eq!(missing, [0, 1, 2]);
+            for index in missing {
+                seq += 1;
+                let r = manifest.chunk_range(index as usize);
+                let wire = gleam_cache::encode_chunk(
+                    &data[r.start as usize..r.end as usize],
+                    gleam_cache::Compression::default(),
+                )
+                .to_wire();
+                let chunk = Call::UploadChunk {
+                    upload: id,
+                    index,
+                    stream: None,
+                };
+                assert!(s.handle(req(seq, 0, false, chunk), &wire).is_none());
+            }
+            seq += 1;
+            let copy = Call::UploadCopy {
+                upload: id,
+                dst: 0x1000,
+                stream: None,
+            };
+            s.handle_req(req(seq, 0, true, copy)).unwrap().result
+        };
+        // The copy reports the earlier failure instead of running, and drops its staging.
+        assert_eq!(upload(&mut s, 1), CUresult::INVALID_VALUE);
+        assert!(!s.backend.log.iter().any(|l| l.starts_with("htod")));
+        assert_eq!(upload(&mut s, 2), CUresult::SUCCESS);
+        assert_eq!(s.backend.log.last().unwrap(), "htod 0x1000 3000");
+        // A copy of nothing staged is refused.
+        let copy = Call::UploadCopy {
+            upload: 1,
+            dst: 0x1000,
+            stream: None,
+        };
+        let r = s.handle_req(req(99, 0, true, copy)).unwrap();
+        assert_eq!(r.result, CUresult::INVALID_VALUE);
+    }
+
+    #[test]
     fn first_deferred_error_wins() {
         let mut s = open(Recorder {
             fail_memset: Some(CUresult::INVALID_VALUE),
