@@ -4,8 +4,10 @@
 //! stages it in a buffer of its length, fills every chunk it can (the peer's content cache, verified;
 //! a chunk already received in this session and not yet written there; a repeat of a chunk of the same
 //! payload) and says which chunks it lacks. The client sends those, encoded ([`Call::UploadChunk`]); each
-//! is decoded straight into the staging buffer, checked against its id, and handed to a writer thread
-//! that keeps it in the content cache. The copy ([`Call::UploadCopy`]) takes the complete buffer.
+//! is decoded straight into the staging buffer and checked against its id. The copy
+//! ([`Call::UploadCopy`]) takes the complete buffer, then hands it to a writer thread that keeps the
+//! chunks it received in the content cache, off the session's executor, and recycles the buffer: a
+//! received byte is copied once on this side (into staging), never for the cache.
 //!
 //! Staging is bounded ([`MAX_UPLOAD`] per payload, [`MAX_STAGED`] per session): past it an announcement
 //! is refused and the client copies the plain way. The cache is best effort: a store that cannot be
@@ -16,6 +18,7 @@
 //! [`Call::UploadCopy`]: gleam_protocol::wire::Call::UploadCopy
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -31,9 +34,11 @@ use crate::images::content_cache;
 pub const MAX_UPLOAD: u64 = 256 << 20;
 /// What one session may have staged at once.
 pub const MAX_STAGED: u64 = 1 << 30;
-/// Chunks waiting for the writer thread, at most (each up to a chunk's size): past it, staging waits
-/// for the disk.
-const WRITE_QUEUE: usize = 16;
+/// Staging buffers waiting for the writer thread, at most (each up to [`MAX_UPLOAD`]): past it, copies
+/// wait for the disk.
+const WRITE_QUEUE: usize = 4;
+/// Staging buffers kept for reuse (a fresh one costs a page fault per page as it fills).
+const POOL: usize = 4;
 /// How long the end of a session waits for the cache writes it queued.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -46,6 +51,8 @@ pub struct Payloads {
     staged: u64,
     decoder: Decoder,
     writer: Option<Writer>,
+    /// Staging buffers for reuse.
+    pool: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl Default for Payloads {
@@ -59,6 +66,7 @@ impl Default for Payloads {
             staged: 0,
             decoder: Decoder::new(),
             writer: None,
+            pool: Arc::default(),
         }
     }
 }
@@ -71,6 +79,8 @@ struct Staged {
     /// Per chunk: whether its bytes are in `buf`.
     filled: Vec<bool>,
     unfilled: usize,
+    /// The chunks decoded from the wire (for the content cache).
+    received: Vec<usize>,
 }
 
 impl Staged {
@@ -134,8 +144,20 @@ impl Payloads {
             return Err(CUresult::OUT_OF_MEMORY);
         }
         let chunks = manifest.chunks().len();
+        let len = manifest.len() as usize;
+        // A reused buffer of the same length needs no clearing (every chunk is written before use); a
+        // fresh one is zeroed lazily, by the kernel.
+        let buf = match lock(&self.pool).pop() {
+            Some(mut buf) => {
+                buf.truncate(len);
+                buf.resize(len, 0);
+                buf
+            }
+            None => vec![0; len],
+        };
         let mut staged = Staged {
-            buf: vec![0; manifest.len() as usize],
+            buf,
+            received: Vec::new(),
             filled: vec![false; chunks],
             unfilled: chunks,
             manifest,
@@ -147,10 +169,10 @@ impl Payloads {
                 if staged.filled[index] {
                     continue;
                 }
-                if let Some(bytes) = queued.get(&staged.manifest.chunks()[index]) {
+                if let Some((buf, from)) = queued.get(&staged.manifest.chunks()[index]) {
                     let range = staged.range(index);
-                    if bytes.len() == range.len() {
-                        staged.buf[range].copy_from_slice(bytes);
+                    if from.len() == range.len() {
+                        staged.buf[range].copy_from_slice(&buf[from.clone()]);
                         staged.filled(index);
                     }
                 }
@@ -204,25 +226,23 @@ impl Payloads {
         }
         let id = staged.manifest.chunks()[index];
         let range = staged.range(index);
-        if let Err(err) = self
-            .decoder
-            .decode_into(&id, wire, &mut staged.buf[range.clone()])
-        {
+        if let Err(err) = self.decoder.decode_into(&id, wire, &mut staged.buf[range]) {
             warn!(upload, index, %err, "refused a chunk that is not what the upload announced");
             return Err(CUresult::INVALID_VALUE);
         }
         staged.filled(index);
-        let bytes: Arc<[u8]> = staged.buf[range].into();
-        if let Some(store) = self.store() {
-            self.writer
-                .get_or_insert_with(|| Writer::start(store))
-                .put(id, bytes);
-        }
+        staged.received.push(index);
         Ok(())
     }
 
-    /// The complete payload of `upload`, which is forgotten. Fails if chunks are still missing.
-    pub fn take(&mut self, upload: u64) -> Result<Vec<u8>, CUresult> {
+    /// Hands the complete payload of `upload` to `copy` (which copies it to the device), then forgets
+    /// the upload and keeps the chunks it received in the content cache. Fails without calling `copy`
+    /// if the upload is unknown or chunks are still missing.
+    pub fn copy(
+        &mut self,
+        upload: u64,
+        copy: impl FnOnce(&[u8]) -> Result<(), CUresult>,
+    ) -> Result<(), CUresult> {
         let staged = self
             .uploads
             .remove(&upload)
@@ -234,9 +254,40 @@ impl Payloads {
                 missing = staged.unfilled,
                 "an upload was copied before all its chunks arrived"
             );
+            self.recycle(staged.buf);
             return Err(CUresult::INVALID_VALUE);
         }
-        Ok(staged.buf)
+        let copied = copy(&staged.buf);
+        let received: Vec<(ContentId, Range<usize>)> = staged
+            .received
+            .iter()
+            .map(|&i| (staged.manifest.chunks()[i], staged.range(i)))
+            .collect();
+        match self.store() {
+            Some(store) if !received.is_empty() => {
+                let pool = self.pool.clone();
+                self.writer
+                    .get_or_insert_with(|| Writer::start(store, pool))
+                    .put(staged.buf, received);
+            }
+            _ => self.recycle(staged.buf),
+        }
+        copied
+    }
+
+    /// Forgets `upload` without copying it (its copy will not run).
+    pub fn discard(&mut self, upload: u64) {
+        if let Some(old) = self.uploads.remove(&upload) {
+            self.staged -= old.buf.len() as u64;
+            self.recycle(old.buf);
+        }
+    }
+
+    fn recycle(&self, buf: Vec<u8>) {
+        let mut pool = lock(&self.pool);
+        if pool.len() < POOL {
+            pool.push(buf);
+        }
     }
 
     /// Drops every unfinished upload and waits (boundedly) until the queued chunks are in the content
@@ -250,36 +301,37 @@ impl Payloads {
     }
 
     fn forget(&mut self, upload: u64) {
-        if let Some(old) = self.uploads.remove(&upload) {
-            self.staged -= old.buf.len() as u64;
-        }
+        self.discard(upload);
     }
 }
 
 /// The thread that writes received chunks to the content cache, off the session's executor (a commit
-/// costs a file write and an fsync).
+/// costs a file write and an fsync), then returns their staging buffers to the pool.
 #[derive(Debug)]
 struct Writer {
     jobs: Option<SyncSender<Job>>,
-    /// Chunks queued and not yet committed, by id.
-    queued: Arc<Mutex<HashMap<ContentId, Arc<[u8]>>>>,
+    /// Chunks queued and not yet committed, by id: where they are.
+    queued: Arc<Mutex<Queued>>,
     thread: Option<JoinHandle<()>>,
 }
 
+type Queued = HashMap<ContentId, (Arc<Vec<u8>>, Range<usize>)>;
+
 enum Job {
-    Put(ContentId, Arc<[u8]>),
+    /// Store these chunks of this buffer.
+    Put(Arc<Vec<u8>>, Vec<(ContentId, Range<usize>)>),
     Flush(SyncSender<()>),
 }
 
 impl Writer {
-    fn start(store: Arc<BlobStore>) -> Self {
+    fn start(store: Arc<BlobStore>, pool: Arc<Mutex<Vec<Vec<u8>>>>) -> Self {
         let (jobs, rx) = sync_channel(WRITE_QUEUE);
         let queued = Arc::new(Mutex::new(HashMap::new()));
         let thread = {
             let queued = queued.clone();
             std::thread::Builder::new()
                 .name("gleam-cache-writer".into())
-                .spawn(move || write_chunks(&store, &rx, &queued))
+                .spawn(move || write_chunks(&store, &rx, &queued, &pool))
                 .inspect_err(|err| warn!(%err, "cannot start the content cache writer"))
                 .ok()
         };
@@ -290,15 +342,26 @@ impl Writer {
         }
     }
 
-    fn queued(&self) -> MutexGuard<'_, HashMap<ContentId, Arc<[u8]>>> {
+    fn queued(&self) -> MutexGuard<'_, Queued> {
         lock(&self.queued)
     }
 
-    fn put(&self, id: ContentId, bytes: Arc<[u8]>) {
+    fn put(&self, buf: Vec<u8>, chunks: Vec<(ContentId, Range<usize>)>) {
         let Some(jobs) = &self.jobs else { return };
-        self.queued().insert(id, bytes.clone());
-        if jobs.send(Job::Put(id, bytes)).is_err() {
-            self.queued().remove(&id);
+        let buf = Arc::new(buf);
+        {
+            let mut queued = self.queued();
+            for (id, range) in &chunks {
+                queued.insert(*id, (buf.clone(), range.clone()));
+            }
+        }
+        if let Err(err) = jobs.send(Job::Put(buf, chunks))
+            && let Job::Put(_, chunks) = err.0
+        {
+            let mut queued = self.queued();
+            for (id, _) in chunks {
+                queued.remove(&id);
+            }
         }
     }
 
@@ -323,15 +386,31 @@ impl Drop for Writer {
 fn write_chunks(
     store: &BlobStore,
     jobs: &Receiver<Job>,
-    queued: &Mutex<HashMap<ContentId, Arc<[u8]>>>,
+    queued: &Mutex<Queued>,
+    pool: &Mutex<Vec<Vec<u8>>>,
 ) {
     while let Ok(job) = jobs.recv() {
         match job {
-            Job::Put(id, bytes) => {
-                if let Err(err) = store.put_verified(id, &bytes) {
-                    warn!(%id, %err, "cannot keep a chunk in the content cache");
+            Job::Put(buf, chunks) => {
+                for (id, range) in chunks {
+                    if let Err(err) = store.put_verified(id, &buf[range]) {
+                        warn!(%id, %err, "cannot keep a chunk in the content cache");
+                    }
+                    let mut queued = lock(queued);
+                    // Unless a later upload queued the same chunk again.
+                    if queued
+                        .get(&id)
+                        .is_some_and(|(theirs, _)| Arc::ptr_eq(theirs, &buf))
+                    {
+                        queued.remove(&id);
+                    }
                 }
-                lock(queued).remove(&id);
+                if let Ok(buf) = Arc::try_unwrap(buf) {
+                    let mut pool = lock(pool);
+                    if pool.len() < POOL {
+                        pool.push(buf);
+                    }
+                }
             }
             Job::Flush(done) => {
                 let _ = done.send(());
@@ -373,7 +452,14 @@ mod tests {
                 .to_wire();
             payloads.chunk(id, index, &wire).unwrap();
         }
-        (missing, payloads.take(id).unwrap())
+        let mut got = Vec::new();
+        payloads
+            .copy(id, |bytes| {
+                got = bytes.to_vec();
+                Ok(())
+            })
+            .unwrap();
+        (missing, got)
     }
 
     #[test]
@@ -429,7 +515,10 @@ mod tests {
         assert_eq!(payloads.chunk(7, 0, &wrong), Err(CUresult::INVALID_VALUE));
         assert_eq!(payloads.chunk(7, 9, &wrong), Err(CUresult::INVALID_VALUE));
         assert_eq!(payloads.chunk(8, 0, &wrong), Err(CUresult::INVALID_VALUE));
-        assert_eq!(payloads.take(7), Err(CUresult::INVALID_VALUE));
+        assert_eq!(
+            payloads.copy(7, |_| panic!("an incomplete upload was copied")),
+            Err(CUresult::INVALID_VALUE)
+        );
         assert_eq!(payloads.staged, 0);
         assert_eq!(
             payloads.begin(1, b"not a manifest"),

@@ -222,7 +222,7 @@ impl<B: Backend> Session<B> {
         if let (Some(err), Call::UploadCopy { upload, .. }) = (self.pending, &req.call)
             && (err.is_sticky() || req.expects_reply)
         {
-            let _ = self.payloads.take(*upload);
+            self.payloads.discard(*upload);
         }
         if let Some(err) = self.pending {
             if err.is_sticky() {
@@ -494,10 +494,14 @@ impl<B: Backend> Session<B> {
                 let checked = self
                     .check_stream(stream)
                     .and_then(|()| self.not_capturing(stream));
-                // Taken whatever happens: a refused copy must not keep its staging.
-                let payload = self.payloads.take(upload);
-                checked?;
-                self.backend.memcpy_htod(dst, &payload?, stream)?;
+                if let Err(err) = checked {
+                    // A refused copy must not keep its staging.
+                    self.payloads.discard(upload);
+                    return Err(err);
+                }
+                let backend = &mut self.backend;
+                self.payloads
+                    .copy(upload, |bytes| backend.memcpy_htod(dst, bytes, stream))?;
                 Reply::Empty
             }
             // Handled before dispatch.
