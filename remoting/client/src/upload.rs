@@ -159,6 +159,20 @@ enum Item<'a> {
     Failed(ClientError),
 }
 
+/// Where the producer's time went (microseconds), for the upload's log line.
+#[derive(Default)]
+struct Timing {
+    hash: AtomicU64,
+    announce: AtomicU64,
+    encode: AtomicU64,
+}
+
+impl Timing {
+    fn add(counter: &AtomicU64, since: Instant) {
+        counter.fetch_add(since.elapsed().as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
 /// Numbers uploads (unique per process, so per session).
 static NEXT_UPLOAD: AtomicU64 = AtomicU64::new(1);
 
@@ -174,6 +188,7 @@ pub(crate) fn upload(
 ) -> Result<CUresult, ClientError> {
     let started = Instant::now();
     let compress = AtomicBool::new(policy.compress != Compress::Off);
+    let timing = Timing::default();
     let shared = &client.shared;
     let mut progress = Progress::new(src.len() as u64, client.peer_addr.to_string());
     let mut tally = Tally::default();
@@ -181,7 +196,7 @@ pub(crate) fn upload(
         let (tx, rx) = sync_channel(LOOKAHEAD);
         let producer = std::thread::Builder::new()
             .name("gleam-upload".into())
-            .spawn_scoped(scope, || produce(shared, ctx, src, &compress, tx));
+            .spawn_scoped(scope, || produce(shared, ctx, src, &compress, &timing, tx));
         let producer = match producer {
             Ok(producer) => producer,
             // No thread to spare: the plain copy needs none.
@@ -210,6 +225,9 @@ pub(crate) fn upload(
         result
     });
     progress.finish();
+    // Announcing waited for a reply (on the producer thread), whatever the copy's own form: for `gleam
+    // trace`.
+    crate::sent::note(true);
     let secs = started.elapsed().as_secs_f64();
     debug!(
         bytes = src.len(),
@@ -219,6 +237,11 @@ pub(crate) fn upload(
         plain = tally.plain,
         hits = tally.hits,
         compressed = compress.load(Ordering::Relaxed),
+        hash_ms = timing.hash.load(Ordering::Relaxed) / 1000,
+        announce_ms = timing.announce.load(Ordering::Relaxed) / 1000,
+        encode_ms = timing.encode.load(Ordering::Relaxed) / 1000,
+        starved_ms = tally.starved.as_millis() as u64,
+        sending_ms = tally.sending.as_millis() as u64,
         mib_per_s = src.len() as f64 / 1_048_576.0 / secs,
         "upload by content done"
     );
@@ -239,6 +262,10 @@ struct Tally {
     wire: usize,
     plain: usize,
     hits: usize,
+    /// Time the calling thread waited for the producer.
+    starved: Duration,
+    /// Time it spent handing chunks to the network (waiting for room included).
+    sending: Duration,
 }
 
 /// The producer: per segment, hash, announce, then encode the chunks the server lacks.
@@ -247,12 +274,16 @@ fn produce<'a>(
     ctx: u64,
     src: &'a [u8],
     compress: &AtomicBool,
+    timing: &Timing,
     tx: SyncSender<Item<'a>>,
 ) {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     for (k, segment) in src.chunks(SEGMENT).enumerate() {
         let offset = k * SEGMENT;
+        let started = Instant::now();
         let manifest = Manifest::of(segment);
+        Timing::add(&timing.hash, started);
+        let started = Instant::now();
         let upload = NEXT_UPLOAD.fetch_add(1, Ordering::Relaxed);
         let call = Call::UploadBegin {
             upload,
@@ -263,6 +294,7 @@ fn produce<'a>(
                 .ok_or_else(|| ClientError::Protocol("an announcement has no waiter".into()))?
                 .wait()
         });
+        Timing::add(&timing.announce, started);
         let missing = match answer {
             Err(err) => {
                 let _ = tx.send(Item::Failed(err));
@@ -309,9 +341,11 @@ fn produce<'a>(
             } else {
                 Compression::OFF
             };
+            let started = Instant::now();
             let encoded = gleam_cache::parallel::map(batch.to_vec(), |i| {
                 (i, Encoder::new(policy).encode(chunk(i)))
             });
+            Timing::add(&timing.encode, started);
             for (index, encoded) in encoded {
                 let item = Item::Chunk {
                     upload,
@@ -357,6 +391,7 @@ fn consume(
                 "the upload thread ended early".into(),
             ));
         };
+        tally.starved += waiting.elapsed();
         match item {
             Item::Chunk {
                 upload,
@@ -380,9 +415,11 @@ fn consume(
                     stream,
                 };
                 crate::sent::note(false);
+                let sending = Instant::now();
                 client
                     .shared
                     .submit(ctx, call, &[&header, &encoded.body], false)?;
+                tally.sending += sending.elapsed();
                 tally.chunks += 1;
                 tally.raw += encoded.header.raw_len as usize;
                 tally.wire += encoded.wire_len();

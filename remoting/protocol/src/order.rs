@@ -77,8 +77,13 @@ impl Call {
         match self {
             Call::Api(call) => api_ordering(call),
             Call::MemcpyHtoD { stream, .. } => on(*stream),
-            // A cached upload's chunks travel on its copy's lane, ahead of the copy.
-            Call::UploadChunk { stream, .. } | Call::UploadCopy { stream, .. } => on(*stream),
+            // A cached upload's chunks travel ahead of its copy: on the copy's stream's lane, or (for a
+            // synchronous copy) on a lane of their own, which the copy, a barrier, runs after.
+            Call::UploadChunk { stream, .. } => Ordering {
+                stream: Some(stream.unwrap_or(crate::wire::SYNC_UPLOAD_STREAM)),
+                ..Ordering::default()
+            },
+            Call::UploadCopy { stream, .. } => on(*stream),
             // Reading to the host blocks the session until the stream's work is done, which may need an
             // earlier request of another lane (a stream write releasing a wait): it runs after all of them.
             Call::MemcpyDtoH { stream, .. } => Ordering {

@@ -21,6 +21,10 @@ use crate::types::CUresult;
 pub const PROTOCOL_VERSION: u32 = 6;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
+/// The stream whose lane carries a synchronous cached upload's chunks ([`Call::UploadChunk`] with
+/// `stream: None`): a handle no driver gives out. Not on the control lane, where a segment's bulk bytes
+/// would hold back the announcement of the next one ([`Call::UploadBegin`]).
+pub const SYNC_UPLOAD_STREAM: u64 = u64::MAX;
 
 /// The first exchange, on the serving peer's own connection (the address discovery and `gleam run` dial):
 /// the client asks for a session; the peer starts the session's process, which listens on an endpoint of
@@ -190,7 +194,8 @@ pub enum Call {
     },
     /// One chunk the server asked for: the frame's bulk bytes are the chunk's encoded form
     /// (`gleam_cache::Encoded`: codec header, then body), checked against its id before it is staged and
-    /// kept in the content cache. Fire-and-forget bookkeeping, travelling on the copy's lane.
+    /// kept in the content cache. Fire-and-forget bookkeeping, travelling on the copy's stream's lane
+    /// ([`SYNC_UPLOAD_STREAM`]'s for a synchronous copy), ahead of the copy.
     UploadChunk {
         /// The upload it belongs to.
         upload: u64,
