@@ -1,14 +1,16 @@
 //! Host-to-device copies by content: a large payload is announced by its chunks' BLAKE3 ids, and only the
 //! chunks the serving peer lacks cross the network, compressed where that pays.
 //!
-//! A copy of at least [`Policy::threshold`] bytes is cut into segments of [`SEGMENT`] bytes (a bounded
-//! staging buffer on the server each, and a pipeline here). Per segment:
+//! A copy of at least [`Policy::threshold`] bytes is cut into segments of up to [`SEGMENT`] bytes (a
+//! bounded staging buffer on the server each, and a pipeline here; the first ones are smaller, so that
+//! the first bytes leave after hashing one chunk, not a whole segment). Per segment:
 //!
 //! 1. its [`Manifest`] is computed (BLAKE3 on every core) and announced ([`Call::UploadBegin`]); the server
 //!    fills what it holds and answers which chunks it lacks ([`Reply::UploadWanted`]): one round trip;
 //! 2. those chunks are encoded ([`Encoder`]: zstd where it pays, chunk by chunk, on every core) and sent
-//!    ([`Call::UploadChunk`], fire-and-forget, on the copy's lane);
-//! 3. the copy itself follows on the same lane ([`Call::UploadCopy`]), waited for only as the plain copy is
+//!    ([`Call::UploadChunk`], fire-and-forget, on the copy's stream's lane; a synchronous copy's on a lane
+//!    of their own, off the control lane that carries the announcements);
+//! 3. the copy itself follows ([`Call::UploadCopy`]), waited for only as the plain copy is
 //!    (the last piece of a synchronous copy, or every call in blocking mode).
 //!
 //! A producer thread hashes, announces and encodes ahead while the calling thread hands chunks to the
@@ -248,6 +250,21 @@ pub(crate) fn upload(
     result
 }
 
+/// Where the segments of a `len`-byte copy lie: one chunk, then twice as much each time up to
+/// [`SEGMENT`] (boundaries on chunk boundaries, so chunk ids do not depend on the cut).
+fn segments(len: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut size = CHUNK_SIZE as usize;
+    let mut at = 0;
+    while at < len {
+        let end = (at + size).min(len);
+        out.push(at..end);
+        at = end;
+        size = (size * 2).min(SEGMENT);
+    }
+    out
+}
+
 /// What the calling thread tells the producer.
 struct Feedback<'a> {
     compress: &'a AtomicBool,
@@ -278,8 +295,9 @@ fn produce<'a>(
     tx: SyncSender<Item<'a>>,
 ) {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    for (k, segment) in src.chunks(SEGMENT).enumerate() {
-        let offset = k * SEGMENT;
+    for range in segments(src.len()) {
+        let offset = range.start;
+        let segment = &src[range];
         let started = Instant::now();
         let manifest = Manifest::of(segment);
         Timing::add(&timing.hash, started);
@@ -548,5 +566,14 @@ mod tests {
     #[test]
     fn segments_hold_whole_chunks() {
         assert_eq!(SEGMENT % CHUNK_SIZE as usize, 0);
+        let chunk = CHUNK_SIZE as usize;
+        let cut = segments(200 * chunk + 5);
+        assert_eq!(cut[0], 0..chunk);
+        assert_eq!(cut[1], chunk..3 * chunk);
+        assert_eq!(cut[4].len(), SEGMENT);
+        assert_eq!(cut.last().unwrap().end, 200 * chunk + 5);
+        assert!(cut.windows(2).all(|w| w[0].end == w[1].start));
+        assert!(cut.iter().all(|r| r.start % chunk == 0 && r.len() <= SEGMENT));
+        assert_eq!(segments(100), [0..100]);
     }
 }
