@@ -285,7 +285,79 @@ struct Tally {
     sending: Duration,
 }
 
-/// The producer: per segment, hash, announce, then encode the chunks the server lacks.
+/// A segment announced, its answer not yet read.
+struct Announced<'a> {
+    offset: usize,
+    segment: &'a [u8],
+    manifest: Manifest,
+    upload: u64,
+}
+
+/// What the server answered to an announcement.
+enum Answered {
+    /// Send these chunks.
+    Missing(Vec<u32>),
+    /// It would not stage the segment: copy it the plain way.
+    Plain,
+}
+
+/// Hashes a segment and announces it, without waiting for the answer.
+fn announce<'a>(
+    shared: &std::sync::Arc<Shared>,
+    ctx: u64,
+    offset: usize,
+    segment: &'a [u8],
+    timing: &Timing,
+) -> Result<(Announced<'a>, crate::Pending), ClientError> {
+    let started = Instant::now();
+    let manifest = Manifest::of(segment);
+    Timing::add(&timing.hash, started);
+    let upload = NEXT_UPLOAD.fetch_add(1, Ordering::Relaxed);
+    let call = Call::UploadBegin {
+        upload,
+        manifest: manifest.encode(),
+    };
+    let pending = shared
+        .submit(ctx, call, &[], true)?
+        .ok_or_else(|| ClientError::Protocol("an announcement has no waiter".into()))?;
+    let announced = Announced {
+        offset,
+        segment,
+        manifest,
+        upload,
+    };
+    Ok((announced, pending))
+}
+
+impl Announced<'_> {
+    fn answer(&self, pending: crate::Pending, timing: &Timing) -> Result<Answered, ClientError> {
+        let started = Instant::now();
+        let answer = pending.wait();
+        Timing::add(&timing.announce, started);
+        let answer = answer?;
+        if !answer.result.is_success() {
+            debug!(upload = self.upload, result = %answer.result, "segment not staged: plain copy");
+            return Ok(Answered::Plain);
+        }
+        match answer.reply {
+            Reply::UploadWanted { missing }
+                if missing
+                    .iter()
+                    .all(|&i| (i as usize) < self.manifest.chunks().len()) =>
+            {
+                Ok(Answered::Missing(missing))
+            }
+            other => Err(ClientError::Protocol(format!(
+                "expected the chunks an upload lacks, got {other:?}"
+            ))),
+        }
+    }
+}
+
+/// The producer: per segment, hash and announce it, then encode the chunks the server lacks. The next
+/// segment is announced while this one's first chunks are on their way, ahead of this one's copy: a
+/// synchronous copy's segment copies are barriers, and an announcement behind one would wait for the
+/// whole segment to arrive.
 fn produce<'a>(
     shared: &std::sync::Arc<Shared>,
     ctx: u64,
@@ -294,65 +366,48 @@ fn produce<'a>(
     timing: &Timing,
     tx: SyncSender<Item<'a>>,
 ) {
+    let failed = |err| {
+        let _ = tx.send(Item::Failed(err));
+    };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    for range in segments(src.len()) {
-        let offset = range.start;
-        let segment = &src[range];
-        let started = Instant::now();
-        let manifest = Manifest::of(segment);
-        Timing::add(&timing.hash, started);
-        let started = Instant::now();
-        let upload = NEXT_UPLOAD.fetch_add(1, Ordering::Relaxed);
-        let call = Call::UploadBegin {
-            upload,
-            manifest: manifest.encode(),
-        };
-        let answer = shared.submit(ctx, call, &[], true).and_then(|pending| {
-            pending
-                .ok_or_else(|| ClientError::Protocol("an announcement has no waiter".into()))?
-                .wait()
-        });
-        Timing::add(&timing.announce, started);
-        let missing = match answer {
-            Err(err) => {
-                let _ = tx.send(Item::Failed(err));
-                return;
-            }
-            Ok(answer) if !answer.result.is_success() => {
-                debug!(upload, result = %answer.result, "segment not staged: plain copy");
-                if tx
-                    .send(Item::Plain {
-                        offset,
-                        bytes: segment,
-                    })
-                    .is_err()
-                {
+    let mut ranges = segments(src.len()).into_iter();
+    let mut announce_next = || {
+        ranges
+            .next()
+            .map(|r| announce(shared, ctx, r.start, &src[r], timing))
+            .transpose()
+    };
+    let mut next = match announce_next() {
+        Ok(next) => next,
+        Err(err) => return failed(err),
+    };
+    while let Some((this, pending)) = next.take() {
+        let missing = match this.answer(pending, timing) {
+            Ok(Answered::Missing(missing)) => missing,
+            Ok(Answered::Plain) => {
+                next = match announce_next() {
+                    Ok(next) => next,
+                    Err(err) => return failed(err),
+                };
+                let item = Item::Plain {
+                    offset: this.offset,
+                    bytes: this.segment,
+                };
+                if tx.send(item).is_err() {
                     return;
                 }
                 continue;
             }
-            Ok(answer) => match answer.reply {
-                Reply::UploadWanted { missing }
-                    if missing
-                        .iter()
-                        .all(|&i| (i as usize) < manifest.chunks().len()) =>
-                {
-                    missing
-                }
-                other => {
-                    let _ = tx.send(Item::Failed(ClientError::Protocol(format!(
-                        "expected the chunks an upload lacks, got {other:?}"
-                    ))));
-                    return;
-                }
-            },
+            Err(err) => return failed(err),
         };
+        let (manifest, segment, upload) = (&this.manifest, this.segment, this.upload);
         let chunk = |i: u32| {
             let r = manifest.chunk_range(i as usize);
             &segment[r.start as usize..r.end as usize]
         };
         let sent: usize = missing.iter().map(|&i| chunk(i).len()).sum();
         let mut follows = false;
+        let mut announced = false;
         for batch in missing.chunks(cores) {
             let policy = if compress.load(Ordering::Relaxed) {
                 Compression::default()
@@ -376,10 +431,23 @@ fn produce<'a>(
                     return;
                 }
             }
+            if !announced {
+                announced = true;
+                next = match announce_next() {
+                    Ok(next) => next,
+                    Err(err) => return failed(err),
+                };
+            }
+        }
+        if !announced {
+            next = match announce_next() {
+                Ok(next) => next,
+                Err(err) => return failed(err),
+            };
         }
         let item = Item::Copy {
             upload,
-            offset,
+            offset: this.offset,
             len: segment.len(),
             hits: segment.len() - sent,
         };
@@ -573,7 +641,11 @@ mod tests {
         assert_eq!(cut[4].len(), SEGMENT);
         assert_eq!(cut.last().unwrap().end, 200 * chunk + 5);
         assert!(cut.windows(2).all(|w| w[0].end == w[1].start));
-        assert!(cut.iter().all(|r| r.start % chunk == 0 && r.len() <= SEGMENT));
-        assert_eq!(segments(100), [0..100]);
+        assert!(
+            cut.iter()
+                .all(|r| r.start % chunk == 0 && r.len() <= SEGMENT)
+        );
+        assert_eq!(segments(100).len(), 1);
+        assert_eq!(segments(100)[0], 0..100);
     }
 }
