@@ -523,6 +523,7 @@ fn consume(
                     upload,
                     dst: dst + offset as u64,
                     stream,
+                    continues: offset > 0,
                 };
                 tally.hits += hits;
                 progress.advance(hits as u64);

@@ -26,6 +26,12 @@ pub const COPY_CHUNK: usize = 4 << 20;
 /// would hold back the announcement of the next one ([`Call::UploadBegin`]).
 pub const SYNC_UPLOAD_STREAM: u64 = u64::MAX;
 
+/// The pseudo event an upload's chunks record and its copy waits for ([`crate::order::Ordering`]): a
+/// handle no driver gives out (the top bit set), one per upload.
+pub fn upload_event(upload: u64) -> u64 {
+    upload | (1 << 63)
+}
+
 /// The first exchange, on the serving peer's own connection (the address discovery and `gleam run` dial):
 /// the client asks for a session; the peer starts the session's process, which listens on an endpoint of
 /// its own, and says where. The client then connects there directly (no relay in the data path) and keeps
@@ -213,6 +219,10 @@ pub enum Call {
         dst: u64,
         /// `None` for the synchronous copy, else the stream handle.
         stream: Option<u64>,
+        /// A later segment of a synchronous copy whose first segment went before: ordered after that
+        /// one (the control lane's order) and its own chunks, not after everything earlier (a barrier
+        /// would hold the next segment's announcement behind this segment's bytes).
+        continues: bool,
     },
     /// Orderly end of the session: the server frees everything and replies [`Reply::Empty`].
     Goodbye,

@@ -490,6 +490,7 @@ impl<B: Backend> Session<B> {
                 upload,
                 dst,
                 stream,
+                ..
             } => {
                 let checked = self
                     .check_stream(stream)
@@ -989,6 +990,7 @@ mod tests {
                 upload: id,
                 dst: 0x1000,
                 stream: None,
+                continues: false,
             };
             s.handle_req(req(seq, 0, true, copy)).unwrap().result
         };
@@ -1002,6 +1004,7 @@ mod tests {
             upload: 1,
             dst: 0x1000,
             stream: None,
+            continues: false,
         };
         let r = s.handle_req(req(99, 0, true, copy)).unwrap();
         assert_eq!(r.result, CUresult::INVALID_VALUE);
