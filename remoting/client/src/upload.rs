@@ -40,6 +40,9 @@ use crate::{Client, ClientError, Shared};
 pub const SEGMENT: usize = 64 << 20;
 /// Copies from this size on go by content unless `GLEAM_CACHE_THRESHOLD` says otherwise.
 pub const DEFAULT_THRESHOLD: usize = 1 << 20;
+/// Segments announced ahead of the one being sent: an announcement is answered only once the server
+/// has worked through what was sent before it (up to a lane's queue, 64 MiB), so it must leave early.
+const ANNOUNCE_AHEAD: usize = 2;
 /// Encoded chunks (and segment ends) the producer may have ready ahead of the network.
 const LOOKAHEAD: usize = 4;
 /// An upload shows its progress once it has taken this long.
@@ -355,9 +358,7 @@ impl Announced<'_> {
 }
 
 /// The producer: per segment, hash and announce it, then encode the chunks the server lacks. The next
-/// segment is announced while this one's first chunks are on their way, ahead of this one's copy: a
-/// synchronous copy's segment copies are barriers, and an announcement behind one would wait for the
-/// whole segment to arrive.
+/// [`ANNOUNCE_AHEAD`] segments are announced before this one's chunks leave.
 fn produce<'a>(
     shared: &std::sync::Arc<Shared>,
     ctx: u64,
@@ -371,24 +372,28 @@ fn produce<'a>(
     };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let mut ranges = segments(src.len()).into_iter();
-    let mut announce_next = || {
-        ranges
-            .next()
-            .map(|r| announce(shared, ctx, r.start, &src[r], timing))
-            .transpose()
+    let mut announced = std::collections::VecDeque::new();
+    // Keeps `ANNOUNCE_AHEAD` segments announced beyond the one being sent.
+    let mut top_up = |announced: &mut std::collections::VecDeque<_>, ahead: usize| {
+        while announced.len() < ahead {
+            let Some(r) = ranges.next() else {
+                return Ok(());
+            };
+            announced.push_back(announce(shared, ctx, r.start, &src[r], timing)?);
+        }
+        Ok::<(), ClientError>(())
     };
-    let mut next = match announce_next() {
-        Ok(next) => next,
-        Err(err) => return failed(err),
-    };
-    while let Some((this, pending)) = next.take() {
-        let missing = match this.answer(pending, timing) {
+    if let Err(err) = top_up(&mut announced, 1) {
+        return failed(err);
+    }
+    while let Some((this, pending)) = announced.pop_front() {
+        let answered = this.answer(pending, timing);
+        if let Err(err) = top_up(&mut announced, ANNOUNCE_AHEAD) {
+            return failed(err);
+        }
+        let missing = match answered {
             Ok(Answered::Missing(missing)) => missing,
             Ok(Answered::Plain) => {
-                next = match announce_next() {
-                    Ok(next) => next,
-                    Err(err) => return failed(err),
-                };
                 let item = Item::Plain {
                     offset: this.offset,
                     bytes: this.segment,
@@ -407,7 +412,6 @@ fn produce<'a>(
         };
         let sent: usize = missing.iter().map(|&i| chunk(i).len()).sum();
         let mut follows = false;
-        let mut announced = false;
         for batch in missing.chunks(cores) {
             let policy = if compress.load(Ordering::Relaxed) {
                 Compression::default()
@@ -431,19 +435,6 @@ fn produce<'a>(
                     return;
                 }
             }
-            if !announced {
-                announced = true;
-                next = match announce_next() {
-                    Ok(next) => next,
-                    Err(err) => return failed(err),
-                };
-            }
-        }
-        if !announced {
-            next = match announce_next() {
-                Ok(next) => next,
-                Err(err) => return failed(err),
-            };
         }
         let item = Item::Copy {
             upload,
