@@ -83,6 +83,8 @@ struct Staged {
     received: Vec<usize>,
     /// The chunks received raw and not yet checked against their ids.
     unverified: Vec<usize>,
+    /// Where each chunk that occurs more than once occurs.
+    repeats: HashMap<ContentId, Vec<usize>>,
 }
 
 impl Staged {
@@ -99,8 +101,11 @@ impl Staged {
         }
         let id = self.manifest.chunks()[index];
         let from = self.range(index);
-        for j in 0..self.filled.len() {
-            if !self.filled[j] && self.manifest.chunks()[j] == id {
+        let Some(repeats) = self.repeats.get(&id) else {
+            return;
+        };
+        for &j in repeats {
+            if !self.filled[j] {
                 let to = self.range(j).start;
                 self.buf.copy_within(from.clone(), to);
                 self.filled[j] = true;
@@ -157,10 +162,16 @@ impl Payloads {
             }
             None => vec![0; len],
         };
+        let mut places: HashMap<ContentId, Vec<usize>> = HashMap::new();
+        for (index, id) in manifest.chunks().iter().enumerate() {
+            places.entry(*id).or_default().push(index);
+        }
+        places.retain(|_, at| at.len() > 1);
         let mut staged = Staged {
             buf,
             received: Vec::new(),
             unverified: Vec::new(),
+            repeats: places,
             filled: vec![false; chunks],
             unfilled: chunks,
             manifest,
