@@ -200,10 +200,16 @@ while IFS='|' read -r name cmd; do
             diff <(results "$l1.out") <(results "$LOGS/$name.gleam.out") > "$LOGS/$name.gleam.diff" 2>&1
         fi
         # Python cases print their mapped driver libraries; the C++ one is checked by its process's libs.
+        # NVIDIA's driver is libcuda plus the libnvidia-* parts it loads (PTX JIT, ...). NVML
+        # (libnvidia-ml, which torch loads itself when the machine has one) is not the driver: it talks to
+        # the local kernel module, asks libcuda (here Gleam's, which refuses its table) nothing it needs,
+        # and a borrowing laptop without NVIDIA's driver has none; it is reported, not counted.
         if grep -q '^maps: ' "$LOGS/$name.gleam.err"; then
-            if grep '^maps: ' "$LOGS/$name.gleam.err" | grep -q 'libgleamcuda' &&
-                ! grep '^maps: ' "$LOGS/$name.gleam.err" | grep -Eq '/libcuda\.so[^ ]*$|libnvidia-'; then
+            driver_maps=$(grep '^maps: ' "$LOGS/$name.gleam.err" | grep -v '/libnvidia-ml\.so')
+            if grep -q 'libgleamcuda' <<< "$driver_maps" &&
+                ! grep -Eq '/libcuda\.so[^ ]*$|libnvidia-' <<< "$driver_maps"; then
                 maps="gleam-only"
+                grep -q '/libnvidia-ml\.so' "$LOGS/$name.gleam.err" && maps="gleam-only(+NVML)"
             else
                 maps="NVIDIA-MAPPED"
                 problems=$((problems + 1))

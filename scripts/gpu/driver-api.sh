@@ -20,7 +20,9 @@ if [ "${1:-}" = --prepare ]; then
     set -e
     cd "$ROOT"
     [ -x .carry/gleam ] || bash scripts/gpu/build-carry.sh
-    bin=$(CUDARC_BUILD_ONLY=1 bash scripts/ci/cudarc-suite.sh "$ROOT/target/debug/gleam" | tail -n 1)
+    # On the GPU machine the suite runs with cuBLAS, cuBLASLt and cuRAND too (issue 9's list).
+    bin=$(CUDARC_FEATURES=${CUDARC_FEATURES:-std,driver,nvrtc,cublas,cublaslt,curand,f16,dynamic-loading,cuda-13000} \
+        CUDARC_BUILD_ONLY=1 bash scripts/ci/cudarc-suite.sh "$ROOT/target/debug/gleam" | tail -n 1)
     cp "$bin" .carry/cudarc-tests
     strip .carry/cudarc-tests 2>/dev/null || true
     du -sh .carry

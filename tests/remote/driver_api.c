@@ -249,6 +249,12 @@ static void contexts(void) {
     unsigned long long sid, tid;
     CHECK(cuCtxGetStreamPriorityRange(&least, &greatest));
     EXPECT(greatest <= least, "priority range %d..%d", least, greatest);
+    /* Either out-pointer may be NULL (cuDNN passes one; refusing it broke cuDNN on a side stream). */
+    int only = 12345;
+    CHECK(cuCtxGetStreamPriorityRange(NULL, &only));
+    EXPECT(only == greatest, "greatest alone %d", only);
+    CHECK(cuCtxGetStreamPriorityRange(&only, NULL));
+    EXPECT(only == least, "least alone %d", only);
     CHECK(cuStreamCreateWithPriority(&s, 1, greatest));
     CHECK(cuStreamGetPriority(s, &prio));
     EXPECT(prio == greatest, "priority %d", prio);

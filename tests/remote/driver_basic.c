@@ -214,6 +214,8 @@ int main(int argc, char **argv) {
     }
     EXPECT(cuLaunchKernel((CUfunction)0x1234, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0), 400 /* INVALID_HANDLE */);
     EXPECT(cuMemFree_v2(0x1000), 1 /* INVALID_VALUE */);
+    /* NULL is freed with success (NVIDIA's driver 580; cuBLAS's cublasCreate relies on it). */
+    EXPECT(cuMemFree_v2(0), 0);
     EXPECT(cuTexRefCreate(0), 801 /* NOT_SUPPORTED */);
     EXPECT(cuMemAlloc_v2(0, 16), 1);
     void *pfn = 0;

@@ -21,6 +21,7 @@
 //! If the session is lost (QUIC idle timeout with keep-alives on, the session process died, a protocol
 //! violation), every pending and later call fails with [`ClientError::Lost`] within seconds, never hangs.
 
+mod signal;
 mod slot;
 pub mod upload;
 

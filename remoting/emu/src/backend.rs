@@ -15,6 +15,7 @@ use gleam_protocol::types::{
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr, ParamSlot};
 use gleam_ptx::{ExecError, LaunchConfig, LaunchOptions, StopReason};
 use gleam_server::backend::{ApiBackend, Backend};
+use gleam_server::callbacks::CallbackPoint;
 
 use crate::arrays::Objects;
 use crate::attrs::{self, Attr, StreamAttrs};
@@ -616,6 +617,49 @@ impl EmuBackend {
             mem.fill(dst, &pattern, n as u64)
                 .map_err(|_| CUresult::ILLEGAL_ADDRESS)
         })
+    }
+
+    /// `cuMemsetD2D8/16/32` and their async forms: `height` rows of `width` elements of `pattern`, rows
+    /// `pitch` bytes apart.
+    fn memset2d(
+        &mut self,
+        dst: u64,
+        pitch: usize,
+        pattern: Vec<u8>,
+        (width, height): (usize, usize),
+        stream: u64,
+    ) -> Result<(), CUresult> {
+        self.ctx()?;
+        let span = gleam_protocol::copy::fill_2d_span(dst, pitch, pattern.len(), width, height)?;
+        if span == 0 {
+            self.streams.resolve(stream)?;
+            return Ok(());
+        }
+        self.shared.mem.check(dst, span as u64, true)?;
+        self.submit(stream, "2D memset", move |mem| {
+            for r in 0..height {
+                mem.fill(dst + (r * pitch) as u64, &pattern, width as u64)
+                    .map_err(|_| CUresult::ILLEGAL_ADDRESS)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// `cuMemcpyPeer`: both contexts are of the one device, so a device-to-device copy.
+    fn peer_copy(
+        &mut self,
+        (dst, dst_ctx): (u64, u64),
+        (src, src_ctx): (u64, u64),
+        bytes: usize,
+        stream: u64,
+    ) -> Result<(), CUresult> {
+        self.ctx()?;
+        for ctx in [dst_ctx, src_ctx] {
+            if !self.contexts.contains_key(&ctx) {
+                return Err(CUresult::INVALID_CONTEXT);
+            }
+        }
+        self.dtod(dst, src, bytes, stream)
     }
 
     fn dtod(&mut self, dst: u64, src: u64, bytes: usize, stream: u64) -> Result<(), CUresult> {
@@ -1393,6 +1437,91 @@ impl ApiBackend for EmuBackend {
         a: args::cuMemsetD32_v2,
     ) -> Result<outs::cuMemsetD32_v2, CUresult> {
         self.memset(a.dst, a.value.to_le_bytes().to_vec(), a.n, 0)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D8_v2(
+        &mut self,
+        a: args::cuMemsetD2D8_v2,
+    ) -> Result<outs::cuMemsetD2D8_v2, CUresult> {
+        self.memset2d(a.dst, a.pitch, vec![a.value], (a.width, a.height), 0)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D8Async(
+        &mut self,
+        a: args::cuMemsetD2D8Async,
+    ) -> Result<outs::cuMemsetD2D8Async, CUresult> {
+        self.memset2d(a.dst, a.pitch, vec![a.value], (a.width, a.height), a.stream)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D16_v2(
+        &mut self,
+        a: args::cuMemsetD2D16_v2,
+    ) -> Result<outs::cuMemsetD2D16_v2, CUresult> {
+        self.memset2d(
+            a.dst,
+            a.pitch,
+            a.value.to_le_bytes().to_vec(),
+            (a.width, a.height),
+            0,
+        )?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D16Async(
+        &mut self,
+        a: args::cuMemsetD2D16Async,
+    ) -> Result<outs::cuMemsetD2D16Async, CUresult> {
+        self.memset2d(
+            a.dst,
+            a.pitch,
+            a.value.to_le_bytes().to_vec(),
+            (a.width, a.height),
+            a.stream,
+        )?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D32_v2(
+        &mut self,
+        a: args::cuMemsetD2D32_v2,
+    ) -> Result<outs::cuMemsetD2D32_v2, CUresult> {
+        self.memset2d(
+            a.dst,
+            a.pitch,
+            a.value.to_le_bytes().to_vec(),
+            (a.width, a.height),
+            0,
+        )?;
+        Ok(Default::default())
+    }
+
+    fn cuMemsetD2D32Async(
+        &mut self,
+        a: args::cuMemsetD2D32Async,
+    ) -> Result<outs::cuMemsetD2D32Async, CUresult> {
+        self.memset2d(
+            a.dst,
+            a.pitch,
+            a.value.to_le_bytes().to_vec(),
+            (a.width, a.height),
+            a.stream,
+        )?;
+        Ok(Default::default())
+    }
+
+    fn cuMemcpyPeer(&mut self, a: args::cuMemcpyPeer) -> Result<outs::cuMemcpyPeer, CUresult> {
+        self.peer_copy((a.dst, a.dst_ctx), (a.src, a.src_ctx), a.bytes, 0)?;
+        Ok(Default::default())
+    }
+
+    fn cuMemcpyPeerAsync(
+        &mut self,
+        a: args::cuMemcpyPeerAsync,
+    ) -> Result<outs::cuMemcpyPeerAsync, CUresult> {
+        self.peer_copy((a.dst, a.dst_ctx), (a.src, a.src_ctx), a.bytes, a.stream)?;
         Ok(Default::default())
     }
 
@@ -2872,6 +3001,34 @@ impl Backend for EmuBackend {
 
     fn kernel_get_function(&mut self, kernel: u64) -> Result<(u64, FunctionInfo), CUresult> {
         Ok((kernel, self.function_info(kernel)?))
+    }
+
+    fn host_callback(&mut self, stream: u64, point: CallbackPoint) -> Result<(), CUresult> {
+        self.ctx()?;
+        let key = self.streams.resolve(stream)?;
+        if self.captures.capturing(key) {
+            // A captured host node would call back into the client at every launch of the graph, long
+            // after this request was answered: not offered. Like any illegal call in a capture, it
+            // invalidates the capture.
+            tracing::warn!(
+                "a host function queued on a capturing stream: refused (graphs with host nodes are not \
+                 supported remotely)"
+            );
+            return Err(self.captures.invalidate(key));
+        }
+        // The stream answers the client when it gets here, then waits (holding no worker) for the
+        // client's function to return.
+        let released = self.streams.signal();
+        let release = released.clone();
+        point.on_returned(move || release.advance_to(1));
+        let shared = self.shared.clone();
+        let reach: Job = Box::new(move || {
+            point.reached(shared.sticky().unwrap_or(CUresult::SUCCESS));
+        });
+        self.streams
+            .enqueue(key, self.current, Vec::new(), Some(reach))?;
+        self.streams
+            .enqueue(key, self.current, vec![(released, 1)], None)
     }
 
     fn launch(&mut self, launch: &Launch) -> Result<(), CUresult> {

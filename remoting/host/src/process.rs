@@ -34,8 +34,9 @@ use gleam_auth::identity::{Identity, PeerId};
 use gleam_auth::tls;
 use gleam_protocol::frame::{self, FrameError, FrameReader};
 use gleam_protocol::order::{Lane, OrderError, Scheduler};
-use gleam_protocol::wire::{Request, StreamOpen};
+use gleam_protocol::wire::{Call, Request, StreamOpen};
 use gleam_server::backend::Backend;
+use gleam_server::callbacks::HostCallbacks;
 use gleam_server::session::{Answer, Session};
 use quinn::VarInt;
 use tokio::sync::Notify;
@@ -160,8 +161,24 @@ pub fn run<B: Backend>(
 }
 
 /// The executor: runs requests as the scheduler allows, answers on their lanes.
-fn execute<B: Backend>(backend: B, shared: &Shared) -> ExitReason {
+fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
     let mut session = Session::new(backend);
+    // Host functions are answered when their stream reaches them, from whatever thread that is; the
+    // network side reports their completions and the session's end.
+    let callbacks = session.host_callbacks();
+    let out = Arc::downgrade(shared);
+    callbacks.set_sink(Box::new(move |lane, frame| {
+        if let Some(shared) = out.upgrade() {
+            let answer = Answer {
+                frame,
+                bulk: Vec::new(),
+            };
+            if let Err(err) = shared.outbox.send(lane, answer) {
+                debug!(%err, "a host function's answer could not be sent");
+            }
+        }
+    }));
+    let _ = shared.callbacks.set(callbacks);
     let spin = gleam_protocol::tuning::spin_budget();
     let reason = loop {
         let Some((lane, seq, (request, bulk))) = shared.inbox.next(spin) else {
@@ -201,6 +218,8 @@ enum End {
 struct Shared {
     inbox: Inbox,
     outbox: Outbox,
+    /// The session's host functions in flight (set by the executor at start).
+    callbacks: std::sync::OnceLock<Arc<HostCallbacks>>,
     end: Mutex<Option<End>>,
     ended: Notify,
 }
@@ -216,6 +235,10 @@ impl Shared {
             }
         }
         self.inbox.close();
+        // A stream held for a client function must not keep the executor from ending.
+        if let Some(callbacks) = self.callbacks.get() {
+            callbacks.cancel_all();
+        }
         self.ended.notify_waiters();
         self.ended.notify_one();
     }
@@ -695,6 +718,13 @@ async fn lane_reader(
                 Ok(request) => request,
                 Err(err) => break 'lane End::Protocol(format!("malformed request: {err}")),
             };
+            // Out of band: the executor may be blocked waiting for the stream this releases.
+            if let Call::HostFuncReturned { id } = request.call {
+                if let Some(callbacks) = shared.callbacks.get() {
+                    callbacks.returned(id);
+                }
+                continue;
+            }
             if let Err(err) = shared.inbox.push(lane, request, frame.bulk) {
                 break 'lane End::Protocol(err.to_string());
             }

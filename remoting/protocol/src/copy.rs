@@ -402,3 +402,60 @@ mod tests {
         assert_eq!(c.split(80).len(), 1);
     }
 }
+
+/// The bytes a 2D fill (`cuMemsetD2D8/16/32`) spans from its first byte: `height` rows of `width`
+/// elements of `element` bytes, rows `pitch` bytes apart; `Ok(0)` for an empty fill. Checked as the driver
+/// checks it, so the shim refuses at the call what the peer would refuse later: the address aligned to
+/// the element, and (with more than one row) the pitch too, with rows that fit it.
+pub fn fill_2d_span(
+    dst: u64,
+    pitch: usize,
+    element: usize,
+    width: usize,
+    height: usize,
+) -> Result<usize, CUresult> {
+    let row = width.checked_mul(element).ok_or(CUresult::INVALID_VALUE)?;
+    if element == 0
+        || !dst.is_multiple_of(element as u64)
+        || (height > 1 && (!pitch.is_multiple_of(element) || row > pitch))
+    {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    if row == 0 || height == 0 {
+        return Ok(0);
+    }
+    pitch
+        .checked_mul(height - 1)
+        .and_then(|b| b.checked_add(row))
+        .ok_or(CUresult::INVALID_VALUE)
+}
+
+#[cfg(test)]
+mod fill_tests {
+    use super::*;
+
+    #[test]
+    fn two_d_fills_are_checked_as_the_driver_checks_them() {
+        assert_eq!(fill_2d_span(0x1000, 64, 4, 10, 3), Ok(64 * 2 + 40));
+        assert_eq!(fill_2d_span(0x1000, 64, 2, 0, 3), Ok(0));
+        assert_eq!(fill_2d_span(0x1000, 64, 1, 5, 0), Ok(0));
+        // One row needs no pitch.
+        assert_eq!(fill_2d_span(0x1000, 0, 1, 5, 1), Ok(5));
+        assert_eq!(
+            fill_2d_span(0x1001, 64, 2, 1, 1),
+            Err(CUresult::INVALID_VALUE)
+        );
+        assert_eq!(
+            fill_2d_span(0x1000, 62, 4, 1, 2),
+            Err(CUresult::INVALID_VALUE)
+        );
+        assert_eq!(
+            fill_2d_span(0x1000, 4, 1, 8, 2),
+            Err(CUresult::INVALID_VALUE)
+        );
+        assert_eq!(
+            fill_2d_span(0x1000, usize::MAX, 1, 1, 3),
+            Err(CUresult::INVALID_VALUE)
+        );
+    }
+}

@@ -32,6 +32,9 @@ pub struct Lane(pub u64);
 impl Lane {
     /// Calls ordered on no stream, and work on the legacy default stream.
     pub const CONTROL: Lane = Lane(0);
+    /// Out-of-band messages ([`Call::HostFuncReturned`]): never a stream's lane (no stream handle is
+    /// all ones), so nothing queued behind a stream's work or its backpressure holds them back.
+    pub const SIGNALS: Lane = Lane(u64::MAX);
 
     /// The lane of work on CUDA stream `stream` (NULL and `CU_STREAM_LEGACY`: the control lane; the
     /// per-thread default stream and every created stream: a lane of their own).
@@ -120,6 +123,8 @@ impl Call {
                 ..Ordering::default()
             },
             // An event named by a launch attribute is recorded by the launch (at its start or end).
+            // A host function is a point in its stream's order.
+            Call::HostFunc { stream, .. } => on(Some(*stream)),
             Call::LaunchKernelEx { launch, attrs } => Ordering {
                 records: attrs.iter().find_map(LaunchAttr::event),
                 ..on(Some(launch.stream))
@@ -131,6 +136,8 @@ impl Call {
             | Call::KernelGetFunction { .. }
             | Call::LoadImage { .. }
             | Call::UploadBegin { .. } => Ordering::default(),
+            // Out of band: never numbered by the sequencer (see `Lane::SIGNALS`).
+            Call::HostFuncReturned { .. } => Ordering::default(),
             // The session's end runs after everything the client sent before it.
             Call::Goodbye => Ordering {
                 barrier: true,

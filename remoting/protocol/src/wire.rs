@@ -18,7 +18,7 @@ use crate::copy::Copy3D;
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
 /// The stream whose lane carries a synchronous cached upload's chunks ([`Call::UploadChunk`] with
@@ -224,6 +224,24 @@ pub enum Call {
         /// would hold the next segment's announcement behind this segment's bytes).
         continues: bool,
     },
+    /// `cuLaunchHostFunc` and `cuStreamAddCallback`: a point in `stream` where the client runs a function.
+    /// The server answers only when the stream reaches that point, with [`Reply::Empty`] and, as `result`,
+    /// the status the function gets (`CUDA_SUCCESS`, or the error of a faulted context or of a refused
+    /// call), and from then on holds the stream until [`Call::HostFuncReturned`] names the same `id`.
+    /// The client does not wait for the answer on the calling thread.
+    HostFunc {
+        /// The stream (0, `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` as the application passed them).
+        stream: u64,
+        /// The client's number for this callback, unique in the session.
+        id: u64,
+    },
+    /// The client's function of [`Call::HostFunc`] `id` returned: its stream may go on. Out of band: sent
+    /// with seq 0 on [`crate::order::Lane::SIGNALS`], acted on as it arrives (never scheduled: the executor
+    /// may be blocked in a synchronization that waits for exactly this), never answered.
+    HostFuncReturned {
+        /// The callback's id.
+        id: u64,
+    },
     /// Orderly end of the session: the server frees everything and replies [`Reply::Empty`].
     Goodbye,
 }
@@ -249,6 +267,8 @@ impl Call {
             Call::UploadBegin { .. } => "UploadBegin",
             Call::UploadChunk { .. } => "UploadChunk",
             Call::UploadCopy { .. } => "UploadCopy",
+            Call::HostFunc { .. } => "HostFunc",
+            Call::HostFuncReturned { .. } => "HostFuncReturned",
             Call::Goodbye => "Goodbye",
         }
     }

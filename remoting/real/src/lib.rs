@@ -33,6 +33,7 @@ use gleam_protocol::registry::{Effect, Handles, Kind};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr, ParamSlot};
 use gleam_server::backend::{ApiBackend, Backend};
+use gleam_server::callbacks::CallbackPoint;
 
 /// One past the last `CUdevice_attribute` of CUDA 13.0 (`CU_DEVICE_ATTRIBUTE_MAX`).
 pub const DEVICE_ATTRIBUTE_END: i32 =
@@ -89,6 +90,22 @@ pub fn probe() -> Result<usize, RealError> {
 type Ptr = *mut c_void;
 /// `cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**)`.
 type LaunchKernelEx = unsafe extern "C" fn(*const c_void, Ptr, *mut Ptr, *mut Ptr) -> CUresult;
+
+/// `cuStreamAddCallback(CUstream, CUstreamCallback, void*, unsigned)`.
+type AddCallback =
+    unsafe extern "C" fn(Ptr, unsafe extern "C" fn(Ptr, CUresult, Ptr), Ptr, c_uint) -> CUresult;
+
+/// The driver reached a host callback's point in its stream: answer the client, then hold the stream
+/// until its function returned.
+unsafe extern "C" fn reach_point(_stream: Ptr, status: CUresult, point: Ptr) {
+    // SAFETY: `point` is the box `host_callback` handed to the driver, which calls back exactly once.
+    let point = unsafe { Box::from_raw(point.cast::<CallbackPoint>()) };
+    // No panic may unwind into the driver.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        point.reached(status);
+        point.wait_returned();
+    }));
+}
 
 /// The hand-written calls' entry points, resolved once at start (all exist in every driver Gleam supports,
 /// except `cuFuncGetParamInfo`, new in 12.4).
@@ -515,6 +532,26 @@ impl Backend for RealBackend {
         // SAFETY: valid out-pointer and a live kernel.
         unsafe { (self.driver.kernel_get_function)(&raw mut func, kernel as Ptr) }.result()?;
         Ok((func as u64, self.function_info(func)))
+    }
+
+    fn host_callback(&mut self, stream: u64, point: CallbackPoint) -> Result<(), CUresult> {
+        // `cuStreamAddCallback` rather than `cuLaunchHostFunc`: the driver calls it even after a fault,
+        // with the status, which the client's function needs (a `cuLaunchHostFunc` function is then not
+        // called, and its stream would wait for an answer that never comes). The driver runs it on its
+        // own callback thread, which it holds until the client's function returned.
+        // SAFETY: the documented signature of the symbol.
+        let add = *unsafe { self.driver.lib.get::<AddCallback>(b"cuStreamAddCallback\0") }
+            .map_err(|_| CUresult::NOT_SUPPORTED)?;
+        let point = Box::into_raw(Box::new(point));
+        // SAFETY: the stream is live (checked by the session engine); the driver calls `reach_point`
+        // once with `point`, which stays valid until then.
+        let added = unsafe { add(stream as Ptr, reach_point, point.cast(), 0) };
+        if let Err(err) = added.result() {
+            // SAFETY: refused, so the driver will never call back with it: ours again.
+            drop(unsafe { Box::from_raw(point) });
+            return Err(err);
+        }
+        Ok(())
     }
 
     fn launch(&mut self, launch: &Launch) -> Result<(), CUresult> {

@@ -11,6 +11,8 @@ use gleam_protocol::registry::{Died, Handles};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr};
 
+use crate::callbacks::CallbackPoint;
+
 macro_rules! api_backend {
     ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
         /// The listed driver calls, one method each (generated from the declaration list).
@@ -110,6 +112,15 @@ pub trait Backend: ApiBackend {
         } else {
             Err(CUresult::NOT_SUPPORTED)
         }
+    }
+    /// `cuLaunchHostFunc`/`cuStreamAddCallback`: places `point` in `stream` (checked by the session
+    /// engine). When the stream gets there, the backend calls [`CallbackPoint::reached`] with the status
+    /// the client's function gets (`CUDA_SUCCESS`, or the context's error), and holds the stream's later
+    /// work until the client's function returned ([`CallbackPoint::wait_returned`] or
+    /// [`CallbackPoint::on_returned`]). Other streams go on meanwhile.
+    fn host_callback(&mut self, stream: u64, point: CallbackPoint) -> Result<(), CUresult> {
+        let _ = (stream, point);
+        Err(CUresult::NOT_SUPPORTED)
     }
     /// These handles died (destroyed, or with what was destroyed, by CUDA's rules): drop what is kept for
     /// them.

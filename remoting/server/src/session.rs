@@ -16,12 +16,14 @@
 //! * [`Call::Goodbye`] frees everything ([`Backend::shutdown`]) and ends the session.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gleam_ratelimit::RateLimit;
 use tracing::{debug, info, warn};
 
 use crate::backend::Backend;
+use crate::callbacks::HostCallbacks;
 use crate::images::Images;
 pub use crate::images::use_content_cache;
 use crate::mirrors::{self, Mirrors};
@@ -60,6 +62,8 @@ pub struct Session<B: Backend> {
     payloads: Payloads,
     /// Streams in capture mode (`cuStreamBeginCapture_v2` .. `cuStreamEndCapture`).
     capturing: HashSet<u64>,
+    /// Host functions placed in streams whose client function has not returned.
+    callbacks: Arc<HostCallbacks>,
     started: Instant,
     requests: u64,
     /// Warnings about a client breaking the protocol (requests before hello, a second hello): a
@@ -104,6 +108,7 @@ impl<B: Backend> Session<B> {
             images: Images::default(),
             payloads: Payloads::default(),
             capturing: HashSet::new(),
+            callbacks: Arc::new(HostCallbacks::default()),
             started: Instant::now(),
             requests: 0,
             misuse: RateLimit::new(MISUSE_BURST, MISUSE_INTERVAL),
@@ -114,6 +119,27 @@ impl<B: Backend> Session<B> {
     /// one.
     pub fn handle(&mut self, req: Request, bulk: &[u8]) -> Option<Answer> {
         self.requests += 1;
+        match req.call {
+            // Answered when its stream gets there, not now.
+            Call::HostFunc { stream, id } if self.state == State::Open => {
+                let result = self.host_func(req.seq, req.ctx, stream, id).err()?;
+                return req.expects_reply.then_some(Answer {
+                    frame: ReplyFrame {
+                        seq: req.seq,
+                        result,
+                        reply: Reply::Empty,
+                    },
+                    bulk: Vec::new(),
+                });
+            }
+            // Normally handled as it arrives (`HostCallbacks::returned`); here for a transport that
+            // schedules everything.
+            Call::HostFuncReturned { id } => {
+                self.callbacks.returned(id);
+                return None;
+            }
+            _ => {}
+        }
         let seq = req.seq;
         let expects_reply = req.expects_reply;
         let call = req.call.kind();
@@ -146,6 +172,13 @@ impl<B: Backend> Session<B> {
     /// The session's live handles.
     pub fn handles(&self) -> &Handles {
         &self.handles
+    }
+
+    /// The host functions in flight: the session process sets where their answers go
+    /// ([`HostCallbacks::set_sink`]) and reports completions as they arrive
+    /// ([`HostCallbacks::returned`]) and the session's end ([`HostCallbacks::cancel_all`]).
+    pub fn host_callbacks(&self) -> Arc<HostCallbacks> {
+        self.callbacks.clone()
     }
 
     /// Ends the session if the client did not say goodbye (its connection ended): frees everything.
@@ -251,11 +284,37 @@ impl<B: Backend> Session<B> {
             .map_err(|err| self.failed(err, req.expects_reply))
     }
 
+    /// Places host function `id` of request `seq` in `stream`; `Err` is the status the client's function
+    /// gets at once (the call was refused, or the context is lost). A pending error that is not sticky
+    /// stays pending: the client does not wait for this answer, so it must not take the error away from
+    /// the call that reports it.
+    fn host_func(&mut self, seq: u64, ctx: u64, stream: u64, id: u64) -> Result<(), CUresult> {
+        if let Some(err) = self.pending.filter(|e| e.is_sticky()) {
+            return Err(err);
+        }
+        if self.current_ctx != Some(ctx) {
+            self.handles.check(Kind::Context, ctx)?;
+            self.backend.set_current_context(ctx)?;
+            self.current_ctx = Some(ctx);
+        }
+        self.handles.check(Kind::Stream, stream)?;
+        let lane = gleam_protocol::order::Lane::of_stream(stream);
+        let point = self
+            .callbacks
+            .point(seq, lane, id)
+            .map_err(crate::callbacks::CallbackError::cuda_result)?;
+        self.backend.host_callback(stream, point).inspect_err(|_| {
+            self.callbacks.withdraw(id);
+        })
+    }
+
     /// Frees everything the session holds and refuses anything more.
     fn close(&mut self) {
         self.state = State::Closed;
         // The chunks this session received reach the content cache before the client hears goodbye.
         self.payloads.finish();
+        // No stream waits for a client function any more: the client is leaving.
+        self.callbacks.cancel_all();
         self.backend.shutdown(&self.handles);
         self.handles.clear();
         self.mirrors.clear();
@@ -506,7 +565,7 @@ impl<B: Backend> Session<B> {
                 Reply::Empty
             }
             // Handled before dispatch.
-            Call::Goodbye => Reply::Empty,
+            Call::Goodbye | Call::HostFunc { .. } | Call::HostFuncReturned { .. } => Reply::Empty,
         };
         Ok((reply, Vec::new()))
     }

@@ -57,7 +57,7 @@ pub unsafe fn cuStreamEndCapture(
 }
 
 /// Whether any stream of this process is in capture mode.
-fn any_capturing() -> bool {
+pub(crate) fn any_capturing() -> bool {
     capturing().as_ref().is_some_and(|s| !s.is_empty())
 }
 

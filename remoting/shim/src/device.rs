@@ -179,6 +179,66 @@ pub unsafe fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: i32, dev: i32) -> Re
     unsafe { put_str(bus_id, len, &state::device(dev)?.pci_bus_id) }
 }
 
+pub unsafe fn cuDeviceGetByPCIBusId(dev: *mut i32, bus_id: *const c_char) -> Result<(), CUresult> {
+    if bus_id.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: the caller's NUL-terminated string (NULL refused above).
+    let wanted = unsafe { std::ffi::CStr::from_ptr(bus_id) }
+        .to_str()
+        .ok()
+        .and_then(PciAddress::parse)
+        .ok_or(CUresult::INVALID_VALUE)?;
+    let session = state::session()?;
+    let ordinal = session
+        .client
+        .hello()
+        .devices
+        .iter()
+        .position(|d| PciAddress::parse(&d.pci_bus_id).is_some_and(|a| wanted.names(&a)))
+        .ok_or(CUresult::INVALID_DEVICE)?;
+    // SAFETY: the caller's out-pointer (NULL is refused).
+    unsafe { put(dev, ordinal as i32) }
+}
+
+/// A PCI address as `cuDeviceGetByPCIBusId` takes it: `[domain]:[bus]:[device].[function]`,
+/// `[domain]:[bus]:[device]` or `[bus]:[device].[function]`, in hexadecimal.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+struct PciAddress {
+    domain: u32,
+    bus: u32,
+    device: u32,
+    function: Option<u32>,
+}
+
+impl PciAddress {
+    fn parse(text: &str) -> Option<Self> {
+        let hex = |s: &str| u32::from_str_radix(s.trim(), 16).ok();
+        let parts: Vec<&str> = text.trim().split(':').collect();
+        let (domain, bus, rest) = match parts[..] {
+            [domain, bus, rest] => (hex(domain)?, hex(bus)?, rest),
+            [bus, rest] if rest.contains('.') => (0, hex(bus)?, rest),
+            _ => return None,
+        };
+        let (device, function) = match rest.split_once('.') {
+            Some((device, function)) => (hex(device)?, Some(hex(function)?)),
+            None => (hex(rest)?, None),
+        };
+        Some(Self {
+            domain,
+            bus,
+            device,
+            function,
+        })
+    }
+
+    /// Whether this (possibly partial) address names the device at `full`.
+    fn names(&self, full: &PciAddress) -> bool {
+        (self.domain, self.bus, self.device) == (full.domain, full.bus, full.device)
+            && self.function.unwrap_or(0) == full.function.unwrap_or(0)
+    }
+}
+
 pub unsafe fn cuDeviceComputeCapability(
     major: *mut i32,
     minor: *mut i32,
@@ -231,6 +291,26 @@ pub unsafe fn cuGetErrorString(error: u32, text: *mut *const c_char) -> Result<(
             // SAFETY: the caller's out-pointer or buffer (NULL is refused).
             unsafe { put(text, std::ptr::null())? };
             Err(CUresult::INVALID_VALUE)
+        }
+    }
+}
+
+#[cfg(test)]
+mod pci_tests {
+    use super::PciAddress;
+
+    #[test]
+    fn pci_bus_ids_parse_in_every_form_cuda_accepts() {
+        let full = PciAddress::parse("0000:3b:00.0").unwrap();
+        assert_eq!((full.domain, full.bus, full.device), (0, 0x3b, 0));
+        for form in ["0000:3b:00.0", "0:3B:0", "3b:00.0", "00000000:3b:00.0"] {
+            let a = PciAddress::parse(form).unwrap();
+            assert!(a.names(&full), "{form}");
+        }
+        assert!(!PciAddress::parse("0000:3c:00.0").unwrap().names(&full));
+        assert!(!PciAddress::parse("0000:3b:00.1").unwrap().names(&full));
+        for bad in ["", "3b", "zz:00.0", "0:1:2:3", "3b:00"] {
+            assert_eq!(PciAddress::parse(bad), None, "{bad:?}");
         }
     }
 }

@@ -12,13 +12,14 @@
 //!   buffers);
 //! * CONTEXT_LOCAL_STORAGE: a client-side map keyed by (context, key), since the values are client
 //!   pointers; destructors run when the context is destroyed or reset ([`context_emptied`]);
-//! * CONTEXT_CHECKS, and the context-identity table `21318c60` that cuBLASLt uses: the slots whose meaning
-//!   public sources agree on; every other slot is a stub that logs its table and slot once and returns
+//! * CONTEXT_CHECKS, the context-identity table `21318c60` and the objects table `1734dc26` that cuBLASLt
+//!   uses: the slots whose meaning public sources agree on or that were measured on the GPU machine
+//!   (`tools/gpu/table_spy`); every other slot is a stub that logs its table and slot once and returns
 //!   `CUDA_ERROR_NOT_SUPPORTED` (and is counted by `gleam trace`).
 //!
 //! Any other UUID, `f8cff951` (the first one the runtime asks for) included, is refused with
 //! [`UNKNOWN_TABLE`] and `*table = NULL`, logged once by UUID: the CUDA 13.0 runtime carries on without
-//! it (seen with static cudart and torch's dynamic runtime).
+//! it (seen with static cudart, torch's dynamic runtime and the runtimes inside cuBLAS and cuBLASLt).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
@@ -72,9 +73,10 @@ const CONTEXT_LOCAL_STORAGE: [u8; 16] = uuid("C693336E-1121-DF11-A8C3-68F355D895
 const CONTEXT_CHECKS: [u8; 16] = uuid("263E8860-7CD2-6143-92F6-BBD5006DFA7E");
 const INTEGRITY_CHECK: [u8; 16] = uuid("D4082055-BDE6-704B-8D34-BA123C66E1F2");
 const CONTEXT_IDENTITY: [u8; 16] = uuid("21318C60-9714-3248-8CA6-41FF7324C8F2");
+const CUBLASLT_OBJECTS: [u8; 16] = uuid("1734DC26-800D-4745-8726-C0F1E7DD8BCA");
 
 /// The tables with stub slots, by index (for the stubs' messages).
-const STUBBED: [[u8; 16]; 2] = [CONTEXT_CHECKS, CONTEXT_IDENTITY];
+const STUBBED: [[u8; 16]; 3] = [CONTEXT_CHECKS, CONTEXT_IDENTITY, CUBLASLT_OBJECTS];
 
 fn hex(id: &[u8; 16]) -> String {
     id.iter().map(|b| format!("{b:02X}")).collect()
@@ -404,9 +406,15 @@ unsafe extern "C" fn cls_get(
         if value.is_null() {
             return Err(CUresult::INVALID_VALUE);
         }
+        let ctx = storage_ctx(ctx);
+        // As the driver: no context (none given, none current) is INVALID_CONTEXT, a key never put
+        // INVALID_HANDLE (measured with tools/gpu/table_spy on driver 580).
+        if ctx == 0 {
+            return Err(CUresult::INVALID_CONTEXT);
+        }
         let found = storage()
             .as_ref()
-            .and_then(|m| m.get(&(storage_ctx(ctx), key as u64)).map(|(v, _)| *v))
+            .and_then(|m| m.get(&(ctx, key as u64)).map(|(v, _)| *v))
             .ok_or(CUresult::INVALID_HANDLE)?;
         // SAFETY: cudart's out-pointer, checked non-NULL.
         unsafe { *value = found as *mut c_void };
@@ -424,20 +432,14 @@ static CLS: Table<4> = Table([
 
 // --- CONTEXT_CHECKS -------------------------------------------------------------------------------------
 
-/// Slot 2: a context's flags, which public sources agree are never observably set.
-unsafe extern "C" fn context_check(
-    _ctx: CUcontext,
-    out: *mut u32,
-    detail: *mut *const c_void,
-) -> CUresult {
-    // SAFETY: the runtime's out-pointers, each written only if non-NULL.
-    unsafe {
-        if !out.is_null() {
-            out.write_unaligned(0);
-        }
-        if !detail.is_null() {
-            detail.write_unaligned(std::ptr::null());
-        }
+/// Slot 2: `(CUcontext ctx, u32 *flags, void *a2, void *a3, ...)`, a context's flags, which public
+/// sources agree are never observably set. NVIDIA's driver writes the flags only: the third argument
+/// points at the caller's own data (seen with `tools/gpu/table_spy` on driver 580: cuBLAS passes a
+/// stack slot holding a live pointer there), so writing it breaks `cublasCreate`.
+unsafe extern "C" fn context_check(_ctx: CUcontext, out: *mut u32) -> CUresult {
+    if !out.is_null() {
+        // SAFETY: the runtime's out-pointer, non-NULL.
+        unsafe { out.write_unaligned(0) };
     }
     CUresult::SUCCESS
 }
@@ -507,14 +509,35 @@ unsafe extern "C" fn identity_zeroed_object(
     CUresult::SUCCESS
 }
 
-/// No size slot is known (slot 0 is read as a function here too, never as a size); ~93 slots are
-/// reported, so 128 are served.
-static IDENTITY: Table<128> = table(
+/// Size-prefixed: 744 bytes (93 slots) on driver 580 (cuBLASLt passes the table itself as the third
+/// argument of slot 4, size slot first, as it does for TOOLS_TLS).
+static IDENTITY: Table<93> = table(
     stub_slots::<1>(),
     &[
+        (0, (93 * W) as *const ()),
         (4, context_identity as *const ()),
         (39, identity_no_object as *const ()),
         (51, identity_zeroed_object as *const ()),
+    ],
+);
+
+// --- 1734dc26: objects cuBLASLt asks the driver for -----------------------------------------------------
+
+/// Slot 4: `(void **a, void **b, const void *table, ...)`: the driver creates two objects that slot 13
+/// then uses (`docs/dark-api.md`); what they are is not known. Declined: cuBLASLt then goes without them,
+/// and ResNet-50 and GPT-2 in fp16 give the local run's exact outputs (H200, torch 2.11). Refusing the
+/// whole table instead makes cuBLASLt crash on its first fp16 matmul.
+extern "C" fn decline_objects() -> CUresult {
+    tracing::debug!("1734dc26 slot 4: declined (cuBLASLt carries on without the objects)");
+    CUresult::NOT_SUPPORTED
+}
+
+/// Size-prefixed: 136 bytes (17 slots) on driver 580.
+static OBJECTS: Table<17> = table(
+    stub_slots::<2>(),
+    &[
+        (0, (17 * W) as *const ()),
+        (4, decline_objects as *const ()),
     ],
 );
 
@@ -528,6 +551,7 @@ fn table_for(id: [u8; 16]) -> Option<*const c_void> {
         CONTEXT_LOCAL_STORAGE => (&raw const CLS).cast(),
         CONTEXT_CHECKS => (&raw const CHECKS).cast(),
         CONTEXT_IDENTITY => (&raw const IDENTITY).cast(),
+        CUBLASLT_OBJECTS => (&raw const OBJECTS).cast(),
         _ => return None,
     })
 }
@@ -585,13 +609,15 @@ mod tests {
             (TOOLS_TLS, 24),
             (TOOLS_RUNTIME_CALLBACK_HOOKS, 56),
             (CONTEXT_CHECKS, 120),
+            (CONTEXT_IDENTITY, 744),
+            (CUBLASLT_OBJECTS, 136),
         ] {
             let t = table_for(id).unwrap();
             assert_eq!(slot(t, 0), size, "{}", hex(&id));
             // One address for the life of the process.
             assert_eq!(table_for(id), Some(t));
         }
-        // Slot 0 of the storage and identity tables is a function.
+        // Slot 0 of the storage table is a function.
         assert_eq!(
             slot(table_for(CONTEXT_LOCAL_STORAGE).unwrap(), 0),
             cls_put as *const () as usize
@@ -603,8 +629,8 @@ mod tests {
             unknown_slot::<1, 5> as *const () as usize
         );
         assert_eq!(
-            slot(identity, 127),
-            unknown_slot::<1, 127> as *const () as usize
+            slot(identity, 92),
+            unknown_slot::<1, 92> as *const () as usize
         );
         assert_eq!(
             slot(table_for(CONTEXT_CHECKS).unwrap(), 14),
@@ -657,10 +683,10 @@ mod tests {
         let r = unsafe { tools_current_context(&raw mut ctx) };
         assert_eq!(r, CUresult::SUCCESS);
         assert!(ctx.is_null());
-        let (mut flags, mut detail) = (9u32, std::ptr::dangling::<c_void>());
-        // SAFETY: valid out-pointers.
-        unsafe { context_check(std::ptr::null_mut(), &raw mut flags, &raw mut detail) };
-        assert_eq!((flags, detail), (0, std::ptr::null()));
+        let mut flags = 9u32;
+        // SAFETY: a valid out-pointer.
+        unsafe { context_check(std::ptr::null_mut(), &raw mut flags) };
+        assert_eq!(flags, 0);
     }
 
     #[test]

@@ -29,11 +29,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gleam_protocol::types::CUresult;
 
 pub mod arrays;
+pub mod callbacks;
 pub mod capture;
 pub mod context;
 pub mod device;
 pub mod export_table;
 pub mod exports;
+pub mod fills;
 pub mod forward;
 pub mod handles;
 pub mod hostmem;
@@ -58,6 +60,7 @@ pub mod hand {
         cuMemcpy3DAsync_v2, cuMemcpyAtoA_v2, cuMemcpyAtoD_v2, cuMemcpyAtoH_v2,
         cuMemcpyAtoHAsync_v2, cuMemcpyDtoA_v2, cuMemcpyHtoA_v2, cuMemcpyHtoAAsync_v2,
     };
+    pub use crate::callbacks::{cuLaunchHostFunc, cuStreamAddCallback};
     pub use crate::capture::{
         cuGraphInstantiate_v2, cuStreamBeginCapture, cuStreamBeginCapture_v2, cuStreamEndCapture,
         cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
@@ -68,12 +71,16 @@ pub mod hand {
         cuCtxPushCurrent, cuCtxPushCurrent_v2, cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
     };
     pub use crate::device::{
-        cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetCount,
-        cuDeviceGetName, cuDeviceGetPCIBusId, cuDeviceGetProperties, cuDeviceGetUuid,
-        cuDeviceGetUuid_v2, cuDeviceTotalMem_v2, cuDriverGetVersion, cuGetErrorName,
-        cuGetErrorString, cuInit,
+        cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetByPCIBusId,
+        cuDeviceGetCount, cuDeviceGetName, cuDeviceGetPCIBusId, cuDeviceGetProperties,
+        cuDeviceGetUuid, cuDeviceGetUuid_v2, cuDeviceTotalMem_v2, cuDriverGetVersion,
+        cuGetErrorName, cuGetErrorString, cuInit,
     };
     pub use crate::export_table::cuGetExportTable;
+    pub use crate::fills::{
+        cuMemsetD2D8_v2, cuMemsetD2D8Async, cuMemsetD2D16_v2, cuMemsetD2D16Async, cuMemsetD2D32_v2,
+        cuMemsetD2D32Async,
+    };
     pub use crate::hostmem::{
         cuMemAdvise, cuMemAdvise_v2, cuMemAllocHost_v2, cuMemAllocManaged, cuMemFreeHost,
         cuMemHostAlloc, cuMemHostGetDevicePointer_v2, cuMemHostGetFlags, cuMemHostRegister,

@@ -738,6 +738,11 @@ pub unsafe fn cuMemAllocPitch_v2(
 
 pub unsafe fn cuMemFree_v2(dptr: u64) -> Result<(), CUresult> {
     state::session()?;
+    // NVIDIA's driver answers a NULL pointer with success, and cuBLAS's runtime relies on it: its
+    // `cublasCreate` frees NULL once and gives up on an error (measured on driver 580).
+    if dptr == 0 {
+        return Ok(());
+    }
     if let Some(freed) = managed::free(dptr, false) {
         return freed;
     }
