@@ -573,15 +573,17 @@ impl Progress {
         if self.started.elapsed() < PROGRESS_AFTER || !std::io::stderr().is_terminal() {
             return;
         }
-        let bar = ProgressBar::with_draw_target(Some(self.total), ProgressDrawTarget::stderr());
+        let bar = ProgressBar::with_draw_target(Some(self.total), ProgressDrawTarget::stderr())
+            .with_position(self.done)
+            .with_elapsed(self.started.elapsed());
+        // The rate counts from here, not from the jump to what was already done.
+        bar.reset_eta();
         if let Ok(style) = ProgressStyle::with_template(
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            "{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
         ) {
             bar.set_style(style.progress_chars("=> "));
         }
         bar.set_message(format!("gleam: uploading to {}", self.peer));
-        bar.set_elapsed(self.started.elapsed());
-        bar.set_position(self.done);
         self.bar = Some(bar);
     }
 
