@@ -37,8 +37,9 @@ pub const MAX_STAGED: u64 = 1 << 30;
 /// Staging buffers waiting for the writer thread, at most (each up to [`MAX_UPLOAD`]): past it, copies
 /// wait for the disk.
 const WRITE_QUEUE: usize = 4;
-/// Staging buffers kept for reuse (a fresh one costs a page fault per page as it fills).
-const POOL: usize = 4;
+/// Staging buffers kept for reuse (a fresh one costs a page fault per page as it fills); at most
+/// 2 x 64 MiB held by an idle session.
+const POOL: usize = 2;
 /// How long the end of a session waits for the cache writes it queued.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
