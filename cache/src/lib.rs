@@ -23,7 +23,7 @@ mod codec;
 mod error;
 mod id;
 mod manifest;
-mod parallel;
+pub mod parallel;
 mod store;
 
 pub use codec::{

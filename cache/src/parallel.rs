@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::thread;
 
 /// `f` applied to every item, on up to as many threads as there are cores; results in item order.
-pub(crate) fn map<I: Send, T: Send>(items: Vec<I>, f: impl Fn(I) -> T + Sync) -> Vec<T> {
+pub fn map<I: Send, T: Send>(items: Vec<I>, f: impl Fn(I) -> T + Sync) -> Vec<T> {
     let threads = thread::available_parallelism()
         .map_or(1, std::num::NonZero::get)
         .min(items.len());

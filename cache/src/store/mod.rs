@@ -176,6 +176,15 @@ impl BlobStore {
         Ok(id)
     }
 
+    /// Stores `bytes` under `id`, which the caller already computed from them (a [`Decoder`] verified
+    /// them against it), sparing a second hash. Reads verify every blob all the same.
+    ///
+    /// [`Decoder`]: crate::Decoder
+    pub fn put_verified(&self, id: ContentId, bytes: &[u8]) -> Result<(), CacheError> {
+        debug_assert_eq!(id, ContentId::of(bytes), "put_verified given a wrong id");
+        self.put_known(id, bytes)
+    }
+
     /// A writer for one blob whose bytes arrive in pieces; nothing is visible until
     /// [`BlobWriter::commit`]. Write large slices: each write is a system call.
     pub fn writer(&self) -> Result<BlobWriter<'_>, CacheError> {
@@ -330,6 +339,40 @@ impl BlobStore {
             missing.extend(result?);
         }
         Ok(missing)
+    }
+
+    /// Reads the chunks `which` (indices into `manifest`) of the payload into their places in `dst`
+    /// (the payload's buffer, of the manifest's length), verified, in parallel; returns the indices it
+    /// supplied. The others are absent or were found corrupt (then removed), and their part of `dst`
+    /// holds garbage.
+    pub fn read_chunks(
+        &self,
+        manifest: &Manifest,
+        dst: &mut [u8],
+        which: &[usize],
+    ) -> Result<Vec<usize>, CacheError> {
+        if dst.len() as u64 != manifest.len() {
+            return Err(CacheError::BufferLength {
+                expected: manifest.len(),
+                actual: dst.len() as u64,
+            });
+        }
+        let wanted: HashSet<usize> = which.iter().copied().collect();
+        let jobs: Vec<_> = manifest
+            .chunks()
+            .iter()
+            .zip(dst.chunks_mut(manifest.chunk_size().max(1) as usize))
+            .enumerate()
+            .filter(|(index, _)| wanted.contains(index))
+            .collect();
+        let results = parallel::map(jobs, |(index, (id, slice))| {
+            self.read_into(id, slice).map(|hit| hit.then_some(index))
+        });
+        let mut found = Vec::new();
+        for result in results {
+            found.extend(result?);
+        }
+        Ok(found)
     }
 
     /// The shared counters (exact: recounted from the directory if a writer died mid-change).

@@ -33,6 +33,7 @@
 
 mod signal;
 mod slot;
+pub mod upload;
 
 use std::collections::HashMap;
 use std::future::poll_fn;
@@ -478,7 +479,7 @@ impl Client {
         expects_reply: bool,
     ) -> Result<Option<Pending>, ClientError> {
         sent::note(expects_reply);
-        self.shared.submit(ctx, call, bulk, expects_reply)
+        self.shared.submit(ctx, call, &[bulk], expects_reply)
     }
 
     /// Sends `call` (with `bulk` bytes) and blocks until its reply.
@@ -507,15 +508,34 @@ impl Client {
         Ok(CUresult::SUCCESS)
     }
 
-    /// Copies `src` to device address `dst` in [`COPY_CHUNK`] pieces. The bytes are copied out of `src`
-    /// before returning, so the caller may reuse the buffer at once. A synchronous copy (`stream: None`)
-    /// waits for the last piece's reply; an asynchronous one is fire-and-forget (unless blocking).
+    /// Copies `src` to device address `dst`. The bytes are copied out of `src` before returning, so the
+    /// caller may reuse the buffer at once. A synchronous copy (`stream: None`) waits for the last piece's
+    /// reply; an asynchronous one is fire-and-forget (unless blocking). Large copies go by content
+    /// ([`upload`]: only what the serving peer lacks crosses the network), smaller ones in
+    /// [`COPY_CHUNK`] pieces.
     pub fn memcpy_htod(
         &self,
         ctx: u64,
         dst: u64,
         src: &[u8],
         stream: Option<u64>,
+    ) -> Result<CUresult, ClientError> {
+        let policy = upload::Policy::get();
+        if policy.applies(src.len()) {
+            return upload::upload(self, ctx, dst, src, stream, policy);
+        }
+        self.memcpy_htod_plain(ctx, dst, src, stream, true)
+    }
+
+    /// [`Client::memcpy_htod`] in [`COPY_CHUNK`] pieces, the bytes themselves; `last_part`: whether this
+    /// is the copy's last part (then a synchronous copy waits for its last piece).
+    fn memcpy_htod_plain(
+        &self,
+        ctx: u64,
+        dst: u64,
+        src: &[u8],
+        stream: Option<u64>,
+        last_part: bool,
     ) -> Result<CUresult, ClientError> {
         let chunks: Vec<&[u8]> = if src.is_empty() {
             vec![src]
@@ -528,7 +548,7 @@ impl Client {
                 dst: dst + (i * COPY_CHUNK) as u64,
                 stream,
             };
-            let wait = self.blocking || (i == last && stream.is_none());
+            let wait = self.blocking || (i == last && last_part && stream.is_none());
             if let Some(pending) = self.submit(ctx, call, chunk, wait)? {
                 let result = pending.wait()?.result;
                 if i == last || !result.is_success() {
@@ -927,14 +947,16 @@ impl Shared {
         tx
     }
 
-    /// Numbers, encodes and sends (or batches) one request.
+    /// Numbers, encodes and sends (or batches) one request; its bulk bytes are the `bulk` parts, in
+    /// order.
     fn submit(
         self: &Arc<Self>,
         ctx: u64,
         call: Call,
-        bulk: &[u8],
+        bulk: &[&[u8]],
         expects_reply: bool,
     ) -> Result<Option<Pending>, ClientError> {
+        let bulk_len: usize = bulk.iter().map(|part| part.len()).sum();
         if self.lost.load(Ordering::Acquire) {
             return Err(self.lost_error());
         }
@@ -962,7 +984,7 @@ impl Shared {
         });
         let mut state = lock(&tx.state);
         let mut head = Vec::with_capacity(64);
-        if let Err(err) = frame::encode_head(&request, bulk.len(), &mut head) {
+        if let Err(err) = frame::encode_head(&request, bulk_len, &mut head) {
             // The seq is taken: a gap would hold every later barrier back, so the session cannot go on.
             drop(state);
             drop(core);
@@ -977,9 +999,11 @@ impl Shared {
         let start = state.batch.len();
         state.frames.push((seq, start));
         state.batch.extend_from_slice(&head);
-        state.batch.extend_from_slice(bulk);
+        for part in bulk {
+            state.batch.extend_from_slice(part);
+        }
         self.buffered
-            .fetch_add(head.len() + bulk.len(), Ordering::AcqRel);
+            .fetch_add(head.len() + bulk_len, Ordering::AcqRel);
         // The numbering lock is not needed to hand the lane's bytes to quinn.
         drop(core);
         if expects_reply || state.batch.len() >= BATCH_FLUSH {

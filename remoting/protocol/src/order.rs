@@ -80,6 +80,31 @@ impl Call {
         match self {
             Call::Api(call) => api_ordering(call),
             Call::MemcpyHtoD { stream, .. } => on(*stream),
+            // A cached upload's chunks travel ahead of its copy: on the copy's stream's lane, or (for a
+            // synchronous copy) on a lane of their own, which the copy, a barrier, runs after.
+            Call::UploadChunk { upload, stream, .. } => Ordering {
+                stream: Some(stream.unwrap_or(crate::wire::SYNC_UPLOAD_STREAM)),
+                records: Some(crate::wire::upload_event(*upload)),
+                ..Ordering::default()
+            },
+            Call::UploadCopy {
+                upload,
+                stream,
+                continues,
+                ..
+            } => {
+                let waits = [Some(crate::wire::upload_event(*upload)), None];
+                match stream {
+                    None if *continues => Ordering {
+                        waits,
+                        ..Ordering::default()
+                    },
+                    _ => Ordering {
+                        waits,
+                        ..on(*stream)
+                    },
+                }
+            }
             // Reading to the host blocks the session until the stream's work is done, which may need an
             // earlier request of another lane (a stream write releasing a wait): it runs after all of them.
             Call::MemcpyDtoH { stream, .. } => Ordering {
@@ -109,7 +134,8 @@ impl Call {
             | Call::ModuleGetFunction { .. }
             | Call::LibraryLoad
             | Call::KernelGetFunction { .. }
-            | Call::LoadImage { .. } => Ordering::default(),
+            | Call::LoadImage { .. }
+            | Call::UploadBegin { .. } => Ordering::default(),
             // Out of band: never numbered by the sequencer (see `Lane::SIGNALS`).
             Call::HostFuncReturned { .. } => Ordering::default(),
             // The session's end runs after everything the client sent before it.
@@ -558,5 +584,46 @@ mod tests {
             s.push(Lane(B), 2, Deps::default(), ()),
             Err(OrderError::Duplicate(2))
         ));
+    }
+
+    #[test]
+    fn a_synchronous_cached_upload_keeps_its_bulk_off_the_control_lane() {
+        use crate::wire::{SYNC_UPLOAD_STREAM, upload_event};
+        let mut seq = Sequencer::default();
+        let begin = |upload| Call::UploadBegin {
+            upload,
+            manifest: Vec::new(),
+        };
+        let chunk = |upload| Call::UploadChunk {
+            upload,
+            index: 0,
+            stream: None,
+        };
+        let copy = |upload, continues| Call::UploadCopy {
+            upload,
+            dst: 0,
+            stream: None,
+            continues,
+        };
+        let (b1, lane, _) = seq.next(begin(1).ordering());
+        assert_eq!(lane, Lane::CONTROL);
+        let (c1, lane, deps) = seq.next(chunk(1).ordering());
+        assert_eq!(lane, Lane(SYNC_UPLOAD_STREAM));
+        assert_ne!(lane, Lane::SIGNALS, "a synchronous upload's chunks are ordered, never signals");
+        assert_eq!(deps.after, [b1]);
+        // The first segment's copy is the synchronous copy: after everything.
+        let (_, lane, deps) = seq.next(copy(1, false).ordering());
+        assert_eq!(lane, Lane::CONTROL);
+        assert!(deps.barrier && deps.after.contains(&c1));
+        let (b2, _, deps) = seq.next(begin(2).ordering());
+        assert!(!deps.barrier);
+        let (c2, _, deps) = seq.next(chunk(2).ordering());
+        assert_eq!(deps.after, [b2]);
+        // A later segment's copy follows its own chunks and the control lane, nothing else.
+        let (_, lane, deps) = seq.next(copy(2, true).ordering());
+        assert_eq!(lane, Lane::CONTROL);
+        assert!(!deps.barrier);
+        assert_eq!(deps.after, [c2]);
+        assert_ne!(upload_event(2), 2);
     }
 }

@@ -18,13 +18,24 @@ use crate::copy::Copy3D;
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 /// QUIC close code of a connection the client abandons while resuming a session (an attempt that broke
 /// off, or lost to a newer one): the session waits for the next attempt, where any other close by the
 /// client ends it.
 pub const CLOSE_RESUME_ABANDONED: u32 = 0x4743_0006;
 /// Size of the pieces large host-to-device and device-to-host copies are split into.
 pub const COPY_CHUNK: usize = 4 << 20;
+/// The stream whose lane carries a synchronous cached upload's chunks ([`Call::UploadChunk`] with
+/// `stream: None`): a handle no driver gives out. Not on the control lane, where a segment's bulk bytes
+/// would hold back the announcement of the next one ([`Call::UploadBegin`]). Not `u64::MAX` either: that
+/// is the out-of-band signals' lane ([`crate::order::Lane::SIGNALS`]).
+pub const SYNC_UPLOAD_STREAM: u64 = u64::MAX - 1;
+
+/// The pseudo event an upload's chunks record and its copy waits for ([`crate::order::Ordering`]): a
+/// handle no driver gives out (the top bit set), one per upload.
+pub fn upload_event(upload: u64) -> u64 {
+    upload | (1 << 63)
+}
 
 /// The first exchange, on the serving peer's own connection (the address discovery and `gleam run` dial):
 /// the client asks for a session; the peer starts the session's process, which listens on an endpoint of
@@ -231,6 +242,45 @@ pub enum Call {
         /// `true`: load it as a library (context-independent), else as a module of the current context.
         as_library: bool,
     },
+    /// Announces a host-to-device payload by content (the content cache, `gleam_cache`): `manifest` is
+    /// a `gleam_cache::Manifest` in its encoded form, the ids of the payload's fixed-size chunks. The
+    /// server stages the payload under the client's number `upload`, fills every chunk it holds (its
+    /// content cache, verified; chunks this session sent before) and answers [`Reply::UploadWanted`] with
+    /// the chunks it lacks. Bookkeeping, not a CUDA call: it runs whatever error is pending, without
+    /// reporting or clearing it. Refused (`OUT_OF_MEMORY`) when the session stages too much already: the
+    /// client then copies the plain way ([`Call::MemcpyHtoD`]).
+    UploadBegin {
+        /// The client's number for this payload (unique among its unfinished uploads).
+        upload: u64,
+        /// The encoded manifest.
+        manifest: Vec<u8>,
+    },
+    /// One chunk the server asked for: the frame's bulk bytes are the chunk's encoded form
+    /// (`gleam_cache::Encoded`: codec header, then body), checked against its id before it is staged and
+    /// kept in the content cache. Fire-and-forget bookkeeping, travelling on the copy's stream's lane
+    /// ([`SYNC_UPLOAD_STREAM`]'s for a synchronous copy), ahead of the copy.
+    UploadChunk {
+        /// The upload it belongs to.
+        upload: u64,
+        /// The chunk's index in the manifest.
+        index: u32,
+        /// The copy's stream (`None`: the synchronous copy), for its lane.
+        stream: Option<u64>,
+    },
+    /// Copies a staged upload, now complete, to device memory at `dst` and forgets it: the CUDA call
+    /// (`cuMemcpyHtoD`, or `cuMemcpyHtoDAsync` on `stream`). Reply: [`Reply::Empty`].
+    UploadCopy {
+        /// The upload.
+        upload: u64,
+        /// Destination device address.
+        dst: u64,
+        /// `None` for the synchronous copy, else the stream handle.
+        stream: Option<u64>,
+        /// A later segment of a synchronous copy whose first segment went before: ordered after that
+        /// one (the control lane's order) and its own chunks, not after everything earlier (a barrier
+        /// would hold the next segment's announcement behind this segment's bytes).
+        continues: bool,
+    },
     /// `cuLaunchHostFunc` and `cuStreamAddCallback`: a point in `stream` where the client runs a function.
     /// The server answers only when the stream reaches that point, with [`Reply::Empty`] and, as `result`,
     /// the status the function gets (`CUDA_SUCCESS`, or the error of a faulted context or of a refused
@@ -271,6 +321,9 @@ impl Call {
             Call::MirrorWrite { .. } => "MirrorWrite",
             Call::MirrorRead { .. } => "MirrorRead",
             Call::LoadImage { .. } => "LoadImage",
+            Call::UploadBegin { .. } => "UploadBegin",
+            Call::UploadChunk { .. } => "UploadChunk",
+            Call::UploadCopy { .. } => "UploadCopy",
             Call::HostFunc { .. } => "HostFunc",
             Call::HostFuncReturned { .. } => "HostFuncReturned",
             Call::Goodbye => "Goodbye",
@@ -457,6 +510,12 @@ pub enum Reply {
     },
     /// The server does not have the image a [`Call::LoadImage`] named: send it.
     ImageWanted,
+    /// Answer to [`Call::UploadBegin`]: the indices of the chunks to send, in payload order (one index
+    /// per distinct missing chunk: the server fills repeats itself).
+    UploadWanted {
+        /// Chunk indices.
+        missing: Vec<u32>,
+    },
     /// A function handle and what the client needs to launch and query it locally.
     Function {
         /// `CUfunction`.

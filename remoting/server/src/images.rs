@@ -22,12 +22,30 @@ pub fn use_content_cache(dir: PathBuf) {
     let _ = CONTENT_CACHE.set(dir);
 }
 
+/// The content cache of this process ([`use_content_cache`]), opened once and shared by module images
+/// and payloads; `None` when none is configured or it cannot be opened.
+pub(crate) fn content_cache() -> Option<Arc<BlobStore>> {
+    static OPENED: OnceLock<Option<Arc<BlobStore>>> = OnceLock::new();
+    OPENED
+        .get_or_init(|| {
+            let dir = CONTENT_CACHE.get()?;
+            match BlobStore::open_recorded(dir) {
+                Ok(store) => Some(Arc::new(store)),
+                Err(err) => {
+                    warn!(dir = %dir.display(), %err, "content cache unusable: nothing is kept across sessions");
+                    None
+                }
+            }
+        })
+        .clone()
+}
+
 /// A session's module images.
 #[derive(Debug, Default)]
 pub struct Images {
     memory: HashMap<[u8; 32], Arc<[u8]>>,
     /// `None` until first needed; `Some(None)` when there is no store (not configured, or unusable).
-    store: Option<Option<BlobStore>>,
+    store: Option<Option<Arc<BlobStore>>>,
 }
 
 /// Bytes that do not match the image they were announced as.
@@ -48,7 +66,7 @@ impl Images {
     /// A session's images with the content cache in `dir` (`None`: in memory only).
     pub fn with_store(dir: Option<PathBuf>) -> Self {
         let store = dir.map(|dir| match BlobStore::open_recorded(&dir) {
-            Ok(store) => Some(store),
+            Ok(store) => Some(Arc::new(store)),
             Err(err) => {
                 warn!(dir = %dir.display(), %err, "content cache unusable: module images are kept in memory only");
                 None
@@ -61,18 +79,7 @@ impl Images {
     }
 
     fn store(&mut self) -> Option<&BlobStore> {
-        self.store
-            .get_or_insert_with(|| {
-                let dir = CONTENT_CACHE.get()?;
-                match BlobStore::open_recorded(dir) {
-                    Ok(store) => Some(store),
-                    Err(err) => {
-                        warn!(dir = %dir.display(), %err, "content cache unusable: module images are kept in memory only");
-                        None
-                    }
-                }
-            })
-            .as_ref()
+        self.store.get_or_insert_with(content_cache).as_deref()
     }
 
     /// The image named `image`, if this session or the content cache has it.

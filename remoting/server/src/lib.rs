@@ -8,9 +8,12 @@
 //!   stream order.
 //! * [`mirrors`]: the allocations a client mirrors (managed and mapped host memory), which bounds what its
 //!   direct reads and writes may touch.
+//! * [`images`] and [`payloads`]: module images and large host-to-device payloads by content, through
+//!   the peer's content cache, so that each crosses the network once.
 
 pub mod backend;
 pub mod callbacks;
 pub mod images;
 pub mod mirrors;
+pub mod payloads;
 pub mod session;

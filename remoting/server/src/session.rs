@@ -27,6 +27,7 @@ use crate::callbacks::HostCallbacks;
 use crate::images::Images;
 pub use crate::images::use_content_cache;
 use crate::mirrors::{self, Mirrors};
+use crate::payloads::Payloads;
 use gleam_protocol::api::ApiCall;
 use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
@@ -57,6 +58,8 @@ pub struct Session<B: Backend> {
     mirrors: Mirrors,
     /// The module images this session was sent or found (by content).
     images: Images,
+    /// Host-to-device payloads being staged (by content).
+    payloads: Payloads,
     /// Streams in capture mode (`cuStreamBeginCapture_v2` .. `cuStreamEndCapture`).
     capturing: HashSet<u64>,
     /// Host functions placed in streams whose client function has not returned.
@@ -103,6 +106,7 @@ impl<B: Backend> Session<B> {
             handles: Handles::default(),
             mirrors: Mirrors::default(),
             images: Images::default(),
+            payloads: Payloads::default(),
             capturing: HashSet::new(),
             callbacks: Arc::new(HostCallbacks::default()),
             started: Instant::now(),
@@ -229,7 +233,14 @@ impl<B: Backend> Session<B> {
         // Mirror traffic keeps the client's copies of managed and mapped memory coherent: it needs no
         // context and runs whatever error is pending, without reporting or clearing it (a refused write
         // becomes the pending error, since coherence was lost).
-        if matches!(req.call, Call::MirrorRead { .. } | Call::MirrorWrite { .. }) {
+        // So does the bookkeeping of cached uploads (the copy itself is the CUDA call).
+        if matches!(
+            req.call,
+            Call::MirrorRead { .. }
+                | Call::MirrorWrite { .. }
+                | Call::UploadBegin { .. }
+                | Call::UploadChunk { .. }
+        ) {
             let expects_reply = req.expects_reply;
             return self.dispatch(req.ctx, req.call, bulk).map_err(|err| {
                 if expects_reply {
@@ -240,6 +251,12 @@ impl<B: Backend> Session<B> {
             });
         }
 
+        // A cached upload's copy that will not run must not keep its staging.
+        if let (Some(err), Call::UploadCopy { upload, .. }) = (self.pending, &req.call)
+            && (err.is_sticky() || req.expects_reply)
+        {
+            self.payloads.discard(*upload);
+        }
         if let Some(err) = self.pending {
             if err.is_sticky() {
                 return Err(err);
@@ -294,6 +311,8 @@ impl<B: Backend> Session<B> {
     /// Frees everything the session holds and refuses anything more.
     fn close(&mut self) {
         self.state = State::Closed;
+        // The chunks this session received reach the content cache before the client hears goodbye.
+        self.payloads.finish();
         // No stream waits for a client function any more: the client is leaving.
         self.callbacks.cancel_all();
         self.backend.shutdown(&self.handles);
@@ -516,6 +535,33 @@ impl<B: Backend> Session<B> {
                     self.handles.check(Kind::Event, event)?;
                 }
                 self.backend.launch_ex(&launch, &attrs)?;
+                Reply::Empty
+            }
+            Call::UploadBegin { upload, manifest } => {
+                let missing = self.payloads.begin(upload, &manifest)?;
+                Reply::UploadWanted { missing }
+            }
+            Call::UploadChunk { upload, index, .. } => {
+                self.payloads.chunk(upload, index, bulk)?;
+                Reply::Empty
+            }
+            Call::UploadCopy {
+                upload,
+                dst,
+                stream,
+                ..
+            } => {
+                let checked = self
+                    .check_stream(stream)
+                    .and_then(|()| self.not_capturing(stream));
+                if let Err(err) = checked {
+                    // A refused copy must not keep its staging.
+                    self.payloads.discard(upload);
+                    return Err(err);
+                }
+                let backend = &mut self.backend;
+                self.payloads
+                    .copy(upload, |bytes| backend.memcpy_htod(dst, bytes, stream))?;
                 Reply::Empty
             }
             // Handled before dispatch.
@@ -958,6 +1004,69 @@ mod tests {
         let r = s.handle_req(req(5, 0, true, sync())).unwrap();
         assert_eq!(r.result, CUresult::SUCCESS);
         assert_eq!(s.backend.log.last().unwrap(), "sync");
+    }
+
+    #[test]
+    fn cached_uploads_are_bookkeeping_and_their_copy_the_cuda_call() {
+        let mut s = open(Recorder {
+            fail_memset: Some(CUresult::INVALID_VALUE),
+            ..Default::default()
+        });
+        s.handle_req(req(2, 0, false, memset(1)));
+        let data: Vec<u8> = (0..3000u32).map(|i| (i / 1024) as u8).collect();
+        let manifest = gleam_cache::Manifest::with_chunk_size(&data, 1024);
+        let mut seq = 2;
+        let mut upload = |s: &mut Session<Recorder>, id: u64| {
+            seq += 1;
+            let begin = Call::UploadBegin {
+                upload: id,
+                manifest: manifest.encode(),
+            };
+            // Bookkeeping neither reports nor clears the pending error.
+            let r = s.handle_req(req(seq, 0, true, begin)).unwrap();
+            assert_eq!(r.result, CUresult::SUCCESS);
+            let Reply::UploadWanted { missing } = r.reply else {
+                panic!("{:?}", r.reply)
+            };
+            assert_eq!(missing, [0, 1, 2]);
+            for index in missing {
+                seq += 1;
+                let r = manifest.chunk_range(index as usize);
+                let wire = gleam_cache::encode_chunk(
+                    &data[r.start as usize..r.end as usize],
+                    gleam_cache::Compression::default(),
+                )
+                .to_wire();
+                let chunk = Call::UploadChunk {
+                    upload: id,
+                    index,
+                    stream: None,
+                };
+                assert!(s.handle(req(seq, 0, false, chunk), &wire).is_none());
+            }
+            seq += 1;
+            let copy = Call::UploadCopy {
+                upload: id,
+                dst: 0x1000,
+                stream: None,
+                continues: false,
+            };
+            s.handle_req(req(seq, 0, true, copy)).unwrap().result
+        };
+        // The copy reports the earlier failure instead of running, and drops its staging.
+        assert_eq!(upload(&mut s, 1), CUresult::INVALID_VALUE);
+        assert!(!s.backend.log.iter().any(|l| l.starts_with("htod")));
+        assert_eq!(upload(&mut s, 2), CUresult::SUCCESS);
+        assert_eq!(s.backend.log.last().unwrap(), "htod 0x1000 3000");
+        // A copy of nothing staged is refused.
+        let copy = Call::UploadCopy {
+            upload: 1,
+            dst: 0x1000,
+            stream: None,
+            continues: false,
+        };
+        let r = s.handle_req(req(99, 0, true, copy)).unwrap();
+        assert_eq!(r.result, CUresult::INVALID_VALUE);
     }
 
     #[test]
