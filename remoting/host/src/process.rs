@@ -626,6 +626,8 @@ async fn admit(
         let mut recv = recv;
         match read_opening(&mut recv, &mut frames).await {
             Ok(StreamOpen::Attach { token: presented }) if constant_time_eq(&presented, token) => {
+                // The session's client: its full flow-control credit (a few KiB until now).
+                tls::grant_credit(&conn);
                 let tx = shared.outbox.add(Lane::CONTROL, send);
                 tokio::spawn(lane_writer(tx, shared.clone()));
                 tokio::spawn(lane_reader(recv, frames, Lane::CONTROL, shared.clone()));
