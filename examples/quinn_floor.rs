@@ -42,6 +42,8 @@ async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
     while let Some(incoming) = endpoint.accept().await {
         tokio::spawn(async move {
             let Ok(conn) = incoming.await else { return };
+            // The floor is measured without the proof: the full credit it would have granted.
+            gleam_auth::tls::grant_credit(&conn);
             while let Ok((send, recv)) = conn.accept_bi().await {
                 tokio::spawn(answer(send, recv));
             }

@@ -74,3 +74,15 @@ fn managed_memory_in_blocking_mode() {
     let stdout = run_with("managed", &[("CUDA_LAUNCH_BLOCKING", "1")]);
     assert!(stdout.contains("managed ok"), "{stdout}");
 }
+
+/// Mirrored memory freed while an asynchronous call's error is pending is freed on the peer too (the
+/// shim's fuzz finding `device-memory-not-returned`: the peer kept it for the rest of the session), and
+/// the error still reaches the application's next synchronization.
+#[test]
+fn mirrored_memory_is_freed_on_the_peer_while_an_error_is_pending() {
+    let stdout = run("pending");
+    assert!(
+        stdout.contains("pending: mirrored memory freed under a pending error ok"),
+        "{stdout}"
+    );
+}

@@ -430,6 +430,8 @@ mod tests {
             },
             async { server.accept().await.unwrap().await.unwrap() },
         );
+        // No proof in these tests: the credit a proof would have granted.
+        gleam_auth::tls::grant_credit(&accepted);
         (conn, accepted, client, server)
     }
 

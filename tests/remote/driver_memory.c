@@ -3,7 +3,7 @@
  * ABI of NVIDIA's driver. The kernels are mem_kernels.ptx (from mem_kernels.cu), whose path is the second
  * argument. Every result is checked against a computation on the CPU; the first failure exits non-zero.
  *
- *   driver_memory managed|host|arrays|textures PTX_FILE
+ *   driver_memory managed|host|arrays|textures|pending PTX_FILE
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -100,6 +100,8 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream
 CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream stream);
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned flags);
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
 CUresult cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice dst, CUstream stream);
 CUresult cuMemAdvise(CUdeviceptr p, size_t n, int advice, CUdevice dev);
 CUresult cuMemRangeGetAttribute(void *data, size_t size, int attribute, CUdeviceptr p, size_t n);
@@ -796,6 +798,36 @@ static char *read_file(const char *path) {
     return buf;
 }
 
+/* Mirrored memory freed while an earlier asynchronous call's error is pending (fuzz finding
+ * device-memory-not-returned): the peer's copies must be freed all the same, and the error must still
+ * reach the application at its next synchronization. */
+static void pending(void) {
+    size_t free0 = 0, free1 = 0, total = 0;
+    OK(cuCtxSynchronize());
+    OK(cuMemGetInfo_v2(&free0, &total));
+    void *pinned = NULL, *mapped = NULL;
+    CUdeviceptr managed_ptr = 0;
+    OK(cuMemAllocHost_v2(&pinned, 57521));
+    OK(cuMemHostAlloc(&mapped, 5000, 0x2 /* DEVICEMAP */));
+    OK(cuMemAllocManaged(&managed_ptr, 4096, 1 /* GLOBAL */));
+    memset(pinned, 7, 57521);
+    /* Copies from and to NULL: refused by the peer, after the calls returned. */
+    CUresult first = cuMemcpyDtoDAsync_v2(0, 0, 64, NULL);
+    CUresult second = cuMemsetD8Async(0, 1, 64, NULL);
+    printf("pending: async calls on NULL returned %d and %d\n", first, second);
+    OK(cuMemFreeHost(pinned));
+    OK(cuMemFreeHost(mapped));
+    OK(cuMemFree_v2(managed_ptr));
+    CUresult reported = cuCtxSynchronize();
+    printf("pending: next synchronization returned %d\n", reported);
+    if (first == 0 && second == 0) CHECK(reported != 0); /* the error is still the application's */
+    OK(cuCtxSynchronize());
+    OK(cuMemGetInfo_v2(&free1, &total));
+    printf("pending: free before %zu, after %zu\n", free0, free1);
+    CHECK(free1 == free0);
+    printf("pending: mirrored memory freed under a pending error ok\n");
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         printf("usage: driver_memory managed|host|arrays|textures PTX_FILE\n");
@@ -815,6 +847,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "arrays")) arrays();
     else if (!strcmp(mode, "textures")) textures();
     else if (!strcmp(mode, "bench")) bench();
+    else if (!strcmp(mode, "pending")) pending();
     else {
         printf("unknown mode %s\n", mode);
         return 2;

@@ -9,7 +9,8 @@
 //!
 //! A side that sees a wrong proof closes the connection with [`CLOSE_AUTH_FAILED`] and a reason
 //! the other side reports as [`AuthError::Refused`]. Callers must not accept other streams on a
-//! connection before authentication succeeded.
+//! connection before authentication succeeded. Until it succeeds, the server grants the client only a
+//! few KiB of flow-control credit and two streams ([`crate::tls::server_config`]).
 
 use std::time::Duration;
 
@@ -37,6 +38,10 @@ pub async fn authenticate_as_client(
 }
 
 /// Checks the membership proof of the client of `conn` and proves ours. Returns the client's id.
+///
+/// A client that proved membership gets the connection's full flow-control credit
+/// ([`crate::tls::grant_credit`]); until then it had the pre-authentication allowance of
+/// [`crate::tls::server_config`].
 pub async fn authenticate_as_server(
     conn: &quinn::Connection,
     secret: &MeshSecret,
@@ -106,6 +111,9 @@ async fn server_exchange(
     if theirs != proof(conn, secret, Role::Client)? {
         return Err(AuthError::SecretMismatch { peer });
     }
+    // A member: full flow-control credit, announced before our proof so that the client, which
+    // starts its work when the proof arrives, finds it there.
+    crate::tls::grant_credit(conn);
     // Only a proven member learns our proof.
     let ours = proof(conn, secret, Role::Server)?;
     send.write_all(ours.as_bytes())

@@ -25,7 +25,10 @@ pub const ALPN_MESH: &[u8] = b"gleam-mesh/1";
 pub const ALPN_CUDA: &[u8] = b"gleam-cuda/1";
 
 /// The server config of a peer: TLS 1.3 only, client certificate required, both ALPNs accepted
-/// ([`ALPN_MESH`], [`ALPN_CUDA`]), transport tuned for a LAN ([`transport_config`]).
+/// ([`ALPN_MESH`], [`ALPN_CUDA`]), transport tuned for a LAN ([`transport_config`]) except for the
+/// flow-control credit, which stays at the pre-authentication allowance ([`PREAUTH_WINDOW`] bytes,
+/// [`PREAUTH_BIDI_STREAMS`] streams) until the caller calls [`grant_credit`] on a connection that
+/// proved it may be served.
 pub fn server_config(id: &Identity) -> Result<quinn::ServerConfig, TlsError> {
     let provider = provider();
     let mut tls = rustls::ServerConfig::builder_with_provider(provider.clone())
@@ -41,8 +44,20 @@ pub fn server_config(id: &Identity) -> Result<quinn::ServerConfig, TlsError> {
     tls.max_early_data_size = 0;
     let quic = QuicServerConfig::try_from(tls)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
-    config.transport_config(Arc::new(transport_config()));
+    config.transport_config(Arc::new(preauth_transport_config()));
     Ok(config)
+}
+
+/// Raises an accepted connection's flow-control credit from the pre-authentication allowance to the
+/// LAN windows of [`transport_config`]: a connection window of 64 MiB and 1024 streams each way.
+///
+/// Call it once the peer has proven it may be served (the mesh proof, or a session token), and never
+/// before: until then a stranger can make this side buffer only [`PREAUTH_WINDOW`] bytes a connection.
+/// The per-stream window is a transport parameter fixed at the handshake; the connection window caps it.
+pub fn grant_credit(conn: &quinn::Connection) {
+    conn.set_receive_window(quinn::VarInt::from_u32(CONNECTION_WINDOW));
+    conn.set_max_concurrent_bi_streams(quinn::VarInt::from_u32(MAX_STREAMS));
+    conn.set_max_concurrent_uni_streams(quinn::VarInt::from_u32(MAX_STREAMS));
 }
 
 /// The client config for connecting to the peer `expected`, offering ALPN `alpn`.
@@ -109,6 +124,10 @@ pub fn transport_config() -> quinn::TransportConfig {
     // One bidi stream per CUDA stream, plus request streams: allow many at once.
     transport.max_concurrent_bidi_streams(quinn::VarInt::from_u32(MAX_STREAMS));
     transport.max_concurrent_uni_streams(quinn::VarInt::from_u32(MAX_STREAMS));
+    // Datagrams are not flow-controlled and arrive before any proof: quinn keeps up to this many bytes
+    // of them unread (dropping the oldest), instead of its default 1.25 MB. Gossip, their only use,
+    // sends a few hundred bytes at a time to a reader that never waits.
+    transport.datagram_receive_buffer_size(Some(DATAGRAM_BUFFER));
     // Datagrams as large as the path carries, up to `GLEAM_UDP_PAYLOAD_MAX` (path MTU discovery with
     // black-hole detection, from 1200 bytes). The default stays at Ethernet's 1452: with a higher ceiling,
     // a bulk copy over loopback overflows the receiver's socket buffer with large datagrams and quinn's
@@ -116,6 +135,19 @@ pub fn transport_config() -> quinn::TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(udp_payload_max());
     transport.mtu_discovery_config(Some(mtu));
+    transport
+}
+
+/// [`transport_config`] with the credit a connection gets before it authenticated: a peer that has
+/// not proven anything can open [`PREAUTH_BIDI_STREAMS`] bidirectional streams (the proof's, or the
+/// session attach's) and no unidirectional one, and have at most [`PREAUTH_WINDOW`] bytes of stream
+/// data buffered here, whatever it sends and however many connections it opens. [`grant_credit`]
+/// raises both on a connection, and quinn announces the new limits to the peer at once.
+fn preauth_transport_config() -> quinn::TransportConfig {
+    let mut transport = transport_config();
+    transport.receive_window(quinn::VarInt::from_u32(PREAUTH_WINDOW));
+    transport.max_concurrent_bidi_streams(quinn::VarInt::from_u32(PREAUTH_BIDI_STREAMS));
+    transport.max_concurrent_uni_streams(quinn::VarInt::from_u32(0));
     transport
 }
 
@@ -314,6 +346,16 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
+/// Unread datagram bytes a connection keeps (see [`transport_config`]): above the largest UDP payload
+/// (quinn closes a connection that receives a datagram larger than this buffer).
+const DATAGRAM_BUFFER: usize = 128 * 1024;
+/// Connection receive window before authentication: room for the 32-byte proof or a session's
+/// attach frame (and a first request behind it), nothing more (issue 11: with the full windows, ten
+/// unauthenticated connections pushing data took a server from 100 MB to 710 MB).
+pub const PREAUTH_WINDOW: u32 = 4 * 1024;
+/// Bidirectional streams a peer may open before authentication: the proof's or the attach's, and one
+/// the client may open early (it waits for more credit otherwise, it does not fail).
+pub const PREAUTH_BIDI_STREAMS: u32 = 2;
 /// Kernel buffer asked for each QUIC UDP socket, each way (see [`bind_udp`]).
 const UDP_BUFFER: libc::c_int = 8 << 20;
 /// A connection that hears nothing from its peer for this long is lost (sessions count their grace

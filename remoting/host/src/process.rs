@@ -853,12 +853,16 @@ async fn admit(incoming: quinn::Incoming, client: PeerId, token: &[u8; 32]) -> O
     };
     match opening {
         Ok(Ok(StreamOpen::Attach { token: presented })) if constant_time_eq(&presented, token) => {
+            // The session's client: its full flow-control credit (a few KiB until now).
+            tls::grant_credit(&conn);
             Some(Arrival::Attach(link(conn, send, recv, frames)))
         }
         Ok(Ok(StreamOpen::Resume {
             token: presented,
             replies,
         })) if constant_time_eq(&presented, token) => {
+            // As above, on the connection a reconnecting client resumes on.
+            tls::grant_credit(&conn);
             Some(Arrival::Resume(link(conn, send, recv, frames), replies))
         }
         Ok(Ok(_)) => {

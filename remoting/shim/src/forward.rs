@@ -45,6 +45,23 @@ fn send_now(call: ApiCall) -> Result<Option<ApiReply>, CUresult> {
     }
 }
 
+/// Frees the peer's host allocation `p`, the copy behind a mirror the application has let go of,
+/// without waiting (unless in blocking mode). A waited-for request would find any error pending from an
+/// earlier asynchronous call and report it *instead of executing*: the peer would keep the allocation
+/// for the rest of the session, and the application's next call would not see its error. A
+/// fire-and-forget request runs all the same and leaves that error where it was.
+pub fn cuMemFreeHost_detached(p: u64) -> Result<(), CUresult> {
+    let call = ApiCall::cuMemFreeHost(args::cuMemFreeHost { p });
+    crate::managed::around(call.name(), || {
+        let session = state::session()?;
+        session
+            .client
+            .send(context::current(), Call::Api(call))
+            .map_err(state::lost)?
+            .result()
+    })
+}
+
 /// Records what a call that went through did to the session's handles.
 fn settle(effect: Effect, reply: Option<&ApiReply>) {
     let died = handles::lock().apply(effect, reply);

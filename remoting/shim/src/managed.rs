@@ -118,12 +118,12 @@ impl Remote for SessionRemote {
     }
 
     fn free(&self, kind: MirrorKind, addr: u64) {
-        // SAFETY: plain values: an allocation of the server's made for a mirror.
-        let freed = unsafe {
-            match kind {
-                MirrorKind::Managed { .. } => crate::forward::cuMemFree_v2(addr),
-                _ => crate::forward::cuMemFreeHost(addr),
-            }
+        // Both go fire-and-forget (`cuMemFree` is deferred in the list): a free must run even when an
+        // earlier asynchronous call's error is pending, which a waited-for request would report instead.
+        let freed = match kind {
+            // SAFETY: a plain value: an allocation of the server's made for a mirror.
+            MirrorKind::Managed { .. } => unsafe { crate::forward::cuMemFree_v2(addr) },
+            _ => crate::forward::cuMemFreeHost_detached(addr),
         };
         if let Err(err) = freed {
             tracing::debug!(addr, %err, "freeing the server's copy of mirrored memory failed");
