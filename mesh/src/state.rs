@@ -46,9 +46,12 @@ impl PeerState {
         (self.boot, self.version) > (other.boot, other.version)
     }
 
-    /// Total GPU memory over all GPUs, in bytes.
+    /// Total GPU memory over all GPUs, in bytes (saturating: the figures come from other peers, and a
+    /// hostile one's overflowing sum once panicked `gleam peers list`, found by the `gossip` fuzz target).
     pub fn total_memory(&self) -> u64 {
-        self.gpus.iter().map(|gpu| gpu.total_memory).sum()
+        self.gpus
+            .iter()
+            .fold(0u64, |sum, gpu| sum.saturating_add(gpu.total_memory))
     }
 
     /// Caps variable-length fields so an encoded state always fits one gossip packet.
@@ -295,6 +298,14 @@ pub(crate) mod tests {
             cache: CacheDigest::default(),
             links: Vec::new(),
         }
+    }
+
+    #[test]
+    fn total_memory_saturates_on_hostile_figures() {
+        let mut s = state(1, 1, 1);
+        s.gpus.push(s.gpus[0].clone());
+        s.gpus[1].total_memory = u64::MAX;
+        assert_eq!(s.total_memory(), u64::MAX);
     }
 
     #[test]

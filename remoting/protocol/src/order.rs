@@ -609,7 +609,11 @@ mod tests {
         assert_eq!(lane, Lane::CONTROL);
         let (c1, lane, deps) = seq.next(chunk(1).ordering());
         assert_eq!(lane, Lane(SYNC_UPLOAD_STREAM));
-        assert_ne!(lane, Lane::SIGNALS, "a synchronous upload's chunks are ordered, never signals");
+        assert_ne!(
+            lane,
+            Lane::SIGNALS,
+            "a synchronous upload's chunks are ordered, never signals"
+        );
         assert_eq!(deps.after, [b1]);
         // The first segment's copy is the synchronous copy: after everything.
         let (_, lane, deps) = seq.next(copy(1, false).ordering());
