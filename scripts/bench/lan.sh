@@ -132,10 +132,12 @@ for w in workloads:
             sync = load(f"{w}.{l}.sync.json")
             vs_sync = sync["time_s"] / r["time_s"] if sync else float("nan")
             ideal = None
+            # A warm run's weights are on the peer already: only what the cache cannot hold must cross.
+            must_cross = r["must_cross_bytes"] - (r.get("weights_bytes", 0) if w == "weights-warm" else 0)
             if base:
                 ideal = base["time_s"] + r["syncs"] * RTT[l]
                 if RATE[l]:
-                    ideal += r["must_cross_bytes"] / RATE[l]
+                    ideal += must_cross / RATE[l]
             vs_ideal = r["time_s"] / ideal if ideal else float("nan")
             notes = ""
             if "busy_p99_us" in r:
