@@ -342,7 +342,7 @@ unsafe fn two_streams(gpu: &Gpu) -> String {
     let bytes = env("BENCH_UPLOAD_MIB", 1024) << 20;
     let iters = env("BENCH_LOOP_ITERS", 200);
     // Bytes no cache has seen and no compressor shrinks: the upload crosses the link in full.
-    let mut state = (std::process::id() as u64) << 32
+    let mut state = u64::from(std::process::id()) << 32
         | u64::from(
             std::time::UNIX_EPOCH
                 .elapsed()
