@@ -85,19 +85,22 @@ fn hex(id: &[u8; 16]) -> String {
 /// Slot `SLOT` of table `STUBBED[TABLE]`, whose meaning is unknown: logged once, counted, refused.
 extern "C" fn unknown_slot<const TABLE: usize, const SLOT: usize>() -> CUresult {
     static REPORTED: Mutex<Option<HashSet<(usize, usize)>>> = Mutex::new(None);
-    let id = hex(&STUBBED[TABLE]);
-    crate::trace::unknown_slot(&id, SLOT);
-    let first = REPORTED
-        .lock()
-        .map(|mut r| r.get_or_insert_with(HashSet::new).insert((TABLE, SLOT)))
-        .unwrap_or(false);
-    if first {
-        tracing::warn!(
-            table = %id,
-            slot = SLOT,
-            "export table slot not implemented by Gleam was called: returning CUDA_ERROR_NOT_SUPPORTED"
-        );
-    }
+    // Never unwind into the caller (C code): counting and logging stay inside.
+    let _ = std::panic::catch_unwind(|| {
+        let id = hex(&STUBBED[TABLE]);
+        crate::trace::unknown_slot(&id, SLOT);
+        let first = REPORTED
+            .lock()
+            .map(|mut r| r.get_or_insert_with(HashSet::new).insert((TABLE, SLOT)))
+            .unwrap_or(false);
+        if first {
+            tracing::warn!(
+                table = %id,
+                slot = SLOT,
+                "export table slot not implemented by Gleam was called: returning CUDA_ERROR_NOT_SUPPORTED"
+            );
+        }
+    });
     CUresult::NOT_SUPPORTED
 }
 
@@ -528,7 +531,10 @@ static IDENTITY: Table<93> = table(
 /// and ResNet-50 and GPT-2 in fp16 give the local run's exact outputs (H200, torch 2.11). Refusing the
 /// whole table instead makes cuBLASLt crash on its first fp16 matmul.
 extern "C" fn decline_objects() -> CUresult {
-    tracing::debug!("1734dc26 slot 4: declined (cuBLASLt carries on without the objects)");
+    // Never unwind into the caller (C code).
+    let _ = std::panic::catch_unwind(|| {
+        tracing::debug!("1734dc26 slot 4: declined (cuBLASLt carries on without the objects)");
+    });
     CUresult::NOT_SUPPORTED
 }
 
