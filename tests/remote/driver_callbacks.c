@@ -54,32 +54,7 @@ CUresult cuStreamAddCallback_ptsz(CUstream stream, CUstreamCallback callback, vo
 #define CAPTURE_UNSUPPORTED 900
 #define CAPTURE_INVALIDATED 901
 
-static const char *name_of(CUresult r) {
-    const char *name = "?";
-    cuGetErrorName(r, &name);
-    return name;
-}
-
-#define EXPECT(call, want)                                                                  \
-    do {                                                                                    \
-        CUresult got_ = (call);                                                             \
-        if (got_ != (want)) {                                                               \
-            printf("FAIL %s: got %s (%d), want %d\n", #call, name_of(got_), got_, (want)); \
-            fflush(stdout);                                                                 \
-            exit(10);                                                                       \
-        }                                                                                   \
-    } while (0)
-
-#define CHECK(cond, ...)                   \
-    do {                                   \
-        if (!(cond)) {                     \
-            printf("FAIL %s: ", #cond);    \
-            printf(__VA_ARGS__);           \
-            printf("\n");                  \
-            fflush(stdout);                \
-            exit(11);                      \
-        }                                  \
-    } while (0)
+#include "expect.h"
 
 static const char PTX[] =
     ".version 7.0\n"

@@ -54,32 +54,7 @@ CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *id);
 #define INVALID_DEVICE 101
 #define PEER_ACCESS_NOT_ENABLED 705
 
-static const char *name_of(CUresult r) {
-    const char *name = "?";
-    cuGetErrorName(r, &name);
-    return name;
-}
-
-#define EXPECT(call, want)                                                                  \
-    do {                                                                                    \
-        CUresult got_ = (call);                                                             \
-        if (got_ != (want)) {                                                               \
-            printf("FAIL %s: got %s (%d), want %d\n", #call, name_of(got_), got_, (want)); \
-            fflush(stdout);                                                                 \
-            exit(10);                                                                       \
-        }                                                                                   \
-    } while (0)
-
-#define CHECK(cond, ...)                \
-    do {                                \
-        if (!(cond)) {                  \
-            printf("FAIL %s: ", #cond); \
-            printf(__VA_ARGS__);        \
-            printf("\n");               \
-            fflush(stdout);             \
-            exit(11);                   \
-        }                               \
-    } while (0)
+#include "expect.h"
 
 /* Checks a 2D fill of `rows` x `width` elements of `esize` bytes with `value`, rows `pitch` apart, the
  * rest of each row (and everything after) still 0xee. */
