@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: what cuBLAS needs of the driver's private tables. Runs streams_cublas and a torch
 # matmul (1) on NVIDIA's driver through the table spy (tools/gpu/table_spy: every slot call of the tables
-# in SPY_TABLES logged with arguments and results) and (2) through Gleam, refusing those tables (as now) and
-# serving them as logging stubs (GLEAM_DARK_STUBS), each with the shim's log.
+# in SPY_TABLES logged with arguments and results) and (2) through Gleam with every shim call logged in
+# order (GLEAM_LOG=gleamcuda=trace): the two logs side by side show where Gleam's answers differ.
 #   OUT=/some/folder bash scripts/gpu/cublas-probe.sh      (carrying .carry)
 set -u -o pipefail
 . "$(dirname "$0")/common.sh"
@@ -49,12 +49,9 @@ for _ in $(seq 1 300); do
     PEER=$(sed -n 's/^gleam serve: listening on \([^ ]*\) as \([^ ]*\).*/\2@\1/p' "$OUT/serve.out" | head -n 1)
     [ -n "$PEER" ] && break; sleep 0.1
 done
-for rc in 1 500 801; do
-    GLEAM_DARK_UNKNOWN_RC=$rc GLEAM_LOG=gleamcuda=trace timeout 90 \
-        "$GLEAM" run --peer "$PEER" --config-dir "$cfg" -- "$WORK/bin/streams_cublas" > "$OUT/gleam-cublas-rc$rc.out" 2> "$OUT/gleam-cublas-rc$rc.log"
-    echo "gleam streams_cublas unknown-table rc=$rc: rc $?"; tail -2 "$OUT/gleam-cublas-rc$rc.out"
+for prog in cublas torch; do
+    case $prog in cublas) cmd=("$WORK/bin/streams_cublas") ;; torch) cmd=("$PYTHON" "$WORK/mm.py") ;; esac
+    GLEAM_LOG=gleamcuda=trace timeout 120 "$GLEAM" run --peer "$PEER" --config-dir "$cfg" -- "${cmd[@]}" \
+        > "$OUT/gleam-$prog.out" 2> "$OUT/gleam-$prog.log"
+    echo "gleam $prog: rc $?"; tail -2 "$OUT/gleam-$prog.out"; grep -i "call failed\|slot" "$OUT/gleam-$prog.log" | head -8
 done
-stubs=${TORCH_STUBS:-69a28e9f,1734dc26,da9151d3,6e163fbe}
-GLEAM_DARK_UNKNOWN_RC=500 GLEAM_DARK_STUBS=$stubs GLEAM_LOG=gleamcuda=debug timeout 120 "$GLEAM" run --peer "$PEER" --config-dir "$cfg" -- "$PYTHON" "$WORK/mm.py" \
-    > "$OUT/gleam-torch.out" 2> "$OUT/gleam-torch.log"
-echo "gleam torch stubs=$stubs: rc $?"; tail -3 "$OUT/gleam-torch.out"; grep -i "slot\|export" "$OUT/gleam-torch.log" | head -8
