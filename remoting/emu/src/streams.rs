@@ -77,15 +77,21 @@ impl Signal {
 
     /// Raises the value to `to` (never lowers it) and wakes waiters, host threads and stream workers.
     pub fn advance_to(&self, to: u64) {
+        self.advance_quietly(to);
+        if let Some(pool) = self.pool.upgrade() {
+            pool.wake();
+        }
+    }
+
+    /// [`Self::advance_to`] without waking the pool's workers: for a worker that holds the pool's lock
+    /// and wakes them itself.
+    fn advance_quietly(&self, to: u64) {
         let mut state = self.lock();
         if to > state.0 {
             *state = (to, Some(Instant::now()));
         }
         drop(state);
         self.changed.notify_all();
-        if let Some(pool) = self.pool.upgrade() {
-            pool.wake();
-        }
     }
 
     /// Blocks until the value reaches `target`.
@@ -307,13 +313,15 @@ fn worker(pool: &Weak<Pool>) {
         }
         crate::memory::clear_thread_cache();
         // The item's own signals (events it records) first: whoever the stream's progress wakes (a
-        // stream synchronisation) must find them complete, as CUDA promises.
-        for (completed, target) in &work.completes {
-            completed.advance_to(*target);
-        }
-        done.advance_to(work.ticket);
-
+        // stream synchronisation) must find them complete, as CUDA promises. Both advance under the
+        // pool's lock, which work of other streams is picked under: a stream waiting for one of these
+        // events cannot run (and be synchronised) before this stream shows the item done, so a query
+        // of this stream after it is never NOT_READY for an item already complete.
         state = pool.lock();
+        for (completed, target) in &work.completes {
+            completed.advance_quietly(*target);
+        }
+        done.advance_quietly(work.ticket);
         if let Some(queue) = state.queues.get_mut(&id) {
             queue.running = false;
             // Its priority may have changed meanwhile (`cuStreamSetAttribute`).
