@@ -505,41 +505,51 @@ impl BlobStore {
 
     /// Removes least recently used blobs (never `keep`) until the store is within 90% of its limit.
     /// Called under the lock.
+    ///
+    /// A blob a reader used since the walk is spared in the first pass. When readers keep every
+    /// candidate in use, a second pass, on a fresh walk, evicts by last use regardless: the limit is
+    /// a bound, and a reader that already opened an evicted blob still reads all of it.
     fn evict(&self, state: &mut State, keep: &ContentId) -> Result<(), CacheError> {
-        let mut entries = self.walk()?;
-        // The walk is exact: correct the record with it.
-        state.bytes = entries.iter().map(|e| e.len).sum();
-        state.blobs = entries.len() as u64;
-        if state.bytes <= state.limit {
-            return Ok(());
-        }
-        let target = state.limit - state.limit / 10;
-        entries.sort_unstable_by_key(|e| (e.used, e.id));
-        for entry in entries {
-            if state.bytes <= target {
-                break;
+        for spare_recently_used in [true, false] {
+            let mut entries = self.walk()?;
+            // The walk is exact: correct the record with it.
+            state.bytes = entries.iter().map(|e| e.len).sum();
+            state.blobs = entries.len() as u64;
+            if state.bytes <= state.limit {
+                return Ok(());
             }
-            if entry.id == *keep {
-                continue;
-            }
-            let path = self.blob_path(&entry.id);
-            // A reader that used it since the walk saves it.
-            if fs::metadata(&path).and_then(|m| m.modified()).ok() != Some(entry.used) {
-                continue;
-            }
-            match fs::remove_file(&path) {
-                Ok(()) => {
-                    tracing::debug!(id = %entry.id, len = entry.len, "content cache: evicted");
-                    state.evicted += 1;
+            let target = state.limit - state.limit / 10;
+            entries.sort_unstable_by_key(|e| (e.used, e.id));
+            for entry in entries {
+                if state.bytes <= target {
+                    return Ok(());
                 }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    tracing::warn!(id = %entry.id, "content cache: cannot evict: {e}");
+                if entry.id == *keep {
                     continue;
                 }
+                let path = self.blob_path(&entry.id);
+                if spare_recently_used
+                    && fs::metadata(&path).and_then(|m| m.modified()).ok() != Some(entry.used)
+                {
+                    continue;
+                }
+                match fs::remove_file(&path) {
+                    Ok(()) => {
+                        tracing::debug!(id = %entry.id, len = entry.len, "content cache: evicted");
+                        state.evicted += 1;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        tracing::warn!(id = %entry.id, "content cache: cannot evict: {e}");
+                        continue;
+                    }
+                }
+                state.bytes -= entry.len;
+                state.blobs -= 1;
             }
-            state.bytes -= entry.len;
-            state.blobs -= 1;
+            if state.bytes <= state.limit {
+                return Ok(());
+            }
         }
         Ok(())
     }
