@@ -77,6 +77,22 @@ fn a_function_on_one_stream_does_not_hold_another() {
     );
 }
 
+/// A stream held by a function, with 256 MiB of copies queued behind it (more than the client, the network
+/// or the serving side buffers for one stream, wherever they pile up), does not hold another stream: its
+/// work runs and the function waiting for it returns.
+#[test]
+fn a_stream_with_a_full_backlog_does_not_hold_another() {
+    let server = Server::start("emu");
+    let (_dir, exe) = program();
+    let stdout = run_on(&server, &exe, "backlog");
+    for line in [
+        "MiB queued behind the held stream ok",
+        "a full stream does not hold another ok",
+    ] {
+        assert!(stdout.contains(line), "{line}:\n{stdout}");
+    }
+}
+
 /// `cuStreamAddCallback` functions get their stream, data and `CUDA_SUCCESS`; after a kernel faults
 /// they get the context's error, and `cuLaunchHostFunc` functions are not called, as CUDA documents.
 #[test]
@@ -141,7 +157,7 @@ fn leaving_with_a_function_that_never_returns_does_not_hang() {
 fn the_same_program_passes_on_nvidias_driver_and_through_gleam_on_a_gpu() {
     let server = Server::start("cuda");
     let (_dir, exe) = program();
-    for mode in ["order", "hold", "streams", "sync", "status", "fault"] {
+    for mode in ["order", "hold", "streams", "backlog", "sync", "status", "fault"] {
         let native = output_within(
             {
                 let mut cmd = std::process::Command::new(&exe);

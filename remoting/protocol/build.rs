@@ -248,6 +248,8 @@ fn check(entries: &[Entry]) -> Result<(), String> {
                 || tag == "bulk-in"
                 || tag == "bulk-out"
                 || tag == "barrier"
+                || tag == "blocks"
+                || tag == "waits-memory"
                 || [
                     "destroys(",
                     "retains-primary(",
@@ -478,7 +480,7 @@ fn generate(entries: &[Entry]) -> String {
     // How each forwarded call is ordered against the others (lanes, events, barriers).
     s.push_str(
         "/// How a forwarded call is ordered against the session's other requests (from the list's stream and\n\
-         /// event arguments and its `barrier`/`records` tags).\n\
+         /// event arguments and its `barrier`/`blocks`/`waits-memory`/`records` tags).\n\
          pub(crate) fn api_ordering(call: &crate::api::ApiCall) -> crate::order::Ordering {\n\
          \x20   use crate::api::ApiCall;\n\
          \x20   #[allow(unused_variables)]\n\
@@ -499,10 +501,12 @@ fn generate(entries: &[Entry]) -> String {
             .tags
             .iter()
             .any(|t| t == "barrier" || t.starts_with("destroys("));
+        let blocks = e.tags.iter().any(|t| t == "blocks");
+        let waits_on_memory = e.tags.iter().any(|t| t == "waits-memory");
         let _ = writeln!(
             s,
             "        ApiCall::{}(a) => crate::order::Ordering {{ stream: {}, barrier: {barrier}, \
-             records: {}, waits: [{}], }},",
+             blocks: {blocks}, waits_on_memory: {waits_on_memory}, records: {}, waits: [{}], }},",
             e.name,
             stream.map_or("None".to_owned(), |p| format!("Some(a.{})", p.name)),
             recorded.map_or("None".to_owned(), |arg| format!("Some(a.{arg})")),

@@ -4,9 +4,10 @@
  * functions in a capture, where CUDA records a host node), what it expects is the real driver's
  * behaviour. No cuda.h on CI: the declarations it needs are here, with the driver's ABI (CUDA 13.0).
  *
- *   driver_callbacks order|hold|streams|sync|status|fault|capture|exit
+ *   driver_callbacks order|hold|streams|backlog|sync|status|fault|capture|exit
  *
  * Prints one line per check and `<mode> ok` at the end; exits non-zero on the first failure. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const char *name);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes);
 CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned value, size_t n);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes);
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
@@ -243,6 +245,66 @@ static void streams(void) {
     printf("a function on one stream does not hold another ok\n");
 }
 
+/* ---- backlog: a held stream with hundreds of MiB of copies queued behind it does not hold another
+ * (whichever buffer they fill: the client's for that stream, the network's, the serving side's) ---- */
+
+#define PIECE (512 << 10) /* under the content-copy threshold: plain asynchronous copies */
+#define PIECES 512        /* 256 MiB: more than the serving side and the network buffer for a stream */
+static CUcontext the_ctx;
+static CUstream backlog_a;
+static CUdeviceptr backlog_dst;
+static int pieces_queued;
+
+static void *fill_a(void *unused) {
+    (void)unused;
+    static unsigned char piece[PIECE];
+    memset(piece, 7, sizeof piece);
+    EXPECT(cuCtxSetCurrent(the_ctx), 0);
+    for (int i = 0; i < PIECES; i++) {
+        EXPECT(cuMemcpyHtoDAsync_v2(backlog_dst, piece, PIECE, backlog_a), 0);
+        store(&pieces_queued, i + 1);
+    }
+    return NULL;
+}
+
+static void backlog(void) {
+    CUstream b;
+    CUdeviceptr d;
+    pthread_t filler;
+    int v = 0;
+    EXPECT(cuStreamCreate(&backlog_a, 1), 0);
+    EXPECT(cuStreamCreate(&b, 1), 0);
+    EXPECT(cuMemAlloc_v2(&backlog_dst, PIECE), 0);
+    EXPECT(cuMemAlloc_v2(&d, 4), 0);
+    EXPECT(cuMemsetD32_v2(d, 41, 1), 0);
+    EXPECT(cuCtxSynchronize(), 0);
+    /* A is held by a function that waits for B's, and its copies pile up behind it until they are all
+     * queued or the thread queueing them has to wait for room. */
+    EXPECT(cuLaunchHostFunc(backlog_a, wait_for_b, NULL), 0);
+    CHECK(pthread_create(&filler, NULL, fill_a, NULL) == 0, "cannot start the filling thread");
+    int last = -1;
+    double still_since = now();
+    while (load(&pieces_queued) < PIECES && now() - still_since < 0.5) {
+        int queued = load(&pieces_queued);
+        if (queued != last) {
+            last = queued;
+            still_since = now();
+        }
+        usleep(10000);
+    }
+    printf("%d MiB queued behind the held stream ok\n", load(&pieces_queued) * PIECE >> 20);
+    /* B's work goes through now: if A's backlog held B, A's function would give up waiting. */
+    launch_add_one(d, 1, b);
+    EXPECT(cuMemcpyDtoHAsync_v2(&v, d, 4, b), 0);
+    EXPECT(cuLaunchHostFunc(b, mark_b, NULL), 0);
+    EXPECT(cuStreamSynchronize(b), 0);
+    CHECK(v == 42, "B's copy gave %d", v);
+    CHECK(pthread_join(filler, NULL) == 0, "cannot join the filling thread");
+    EXPECT(cuStreamSynchronize(backlog_a), 0);
+    CHECK(load(&held_done) == 1, "B's work waited for A's backlog");
+    printf("a full stream does not hold another ok\n");
+}
+
 /* ---- sync: synchronization waits for functions ---- */
 
 static int slow_done;
@@ -364,6 +426,7 @@ int main(int argc, char **argv) {
     EXPECT(cuInit(0), 0);
     EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), 0);
     EXPECT(cuCtxSetCurrent(ctx), 0);
+    the_ctx = ctx;
     EXPECT(cuModuleLoadData(&module, PTX), 0);
     EXPECT(cuModuleGetFunction(&add_one, module, "add_one"), 0);
     if (strcmp(mode, "order") == 0) {
@@ -372,6 +435,8 @@ int main(int argc, char **argv) {
         hold();
     } else if (strcmp(mode, "streams") == 0) {
         streams();
+    } else if (strcmp(mode, "backlog") == 0) {
+        backlog();
     } else if (strcmp(mode, "sync") == 0) {
         sync_waits();
     } else if (strcmp(mode, "status") == 0) {

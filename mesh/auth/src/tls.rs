@@ -135,8 +135,33 @@ pub fn transport_config() -> quinn::TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(udp_payload_max());
     transport.mtu_discovery_config(Some(mtu));
+    if congestion_control() == CongestionControl::Bbr {
+        transport.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
+    }
     transport
 }
+
+/// Which congestion controller QUIC connections use.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum CongestionControl {
+    /// Loss-based (quinn's default): fills the bottleneck's queue before it backs off.
+    Cubic,
+    /// Model-based: paces at the measured bottleneck rate, keeping the queue (and so the delay a bulk
+    /// transfer adds to every other packet on the link) small, and shrugging off random loss.
+    Bbr,
+}
+
+/// The congestion controller: `GLEAM_CONGESTION=cubic|bbr`, else [`DEFAULT_CONGESTION`].
+pub fn congestion_control() -> CongestionControl {
+    match std::env::var("GLEAM_CONGESTION").ok().as_deref().map(str::trim) {
+        Some("cubic") => CongestionControl::Cubic,
+        Some("bbr") => CongestionControl::Bbr,
+        _ => DEFAULT_CONGESTION,
+    }
+}
+
+/// The congestion controller unless `GLEAM_CONGESTION` says otherwise.
+pub const DEFAULT_CONGESTION: CongestionControl = CongestionControl::Cubic;
 
 /// [`transport_config`] with the credit a connection gets before it authenticated: a peer that has
 /// not proven anything can open [`PREAUTH_BIDI_STREAMS`] bidirectional streams (the proof's, or the

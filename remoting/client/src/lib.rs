@@ -15,12 +15,14 @@
 //! (quinn's driver then sends it). Fire-and-forget requests are coalesced per lane: they accumulate in the
 //! lane's batch and the lane's writer task hands the batch to quinn as one chunk shortly after, so a burst
 //! of launches costs one segment, not one per launch; a request that waits for its reply flushes its lane
-//! at once. What quinn cannot take yet is bounded ([`BUFFER_LIMIT`]): past it, callers wait. Replies are
+//! at once. What quinn cannot take yet is bounded per lane ([`BUFFER_LIMIT`]): past it, callers of that
+//! lane wait, and only they: a lane full of a large upload never holds back another lane's calls. Replies are
 //! read by one task per lane and handed to the waiting thread through a [`slot::Slot`] (spin, then park).
 //!
 //! A session survives network drops ([`gleam_protocol::resume`]): every request frame is kept until the
 //! serving side acknowledges it (a reply acknowledges its lane's requests up to it; acknowledgements come
-//! on a stream of their own for the rest), bounded by [`RETAIN_LIMIT`]. When the link goes silent past
+//! on a stream of their own for the rest), bounded by [`RETAIN_LIMIT`] per lane and [`SESSION_RETAIN_LIMIT`]
+//! in all. When the link goes silent past
 //! QUIC's idle timeout, calls wait, and the client dials the peer again (every address it knows, from
 //! whatever interface now works), asks to resume its session ([`Control::Resume`]) and, on the session
 //! process's own endpoint, tells it which replies it has; each side then sends again what the other has
@@ -63,12 +65,15 @@ use crate::slot::Slot;
 
 /// How long [`Client::connect`] may take in all (handshake, authentication, session start, hello).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Bytes the client holds that quinn has not taken yet (across lanes); past it, a submitting thread
-/// waits for the network to catch up.
+/// Bytes of one lane that quinn has not taken yet; past it, a thread submitting on that lane waits for
+/// the network to catch up (threads of other lanes go on).
 pub const BUFFER_LIMIT: usize = 32 << 20;
-/// Bytes of requests sent and not yet acknowledged by the serving side (kept to send again after a drop);
-/// past it, a submitting thread waits for acknowledgements.
+/// Bytes of one lane's requests sent and not yet acknowledged by the serving side (kept to send again
+/// after a drop); past it, a thread submitting on that lane waits for acknowledgements.
 pub const RETAIN_LIMIT: usize = 128 << 20;
+/// Unacknowledged bytes of all lanes together: the bound on what the client keeps, whatever the number
+/// of streams. Past it, every submitting thread waits.
+pub const SESSION_RETAIN_LIMIT: usize = 4 * RETAIN_LIMIT;
 /// One attempt to resume a session (dial, authenticate, reach the session process) may take this long.
 const RESUME_ATTEMPT: Duration = Duration::from_secs(3);
 /// How long one attempt waits for the peer's handshake: short, so that once the link is back a fresh
@@ -675,11 +680,10 @@ impl Drop for Client {
 /// State shared by the calling threads and the network tasks.
 struct Shared {
     core: Mutex<Core>,
-    /// Bytes submitted that quinn has not taken yet (backpressure).
-    buffered: AtomicUsize,
-    /// Bytes of requests kept until the serving side acknowledges them.
-    retained: AtomicUsize,
-    /// Wakes threads waiting for `buffered` or `retained` to fall, or for the link to come back.
+    /// Bytes of all lanes (see [`Backlog`]): `buffered` tells an upload whether the network waits;
+    /// `retained` is bounded by [`SESSION_RETAIN_LIMIT`].
+    total: Backlog,
+    /// Wakes threads waiting for a backlog to fall, or for the link to come back.
     drained: Condvar,
     drained_lock: Mutex<()>,
     /// Set once the session ended (fast path for callers).
@@ -727,8 +731,18 @@ struct Core {
     signals: u64,
 }
 
+/// What a lane (or the whole session) holds, for backpressure. Changed under the lane's lock.
+#[derive(Default)]
+struct Backlog {
+    /// Bytes submitted that quinn has not taken yet.
+    buffered: AtomicUsize,
+    /// Bytes of requests kept until the serving side acknowledges them.
+    retained: AtomicUsize,
+}
+
 /// One lane's sending half.
 struct LaneTx {
+    backlog: Backlog,
     /// No request was put in the batch yet (it holds only the opening frame).
     fresh: AtomicBool,
     state: Mutex<TxState>,
@@ -833,8 +847,7 @@ impl Shared {
                 replies_changed: false,
                 signals: 0,
             }),
-            buffered: AtomicUsize::new(0),
-            retained: AtomicUsize::new(0),
+            total: Backlog::default(),
             drained: Condvar::new(),
             drained_lock: Mutex::new(()),
             lost: AtomicBool::new(false),
@@ -863,6 +876,7 @@ impl Shared {
     /// Registers the control lane's stream and starts its reader and writer tasks.
     fn add_lane(self: &Arc<Self>, lane: Lane, send: quinn::SendStream, recv: quinn::RecvStream) {
         let tx = Arc::new(LaneTx {
+            backlog: Backlog::default(),
             fresh: AtomicBool::new(false),
             state: Mutex::new(TxState {
                 send: Some(send),
@@ -919,9 +933,8 @@ impl Shared {
         let mut opening = Vec::new();
         // Encoding a lane number cannot fail.
         let _ = frame::encode(&StreamOpen::Lane { lane }, &[], &mut opening);
-        // Counted like any request's bytes: the flush that hands them to quinn subtracts them.
-        self.buffered.fetch_add(opening.len(), Ordering::AcqRel);
         let tx = Arc::new(LaneTx {
+            backlog: Backlog::default(),
             fresh: AtomicBool::new(true),
             state: Mutex::new(TxState {
                 send,
@@ -932,6 +945,8 @@ impl Shared {
             }),
             flush: Notify::new(),
         });
+        // Counted like any request's bytes: the flush that hands them to quinn subtracts them.
+        self.buffer(&tx, opening.len());
         core.lanes.insert(lane, tx.clone());
         self.runtime.spawn(lane_writer(tx.clone(), self.clone()));
         if let Some(recv) = recv {
@@ -960,14 +975,23 @@ impl Shared {
         if self.lost.load(Ordering::Acquire) {
             return Err(self.lost_error());
         }
-        self.wait_for_room()?;
+        // A new lane is not opened on a link that is down.
+        self.wait_for_room(None)?;
         let ordering = call.ordering();
+        let lane = ordering.stream.map_or(Lane::CONTROL, Lane::of_stream);
+        let tx = {
+            let mut core = self.core();
+            if let Some(err) = &core.lost {
+                return Err(err.clone());
+            }
+            self.open_lane(&mut core, lane)
+        };
+        // Waits for room on this lane only (lanes stay once opened), before taking a number.
+        self.wait_for_room(Some(&tx))?;
         let mut core = self.core();
         if let Some(err) = &core.lost {
             return Err(err.clone());
         }
-        let lane = ordering.stream.map_or(Lane::CONTROL, Lane::of_stream);
-        let tx = self.open_lane(&mut core, lane);
         let (seq, numbered, deps) = core.sequencer.next(ordering);
         debug_assert_eq!(numbered, lane, "the lane opened is the lane numbered");
         let request = Request {
@@ -1002,8 +1026,7 @@ impl Shared {
         for part in bulk {
             state.batch.extend_from_slice(part);
         }
-        self.buffered
-            .fetch_add(head.len() + bulk_len, Ordering::AcqRel);
+        self.buffer(&tx, head.len() + bulk_len);
         // The numbering lock is not needed to hand the lane's bytes to quinn.
         drop(core);
         if expects_reply || state.batch.len() >= BATCH_FLUSH {
@@ -1011,7 +1034,7 @@ impl Shared {
             let mut moved = Moved::default();
             let flushed = state.poll_flush(&mut Context::from_waker(Waker::noop()), &mut moved);
             // Counted under the lane's lock: a reply acknowledging these frames finds them counted.
-            self.moved(&moved);
+            self.moved(&tx, &moved);
             drop(state);
             // A failed write is the link going down: the request is kept and goes again on resume.
             if flushed.is_pending() {
@@ -1024,13 +1047,15 @@ impl Shared {
         Ok(pending)
     }
 
-    /// Waits while the client holds more than [`BUFFER_LIMIT`] bytes quinn has not taken or more than
-    /// [`RETAIN_LIMIT`] unacknowledged bytes, or while the link is down (until it is resumed, or the
-    /// session is lost).
-    fn wait_for_room(&self) -> Result<(), ClientError> {
+    /// Waits while lane `tx` (if given) holds more than [`BUFFER_LIMIT`] bytes quinn has not taken or
+    /// more than [`RETAIN_LIMIT`] unacknowledged bytes, while the session holds more than
+    /// [`SESSION_RETAIN_LIMIT`], or while the link is down (until it is resumed, or the session is lost).
+    fn wait_for_room(&self, tx: Option<&LaneTx>) -> Result<(), ClientError> {
         let full = || {
-            self.buffered.load(Ordering::Acquire) >= BUFFER_LIMIT
-                || self.retained.load(Ordering::Acquire) >= RETAIN_LIMIT
+            tx.is_some_and(|tx| {
+                tx.backlog.buffered.load(Ordering::Acquire) >= BUFFER_LIMIT
+                    || tx.backlog.retained.load(Ordering::Acquire) >= RETAIN_LIMIT
+            }) || self.total.retained.load(Ordering::Acquire) >= SESSION_RETAIN_LIMIT
                 || self.suspended.load(Ordering::Acquire)
         };
         if !full() {
@@ -1050,29 +1075,45 @@ impl Shared {
         Ok(())
     }
 
-    /// Accounts for what a flush moved.
-    fn moved(&self, moved: &Moved) {
+    /// Counts `bytes` newly put in lane `tx`'s batch or pending chunks.
+    fn buffer(&self, tx: &LaneTx, bytes: usize) {
+        tx.backlog.buffered.fetch_add(bytes, Ordering::AcqRel);
+        self.total.buffered.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// Accounts for what a flush of lane `tx` moved.
+    fn moved(&self, tx: &LaneTx, moved: &Moved) {
         if moved.kept > 0 {
-            self.retained.fetch_add(moved.kept, Ordering::AcqRel);
+            tx.backlog.retained.fetch_add(moved.kept, Ordering::AcqRel);
+            self.total.retained.fetch_add(moved.kept, Ordering::AcqRel);
         }
         let gone = moved.taken + moved.dropped;
         if gone == 0 {
             return;
         }
-        let before = self.buffered.fetch_sub(gone, Ordering::AcqRel);
+        self.total.buffered.fetch_sub(gone, Ordering::AcqRel);
+        let before = tx.backlog.buffered.fetch_sub(gone, Ordering::AcqRel);
         if before >= BUFFER_LIMIT && before - gone < BUFFER_LIMIT {
             self.wake_submitters();
         }
     }
 
-    /// The serving side acknowledged `lane`'s requests up to `through`.
+    /// Lane `tx`'s serving side acknowledged its requests up to `through`.
     fn acked(&self, tx: &LaneTx, through: u64) {
         let freed = lock(&tx.state).retained.ack(through);
-        if freed > 0 {
-            let before = self.retained.fetch_sub(freed, Ordering::AcqRel);
-            if before >= RETAIN_LIMIT && before - freed < RETAIN_LIMIT {
-                self.wake_submitters();
-            }
+        self.released(tx, freed);
+    }
+
+    /// Accounts for `freed` bytes of lane `tx` no longer kept.
+    fn released(&self, tx: &LaneTx, freed: usize) {
+        if freed == 0 {
+            return;
+        }
+        let lane_before = tx.backlog.retained.fetch_sub(freed, Ordering::AcqRel);
+        let total_before = self.total.retained.fetch_sub(freed, Ordering::AcqRel);
+        let crossed = |before: usize, limit: usize| before >= limit && before - freed < limit;
+        if crossed(lane_before, RETAIN_LIMIT) || crossed(total_before, SESSION_RETAIN_LIMIT) {
+            self.wake_submitters();
         }
     }
 
@@ -1479,15 +1520,12 @@ fn switch(
         }
         moved.dropped += state.pending.iter().map(Bytes::len).sum::<usize>();
         // The counts change under the lane's lock, so an acknowledgement never finds them behind.
-        shared.moved(&moved);
+        shared.moved(tx, &moved);
         let freed = state.retained.ack(mark_of(received, lane));
-        shared.retained.fetch_sub(freed, Ordering::AcqRel);
+        shared.released(tx, freed);
         let mut pending: Vec<Bytes> = opening.into_iter().collect();
         pending.extend(state.retained.unacked());
-        shared.buffered.fetch_add(
-            pending.iter().map(Bytes::len).sum::<usize>(),
-            Ordering::AcqRel,
-        );
+        shared.buffer(tx, pending.iter().map(Bytes::len).sum::<usize>());
         state.pending = pending;
         state.send = Some(send);
         tx.fresh.store(false, Ordering::Release);
@@ -1525,7 +1563,7 @@ async fn lane_writer(tx: Arc<LaneTx>, shared: Arc<Shared>) {
                     let flushed = state.poll_flush(cx, &mut moved);
                     // Counted under the lane's lock: a reply acknowledging these frames finds them
                     // counted.
-                    shared.moved(&moved);
+                    shared.moved(&tx, &moved);
                     flushed
                 }) => Some(flushed),
                 () = tx.flush.notified() => None,

@@ -56,10 +56,10 @@ impl Shared {
         let start = state.batch.len();
         state.frames.push((seq, start));
         state.batch.extend_from_slice(&head);
-        self.buffered.fetch_add(head.len(), Ordering::AcqRel);
+        self.buffer(&tx, head.len());
         let mut moved = Moved::default();
         let flushed = state.poll_flush(&mut Context::from_waker(Waker::noop()), &mut moved);
-        self.moved(&moved);
+        self.moved(&tx, &moved);
         drop(state);
         // A failed write is the link going down: the signal is kept and goes again on resume.
         if flushed.is_pending() {

@@ -480,7 +480,7 @@ fn consume(
                 if feedback.adaptive
                     && follows
                     && waiting.elapsed() > Duration::from_millis(2)
-                    && client.shared.buffered.load(Ordering::Acquire) < CHUNK_SIZE as usize
+                    && client.shared.total.buffered.load(Ordering::Acquire) < CHUNK_SIZE as usize
                     && feedback.compress.swap(false, Ordering::Relaxed)
                 {
                     debug!("the network outpaces compression: chunks go raw from now on");

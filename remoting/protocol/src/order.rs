@@ -11,7 +11,13 @@
 //!   other lanes' work will see) runs only after every earlier request of the session;
 //! * a request on another lane runs after the control lane's latest request (so configuration calls and
 //!   legacy-stream work made before it are in place), and a request naming an event runs after the
-//!   latest request recording that event.
+//!   latest request recording that event;
+//! * a call that *blocks* the session until a stream's or an event's work ends (`cuStreamSynchronize`,
+//!   `cuEventSynchronize`, a copy to host memory) needs nothing more: by the rules above, everything that
+//!   work can wait for was handed to the GPU before it. Only a wait on a memory value
+//!   (`cuStreamWaitValue*`, batch memory operations) can be released by any earlier request, of any
+//!   lane; once a session queued one, its blocking calls become barriers. So a stream synchronization
+//!   does not wait for the bytes of a large upload queued earlier on another stream.
 //!
 //! [`Sequencer`] is the client's half (it numbers requests and computes their lanes and dependencies);
 //! [`Scheduler`] is the serving side's (it holds what arrived, per lane, and says what may run next).
@@ -63,6 +69,11 @@ pub struct Ordering {
     pub stream: Option<u64>,
     /// Whether it runs after everything before it (see the module docs).
     pub barrier: bool,
+    /// Whether it blocks the session until a stream's or an event's work ends (a barrier once the
+    /// session waits on memory values; see the module docs).
+    pub blocks: bool,
+    /// Whether it makes a stream wait for a value in memory, which any later-run request may write.
+    pub waits_on_memory: bool,
     /// The event it records, if any.
     pub records: Option<u64>,
     /// Events whose latest record it must follow.
@@ -108,12 +119,12 @@ impl Call {
             // Reading to the host blocks the session until the stream's work is done, which may need an
             // earlier request of another lane (a stream write releasing a wait): it runs after all of them.
             Call::MemcpyDtoH { stream, .. } => Ordering {
-                barrier: true,
+                blocks: true,
                 ..on(*stream)
             },
             Call::LaunchKernel(launch) => on(Some(launch.stream)),
             Call::Memcpy3D { copy, stream } => Ordering {
-                barrier: matches!(copy.dst.place, crate::copy::Place::Host),
+                blocks: matches!(copy.dst.place, crate::copy::Place::Host),
                 ..on(*stream)
             },
             // Mirror traffic keeps its place in the session's request order, as the client reasoned
@@ -159,6 +170,8 @@ pub struct Sequencer {
     last_control: Option<u64>,
     /// Each event's latest recording request.
     last_record: HashMap<u64, u64>,
+    /// A wait on a memory value was queued: blocking calls are barriers from then on.
+    memory_waits: bool,
 }
 
 impl Default for Sequencer {
@@ -174,6 +187,7 @@ impl Sequencer {
             next_seq: first_seq,
             last_control: None,
             last_record: HashMap::new(),
+            memory_waits: false,
         }
     }
 
@@ -184,8 +198,9 @@ impl Sequencer {
         let stream = ordering.stream;
         let lane = stream.map_or(Lane::CONTROL, Lane::of_stream);
         let legacy = lane == Lane::CONTROL && stream.is_some();
+        self.memory_waits |= ordering.waits_on_memory;
         let mut deps = Deps {
-            barrier: ordering.barrier || legacy,
+            barrier: ordering.barrier || legacy || (ordering.blocks && self.memory_waits),
             after: Vec::new(),
         };
         if lane != Lane::CONTROL
@@ -216,7 +231,7 @@ impl Sequencer {
 }
 
 /// The serving side's half: requests arrive per lane, in any interleaving of the lanes; [`Scheduler::pop`]
-/// gives the next one whose dependencies have run, the smallest seq first.
+/// gives the next one whose dependencies have run, taking turns between lanes.
 #[derive(Debug)]
 pub struct Scheduler<T> {
     lanes: HashMap<Lane, VecDeque<Queued<T>>>,
@@ -226,6 +241,8 @@ pub struct Scheduler<T> {
     done_above: BTreeSet<u64>,
     /// Requests received and not yet run.
     waiting: usize,
+    /// The lane of the request popped last.
+    last: Option<Lane>,
 }
 
 #[derive(Debug)]
@@ -275,6 +292,7 @@ impl<T> Scheduler<T> {
             done_below: first_seq,
             done_above: BTreeSet::new(),
             waiting: 0,
+            last: None,
         }
     }
 
@@ -305,16 +323,28 @@ impl<T> Scheduler<T> {
         Ok(())
     }
 
-    /// The next request that may run (the smallest seq among the lanes' first requests whose
-    /// dependencies have run), taken out; `None` if none may run yet.
+    /// The next request that may run, taken out; `None` if none may run yet. Among the lanes' first
+    /// requests whose dependencies have run: the smallest seq, but not of the lane served last when
+    /// another lane has one ready, so that a lane with a long queue (a large upload's chunks) holds
+    /// another lane's request back by one request, not by its whole queue. Any choice among ready
+    /// requests keeps CUDA's order, which the dependencies carry whole.
     pub fn pop(&mut self) -> Option<(Lane, u64, T)> {
-        let lane = self
-            .lanes
-            .iter()
-            .filter_map(|(lane, queue)| queue.front().map(|q| (*lane, q)))
-            .filter(|(_, q)| self.ready(q))
-            .min_by_key(|(_, q)| q.seq)
-            .map(|(lane, _)| lane)?;
+        let mut best: Option<(Lane, u64)> = None;
+        let mut best_other: Option<(Lane, u64)> = None;
+        for (lane, queue) in &self.lanes {
+            let Some(q) = queue.front() else { continue };
+            if !self.ready(q) {
+                continue;
+            }
+            if best.is_none_or(|(_, seq)| q.seq < seq) {
+                best = Some((*lane, q.seq));
+            }
+            if Some(*lane) != self.last && best_other.is_none_or(|(_, seq)| q.seq < seq) {
+                best_other = Some((*lane, q.seq));
+            }
+        }
+        let (lane, _) = best_other.or(best)?;
+        self.last = Some(lane);
         let queue = self.lanes.get_mut(&lane)?;
         let q = queue.pop_front()?;
         if queue.is_empty() {
@@ -501,14 +531,74 @@ mod tests {
         let sync = Call::Api(ApiCall::cuStreamSynchronize(args::cuStreamSynchronize {
             stream: A,
         }));
-        assert!(sync.ordering().barrier);
+        assert!(sync.ordering().blocks && !sync.ordering().barrier);
+        assert!(wait.ordering().waits_on_memory);
         let mut seq = Sequencer::new(1);
         let reqs = vec![
             seq.next(wait.ordering()),
             seq.next(write.ordering()),
             seq.next(sync.ordering()),
         ];
+        assert!(reqs[2].2.barrier, "a blocking call after a memory wait is a barrier");
         assert_eq!(run(&reqs, &[Lane(A), Lane(B)]), [1, 2, 3]);
+    }
+
+    #[test]
+    fn without_memory_waits_a_synchronization_waits_for_its_stream_and_events_only() {
+        // A large upload's chunks queued on A before a launch and a synchronization of B: B's
+        // synchronization needs none of A's requests (nothing B does can wait for them).
+        let sync = |stream| {
+            Call::Api(ApiCall::cuStreamSynchronize(args::cuStreamSynchronize {
+                stream,
+            }))
+        };
+        let event_sync = Call::Api(ApiCall::cuEventSynchronize(args::cuEventSynchronize {
+            event: EVENT,
+        }));
+        let record = Call::Api(ApiCall::cuEventRecord(args::cuEventRecord {
+            event: EVENT,
+            stream: A,
+        }));
+        let mut seq = Sequencer::new(1);
+        let mut reqs: Vec<_> = (0..3).map(|_| seq.next(launch(A))).collect();
+        reqs.push(seq.next(launch(B)));
+        reqs.push(seq.next(sync(B).ordering()));
+        let (_, lane, deps) = &reqs[4];
+        assert_eq!((*lane, deps.barrier, deps.after.len()), (Lane(B), false, 0));
+        // Only B's lane arrived: B's launch and synchronization run.
+        let mut s = Scheduler::new(1);
+        for (q, lane, deps) in &reqs[3..] {
+            s.push(*lane, *q, deps.clone(), ()).unwrap();
+        }
+        let mut ran = Vec::new();
+        while let Some((_, q, ())) = s.pop() {
+            s.done(q);
+            ran.push(q);
+        }
+        assert_eq!(ran, [4, 5]);
+        // An event's synchronization follows the event's record, not everything earlier.
+        let (r, _, _) = seq.next(record.ordering());
+        let (_, lane, deps) = seq.next(event_sync.ordering());
+        assert_eq!((lane, deps.barrier, deps.after), (Lane::CONTROL, false, vec![r]));
+        // The synchronization of the legacy stream stays a barrier.
+        assert!(seq.next(sync(0).ordering()).2.barrier);
+    }
+
+    #[test]
+    fn a_lane_with_a_long_queue_holds_another_back_by_one_request() {
+        // Lane A has ten chunks queued (seqs 1-10) when B's launch (11) arrives: B's runs second.
+        let mut s = Scheduler::new(1);
+        for q in 1..=10 {
+            s.push(Lane(A), q, Deps::default(), ()).unwrap();
+        }
+        s.push(Lane(B), 11, Deps::default(), ()).unwrap();
+        let mut ran = Vec::new();
+        while let Some((_, q, ())) = s.pop() {
+            s.done(q);
+            ran.push(q);
+        }
+        assert_eq!(ran, [1, 11, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(s.done_below(), 12);
     }
 
     #[test]
