@@ -157,7 +157,9 @@ fn leaving_with_a_function_that_never_returns_does_not_hang() {
 fn the_same_program_passes_on_nvidias_driver_and_through_gleam_on_a_gpu() {
     let server = Server::start("cuda");
     let (_dir, exe) = program();
-    for mode in ["order", "hold", "streams", "backlog", "sync", "status", "fault"] {
+    for mode in [
+        "order", "hold", "streams", "backlog", "sync", "status", "fault",
+    ] {
         let native = output_within(
             {
                 let mut cmd = std::process::Command::new(&exe);

@@ -153,7 +153,11 @@ pub enum CongestionControl {
 
 /// The congestion controller: `GLEAM_CONGESTION=cubic|bbr`, else [`DEFAULT_CONGESTION`].
 pub fn congestion_control() -> CongestionControl {
-    match std::env::var("GLEAM_CONGESTION").ok().as_deref().map(str::trim) {
+    match std::env::var("GLEAM_CONGESTION")
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
         Some("cubic") => CongestionControl::Cubic,
         Some("bbr") => CongestionControl::Bbr,
         _ => DEFAULT_CONGESTION,

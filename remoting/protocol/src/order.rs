@@ -539,7 +539,10 @@ mod tests {
             seq.next(write.ordering()),
             seq.next(sync.ordering()),
         ];
-        assert!(reqs[2].2.barrier, "a blocking call after a memory wait is a barrier");
+        assert!(
+            reqs[2].2.barrier,
+            "a blocking call after a memory wait is a barrier"
+        );
         assert_eq!(run(&reqs, &[Lane(A), Lane(B)]), [1, 2, 3]);
     }
 
@@ -579,7 +582,10 @@ mod tests {
         // An event's synchronization follows the event's record, not everything earlier.
         let (r, _, _) = seq.next(record.ordering());
         let (_, lane, deps) = seq.next(event_sync.ordering());
-        assert_eq!((lane, deps.barrier, deps.after), (Lane::CONTROL, false, vec![r]));
+        assert_eq!(
+            (lane, deps.barrier, deps.after),
+            (Lane::CONTROL, false, vec![r])
+        );
         // The synchronization of the legacy stream stays a barrier.
         assert!(seq.next(sync(0).ordering()).2.barrier);
     }
