@@ -29,6 +29,10 @@ pub enum Request {
         /// What the job needs.
         hint: JobHint,
     },
+    /// A program of this device runs on this device's GPU directly, on NVIDIA's driver (the best peer
+    /// was this device): the daemon counts it as a session it serves for as long as the connection that
+    /// asked stays open ([`local_session`]).
+    LocalSession,
 }
 
 /// The daemon's answer.
@@ -46,6 +50,8 @@ pub enum Response {
         /// The choice.
         best: Option<BestPeer>,
     },
+    /// Answer to [`Request::LocalSession`]: counted until the connection closes.
+    LocalSession,
     /// The request failed.
     Error {
         /// Why.
@@ -164,6 +170,11 @@ fn connect_hint(path: &Path, err: &std::io::Error) -> &'static str {
 
 /// Sends one request to the daemon listening on `socket` and waits for its answer.
 pub fn request(socket: &Path, request: &Request) -> Result<Response, ControlError> {
+    exchange(socket, request).map(|(response, _)| response)
+}
+
+/// Sends one request and reads the answer; returns the connection with it.
+fn exchange(socket: &Path, request: &Request) -> Result<(Response, UnixStream), ControlError> {
     let stream = UnixStream::connect(socket).map_err(|source| ControlError::Connect {
         path: socket.to_owned(),
         source,
@@ -183,7 +194,8 @@ pub fn request(socket: &Path, request: &Request) -> Result<Response, ControlErro
     if answer.is_empty() {
         return Err(ControlError::Closed);
     }
-    serde_json::from_str(&answer).map_err(ControlError::Json)
+    let response = serde_json::from_str(&answer).map_err(ControlError::Json)?;
+    Ok((response, stream))
 }
 
 /// Asks the daemon for the best peer for a job (what `gleam run` does without `--peer`).
@@ -193,6 +205,27 @@ pub fn best_peer(socket: &Path, hint: JobHint) -> Result<Option<BestPeer>, Contr
         Response::Error { message } => Err(ControlError::Daemon(message)),
         _ => Err(ControlError::Unexpected),
     }
+}
+
+/// Tells the daemon that a program of this device runs on its GPU directly; the daemon counts the
+/// session until the returned guard is dropped (or this process ends).
+pub fn local_session(socket: &Path) -> Result<LocalSession, ControlError> {
+    let (response, stream) = exchange(socket, &Request::LocalSession)?;
+    match response {
+        Response::LocalSession => {
+            // The daemon writes nothing more; the connection only has to stay open.
+            stream.set_read_timeout(None).map_err(ControlError::Io)?;
+            Ok(LocalSession { _stream: stream })
+        }
+        Response::Error { message } => Err(ControlError::Daemon(message)),
+        _ => Err(ControlError::Unexpected),
+    }
+}
+
+/// A session the daemon counts while this lives (see [`local_session`]).
+#[derive(Debug)]
+pub struct LocalSession {
+    _stream: UnixStream,
 }
 
 /// Asks the daemon for the member list.

@@ -236,7 +236,7 @@ impl Daemon {
             sessions.clone(),
             refusals.clone(),
         ));
-        tokio::spawn(control_loop(self.control, events.clone()));
+        tokio::spawn(control_loop(self.control, events.clone(), sessions.clone()));
 
         let own = PeerState {
             id: me,
@@ -387,6 +387,11 @@ impl Sessions {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push((peer, conn.clone()));
+    }
+
+    /// A program of this device runs on its GPU directly: counted, with no connection to read.
+    fn started_local(&self) {
+        self.active.fetch_add(1, Ordering::Relaxed);
     }
 
     fn finished(&self, duration: Duration) {
@@ -1604,14 +1609,18 @@ fn bind_control(path: &std::path::Path, mode: u32) -> Result<UnixListener, Daemo
     Ok(listener)
 }
 
-async fn control_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>) {
+async fn control_loop(
+    listener: UnixListener,
+    events: mpsc::UnboundedSender<Event>,
+    sessions: Arc<Sessions>,
+) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let events = events.clone();
+        let (events, sessions) = (events.clone(), sessions.clone());
         tokio::spawn(async move {
-            if let Err(err) = serve_control(stream, events).await {
+            if let Err(err) = serve_control(stream, events, &sessions).await {
                 debug!(error = %Chain(&err), "control request");
             }
         });
@@ -1621,6 +1630,7 @@ async fn control_loop(listener: UnixListener, events: mpsc::UnboundedSender<Even
 async fn serve_control(
     stream: UnixStream,
     events: mpsc::UnboundedSender<Event>,
+    sessions: &Sessions,
 ) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut reader = tokio::io::BufReader::new(read.take(MAX_LINE));
@@ -1628,6 +1638,9 @@ async fn serve_control(
     tokio::time::timeout(CONTROL_TIMEOUT, reader.read_line(&mut line))
         .await
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    if let Ok(Request::LocalSession) = serde_json::from_str::<Request>(&line) {
+        return serve_local_session(reader, write, sessions).await;
+    }
     let response = match serde_json::from_str::<Request>(&line) {
         Ok(request) => {
             let (tx, rx) = oneshot::channel();
@@ -1646,6 +1659,29 @@ async fn serve_control(
     out.push(b'\n');
     write.write_all(&out).await?;
     write.shutdown().await
+}
+
+/// Counts a program of this device that runs on its GPU directly, until its `gleam run` closes the
+/// connection (or dies: the kernel closes it then).
+async fn serve_local_session(
+    mut reader: tokio::io::BufReader<tokio::io::Take<tokio::net::unix::OwnedReadHalf>>,
+    mut write: tokio::net::unix::OwnedWriteHalf,
+    sessions: &Sessions,
+) -> std::io::Result<()> {
+    sessions.started_local();
+    let started = Instant::now();
+    info!("a program of this device runs on its GPU directly");
+    let mut out = serde_json::to_vec(&Response::LocalSession).map_err(std::io::Error::other)?;
+    out.push(b'\n');
+    let answered = write.write_all(&out).await;
+    if answered.is_ok() {
+        // Nothing more is expected: whatever comes (within the line limit) is skipped until the end.
+        let mut sink = Vec::new();
+        let _ = reader.read_to_end(&mut sink).await;
+    }
+    info!("the program on this device's GPU ended");
+    sessions.finished(started.elapsed());
+    answered
 }
 
 /// IPv4 peers reach a dual-stack socket as IPv4-mapped IPv6 addresses; show them as IPv4. Every

@@ -335,3 +335,42 @@ async fn a_lone_peer_with_a_gpu_offers_itself_over_loopback() {
         .unwrap()
         .unwrap();
 }
+
+/// A program that runs on this device's GPU directly (`gleam run` when the daemon picks this device) is
+/// counted as a session served for as long as its control connection stays open.
+#[tokio::test]
+async fn a_program_run_directly_on_this_gpu_counts_as_a_session_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = MeshSecret::generate();
+    let handler: SessionHandler =
+        Arc::new(|conn: quinn::Connection, _| conn.close(1u32.into(), b"no"));
+    let mut lone = start(dir.path(), &secret, Vec::new(), handler);
+    let own_sessions = |rows: Vec<PeerRow>| {
+        rows.iter()
+            .find(|row| row.is_self)
+            .map(|row| row.active_sessions)
+    };
+    assert_eq!(own_sessions(list(&lone.socket).await), Some(0));
+    let socket = lone.socket.clone();
+    let running = tokio::task::spawn_blocking(move || control::local_session(&socket))
+        .await
+        .unwrap()
+        .expect("the daemon counts the run");
+    // The daemon refreshes its own row every quarter second.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while own_sessions(list(&lone.socket).await) != Some(1) {
+        assert!(Instant::now() < deadline, "the run is not counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(running);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while own_sessions(list(&lone.socket).await) != Some(0) {
+        assert!(Instant::now() < deadline, "the ended run is still counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    lone.stop.take().unwrap().send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), lone.task)
+        .await
+        .unwrap()
+        .unwrap();
+}

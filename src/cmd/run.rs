@@ -11,6 +11,11 @@
 //! than a CUDA error deep in the program) and again by the shim, with the one that answered here first.
 //! `GLEAM_PEER` is `<id>@addr,addr,...` (interface indices on link-local addresses), which the shim parses
 //! with the same [`PeerAddr`] parser.
+//!
+//! When the daemon picks this device itself, and its GPU is a real one, the program runs on NVIDIA's
+//! driver directly: no shim, no remoting, no overhead ([`runs_directly`]); the daemon counts it as a
+//! session while it runs ([`control::local_session`]). `--peer` always goes through Gleam, even to
+//! this device (how remoting is measured on one machine), and so does `GLEAM_DIRECT=off`.
 
 use std::ffi::OsString;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -64,7 +69,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config_dir = args.config.path()?;
     let target = match args.peer {
         Some(text) => named_peer(&text, &args.config)?,
-        None => best_peer(&args.config.socket()?)?,
+        None => {
+            let socket = args.config.socket()?;
+            let (target, this_gpu) = best_peer(&socket)?;
+            let direct = std::env::var("GLEAM_DIRECT").ok();
+            if runs_directly(this_gpu, direct.as_deref()) {
+                return run_directly(&program, rest, &socket);
+            }
+            target
+        }
     };
     let target = check_peer(target, &config_dir)?;
 
@@ -84,6 +97,32 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .status()
         .with_context(|| format!("cannot start {}", program.display()))?;
     drop(dir);
+    Ok(exit_code(status))
+}
+
+/// Whether a program runs on NVIDIA's driver directly: the daemon chose this device, whose GPU is a
+/// real one (`this_gpu`), and `GLEAM_DIRECT` (`direct`) is not `off`.
+fn runs_directly(this_gpu: bool, direct: Option<&str>) -> bool {
+    this_gpu && direct.map(str::trim) != Some("off")
+}
+
+/// Runs the program as it is, on this device's own driver, counted by the daemon while it runs.
+fn run_directly(program: &Path, rest: &[OsString], socket: &Path) -> anyhow::Result<ExitCode> {
+    // Best effort: a daemon that cannot count it does not stop the program.
+    let counted = control::local_session(socket)
+        .inspect_err(|err| {
+            tracing::debug!(error = %gleam_auth::Chain(err), "the daemon does not count this run")
+        })
+        .ok();
+    tracing::info!(
+        "running {} on this device's GPU directly (NVIDIA's driver, no remoting)",
+        program.display()
+    );
+    let status = std::process::Command::new(program)
+        .args(rest)
+        .status()
+        .with_context(|| format!("cannot start {}", program.display()))?;
+    drop(counted);
     Ok(exit_code(status))
 }
 
@@ -196,9 +235,10 @@ fn match_peer<'a>(text: &str, rows: &'a [PeerRow]) -> anyhow::Result<&'a PeerRow
     }
 }
 
-/// Asks the local mesh daemon (`gleam peer`) which peer should run the job.
+/// Asks the local mesh daemon (`gleam peer`) which peer should run the job; with it, whether that is
+/// this device's own real GPU.
 /// `socket`: the daemon of this config directory, wherever --config-dir pointed.
-fn best_peer(socket: &Path) -> anyhow::Result<PeerAddr> {
+fn best_peer(socket: &Path) -> anyhow::Result<(PeerAddr, bool)> {
     let best = control::best_peer(socket, JobHint::default()).map_err(|err| {
         anyhow::anyhow!(
             "no --peer given, and the local mesh daemon did not answer ({}); start it with \
@@ -239,7 +279,8 @@ fn best_peer(socket: &Path) -> anyhow::Result<PeerAddr> {
             false => format!(": {}", why.join(", ")),
         }
     );
-    Ok(PeerAddr::new(best.id, best.addrs))
+    let this_gpu = best.is_self && !best.emulated;
+    Ok((PeerAddr::new(best.id, best.addrs), this_gpu))
 }
 
 fn short_id(id: PeerId) -> String {
@@ -418,6 +459,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("ambiguous"), "{err}");
+    }
+
+    #[test]
+    fn only_this_devices_real_gpu_chosen_by_the_daemon_runs_directly() {
+        assert!(runs_directly(true, None));
+        assert!(runs_directly(true, Some("on")));
+        assert!(!runs_directly(true, Some("off")));
+        assert!(!runs_directly(true, Some(" off ")));
+        assert!(!runs_directly(false, None));
     }
 
     #[test]
