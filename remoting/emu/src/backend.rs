@@ -719,8 +719,13 @@ impl EmuBackend {
         e.records += 1;
         let (signal, target) = (e.signal.clone(), e.records);
         // Not skipped after a fault: waiters on the event must still wake up.
-        self.streams
-            .enqueue_signal(key, self.current, signal, target)
+        let marker = self
+            .streams
+            .enqueue_signal(key, self.current, signal, target)?;
+        if let Some(e) = self.events.get_mut(&event) {
+            e.marker = Some(marker);
+        }
+        Ok(())
     }
 
     /// The priority of the stream `key` names.
@@ -1194,7 +1199,10 @@ impl ApiBackend for EmuBackend {
         }
         e.records += 1;
         let (signal, target) = (e.signal.clone(), e.records);
-        self.streams.enqueue_context_signal(ctx, signal, target)?;
+        let marker = self.streams.enqueue_context_signal(ctx, signal, target)?;
+        if let Some(e) = self.events.get_mut(&a.event) {
+            e.marker = Some(marker);
+        }
         Ok(Default::default())
     }
 
@@ -2512,7 +2520,7 @@ impl ApiBackend for EmuBackend {
         }
         self.captures.query_event(a.event)?;
         let e = self.events.get(&a.event).ok_or(CUresult::INVALID_HANDLE)?;
-        e.signal.wait_for(e.records);
+        e.wait();
         self.synchronized();
         self.check()?;
         Ok(Default::default())

@@ -575,34 +575,37 @@ impl Streams {
         job: Option<Job>,
     ) -> Result<(), CUresult> {
         self.enqueue_work(key, ctx, extra, job, Vec::new(), None)
+            .map(drop)
     }
 
     /// Queues an item on `key` that completes once `gate` holds (after everything queued before it), so
     /// later work on `key` waits for it, without holding a worker meanwhile.
     pub fn enqueue_gate(&mut self, key: StreamKey, ctx: u64, gate: Gate) -> Result<(), CUresult> {
         self.enqueue_work(key, ctx, Vec::new(), None, Vec::new(), Some(gate))
+            .map(drop)
     }
 
     /// Queues a marker that raises `signal` to `target` once everything queued on `key` before it is done
-    /// (an event record).
+    /// (an event record). Returns the marker's own completion (see [`Event::marker`]).
     pub fn enqueue_signal(
         &mut self,
         key: StreamKey,
         ctx: u64,
         signal: Arc<Signal>,
         target: u64,
-    ) -> Result<(), CUresult> {
+    ) -> Result<Dep, CUresult> {
         self.enqueue_work(key, ctx, Vec::new(), None, vec![(signal, target)], None)
     }
 
     /// `cuCtxRecordEvent`: raises `signal` to `target` once everything queued so far in context `ctx`
-    /// (its streams, and the legacy and per-thread streams it uses) is done.
+    /// (its streams, and the legacy and per-thread streams it uses) is done. Returns the marker's own
+    /// completion (see [`Event::marker`]).
     pub fn enqueue_context_signal(
         &mut self,
         ctx: u64,
         signal: Arc<Signal>,
         target: u64,
-    ) -> Result<(), CUresult> {
+    ) -> Result<Dep, CUresult> {
         let deps = self
             .streams
             .values()
@@ -633,7 +636,7 @@ impl Streams {
         job: Option<Job>,
         completes: Vec<Dep>,
         gate: Option<Gate>,
-    ) -> Result<(), CUresult> {
+    ) -> Result<Dep, CUresult> {
         self.ensure(key)?;
         let mut deps = self.implicit_deps(key);
         deps.extend(extra);
@@ -660,6 +663,7 @@ impl Streams {
             gate,
         };
         let queue = stream.queue;
+        let queued = (stream.done.clone(), stream.submitted);
         let mut state = self.pool.lock();
         if let Err(work) = state.push(queue, work) {
             // Only possible after a failed shutdown; never hang a waiter on it.
@@ -673,7 +677,7 @@ impl Streams {
         }
         self.pool.grow(&mut state);
         self.pool.ready.notify_one();
-        Ok(())
+        Ok(queued)
     }
 
     /// Sets the priority of the stream `key` names: work it queues from now on is served by it.
@@ -811,6 +815,11 @@ pub struct Event {
     pub records: u64,
     /// Advanced by the recording streams.
     pub signal: Arc<Signal>,
+    /// The last record's item: its stream's progress and the item's ticket. A finished item raises its
+    /// events' signals a moment before its stream's progress (so that whoever synchronises the stream
+    /// finds them complete); a host thread waiting for the event waits for both, so that the stream
+    /// it recorded on shows the record done too (a query of that stream right after is not NOT_READY).
+    pub marker: Option<Dep>,
 }
 
 impl std::fmt::Debug for Event {
@@ -827,12 +836,25 @@ impl Event {
             ctx,
             records: 0,
             signal,
+            marker: None,
         }
     }
 
     /// Whether its last record has completed (true if never recorded, as CUDA says).
     pub fn complete(&self) -> bool {
         self.signal.value() >= self.records
+            && self
+                .marker
+                .as_ref()
+                .is_none_or(|(done, ticket)| done.reached(*ticket))
+    }
+
+    /// Blocks until its last record has completed (`cuEventSynchronize`).
+    pub fn wait(&self) {
+        self.signal.wait_for(self.records);
+        if let Some((done, ticket)) = &self.marker {
+            done.wait_for(*ticket);
+        }
     }
 
     /// `cuEventElapsedTime` from `start` to `self`, in milliseconds.

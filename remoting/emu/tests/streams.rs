@@ -349,3 +349,29 @@ fn shutdown_skips_queued_work() {
     assert!(took < one * 8, "shutdown took {took:?}, one launch {one:?}");
     assert_eq!(emu.b.memory().live_allocations(), 0);
 }
+
+/// Once `cuEventSynchronize` returns for an event recorded last on a stream, that stream is idle: a
+/// query right after never says NOT_READY (a finished item raised the event a moment before its
+/// stream's progress; CI saw `driver_api streams` fail on it). Many rounds, as the window is short.
+#[test]
+fn a_stream_is_idle_once_its_last_recorded_event_is_synchronized() {
+    let (mut emu, k) = setup();
+    let s = emu.stream(1);
+    let buf = emu.alloc(N * 4).unwrap();
+    let last = emu.event(0);
+    for round in 0..2000 {
+        emu.launch(k.add_one, 1, 64, s, &Params::default().u64(buf).u64(buf))
+            .unwrap();
+        emu.record(last, s).unwrap();
+        emu.b
+            .cuEventSynchronize(args::cuEventSynchronize { event: last })
+            .unwrap();
+        assert_eq!(emu.query(s), Ok(()), "round {round}");
+        assert!(
+            emu.b
+                .cuEventQuery(args::cuEventQuery { event: last })
+                .is_ok(),
+            "round {round}"
+        );
+    }
+}
