@@ -161,9 +161,16 @@ fn soak(plan: &Plan) {
     });
     let soaked = started.elapsed();
     let drained = wait_for_no_sessions(&server);
-    // Killed sessions' last frees may still be on their way out of the allocator: let it settle.
+    // Killed sessions' last frees may still be on their way out of the allocator: let it settle. The
+    // peer also remembers each ended session for `ENDED_MEMORY` (to tell a client that comes back to
+    // resume it that it is gone): memory above the slack must be back once those have expired.
     std::thread::sleep(Duration::from_secs(1));
-    let after = Sample::of(pid);
+    let mut after = Sample::of(pid);
+    let remembered = Instant::now() + gleam_host::ENDED_MEMORY + Duration::from_secs(5);
+    while after.rss > before.rss + RSS_SLACK && Instant::now() < remembered {
+        std::thread::sleep(Duration::from_secs(1));
+        after = Sample::of(pid);
+    }
     let t = tally.into_inner().unwrap();
     let cut_max = t.cut_to_exit.iter().copied().fold(0f64, f64::max);
     let cut_mean = t.cut_to_exit.iter().sum::<f64>() / t.cut_to_exit.len().max(1) as f64;

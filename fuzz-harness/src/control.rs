@@ -40,6 +40,7 @@ pub fn run(data: &[u8]) {
                 bandwidth_bps: None,
                 emulated: false,
                 is_self: false,
+                loss: 0.01,
             });
             Response::Best { best }
         }

@@ -122,6 +122,9 @@ pub struct BestPeer {
     /// Whether it is this device.
     #[serde(default)]
     pub is_self: bool,
+    /// Recent loss on the link from this device, 0.0 to 1.0 (0 for this device).
+    #[serde(default)]
+    pub loss: f32,
 }
 
 /// The control socket: `$GLEAM_CONFIG_DIR/daemon.sock` when that variable is set, else

@@ -1264,6 +1264,7 @@ impl Actor {
                         emulated: state
                             .is_some_and(|state| state.gpus.iter().all(|gpu| gpu.emulated)),
                         is_self,
+                        loss: link.map_or(0.0, |link| link.quality.loss),
                     }
                 });
                 Response::Best { best }
