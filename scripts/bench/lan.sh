@@ -17,7 +17,7 @@
 # link rate + synchronisations x link RTT.
 # Env: BACKEND (emu|cuda), BIN (folder with gleam, libgleamcuda.so, examples/; default target/release),
 # LINKS ("L0 L1 L2"), WORKLOADS ("launch-storm weights-cold weights-warm two-streams"), OUT (results folder),
-# GLEAM_CONGESTION (cubic|bbr, for the peer and the clients).
+# GLEAM_CONGESTION (cubic|bbr, for the peer and the clients), LINK_QUEUE (the emulated links' queue, e.g. 256KiB).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-target/release}
@@ -56,6 +56,8 @@ id=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
 # Each link: relays on its own loopback address (the peer's port and the session ports).
 declare -A LINK_ADDR=([L0]=127.0.0.1 [L1]=127.0.0.2 [L2]=127.0.0.3)
 declare -A LINK_ARGS=([L1]="--rate 1gbit --delay 0.5ms" [L2]="--rate 300mbit --delay 2.5ms --jitter 2ms --loss 0.5%")
+# The bottleneck's queue (drop-tail; `gleam linkemu`'s default is 1.5 MB, netem's 1000 packets): LINK_QUEUE.
+if [ -n "${LINK_QUEUE:-}" ]; then for l in L1 L2; do LINK_ARGS[$l]+=" --queue $LINK_QUEUE"; done; fi
 for l in $LINKS; do
     [ "$l" = L0 ] && continue
     for p in "$port" $SESSION_PORTS; do
