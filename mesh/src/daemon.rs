@@ -1639,10 +1639,11 @@ async fn serve_control(
     tokio::time::timeout(CONTROL_TIMEOUT, reader.read_line(&mut line))
         .await
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
-    if let Ok(Request::LocalSession) = serde_json::from_str::<Request>(&line) {
+    let request = serde_json::from_str::<Request>(&line);
+    if let Ok(Request::LocalSession) = request {
         return serve_local_session(reader, write, sessions).await;
     }
-    let response = match serde_json::from_str::<Request>(&line) {
+    let response = match request {
         Ok(request) => {
             let (tx, rx) = oneshot::channel();
             if events.send(Event::Control(request, tx)).is_err() {

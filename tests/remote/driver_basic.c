@@ -56,21 +56,7 @@ static int failures = 0;
 /* An occupancy callback: 16 bytes of dynamic shared memory per thread. */
 static size_t smem_per_block(int block) { return (size_t)block * 16; }
 
-static const char *name_of(CUresult r) {
-    const char *name = "?";
-    cuGetErrorName(r, &name);
-    return name;
-}
-
-#define EXPECT(call, want)                                                                  \
-    do {                                                                                    \
-        CUresult got_ = (call);                                                             \
-        if (got_ != (want)) {                                                               \
-            printf("FAIL %s: got %s (%d), want %d\n", #call, name_of(got_), got_, (want)); \
-            fflush(stdout);                                                                 \
-            exit(10);                                                                       \
-        }                                                                                   \
-    } while (0)
+#include "expect.h"
 
 static const char PTX[] =
     ".version 7.0\n"
