@@ -16,7 +16,7 @@ case "$PROFILE" in
     dev) flag=; dir=target/debug ;;
     *) echo "error: PROFILE must be release or dev" >&2; exit 1 ;;
 esac
-EXAMPLES="vector_add matmul streams reduce bench_driver"
+EXAMPLES="vector_add matmul streams reduce bench_driver bench_workloads quinn_floor"
 
 # shellcheck disable=SC2086
 cargo build $flag -p gleam --bin gleam

@@ -1,5 +1,5 @@
 // CUDA graphs through stream capture: a capture with a fork and join across two streams (kernels, a
-// memset, a device-to-device copy), instantiated and replayed several times; capture state queries; an
+// memset, a device-to-device copy), counted, instantiated and replayed several times; capture state queries; an
 // illegal call during capture invalidates it.
 #include "check.h"
 
@@ -50,6 +50,13 @@ int main() {
     CUDA_OK(cudaStreamEndCapture(s, &graph));
     CUDA_OK(cudaStreamIsCapturing(s, &status));
     EXPECT(status == cudaStreamCaptureStatusNone);
+
+    // Four nodes (two kernels, the memset, the copy), one root; events became edges, not nodes.
+    size_t nodes = 0, roots = 0, edges = 0;
+    CUDA_OK(cudaGraphGetNodes(graph, nullptr, &nodes));
+    CUDA_OK(cudaGraphGetRootNodes(graph, nullptr, &roots));
+    CUDA_OK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
+    EXPECT(nodes == 4 && roots == 1 && edges >= 3);
 
     // Nothing ran during capture.
     float hx[n];

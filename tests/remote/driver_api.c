@@ -125,6 +125,7 @@ CUresult cuEventDestroy_v2(CUevent event);
 #define NOT_READY 600
 #define INVALID_HANDLE 400
 #define LAUNCH_TIMEOUT 702
+#define CONTEXT_IS_DESTROYED 709
 
 static const char *name_of(CUresult r) {
     const char *name = "?";
@@ -300,6 +301,11 @@ static void contexts(void) {
     CUdeviceptr base;
     size_t size;
     EXPECT(cuMemGetAddressRange_v2(&base, &size, p) != SUCCESS, "memory of a reset context is gone");
+    /* Measured on NVIDIA's 580 driver: the reset context can be made current, but it is destroyed until
+     * the primary context is retained again. */
+    CHECK(cuCtxSetCurrent(primary));
+    EXPECT_ERR(cuMemAlloc_v2(&p, 4096), CONTEXT_IS_DESTROYED);
+    CHECK(cuDevicePrimaryCtxRetain(&primary, 0));
     CHECK(cuCtxSetCurrent(primary));
     CHECK(cuMemAlloc_v2(&p, 4096));
     CHECK(cuMemsetD32_v2(p, 7, 1024));

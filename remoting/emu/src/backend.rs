@@ -158,6 +158,9 @@ pub struct EmuBackend {
     events: HashMap<u64, Event>,
     contexts: HashMap<u64, Context>,
     primary_refs: u32,
+    /// `cuDevicePrimaryCtxReset` destroyed the primary context: it can be made current, but work in it
+    /// fails with `CONTEXT_IS_DESTROYED` until it is retained again (measured on NVIDIA's 580 driver).
+    primary_reset: bool,
     current: u64,
     modules: HashMap<u64, LoadedModule>,
     functions: HashMap<u64, Function>,
@@ -208,6 +211,7 @@ impl EmuBackend {
             events: HashMap::new(),
             contexts,
             primary_refs: 0,
+            primary_reset: false,
             current: 0,
             modules: HashMap::new(),
             functions: HashMap::new(),
@@ -254,7 +258,9 @@ impl EmuBackend {
     /// The current context, for calls that need one.
     fn ctx(&self) -> Result<u64, CUresult> {
         self.check()?;
-        if self.current != 0 && self.contexts.contains_key(&self.current) {
+        if self.current == PRIMARY && self.primary_reset {
+            Err(CUresult::CONTEXT_IS_DESTROYED)
+        } else if self.current != 0 && self.contexts.contains_key(&self.current) {
             Ok(self.current)
         } else {
             Err(CUresult::INVALID_CONTEXT)
@@ -925,6 +931,7 @@ impl ApiBackend for EmuBackend {
         self.check()?;
         Self::device(a.dev)?;
         self.primary_refs += 1;
+        self.primary_reset = false;
         Ok(outs::cuDevicePrimaryCtxRetain {
             pctx: PRIMARY,
             ..Default::default()
@@ -960,6 +967,7 @@ impl ApiBackend for EmuBackend {
             .get(&PRIMARY)
             .map_or((0, 1), |c| (c.flags, c.id));
         self.contexts.insert(PRIMARY, Context::new(flags, id));
+        self.primary_reset = true;
         Ok(Default::default())
     }
 
@@ -2199,6 +2207,48 @@ impl ApiBackend for EmuBackend {
         let steps = self.captures.exec(a.exec)?;
         self.submit_steps(a.stream, steps.to_vec())?;
         Ok(Default::default())
+    }
+
+    // The graph queries answer counts (node handles stay on the peer: the shim asks with NULL arrays). A
+    // captured graph here is a chain: one node per step, one root, an edge between neighbours.
+    fn cuGraphGetNodes(
+        &mut self,
+        a: args::cuGraphGetNodes,
+    ) -> Result<outs::cuGraphGetNodes, CUresult> {
+        Ok(outs::cuGraphGetNodes {
+            num_nodes: self.captures.graph(a.graph)?.len(),
+            ..Default::default()
+        })
+    }
+
+    fn cuGraphGetRootNodes(
+        &mut self,
+        a: args::cuGraphGetRootNodes,
+    ) -> Result<outs::cuGraphGetRootNodes, CUresult> {
+        Ok(outs::cuGraphGetRootNodes {
+            num_nodes: self.captures.graph(a.graph)?.len().min(1),
+            ..Default::default()
+        })
+    }
+
+    fn cuGraphGetEdges(
+        &mut self,
+        a: args::cuGraphGetEdges,
+    ) -> Result<outs::cuGraphGetEdges, CUresult> {
+        Ok(outs::cuGraphGetEdges {
+            num_edges: self.captures.graph(a.graph)?.len().saturating_sub(1),
+            ..Default::default()
+        })
+    }
+
+    fn cuGraphGetEdges_v2(
+        &mut self,
+        a: args::cuGraphGetEdges_v2,
+    ) -> Result<outs::cuGraphGetEdges_v2, CUresult> {
+        Ok(outs::cuGraphGetEdges_v2 {
+            num_edges: self.captures.graph(a.graph)?.len().saturating_sub(1),
+            ..Default::default()
+        })
     }
 
     fn cuGraphUpload(&mut self, a: args::cuGraphUpload) -> Result<outs::cuGraphUpload, CUresult> {

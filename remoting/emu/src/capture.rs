@@ -220,6 +220,14 @@ impl Captures {
         Ok(())
     }
 
+    /// The steps of graph `graph` (captured: one node per step, each depending on the one before).
+    pub fn graph(&self, graph: u64) -> Result<Arc<Vec<Step>>, CUresult> {
+        self.graphs
+            .get(&graph)
+            .cloned()
+            .ok_or(CUresult::INVALID_HANDLE)
+    }
+
     /// The steps of executable graph `exec`.
     pub fn exec(&self, exec: u64) -> Result<Arc<Vec<Step>>, CUresult> {
         self.execs

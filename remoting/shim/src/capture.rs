@@ -118,6 +118,68 @@ pub unsafe fn cuStreamGetCaptureInfo_v3(
     unsafe { cuStreamGetCaptureInfo_v2(stream, status, id, graph, deps.cast(), num_deps) }
 }
 
+/// `cuGraphGetNodes`, `cuGraphGetRootNodes`: the count (what PyTorch asks after a capture, to warn of
+/// an empty graph). Node handles are pointers into the serving driver, and no node call goes through
+/// Gleam yet, so asking for the array is refused, with a log line.
+pub unsafe fn cuGraphGetNodes(
+    graph: *mut c_void,
+    nodes: *mut u64,
+    num: *mut usize,
+) -> Result<(), CUresult> {
+    node_arrays_unavailable("cuGraphGetNodes", [nodes])?;
+    // SAFETY: forwarded under the same contract with no array.
+    unsafe { forward::cuGraphGetNodes(graph, nodes, num) }
+}
+
+pub unsafe fn cuGraphGetRootNodes(
+    graph: *mut c_void,
+    nodes: *mut u64,
+    num: *mut usize,
+) -> Result<(), CUresult> {
+    node_arrays_unavailable("cuGraphGetRootNodes", [nodes])?;
+    // SAFETY: as cuGraphGetNodes.
+    unsafe { forward::cuGraphGetRootNodes(graph, nodes, num) }
+}
+
+/// `cuGraphGetEdges`: the count, as [`cuGraphGetNodes`].
+pub unsafe fn cuGraphGetEdges(
+    graph: *mut c_void,
+    from: *mut u64,
+    to: *mut u64,
+    num: *mut usize,
+) -> Result<(), CUresult> {
+    node_arrays_unavailable("cuGraphGetEdges", [from, to])?;
+    // SAFETY: as cuGraphGetNodes.
+    unsafe { forward::cuGraphGetEdges(graph, from, to, num) }
+}
+
+/// `cuGraphGetEdges_v2` (what CUDA 13's runtime calls): with edge data, also refused when asked for.
+pub unsafe fn cuGraphGetEdges_v2(
+    graph: *mut c_void,
+    from: *mut u64,
+    to: *mut u64,
+    edge_data: *mut u64,
+    num: *mut usize,
+) -> Result<(), CUresult> {
+    node_arrays_unavailable("cuGraphGetEdges", [from, to, edge_data])?;
+    // SAFETY: as cuGraphGetNodes.
+    unsafe { forward::cuGraphGetEdges_v2(graph, from, to, edge_data, num) }
+}
+
+fn node_arrays_unavailable<const N: usize>(
+    call: &str,
+    arrays: [*mut u64; N],
+) -> Result<(), CUresult> {
+    if arrays.iter().all(|a| a.is_null()) {
+        return Ok(());
+    }
+    tracing::warn!(
+        call,
+        "graph node handles are not available through Gleam (only the count is): refused with CUDA_ERROR_NOT_SUPPORTED"
+    );
+    Err(CUresult::NOT_SUPPORTED)
+}
+
 pub unsafe fn cuGraphInstantiate_v2(
     exec: *mut *mut c_void,
     graph: *mut c_void,

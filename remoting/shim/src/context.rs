@@ -4,8 +4,9 @@
 //! Context handles come from the server (`cuDevicePrimaryCtxRetain`, `cuCtxCreate_v2`/`_v3`) and live in
 //! the session's registry ([`crate::handles`]), which knows each one's device, so `cuCtxGetDevice` needs
 //! no round trip. The older exports (`cuCtxPushCurrent`, the primary context calls without `_v2`...)
-//! are what binaries built against old headers call: same semantics, same code (`cuCtxCreate` and
-//! `cuCtxDestroy` are the list's aliases of their `_v2`). `cuCtxCreate_v4` takes its parameters as a struct of pointers, read here.
+//! are what binaries built against old headers call: same semantics, same code (`cuCtxDestroy` is the
+//! list's alias of its `_v2`). The pre-3.2 `cuCtxCreate` is the exception: it asks for a context of
+//! 32-bit device pointers, which NVIDIA's driver refuses on a 64-bit system. `cuCtxCreate_v4` takes its parameters as a struct of pointers, read here.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -138,6 +139,19 @@ pub unsafe fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: u32, dev: i32) -> Resu
     };
     created(ctx, dev);
     Ok(())
+}
+
+/// `cuCtxCreate` as exported before CUDA 3.2 (binaries built against 3.1 headers; `cuGetProcAddress`
+/// for versions below 3020): a context for the v1 calls' 32-bit device pointers. Measured on NVIDIA's
+/// 580 driver (H200), it answers `CUDA_ERROR_OUT_OF_MEMORY` and creates nothing; so does Gleam, after
+/// the checks every creation makes.
+pub unsafe fn cuCtxCreate(pctx: *mut CUcontext, flags: u32, dev: i32) -> Result<(), CUresult> {
+    if pctx.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    state::device(dev)?;
+    let _ = flags;
+    Err(CUresult::OUT_OF_MEMORY)
 }
 
 /// A context was created on this thread: it belongs to `dev`, and it is current here now.

@@ -62,13 +62,15 @@ pub mod hand {
     };
     pub use crate::callbacks::{cuLaunchHostFunc, cuStreamAddCallback};
     pub use crate::capture::{
+        cuGraphGetEdges, cuGraphGetEdges_v2, cuGraphGetNodes, cuGraphGetRootNodes,
         cuGraphInstantiate_v2, cuStreamBeginCapture, cuStreamBeginCapture_v2, cuStreamEndCapture,
         cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
     };
     pub use crate::context::{
-        cuCtxAttach, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy_v2, cuCtxDetach,
-        cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2, cuCtxPopCurrent, cuCtxPopCurrent_v2,
-        cuCtxPushCurrent, cuCtxPushCurrent_v2, cuCtxSetCurrent, cuDevicePrimaryCtxRetain,
+        cuCtxAttach, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy_v2,
+        cuCtxDetach, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2, cuCtxPopCurrent,
+        cuCtxPopCurrent_v2, cuCtxPushCurrent, cuCtxPushCurrent_v2, cuCtxSetCurrent,
+        cuDevicePrimaryCtxRetain,
     };
     pub use crate::device::{
         cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetByPCIBusId,

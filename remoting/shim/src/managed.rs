@@ -939,10 +939,14 @@ pub fn alloc(kind: MirrorKind, len: usize, ctx: u64) -> Result<u64, CUresult> {
         return Err(CUresult::INVALID_VALUE);
     }
     fault::start(resolve)?;
+    // The server's driver carves small allocations out of shared chunks (measured: cudarc's unified
+    // memory tests got 8-byte managed allocations 512 bytes apart), but this side maps whole pages: asked
+    // for whole pages, the server hands out page-aligned addresses that no two mirrors share.
+    let server_len = len.div_ceil(page_size()) * page_size();
     let mut rejected = Vec::new();
     let mut outcome = Err(CUresult::OUT_OF_MEMORY);
     for _ in 0..8 {
-        let (server, device) = match server_alloc(kind, len) {
+        let (server, device) = match server_alloc(kind, server_len) {
             Ok(a) => a,
             Err(err) => {
                 outcome = Err(err);

@@ -36,11 +36,12 @@ impl Fake {
 
 impl Remote for Fake {
     fn alloc(&self, _: MirrorKind, len: usize) -> Result<(u64, u64), CUresult> {
-        // Addresses far from anything the test process maps; 64 KiB apart at least.
+        // Addresses far from anything the test process maps, carved out of one region 512 bytes apart
+        // at least, as NVIDIA's driver carves small managed allocations out of a shared chunk.
         let base = 0x5a5a_0000_0000
             + self
                 .next
-                .fetch_add(((len as u64) | 0xffff) + 1, Ordering::Relaxed);
+                .fetch_add((len as u64).div_ceil(512) * 512, Ordering::Relaxed);
         self.memory.lock().unwrap().insert(base, vec![0; len]);
         // Registered memory's device address differs from any host address; the others are identities.
         Ok((base, base))
@@ -385,4 +386,33 @@ fn scattered_host_writes_during_device_work_leave_the_devices_bytes_alone() {
         assert_eq!(server[4 * w + 2..4 * w + 4], [0xab, 0xcd], "word {w}");
     }
     free(p, false).unwrap().unwrap();
+}
+
+/// cudarc's `test_unified_slice_copy_to_views`: small managed allocations one after another. The server
+/// carves them out of one chunk, so each is asked for as whole pages, and each gets its own.
+#[test]
+fn small_allocations_get_pages_of_their_own() {
+    let (_g, f) = fake();
+    let page = page_size();
+    let a = alloc(MirrorKind::Managed { flags: 1 }, 8, 7).unwrap();
+    let b = alloc(MirrorKind::Managed { flags: 1 }, 8, 7).unwrap();
+    let c = alloc(MirrorKind::Host { flags: 0 }, 24, 7).unwrap();
+    assert!(
+        a.is_multiple_of(page as u64)
+            && b.is_multiple_of(page as u64)
+            && c.is_multiple_of(page as u64)
+    );
+    assert!(a.abs_diff(b) >= page as u64 && b.abs_diff(c) >= page as u64);
+    // SAFETY: mirrors of 8 bytes just allocated.
+    unsafe {
+        (a as *mut u64).write(1);
+        (b as *mut u64).write(2);
+    }
+    before_work().unwrap();
+    assert_eq!(f.device_reads(a, 8), 1u64.to_ne_bytes());
+    assert_eq!(f.device_reads(b, 8), 2u64.to_ne_bytes());
+    for p in [a, b] {
+        assert_eq!(free(p, false), Some(Ok(())));
+    }
+    assert_eq!(free(c, true), Some(Ok(())));
 }

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs several GPU scripts in one device call within a deadline: each phase gets its own $OUT/<phase>/ and
+# is given the time left (minus a margin) so that the call always returns what it collected.
+#   DEADLINE=580 OUT=... bash scripts/gpu/batch.sh pytorch driver-api tests peer bench lan upload
+# $OUT afterwards: batch.tgz (every phase's folder) and summary.txt (each phase's stdout tail), since a
+# device call hands back only a few files.
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+START=$(date +%s)
+DEADLINE=${DEADLINE:-580}
+DEST=${OUT:-/tmp/gleam-batch}
+mkdir -p "$DEST"
+BASE=$(mktemp -d)
+C=${CARRY:-.carry}
+finish() {
+    for d in "$BASE"/*/; do
+        [ -d "$d" ] || continue
+        echo "===== $(basename "$d")"
+        tail -n 60 "$d/stdout" 2>/dev/null
+    done > "$DEST/summary.txt"
+    tar czf "$DEST/batch.tgz" -C "$BASE" . 2>/dev/null
+}
+trap finish EXIT
+left() { echo $((DEADLINE - ($(date +%s) - START) - 10)); }
+for phase in "$@"; do
+    t=$(left)
+    [ "$t" -gt 20 ] || { echo "== $phase: skipped (no time left)"; continue; }
+    mkdir -p "$BASE/$phase"
+    echo "== $phase (up to ${t}s) at $(( $(date +%s) - START ))s"
+    case $phase in
+        pytorch) OUT="$BASE/$phase" LOCAL_RUNS=${LOCAL_RUNS:-1} RUN_TIMEOUT=${RUN_TIMEOUT:-120} \
+            timeout -s INT "$t" bash scripts/gpu/compare-pytorch.sh > "$BASE/$phase/stdout" 2>&1 ;;
+        driver-api) OUT="$BASE/$phase" timeout -s INT "$t" bash scripts/gpu/driver-api.sh > "$BASE/$phase/stdout" 2>&1 ;;
+        tests)
+            for tb in "$C"/tests/*; do
+                echo "-- $(basename "$tb")"
+                timeout "$(left)" "$tb" --include-ignored --test-threads 4 2>&1 | grep -E '^test |test result|panicked|FAILED' | tail -40
+            done > "$BASE/$phase/stdout" 2>&1 ;;
+        peer) OUT="$BASE/$phase" timeout "$t" bash -c '
+            C='"$C"'; cfg=$(mktemp -d)
+            env -i PATH="$PATH" HOME="$HOME" GLEAM_CONFIG_DIR="$cfg" "$C/gleam" mesh init >/dev/null 2>&1
+            env -i PATH="$PATH" HOME="$HOME" GLEAM_CONFIG_DIR="$cfg" GLEAM_LOG=info \
+                "$C/gleam" peer --no-mdns --listen 127.0.0.1:0 --backend cuda 2>"$OUT/peer.log" &
+            peer=$!; sleep 4
+            GLEAM_CONFIG_DIR="$cfg" "$C/gleam" peers list 2>&1
+            echo "-- gleam run (daemon picks; direct path expected)"
+            GLEAM_CONFIG_DIR="$cfg" GLEAM_LOG=info "$C/gleam" run -- "$C/examples/vector_add" 2>&1 | tail -6
+            GLEAM_CONFIG_DIR="$cfg" "$C/gleam" peers list 2>&1
+            echo "-- GLEAM_DIRECT=off"
+            GLEAM_DIRECT=off GLEAM_CONFIG_DIR="$cfg" "$C/gleam" run -- "$C/examples/vector_add" 2>&1 | tail -4
+            kill $peer; wait $peer' > "$BASE/$phase/stdout" 2>&1 ;;
+        bench) OUT="$BASE/$phase" timeout -s INT "$t" bash scripts/gpu/bench.sh > "$BASE/$phase/stdout" 2>&1 ;;
+        lan) OUT="$BASE/$phase" BIN="$C" BACKEND=cuda timeout -s INT "$t" bash scripts/bench/lan.sh > "$BASE/$phase/stdout" 2>&1 ;;
+        upload) OUT="$BASE/$phase" timeout -s INT "$t" bash cache/bench/upload.sh "$C" ${UPLOAD_MIB:-256} ${UPLOAD_ROUNDS:-2} cuda > "$BASE/$phase/stdout" 2>&1 ;;
+        *) echo "unknown phase $phase" ;;
+    esac
+    echo "   rc $? after $(( $(date +%s) - START ))s"
+done
