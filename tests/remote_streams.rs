@@ -69,9 +69,9 @@ fn streams_wait_on_and_write_values_in_device_memory() {
     }
 }
 
-/// The CUDA 3.x names (`cuStreamDestroy`, `cuEventDestroy`, `cuCtxDestroy`, the v1 stream memory
-/// operations) are the same calls as their successors; the pre-3.2 `cuCtxCreate` is refused as NVIDIA's
-/// driver refuses it.
+/// The CUDA 3.x names (`cuStreamDestroy`, `cuEventDestroy`, `cuCtxDestroy`) are the same calls as
+/// their successors; the pre-3.2 `cuCtxCreate` and the v1 stream memory operations are refused as
+/// NVIDIA's 580 driver refuses them.
 #[test]
 fn old_names_are_their_successors() {
     run("old-names");

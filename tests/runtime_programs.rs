@@ -26,6 +26,7 @@ const PROGRAMS: &[&str] = &[
     "errors",
     "graphs",
     "unified_textures",
+    "readback",
 ];
 
 fn repo() -> &'static Path {
@@ -198,4 +199,58 @@ fn module_images_are_sent_once_per_peer() {
     let (second, _) = trace(2);
     assert_eq!(second[0], 0, "nothing sent the second time: {second:?}");
     assert!(second[2] >= 1, "the peer had it: {second:?}");
+}
+
+/// A read-back (`tensor.item()`: an asynchronous copy to the host, then a synchronization of the same
+/// stream) costs one round trip: the copy's reply says the stream is idle, and with nothing sent since,
+/// the synchronization is answered on the client. With other work in between, it is waited for.
+#[test]
+fn a_synchronization_right_after_a_read_back_is_answered_locally() {
+    let Some(programs) = programs() else {
+        return;
+    };
+    let (_, exe) = programs
+        .iter()
+        .find(|(name, _)| name == "readback")
+        .expect("readback is built");
+    let server = Server::start("emu");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let report = dir.path().join("trace.tsv");
+    let out = output_within(
+        {
+            let mut cmd = Command::new(common::gleam());
+            cmd.arg("trace")
+                .arg("--report")
+                .arg(&report)
+                .arg("--peer")
+                .arg(server.target())
+                .arg("--config-dir")
+                .arg(server.config_path())
+                .arg("--")
+                .arg(exe)
+                .env("GLEAM_SHIM", common::shim())
+                .env("GLEAM_LOG", "warn");
+            cmd
+        },
+        Duration::from_secs(180),
+    );
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("PASS readback"),
+        "{stdout}{}",
+        text(&out.stderr)
+    );
+    let report = std::fs::read_to_string(&report).expect("the trace report");
+    let counts: Vec<u64> = report
+        .lines()
+        .find_map(|l| l.strip_prefix("call\tcuStreamSynchronize\t"))
+        .expect("cuStreamSynchronize in the report")
+        .split('\t')
+        .map(|v| v.parse().expect("a count"))
+        .collect();
+    let (local, waited) = (counts[0], counts[2]);
+    // The loop's 50: here; the three after other work (the stream's own, another stream's) was sent
+    // since the copy: waited for.
+    assert!(local >= 50, "answered locally: {counts:?}\n{report}");
+    assert!(waited >= 3, "waited for: {counts:?}\n{report}");
 }

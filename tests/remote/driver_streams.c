@@ -80,6 +80,9 @@ CUresult cuStreamSetAttribute(CUstream stream, int attr, const CUstreamAttrValue
 CUresult cuStreamCopyAttributes(CUstream dst, CUstream src);
 CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
 CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
+CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, unsigned long long value, unsigned flags);
+CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, unsigned long long value, unsigned flags);
+CUresult cuStreamBatchMemOp(CUstream stream, unsigned count, void *ops, unsigned flags);
 CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
 CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
 CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, unsigned long long value, unsigned flags);
@@ -99,6 +102,7 @@ CUresult cuGraphDestroy(CUgraph graph);
 #define SUCCESS 0
 #define INVALID_VALUE 1
 #define OUT_OF_MEMORY 2
+#define NOT_SUPPORTED 801
 #define INVALID_HANDLE 400
 #define NOT_READY 600
 #define STREAM_CAPTURE_UNSUPPORTED 900
@@ -496,11 +500,18 @@ static void old_names(void) {
     CHECK(cuMemAlloc_v2(&p, 4));
     CHECK(cuMemsetD32_v2(p, 0, 1));
     CHECK(cuCtxSynchronize());
-    CHECK(cuStreamWriteValue32(s, p, 4, 0));
-    CHECK(cuStreamWaitValue32(s, p, 4, WAIT_EQ));
+    /* CUDA 12 took the v1 stream memory operations out: NVIDIA's 580 driver answers NOT_SUPPORTED to
+     * each (tools/gpu/v1_names.c), and the stream is untouched. */
+    unsigned long long batch[6] = {2 /* WRITE_VALUE_32 */, p, 9, 0, 0, 0};
+    EXPECT_ERR(cuStreamWriteValue32(s, p, 4, 0), NOT_SUPPORTED);
+    EXPECT_ERR(cuStreamWaitValue32(s, p, 4, WAIT_EQ), NOT_SUPPORTED);
+    EXPECT_ERR(cuStreamWriteValue64(s, p, 4, 0), NOT_SUPPORTED);
+    EXPECT_ERR(cuStreamWaitValue64(s, p, 4, WAIT_EQ), NOT_SUPPORTED);
+    EXPECT_ERR(cuStreamBatchMemOp(s, 1, batch, 0), NOT_SUPPORTED);
+    CHECK(cuStreamWriteValue32_v2(s, p, 4, 0));
     CHECK(cuEventRecord(e, s));
     CHECK(cuEventSynchronize(e));
-    EXPECT(read32(p) == 4, "v1 stream memory operations");
+    EXPECT(read32(p) == 4, "v2 stream memory operations after the v1 ones");
     CHECK(cuEventDestroy(e));
     CHECK(cuStreamDestroy(s));
     CHECK(cuCtxDestroy(ctx));

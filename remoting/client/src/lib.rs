@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -469,6 +469,12 @@ impl Client {
         self.blocking
     }
 
+    /// How many requests this session has numbered, of every thread. Two equal readings around a
+    /// waited call that sent `n` requests, `n` apart, say that nothing else reached the peer meanwhile.
+    pub fn requests_numbered(&self) -> u64 {
+        self.shared.numbered.load(Ordering::Acquire)
+    }
+
     /// Whether the session has ended.
     pub fn is_lost(&self) -> bool {
         self.shared.lost.load(Ordering::Acquire)
@@ -686,6 +692,8 @@ struct Shared {
     /// Wakes threads waiting for a backlog to fall, or for the link to come back.
     drained: Condvar,
     drained_lock: Mutex<()>,
+    /// Requests numbered so far, of every thread (see [`Client::requests_numbered`]).
+    numbered: AtomicU64,
     /// Set once the session ended (fast path for callers).
     lost: AtomicBool,
     /// Set when this side ends the session, so the end is not reported as a failure.
@@ -850,6 +858,7 @@ impl Shared {
             total: Backlog::default(),
             drained: Condvar::new(),
             drained_lock: Mutex::new(()),
+            numbered: AtomicU64::new(0),
             lost: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             suspended: AtomicBool::new(false),
@@ -993,6 +1002,7 @@ impl Shared {
             return Err(err.clone());
         }
         let (seq, numbered, deps) = core.sequencer.next(ordering);
+        self.numbered.fetch_add(1, Ordering::AcqRel);
         debug_assert_eq!(numbered, lane, "the lane opened is the lane numbered");
         let request = Request {
             seq,

@@ -39,5 +39,6 @@ pub fn died(died: &Died) {
         crate::memory::context_emptied(ctx);
         crate::managed::context_emptied(ctx);
         crate::export_table::context_emptied(ctx);
+        crate::context::context_emptied(ctx);
     }
 }

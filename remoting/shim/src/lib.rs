@@ -68,9 +68,9 @@ pub mod hand {
     };
     pub use crate::context::{
         cuCtxAttach, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy_v2,
-        cuCtxDetach, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2, cuCtxPopCurrent,
-        cuCtxPopCurrent_v2, cuCtxPushCurrent, cuCtxPushCurrent_v2, cuCtxSetCurrent,
-        cuDevicePrimaryCtxRetain,
+        cuCtxDetach, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2, cuCtxGetLimit,
+        cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent, cuCtxPushCurrent_v2,
+        cuCtxSetCurrent, cuCtxSetLimit, cuDevicePrimaryCtxRetain,
     };
     pub use crate::device::{
         cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetByPCIBusId,
@@ -96,8 +96,11 @@ pub mod hand {
         cuLibraryUnload,
     };
     pub use crate::memops::{
-        cuStreamBatchMemOp_v2, cuStreamWaitValue32_v2, cuStreamWaitValue64_v2,
-        cuStreamWriteValue32_v2, cuStreamWriteValue64_v2,
+        cuStreamBatchMemOp, cuStreamBatchMemOp_ptsz, cuStreamBatchMemOp_v2, cuStreamWaitValue32,
+        cuStreamWaitValue32_ptsz, cuStreamWaitValue32_v2, cuStreamWaitValue64,
+        cuStreamWaitValue64_ptsz, cuStreamWaitValue64_v2, cuStreamWriteValue32,
+        cuStreamWriteValue32_ptsz, cuStreamWriteValue32_v2, cuStreamWriteValue64,
+        cuStreamWriteValue64_ptsz, cuStreamWriteValue64_v2,
     };
     pub use crate::memory::{
         cuDeviceSetMemPool, cuMemAddressFree, cuMemAddressReserve, cuMemAlloc_v2, cuMemAllocAsync,
@@ -106,6 +109,7 @@ pub mod hand {
         cuMemPoolSetAccess, cuMemPoolSetAttribute, cuMemSetAccess, cuMemSetMemPool, cuMemUnmap,
         cuMemcpy, cuMemcpyAsync, cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpyHtoD_v2,
         cuMemcpyHtoDAsync_v2, cuPointerGetAttribute, cuPointerGetAttributes,
+        cuStreamAttachMemAsync, cuStreamSynchronize,
     };
     pub use crate::module::{
         cuFuncGetAttribute, cuFuncGetModule, cuFuncGetName, cuFuncGetParamInfo, cuFuncIsLoaded,

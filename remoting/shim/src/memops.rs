@@ -11,6 +11,32 @@ use gleam_protocol::types::CUresult;
 
 use crate::forward;
 
+/// The pre-CUDA-12 names (`cuStreamWaitValue32` without `_v2`, and their `_ptsz` forms): NVIDIA's
+/// 580 driver answers every one `CUDA_ERROR_NOT_SUPPORTED` (measured on the H200 with
+/// `tools/gpu/v1_names.c`), since CUDA 12 took the v1 stream memory operations out; so does Gleam.
+macro_rules! removed_v1 {
+    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        pub unsafe fn $name($($arg: $ty),*) -> Result<(), CUresult> {
+            let _ = ($($arg),*);
+            tracing::debug!(call = stringify!($name), "a v1 stream memory operation: CUDA 12 removed them");
+            Err(CUresult::NOT_SUPPORTED)
+        }
+    )*};
+}
+
+removed_v1! {
+    cuStreamWaitValue32(stream: *mut c_void, addr: u64, value: u32, flags: u32);
+    cuStreamWaitValue32_ptsz(stream: *mut c_void, addr: u64, value: u32, flags: u32);
+    cuStreamWaitValue64(stream: *mut c_void, addr: u64, value: u64, flags: u32);
+    cuStreamWaitValue64_ptsz(stream: *mut c_void, addr: u64, value: u64, flags: u32);
+    cuStreamWriteValue32(stream: *mut c_void, addr: u64, value: u32, flags: u32);
+    cuStreamWriteValue32_ptsz(stream: *mut c_void, addr: u64, value: u32, flags: u32);
+    cuStreamWriteValue64(stream: *mut c_void, addr: u64, value: u64, flags: u32);
+    cuStreamWriteValue64_ptsz(stream: *mut c_void, addr: u64, value: u64, flags: u32);
+    cuStreamBatchMemOp(stream: *mut c_void, count: u32, ops: *mut c_void, flags: u32);
+    cuStreamBatchMemOp_ptsz(stream: *mut c_void, count: u32, ops: *mut c_void, flags: u32);
+}
+
 /// Most operations one `cuStreamBatchMemOp` may carry (CUDA documents "less than 256").
 const MAX_BATCH: u32 = 256;
 

@@ -365,14 +365,58 @@ pub unsafe fn dtoh(
             bytes.copy_from_slice(&staged);
         }
     } else {
+        let before = session.client.requests_numbered();
         session
             .client
             .memcpy_dtoh(context::current(), bytes, src, stream)
             .map_err(state::lost)?
             .result()?;
+        if let Some(s) = stream {
+            let pieces = n.div_ceil(gleam_protocol::wire::COPY_CHUNK).max(1) as u64;
+            idle::copied_back(s, before + pieces, session.client.requests_numbered());
+        }
     }
     // The data came after the stream's (or the legacy stream's) earlier work.
     managed::after_sync()
+}
+
+/// `cuStreamSynchronize` right after a device-to-host copy on the same stream (`tensor.item()`, a
+/// result read back): the copy's reply said that everything before it on the stream had finished, and if
+/// no request of any thread has left since, the stream is still idle and the answer is known here. This
+/// halves the round trips of a read-back (measured on the H200: `item()` 0.31 ms through Gleam, two
+/// waited calls).
+mod idle {
+    use std::sync::Mutex;
+
+    /// (context, stream, requests numbered when the copy's reply came).
+    static IDLE: Mutex<Option<(u64, u64, u64)>> = Mutex::new(None);
+
+    fn slot() -> std::sync::MutexGuard<'static, Option<(u64, u64, u64)>> {
+        IDLE.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A copy from `stream` came back; `expected` requests were numbered if nothing but the copy left
+    /// since it started, `now` were.
+    pub fn copied_back(stream: u64, expected: u64, now: u64) {
+        *slot() = (expected == now).then(|| (super::context::current(), stream, now));
+    }
+
+    /// Whether `stream` of the current context is known to be idle with `now` requests numbered.
+    pub fn known(stream: u64, now: u64) -> bool {
+        *slot() == Some((super::context::current(), stream, now))
+    }
+}
+
+/// `cuStreamSynchronize`: answered here when the stream is known to be idle ([`idle`]), else waited for.
+pub unsafe fn cuStreamSynchronize(stream: CUstream) -> Result<(), CUresult> {
+    let session = state::session()?;
+    if idle::known(stream as u64, session.client.requests_numbered()) {
+        handles::check(gleam_protocol::registry::Kind::Stream, stream as u64)?;
+        return managed::after_sync();
+    }
+    // SAFETY: a plain handle, forwarded under the same contract.
+    unsafe { forward::cuStreamSynchronize(stream) }
 }
 
 /// `cuMemcpy`/`cuMemcpyAsync`: the direction comes from the allocation table.
@@ -756,6 +800,21 @@ pub unsafe fn cuMemFreeAsync(dptr: u64, stream: CUstream) -> Result<(), CUresult
     unrecord(dptr, true)?;
     // SAFETY: plain values (the stream is checked by the forwarder).
     unsafe { forward::cuMemFreeAsync(dptr, stream) }
+}
+
+/// `cuStreamAttachMemAsync`: for managed memory the length must be 0 or the whole allocation. The
+/// server's copy of a small mirror spans whole pages ([`managed::alloc`]), so the application's whole
+/// length becomes 0 there: the same request, in the server's terms.
+pub unsafe fn cuStreamAttachMemAsync(
+    stream: CUstream,
+    dptr: u64,
+    length: usize,
+    flags: u32,
+) -> Result<(), CUresult> {
+    let whole = managed::lookup(dptr).is_some_and(|m| m.host == dptr && m.len == length as u64);
+    let length = if whole { 0 } else { length };
+    // SAFETY: plain values, forwarded under the same contract.
+    unsafe { forward::cuStreamAttachMemAsync(stream, dptr, length, flags) }
 }
 
 pub unsafe fn cuMemGetAddressRange_v2(
