@@ -249,8 +249,23 @@ fn a_synchronization_right_after_a_read_back_is_answered_locally() {
         .map(|v| v.parse().expect("a count"))
         .collect();
     let (local, waited) = (counts[0], counts[2]);
-    // The loop's 50: here; the three after other work (the stream's own, another stream's) was sent
-    // since the copy: waited for.
-    assert!(local >= 50, "answered locally: {counts:?}\n{report}");
+    // The loops' 70 (50 into pageable memory, 20 into page-locked): here; the three after other work
+    // (the stream's own, another stream's) was sent since the copy: waited for.
+    assert!(local >= 70, "answered locally: {counts:?}\n{report}");
     assert!(waited >= 3, "waited for: {counts:?}\n{report}");
+    // Twenty limit reads and two after sets: at most the first of each limit and the two after a set
+    // cross the network.
+    if let Some(limits) = report
+        .lines()
+        .find_map(|l| l.strip_prefix("call\tcuCtxGetLimit\t"))
+    {
+        let counts: Vec<u64> = limits
+            .split('\t')
+            .map(|v| v.parse().expect("a count"))
+            .collect();
+        assert!(
+            counts[2] <= 4,
+            "cuCtxGetLimit waited for: {counts:?}\n{report}"
+        );
+    }
 }

@@ -33,6 +33,19 @@ int main() {
     }
     std::printf("item loop: %d\n", value);
 
+    // The same into page-locked memory (PyTorch's item() reads into its pinned staging buffer).
+    int *pinned = nullptr;
+    CUDA_OK(cudaMallocHost(&pinned, sizeof(int)));
+    for (int i = 1; i <= 20; i++) {
+        count_up<<<1, 1, 0, s>>>(dev, i);
+        CUDA_OK(cudaMemcpyAsync(pinned, dev, sizeof(int), cudaMemcpyDeviceToHost, s));
+        CUDA_OK(cudaStreamSynchronize(s));
+        sum += i;
+        EXPECT(*pinned == sum);
+    }
+    std::printf("pinned loop: %d\n", *pinned);
+    CUDA_OK(cudaFreeHost(pinned));
+
     // Work queued on the stream after the copy: the synchronization waits for it.
     CUDA_OK(cudaMemcpyAsync(&value, dev, sizeof value, cudaMemcpyDeviceToHost, s));
     spin_then_add<<<1, 1, 0, s>>>(dev, 1000, 1000);
@@ -50,6 +63,23 @@ int main() {
     CUDA_OK(cudaMemcpy(&seen, other, sizeof seen, cudaMemcpyDeviceToHost));
     EXPECT(seen == 7);
     std::printf("after the other stream: %d %d\n", value, seen);
+
+    // Limits read again and again (cuDNN reads the stack size before each run): the values stay right
+    // across a set, and a first launch of a kernel, which may raise the stack size.
+    size_t fifo = 0, stack = 0, again = 0;
+    for (int i = 0; i < 10; i++) {
+        CUDA_OK(cudaDeviceGetLimit(&fifo, cudaLimitPrintfFifoSize));
+        CUDA_OK(cudaDeviceGetLimit(&stack, cudaLimitStackSize));
+    }
+    EXPECT(fifo > 0 && stack > 0);
+    CUDA_OK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 2 * fifo));
+    CUDA_OK(cudaDeviceGetLimit(&again, cudaLimitPrintfFifoSize));
+    EXPECT(again >= 2 * fifo);
+    CUDA_OK(cudaDeviceSetLimit(cudaLimitStackSize, 2 * stack));
+    CUDA_OK(cudaDeviceGetLimit(&again, cudaLimitStackSize));
+    EXPECT(again >= 2 * stack);
+    std::printf("limits: printf fifo %s, stack %s\n", again >= 2 * fifo ? "raised" : "same",
+                again >= 2 * stack ? "raised" : "same");
 
     CUDA_OK(cudaStreamDestroy(s));
     CUDA_OK(cudaStreamDestroy(side));

@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use gleam_protocol::types::{CUresult, CUstream};
 
-use crate::{forward, put, state};
+use crate::{context, forward, put, state};
 
 /// `CUstreamCaptureStatus`.
 const CAPTURE_NONE: u32 = 0;
@@ -180,6 +180,25 @@ fn node_arrays_unavailable<const N: usize>(
     Err(CUresult::NOT_SUPPORTED)
 }
 
+/// `cuGraphInstantiateWithFlags`: instantiating may raise the stack size ([`context::launching`]).
+pub unsafe fn cuGraphInstantiateWithFlags(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    flags: u64,
+) -> Result<(), CUresult> {
+    // SAFETY: forwarded under the same contract.
+    let made = unsafe { forward::cuGraphInstantiateWithFlags(exec, graph, flags) };
+    context::stack_may_change(context::current());
+    made
+}
+
+/// `cuGraphLaunch`: one message; its first launch may raise the stack size.
+pub unsafe fn cuGraphLaunch(exec: *mut c_void, stream: *mut c_void) -> Result<(), CUresult> {
+    context::launching(exec as u64);
+    // SAFETY: forwarded under the same contract.
+    unsafe { forward::cuGraphLaunch(exec, stream) }
+}
+
 pub unsafe fn cuGraphInstantiate_v2(
     exec: *mut *mut c_void,
     graph: *mut c_void,
@@ -197,7 +216,7 @@ pub unsafe fn cuGraphInstantiate_v2(
         }
     }
     // SAFETY: forwarded with no flags, which is what this version instantiates with.
-    unsafe { forward::cuGraphInstantiateWithFlags(exec, graph, 0) }
+    unsafe { cuGraphInstantiateWithFlags(exec, graph, 0) }
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@
 //! 32-bit device pointers, which NVIDIA's driver refuses on a 64-bit system. `cuCtxCreate_v4` takes its parameters as a struct of pointers, read here.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use gleam_protocol::registry::Kind;
@@ -280,10 +281,13 @@ pub unsafe fn cuCtxDetach(ctx: CUcontext) -> Result<(), CUresult> {
 /// `CU_LIMIT_STACK_SIZE`: the driver raises it by itself when a launch needs more stack.
 const LIMIT_STACK_SIZE: u32 = 0;
 
-/// Limits read from the server, by (context, limit). A limit changes only through `cuCtxSetLimit` (the
-/// driver may round the value, so a set drops the entry rather than storing it), except the stack size,
-/// which a launch may raise: never kept. cuBLASLt reads a limit before each fp16 GEMM, so GPT-2 in fp16
-/// waited for 769 round trips of them (measured on the H200 through `gleam trace`).
+/// Limits read from the server, by (context, limit). A limit changes through `cuCtxSetLimit` (the driver
+/// may round the value, so a set drops the entry rather than storing it), and the stack size also when a
+/// launch needs more than it ("the driver automatically increases the per-thread stack size for each
+/// kernel launch as needed"): that happens at the first launch of a function (or of an executable graph,
+/// or at its instantiation) needing more, so a cached stack size is dropped at each first launch
+/// ([`launching`]). GPT-2 in fp16 waited for 769 round trips of limits (measured on the H200 through
+/// `gleam trace`; cuDNN's attention engines read one per run).
 static LIMITS: LazyLock<Mutex<HashMap<(u64, u32), usize>>> = LazyLock::new(Mutex::default);
 
 fn limits() -> MutexGuard<'static, HashMap<(u64, u32), usize>> {
@@ -305,7 +309,10 @@ pub unsafe fn cuCtxGetLimit(value: *mut usize, limit: u32) -> Result<(), CUresul
             // SAFETY: a valid out-pointer to a local.
             unsafe { forward::cuCtxGetLimit(&raw mut v, limit)? };
             tracing::debug!(limit, value = v, "context limit read from the peer");
-            if ctx != 0 && limit != LIMIT_STACK_SIZE {
+            if ctx != 0 {
+                if limit == LIMIT_STACK_SIZE {
+                    STACK_CACHED.store(true, Ordering::Release);
+                }
                 limits().insert((ctx, limit), v);
             }
             v
@@ -324,4 +331,37 @@ pub unsafe fn cuCtxSetLimit(limit: u32, value: usize) -> Result<(), CUresult> {
 /// The context was destroyed or reset: its limits are the driver's defaults again.
 pub fn context_emptied(ctx: u64) {
     limits().retain(|&(c, _), _| c != ctx);
+    launched().retain(|&(c, _)| c != ctx);
+}
+
+/// Whether a stack size may be cached (the launch path's fast check).
+static STACK_CACHED: AtomicBool = AtomicBool::new(false);
+/// (context, function or executable graph) launched since the stack size was cached.
+static LAUNCHED: LazyLock<Mutex<HashSet<(u64, u64)>>> = LazyLock::new(Mutex::default);
+
+fn launched() -> MutexGuard<'static, HashSet<(u64, u64)>> {
+    LAUNCHED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A launch of `what` (a function, a kernel, an executable graph) in the current context: the first
+/// one may raise the stack size, so the cached value goes.
+pub fn launching(what: u64) {
+    if !STACK_CACHED.load(Ordering::Acquire) {
+        return;
+    }
+    let ctx = current();
+    if launched().insert((ctx, what)) {
+        stack_may_change(ctx);
+    }
+}
+
+/// Drops the cached stack size of `ctx` (an instantiation or a first launch may raise it).
+pub fn stack_may_change(ctx: u64) {
+    let mut limits = limits();
+    limits.remove(&(ctx, LIMIT_STACK_SIZE));
+    if !limits.keys().any(|&(_, l)| l == LIMIT_STACK_SIZE) {
+        STACK_CACHED.store(false, Ordering::Release);
+    }
 }

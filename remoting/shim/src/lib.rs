@@ -63,8 +63,9 @@ pub mod hand {
     pub use crate::callbacks::{cuLaunchHostFunc, cuStreamAddCallback};
     pub use crate::capture::{
         cuGraphGetEdges, cuGraphGetEdges_v2, cuGraphGetNodes, cuGraphGetRootNodes,
-        cuGraphInstantiate_v2, cuStreamBeginCapture, cuStreamBeginCapture_v2, cuStreamEndCapture,
-        cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
+        cuGraphInstantiate_v2, cuGraphInstantiateWithFlags, cuGraphLaunch, cuStreamBeginCapture,
+        cuStreamBeginCapture_v2, cuStreamEndCapture, cuStreamGetCaptureInfo_v2,
+        cuStreamGetCaptureInfo_v3, cuStreamIsCapturing,
     };
     pub use crate::context::{
         cuCtxAttach, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy_v2,

@@ -484,6 +484,7 @@ unsafe fn launch(a: &LaunchArgs, attrs: Vec<LaunchAttr>) -> Result<(), CUresult>
     let session = state::session()?;
     // SAFETY: forwarded.
     let launch = unsafe { prepare(a)? };
+    context::launching(a.f as u64);
     for event in attrs.iter().filter_map(LaunchAttr::event) {
         handles::check(Kind::Event, event)?;
     }
