@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::{Server, compile_c, output_within, text};
@@ -16,18 +15,7 @@ fn the_library_api_runs_lazily_and_mostly_on_the_client() {
     let dir = tempfile::tempdir().unwrap();
     let exe = compile_c("driver_library", dir.path());
     let report = dir.path().join("trace.tsv");
-    let mut cmd = Command::new(common::gleam());
-    cmd.arg("trace")
-        .arg("--report")
-        .arg(&report)
-        .arg("--peer")
-        .arg(server.target())
-        .arg("--config-dir")
-        .arg(server.config_path())
-        .arg("--")
-        .arg(&exe)
-        .env("GLEAM_SHIM", common::shim())
-        .env("GLEAM_LOG", "warn");
+    let cmd = server.trace(&report, &exe);
     let out = output_within(cmd, Duration::from_secs(120));
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
@@ -35,13 +23,7 @@ fn the_library_api_runs_lazily_and_mostly_on_the_client() {
     assert!(stdout.contains("library ok"), "{stdout}");
     let report = std::fs::read_to_string(&report).unwrap();
     let counts = |name: &str| -> Vec<u64> {
-        report
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("call\t{name}\t")))
-            .unwrap_or_else(|| panic!("no {name} in\n{report}"))
-            .split('\t')
-            .map(|v| v.parse().unwrap())
-            .collect()
+        common::trace_counts(&report, name).unwrap_or_else(|| panic!("no {name} in\n{report}"))
     };
     // Only the library that was used went to the peer.
     assert!(report.contains("modules\t1\t"), "{report}");

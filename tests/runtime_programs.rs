@@ -155,24 +155,7 @@ fn module_images_are_sent_once_per_peer() {
     let dir = tempfile::tempdir().expect("temp dir");
     let trace = |n: usize| {
         let report = dir.path().join(format!("trace-{n}.tsv"));
-        let out = output_within(
-            {
-                let mut cmd = Command::new(common::gleam());
-                cmd.arg("trace")
-                    .arg("--report")
-                    .arg(&report)
-                    .arg("--peer")
-                    .arg(server.target())
-                    .arg("--config-dir")
-                    .arg(server.config_path())
-                    .arg("--")
-                    .arg(exe)
-                    .env("GLEAM_SHIM", common::shim())
-                    .env("GLEAM_LOG", "warn");
-                cmd
-            },
-            Duration::from_secs(180),
-        );
+        let out = output_within(server.trace(&report, exe), Duration::from_secs(180));
         assert!(out.status.success(), "{}", text(&out.stderr));
         let stderr = text(&out.stderr);
         assert!(
@@ -216,24 +199,7 @@ fn a_synchronization_right_after_a_read_back_is_answered_locally() {
     let server = Server::start("emu");
     let dir = tempfile::tempdir().expect("temp dir");
     let report = dir.path().join("trace.tsv");
-    let out = output_within(
-        {
-            let mut cmd = Command::new(common::gleam());
-            cmd.arg("trace")
-                .arg("--report")
-                .arg(&report)
-                .arg("--peer")
-                .arg(server.target())
-                .arg("--config-dir")
-                .arg(server.config_path())
-                .arg("--")
-                .arg(exe)
-                .env("GLEAM_SHIM", common::shim())
-                .env("GLEAM_LOG", "warn");
-            cmd
-        },
-        Duration::from_secs(180),
-    );
+    let out = output_within(server.trace(&report, exe), Duration::from_secs(180));
     let stdout = text(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("PASS readback"),
@@ -241,13 +207,8 @@ fn a_synchronization_right_after_a_read_back_is_answered_locally() {
         text(&out.stderr)
     );
     let report = std::fs::read_to_string(&report).expect("the trace report");
-    let counts: Vec<u64> = report
-        .lines()
-        .find_map(|l| l.strip_prefix("call\tcuStreamSynchronize\t"))
-        .expect("cuStreamSynchronize in the report")
-        .split('\t')
-        .map(|v| v.parse().expect("a count"))
-        .collect();
+    let counts = common::trace_counts(&report, "cuStreamSynchronize")
+        .expect("cuStreamSynchronize in the report");
     let (local, waited) = (counts[0], counts[2]);
     // The loops' 70 (50 into pageable memory, 20 into page-locked): here; the three after other work
     // (the stream's own, another stream's) was sent since the copy: waited for.
@@ -255,14 +216,7 @@ fn a_synchronization_right_after_a_read_back_is_answered_locally() {
     assert!(waited >= 3, "waited for: {counts:?}\n{report}");
     // Twenty limit reads and two after sets: at most the first of each limit and the two after a set
     // cross the network.
-    if let Some(limits) = report
-        .lines()
-        .find_map(|l| l.strip_prefix("call\tcuCtxGetLimit\t"))
-    {
-        let counts: Vec<u64> = limits
-            .split('\t')
-            .map(|v| v.parse().expect("a count"))
-            .collect();
+    if let Some(counts) = common::trace_counts(&report, "cuCtxGetLimit") {
         assert!(
             counts[2] <= 4,
             "cuCtxGetLimit waited for: {counts:?}\n{report}"

@@ -105,5 +105,6 @@ if [ -x "$CARRY/cudarc-tests" ]; then
         fi
     done < <("$CARRY/cudarc-tests" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p' | sort)
     echo "cudarc: $total tests; $both pass locally and through Gleam; $local_only pass only locally" | tee -a "$LOG"
-    column -t -s "$(printf '\t')" "$TSV" | tee -a "$LOG"
+    # The table, aligned (`column` is not on every machine; the GPU machine lacks it).
+    awk -F'\t' '{ printf "%-80s %-10s %s\n", $1, $2, $3 }' "$TSV" | tee -a "$LOG"
 fi

@@ -119,8 +119,20 @@ impl Server {
 
     /// `gleam run --peer <this> --config-dir <this> -- program args`, with the test's shim.
     pub fn run(&self, program: &Path, args: &[&str]) -> Command {
+        self.gleam(&["run"], program, args)
+    }
+
+    /// `gleam trace --report <report>` of `program` through this server: [`Server::run`] with the call
+    /// counts written to `report` (see [`trace_counts`]).
+    #[allow(dead_code)]
+    pub fn trace(&self, report: &Path, program: &Path) -> Command {
+        let report = report.to_str().expect("a UTF-8 report path");
+        self.gleam(&["trace", "--report", report], program, &[])
+    }
+
+    fn gleam(&self, command: &[&str], program: &Path, args: &[&str]) -> Command {
         let mut cmd = Command::new(gleam());
-        cmd.arg("run")
+        cmd.args(command)
             .arg("--peer")
             .arg(self.target())
             .arg("--config-dir")
@@ -132,6 +144,21 @@ impl Server {
             .env("GLEAM_LOG", "warn");
         cmd
     }
+}
+
+/// The counts a `gleam trace` report gives `call` (local, fire-and-forget, waited for, ...), if it was
+/// called.
+#[allow(dead_code)]
+pub fn trace_counts(report: &str, call: &str) -> Option<Vec<u64>> {
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("call\t{call}\t")))
+        .map(|counts| {
+            counts
+                .split('\t')
+                .map(|v| v.parse().expect("a count in the trace report"))
+                .collect()
+        })
 }
 
 impl Drop for Server {

@@ -2236,7 +2236,7 @@ impl ApiBackend for EmuBackend {
         a: args::cuGraphGetEdges,
     ) -> Result<outs::cuGraphGetEdges, CUresult> {
         Ok(outs::cuGraphGetEdges {
-            num_edges: self.captures.graph(a.graph)?.len().saturating_sub(1),
+            num_edges: self.captures.edges(a.graph)?,
             ..Default::default()
         })
     }
@@ -2246,7 +2246,7 @@ impl ApiBackend for EmuBackend {
         a: args::cuGraphGetEdges_v2,
     ) -> Result<outs::cuGraphGetEdges_v2, CUresult> {
         Ok(outs::cuGraphGetEdges_v2 {
-            num_edges: self.captures.graph(a.graph)?.len().saturating_sub(1),
+            num_edges: self.captures.edges(a.graph)?,
             ..Default::default()
         })
     }

@@ -228,6 +228,11 @@ impl Captures {
             .ok_or(CUresult::INVALID_HANDLE)
     }
 
+    /// How many edges graph `graph` has: a chain's, one between neighbours.
+    pub fn edges(&self, graph: u64) -> Result<usize, CUresult> {
+        Ok(self.graph(graph)?.len().saturating_sub(1))
+    }
+
     /// The steps of executable graph `exec`.
     pub fn exec(&self, exec: u64) -> Result<Arc<Vec<Step>>, CUresult> {
         self.execs
