@@ -180,7 +180,7 @@ fn node_arrays_unavailable<const N: usize>(
     Err(CUresult::NOT_SUPPORTED)
 }
 
-/// `cuGraphInstantiateWithFlags`: instantiating may raise the stack size ([`context::launching`]).
+/// `cuGraphInstantiateWithFlags`: instantiating may raise the stack size ([`context::launched_one`]).
 pub unsafe fn cuGraphInstantiateWithFlags(
     exec: *mut *mut c_void,
     graph: *mut c_void,
@@ -194,9 +194,10 @@ pub unsafe fn cuGraphInstantiateWithFlags(
 
 /// `cuGraphLaunch`: one message; its first launch may raise the stack size.
 pub unsafe fn cuGraphLaunch(exec: *mut c_void, stream: *mut c_void) -> Result<(), CUresult> {
-    context::launching(exec as u64);
     // SAFETY: forwarded under the same contract.
-    unsafe { forward::cuGraphLaunch(exec, stream) }
+    let sent = unsafe { forward::cuGraphLaunch(exec, stream) };
+    context::launched_one(exec as u64);
+    sent
 }
 
 pub unsafe fn cuGraphInstantiate_v2(

@@ -11,7 +11,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use gleam_protocol::registry::Kind;
@@ -286,8 +286,8 @@ const LIMIT_STACK_SIZE: u32 = 0;
 /// launch needs more than it ("the driver automatically increases the per-thread stack size for each
 /// kernel launch as needed"): that happens at the first launch of a function (or of an executable graph,
 /// or at its instantiation) needing more, so a cached stack size is dropped at each first launch
-/// ([`launching`]). GPT-2 in fp16 waited for 769 round trips of limits (measured on the H200 through
-/// `gleam trace`; cuDNN's attention engines read one per run).
+/// ([`launched_one`]). GPT-2 in fp16 through PyTorch waited for 769 round trips of limits (measured on the
+/// H200 through `gleam trace`: `CU_LIMIT_CIG_ENABLED`, read again and again).
 static LIMITS: LazyLock<Mutex<HashMap<(u64, u32), usize>>> = LazyLock::new(Mutex::default);
 
 fn limits() -> MutexGuard<'static, HashMap<(u64, u32), usize>> {
@@ -305,15 +305,19 @@ pub unsafe fn cuCtxGetLimit(value: *mut usize, limit: u32) -> Result<(), CUresul
     let v = match known {
         Some(v) => v,
         None => {
+            // A set or a launch of another thread sent while this read travels may change the value:
+            // the reading is kept only if none was ([`CHANGES`]).
+            let changes = CHANGES.load(Ordering::Acquire);
             let mut v = 0usize;
             // SAFETY: a valid out-pointer to a local.
             unsafe { forward::cuCtxGetLimit(&raw mut v, limit)? };
             tracing::debug!(limit, value = v, "context limit read from the peer");
-            if ctx != 0 {
+            let mut limits = limits();
+            if ctx != 0 && CHANGES.load(Ordering::Acquire) == changes {
                 if limit == LIMIT_STACK_SIZE {
                     STACK_CACHED.store(true, Ordering::Release);
                 }
-                limits().insert((ctx, limit), v);
+                limits.insert((ctx, limit), v);
             }
             v
         }
@@ -323,16 +327,25 @@ pub unsafe fn cuCtxGetLimit(value: *mut usize, limit: u32) -> Result<(), CUresul
 }
 
 pub unsafe fn cuCtxSetLimit(limit: u32, value: usize) -> Result<(), CUresult> {
-    limits().remove(&(current(), limit));
     // SAFETY: plain values, forwarded under the same contract.
-    unsafe { forward::cuCtxSetLimit(limit, value) }
+    let set = unsafe { forward::cuCtxSetLimit(limit, value) };
+    // After the set is sent: a read sent before it, answered with the old value, is then not kept.
+    CHANGES.fetch_add(1, Ordering::AcqRel);
+    limits().remove(&(current(), limit));
+    set
 }
 
 /// The context was destroyed or reset: its limits are the driver's defaults again.
 pub fn context_emptied(ctx: u64) {
+    CHANGES.fetch_add(1, Ordering::AcqRel);
     limits().retain(|&(c, _), _| c != ctx);
     launched().retain(|&(c, _)| c != ctx);
 }
+
+/// Counts what may change a limit (sets, launches, a context's end), bumped after it was sent and before
+/// the cache entry goes: a read whose request left before the change may come back with the old value,
+/// and keeps it only if the count did not move meanwhile.
+static CHANGES: AtomicU64 = AtomicU64::new(0);
 
 /// Whether a stack size may be cached (the launch path's fast check).
 static STACK_CACHED: AtomicBool = AtomicBool::new(false);
@@ -345,9 +358,10 @@ fn launched() -> MutexGuard<'static, HashSet<(u64, u64)>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A launch of `what` (a function, a kernel, an executable graph) in the current context: the first
-/// one may raise the stack size, so the cached value goes.
-pub fn launching(what: u64) {
+/// A launch of `what` (a function, a kernel, an executable graph) in the current context was sent: the
+/// first one may raise the stack size, so the cached value goes.
+pub fn launched_one(what: u64) {
+    CHANGES.fetch_add(1, Ordering::AcqRel);
     if !STACK_CACHED.load(Ordering::Acquire) {
         return;
     }
@@ -357,8 +371,9 @@ pub fn launching(what: u64) {
     }
 }
 
-/// Drops the cached stack size of `ctx` (an instantiation or a first launch may raise it).
+/// Drops the cached stack size of `ctx` (an instantiation or a first launch, sent, may raise it).
 pub fn stack_may_change(ctx: u64) {
+    CHANGES.fetch_add(1, Ordering::AcqRel);
     let mut limits = limits();
     limits.remove(&(ctx, LIMIT_STACK_SIZE));
     if !limits.keys().any(|&(_, l)| l == LIMIT_STACK_SIZE) {

@@ -484,7 +484,6 @@ unsafe fn launch(a: &LaunchArgs, attrs: Vec<LaunchAttr>) -> Result<(), CUresult>
     let session = state::session()?;
     // SAFETY: forwarded.
     let launch = unsafe { prepare(a)? };
-    context::launching(a.f as u64);
     for event in attrs.iter().filter_map(LaunchAttr::event) {
         handles::check(Kind::Event, event)?;
     }
@@ -494,13 +493,15 @@ unsafe fn launch(a: &LaunchArgs, attrs: Vec<LaunchAttr>) -> Result<(), CUresult>
         Call::LaunchKernelEx { launch, attrs }
     };
     // Mirrored memory the host wrote reaches the device before the kernel runs.
-    crate::managed::around("cuLaunchKernel", || {
+    let sent = crate::managed::around("cuLaunchKernel", || {
         session
             .client
             .send(context::current(), call)
             .map_err(state::lost)?
             .result()
-    })
+    });
+    context::launched_one(a.f as u64);
+    sent
 }
 
 /// `cuLaunchKernelEx`: the configuration's attributes go to the serving driver as given (cluster
