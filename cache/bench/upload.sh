@@ -8,7 +8,8 @@
 # BIN_DIR holds `gleam` and `libgleamcuda.so` (e.g. target/release, or .carry on the GPU machine);
 # the upload program is built from tests/remote/upload.c with cc. MIB: payload size (default 256);
 # ROUNDS: rounds of (off, cold, warm) per link, interleaved (default 3); BACKEND: emu (default) or cuda.
-# Prints one line per upload; wire byte counts (GLEAM_STATS) go to $OUT (default ./upload-bench).
+# Prints one line per upload; wire byte counts (GLEAM_STATS) go to $OUT (default ./upload-bench), which is
+# emptied first.
 set -euo pipefail
 BIN=$(cd "$1" && pwd)
 MIB=${2:-256}

@@ -53,7 +53,7 @@ for phase in "$@"; do
             kill $peer; wait $peer' > "$BASE/$phase/stdout" 2>&1 ;;
         bench) OUT="$BASE/$phase" timeout -s INT "$t" bash scripts/gpu/bench.sh > "$BASE/$phase/stdout" 2>&1 ;;
         lan) OUT="$BASE/$phase" BIN="$C" BACKEND=cuda timeout -s INT "$t" bash scripts/bench/lan.sh > "$BASE/$phase/stdout" 2>&1 ;;
-        upload) OUT="$BASE/$phase" timeout -s INT "$t" bash cache/bench/upload.sh "$C" ${UPLOAD_MIB:-256} ${UPLOAD_ROUNDS:-2} cuda > "$BASE/$phase/stdout" 2>&1 ;;
+        upload) OUT="$BASE/$phase/run" timeout -s INT "$t" bash cache/bench/upload.sh "$C" ${UPLOAD_MIB:-256} ${UPLOAD_ROUNDS:-2} cuda > "$BASE/$phase/stdout" 2>&1 ;;
         v1) gcc -o "$BASE/$phase/v1_names" tools/gpu/v1_names.c -ldl && timeout 60 "$BASE/$phase/v1_names" > "$BASE/$phase/stdout" 2>&1 ;;
         spy) OUT="$BASE/$phase" timeout "$t" bash -c '
             real=/usr/local/nvidia/lib64/libcuda.so.1
