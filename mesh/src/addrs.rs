@@ -106,14 +106,27 @@ impl AddrBook {
 
     /// Every address of `peer`, best first: the one that worked last, then mDNS, seeds, gossip.
     pub fn addrs(&self, peer: &PeerId) -> Vec<SocketAddr> {
+        self.collect(peer, true)
+    }
+
+    /// The addresses of `peer` that something authenticated vouches for: the one that worked last,
+    /// seeds (the user's), and what mesh members gossip over their authenticated links. Not mDNS:
+    /// anyone on the LAN can advertise any id there (a copied config directory does), so while a link
+    /// to the peer is up such a claim is neither shown nor handed out to clients.
+    pub fn vouched_addrs(&self, peer: &PeerId) -> Vec<SocketAddr> {
+        self.collect(peer, false)
+    }
+
+    fn collect(&self, peer: &PeerId, with_mdns: bool) -> Vec<SocketAddr> {
         let Some(known) = self.peers.get(peer) else {
             return Vec::new();
         };
         let mut out: Vec<SocketAddr> = Vec::new();
+        let mdns: &[SocketAddr] = if with_mdns { &known.mdns } else { &[] };
         let all = known
             .good
             .iter()
-            .chain(&known.mdns)
+            .chain(mdns)
             .chain(&known.seeds)
             .chain(&known.gossip);
         for addr in all {
@@ -352,6 +365,20 @@ mod tests {
         // mDNS withdraws: the others remain.
         book.forget_mdns(&peer(1));
         assert_eq!(book.addrs(&peer(1)), vec![v4(3), v4(2)]);
+    }
+
+    #[test]
+    fn an_mdns_claim_alone_is_not_vouched_for() {
+        let t0 = Instant::now();
+        let mut book = AddrBook::default();
+        book.learn_gossip(peer(1), &[v4(3)], t0);
+        book.learn_seed(peer(1), vec![v4(2)]);
+        // A copy of peer 1's identity advertises itself at .9.
+        book.learn_mdns(peer(1), vec![v4(9)], t0);
+        assert_eq!(book.addrs(&peer(1)), vec![v4(9), v4(2), v4(3)]);
+        assert_eq!(book.vouched_addrs(&peer(1)), vec![v4(2), v4(3)]);
+        book.dialled(peer(1), DialOutcome::Connected(v4(3)), t0);
+        assert_eq!(book.vouched_addrs(&peer(1)), vec![v4(3), v4(2)]);
     }
 
     #[test]

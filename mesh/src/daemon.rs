@@ -1276,19 +1276,23 @@ impl Actor {
         }
     }
 
-    /// Every address of `peer` worth trying from here, best first: the one our link uses, then all
-    /// the others the book knows (link-local ones with our interface). For ourselves: loopback.
+    /// Every address of `peer` worth trying from here, best first: the one our link uses, then the
+    /// others the book knows (link-local ones with our interface); while a link is up, only those
+    /// something authenticated vouches for ([`AddrBook::vouched_addrs`]). For ourselves: loopback.
     fn addrs_of(&self, peer: &PeerId) -> Vec<SocketAddr> {
         if *peer == self.me {
             return self.own_loopback_addr().into_iter().collect();
         }
-        let mut addrs: Vec<SocketAddr> = self
+        let link = self
             .links
             .get(peer)
-            .map(|link| canonical(link.conn.remote_address()))
-            .into_iter()
-            .collect();
-        for addr in self.book.addrs(peer) {
+            .map(|link| canonical(link.conn.remote_address()));
+        let known = match link {
+            Some(_) => self.book.vouched_addrs(peer),
+            None => self.book.addrs(peer),
+        };
+        let mut addrs: Vec<SocketAddr> = link.into_iter().collect();
+        for addr in known {
             if !addrs.contains(&addr) {
                 addrs.push(addr);
             }
