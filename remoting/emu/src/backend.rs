@@ -19,6 +19,7 @@ use gleam_server::callbacks::CallbackPoint;
 
 use crate::arrays::Objects;
 use crate::attrs::{self, Attr, StreamAttrs};
+use crate::backlog::{Admission, CopyBacklog};
 use crate::capture::{Captures, Op, STATUS_NONE, Step};
 use crate::device::{self, Resources, func_attr};
 use crate::managed::Mirrored;
@@ -43,6 +44,8 @@ struct Shared {
     kernel_timeout: Option<Duration>,
     /// Memory pools (stream-ordered frees return memory from the workers).
     pools: Mutex<Pools>,
+    /// Host bytes of queued asynchronous copies, bounded.
+    backlog: Arc<CopyBacklog>,
 }
 
 impl Shared {
@@ -206,6 +209,7 @@ impl EmuBackend {
                 stop_kernels: AtomicBool::new(false),
                 kernel_timeout: config.kernel_timeout,
                 pools: Mutex::new(Pools::new()),
+                backlog: CopyBacklog::new(config.queued_copy_bytes, config.queued_copy_stall),
             }),
             streams: Streams::default(),
             events: HashMap::new(),
@@ -331,6 +335,17 @@ impl EmuBackend {
         });
         self.streams
             .enqueue(key, self.current, Vec::new(), Some(job))
+    }
+
+    /// Room in the backlog for a queued copy of `bytes` host bytes (see [`CopyBacklog`]); it is given
+    /// back when the job holding the admission is dropped, run or skipped.
+    fn admit_copy(&self, bytes: usize) -> Result<Admission, CUresult> {
+        let shared = &self.shared;
+        shared.backlog.admit(bytes as u64, || {
+            shared
+                .skip_work()
+                .then(|| shared.sticky().unwrap_or(CUresult::CONTEXT_IS_DESTROYED))
+        })
     }
 
     /// Refuses what cannot happen on a capturing stream (and invalidates its capture).
@@ -2942,8 +2957,11 @@ impl Backend for EmuBackend {
             Some(s) => {
                 // A graph would copy from host memory at each launch: not from a remote client.
                 self.not_capturing(s)?;
+                self.streams.resolve(s)?;
+                let admission = self.admit_copy(data.len())?;
                 let data = data.to_vec();
                 self.submit(s, "host-to-device copy", move |mem| {
+                    let _held = &admission;
                     mem.write_bytes(dst, &data)
                         .map_err(|_| CUresult::ILLEGAL_ADDRESS)
                 })
@@ -3002,8 +3020,11 @@ impl Backend for EmuBackend {
                     .map_err(|_| CUresult::INVALID_VALUE)
             }
             Some(s) => {
+                self.streams.resolve(s)?;
+                let admission = self.admit_copy(host.len())?;
                 let host = host.to_vec();
                 self.submit(s, "2D/3D copy", move |mem| {
+                    let _held = &admission;
                     plan.run(mem, &host)
                         .map(drop)
                         .map_err(|_| CUresult::ILLEGAL_ADDRESS)

@@ -7,12 +7,14 @@
 //!   [`gleam_server::backend::Backend`] for one session. Create it with
 //!   [`EmuBackend::new`]`(`[`EmuConfig`]`)`.
 //! - [`EmuConfig`]: the emulated device's memory size (4 GiB by default, `GLEAM_EMU_MEMORY=2GiB` overrides)
-//!   and its kernel watchdog (10 s by default, `GLEAM_EMU_KERNEL_TIMEOUT=30` overrides, `0` turns it off).
+//!   its kernel watchdog (10 s by default, `GLEAM_EMU_KERNEL_TIMEOUT=30` overrides, `0` turns it off) and
+//!   the host bytes queued copies may hold (512 MiB by default, `GLEAM_EMU_QUEUED_COPY_BYTES`).
 //! - [`memory::DeviceMemory`]: the allocator over a fake device address range (from
 //!   [`memory::VA_BASE`]) and the interpreter's [`gleam_ptx::GlobalMemory`].
 //! - [`streams::Streams`]: a queue per stream run by a bounded pool of worker threads, with CUDA's
 //!   legacy-stream and event ordering.
 //! - [`pools::Pools`]: memory pools (stream-ordered allocation).
+//! - [`backlog::CopyBacklog`]: the bound on host bytes held by queued asynchronous copies.
 //!
 //! # Errors of asynchronous work (the sticky error)
 //! Launches, memsets, device-to-device and async copies are validated when they are submitted (bad
@@ -38,6 +40,7 @@
 pub mod arrays;
 pub mod attrs;
 mod backend;
+pub mod backlog;
 pub mod capture;
 pub mod device;
 pub mod image;
@@ -54,6 +57,11 @@ pub use backend::EmuBackend;
 pub const DEFAULT_MEMORY_BYTES: u64 = 4 << 30;
 /// Default kernel watchdog (see the crate documentation for why ten seconds).
 pub const DEFAULT_KERNEL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default bound on the host bytes of queued asynchronous copies ([`backlog`]): 512 MiB per session.
+pub const DEFAULT_QUEUED_COPY_BYTES: u64 = 512 << 20;
+/// How long a copy waits for room in a full backlog with no copy running before it is refused: three
+/// watchdog periods (a stream behind a few long kernels still moves).
+pub const QUEUED_COPY_STALL: Duration = Duration::from_secs(30);
 
 /// Configuration of the emulated device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +70,10 @@ pub struct EmuConfig {
     pub memory_bytes: u64,
     /// How long one kernel may run before the watchdog stops it (`None`: no watchdog).
     pub kernel_timeout: Option<Duration>,
+    /// Host bytes that queued asynchronous copies may hold ([`backlog::CopyBacklog`]).
+    pub queued_copy_bytes: u64,
+    /// How long a copy waits for room without progress before it is refused.
+    pub queued_copy_stall: Duration,
 }
 
 impl EmuConfig {
@@ -70,16 +82,21 @@ impl EmuConfig {
         Self {
             memory_bytes,
             kernel_timeout: Some(DEFAULT_KERNEL_TIMEOUT),
+            queued_copy_bytes: DEFAULT_QUEUED_COPY_BYTES,
+            queued_copy_stall: QUEUED_COPY_STALL,
         }
     }
 
-    /// The configuration from the environment: `GLEAM_EMU_MEMORY` (e.g. `2GiB`, `512MiB`, `1000000`) and
-    /// `GLEAM_EMU_KERNEL_TIMEOUT` (seconds, fractions allowed; `0` = no watchdog).
+    /// The configuration from the environment: `GLEAM_EMU_MEMORY` (e.g. `2GiB`, `512MiB`, `1000000`),
+    /// `GLEAM_EMU_KERNEL_TIMEOUT` (seconds, fractions allowed; `0` = no watchdog) and
+    /// `GLEAM_EMU_QUEUED_COPY_BYTES` (a size).
     pub fn from_env() -> Result<Self, ConfigError> {
-        let memory_bytes = match std::env::var("GLEAM_EMU_MEMORY") {
-            Ok(v) => parse_size(&v)?,
-            Err(_) => DEFAULT_MEMORY_BYTES,
+        let size = |var: &'static str, default: u64| match std::env::var(var) {
+            Ok(v) => parse_size(&v).map_err(|_| ConfigError::BadSize { var, value: v }),
+            Err(_) => Ok(default),
         };
+        let memory_bytes = size("GLEAM_EMU_MEMORY", DEFAULT_MEMORY_BYTES)?;
+        let queued_copy_bytes = size("GLEAM_EMU_QUEUED_COPY_BYTES", DEFAULT_QUEUED_COPY_BYTES)?;
         let kernel_timeout = match std::env::var("GLEAM_EMU_KERNEL_TIMEOUT") {
             Ok(v) => parse_timeout(&v)?,
             Err(_) => Some(DEFAULT_KERNEL_TIMEOUT),
@@ -87,6 +104,8 @@ impl EmuConfig {
         Ok(Self {
             memory_bytes,
             kernel_timeout,
+            queued_copy_bytes,
+            queued_copy_stall: QUEUED_COPY_STALL,
         })
     }
 }
@@ -96,7 +115,8 @@ impl Default for EmuConfig {
     fn default() -> Self {
         Self::from_env().unwrap_or_else(|e| {
             tracing::warn!(
-                "{e}; using {DEFAULT_MEMORY_BYTES} bytes and a {DEFAULT_KERNEL_TIMEOUT:?} kernel watchdog"
+                "{e}; using the defaults: {DEFAULT_MEMORY_BYTES} bytes, a {DEFAULT_KERNEL_TIMEOUT:?} kernel \
+                 watchdog, {DEFAULT_QUEUED_COPY_BYTES} bytes of queued copies"
             );
             Self::with_memory(DEFAULT_MEMORY_BYTES)
         })
@@ -106,9 +126,14 @@ impl Default for EmuConfig {
 /// A malformed configuration value.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
-    /// `GLEAM_EMU_MEMORY` is not a size.
-    #[error("GLEAM_EMU_MEMORY={0:?} is not a size (examples: 2GiB, 512MiB, 1G, 1048576)")]
-    BadSize(String),
+    /// A size variable (`GLEAM_EMU_MEMORY`, `GLEAM_EMU_QUEUED_COPY_BYTES`) is not a size.
+    #[error("{var}={value:?} is not a size (examples: 2GiB, 512MiB, 1G, 1048576)")]
+    BadSize {
+        /// The variable.
+        var: &'static str,
+        /// What it says.
+        value: String,
+    },
     /// `GLEAM_EMU_KERNEL_TIMEOUT` is not a number of seconds.
     #[error(
         "GLEAM_EMU_KERNEL_TIMEOUT={0:?} is not a number of seconds (examples: 10, 2.5, 0 for none)"
@@ -131,7 +156,10 @@ pub fn parse_timeout(s: &str) -> Result<Option<Duration>, ConfigError> {
 /// Parses a byte size: a number with an optional unit (`K`, `M`, `G`, `T`, with or without `iB`/`B`;
 /// binary multiples either way, as memory sizes are).
 pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
-    let bad = || ConfigError::BadSize(s.to_owned());
+    let bad = || ConfigError::BadSize {
+        var: "GLEAM_EMU_MEMORY",
+        value: s.to_owned(),
+    };
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(digits);

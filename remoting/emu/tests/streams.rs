@@ -375,3 +375,97 @@ fn a_stream_is_idle_once_its_last_recorded_event_is_synchronized() {
         );
     }
 }
+
+/// Issue 11: the host bytes of queued asynchronous copies are bounded. Behind a stream held by a wait on
+/// a memory value, copies fill the backlog; the next one waits, and with nothing running is refused
+/// (OUT_OF_MEMORY, the session goes on); once the stream moves, a waiting copy gets in.
+#[test]
+fn queued_copies_hold_at_most_their_budget_of_host_memory() {
+    use std::time::Duration;
+
+    use gleam_emu::EmuConfig;
+
+    const PIECE: usize = 256 << 10;
+    let mut emu = Emu::with_config(EmuConfig {
+        queued_copy_bytes: 4 * PIECE as u64,
+        queued_copy_stall: Duration::from_millis(300),
+        ..EmuConfig::with_memory(64 << 20)
+    });
+    let module = emu.load(PTX).unwrap();
+    let slow_fill = emu.function(module, "slowFill").unwrap().0;
+    let held = emu.stream(1);
+    let other = emu.stream(1);
+    let flag = emu.alloc(4).unwrap();
+    emu.upload_u32(flag, &[0]).unwrap();
+    let dst = emu.alloc(8 * PIECE).unwrap();
+    emu.b
+        .cuStreamWaitValue32_v2(args::cuStreamWaitValue32_v2 {
+            stream: held,
+            addr: flag,
+            value: 1,
+            flags: 0,
+        })
+        .unwrap();
+    let piece = |i: usize| vec![i as u8 + 1; PIECE];
+    let t0 = Instant::now();
+    for i in 0..4 {
+        emu.b
+            .memcpy_htod(dst + (i * PIECE) as u64, &piece(i), Some(held))
+            .unwrap();
+    }
+    assert!(
+        t0.elapsed() < Duration::from_millis(250),
+        "within budget: no wait"
+    );
+    // Full, and the stream waits for a value nothing will write meanwhile.
+    let t0 = Instant::now();
+    assert_eq!(
+        emu.b
+            .memcpy_htod(dst + (4 * PIECE) as u64, &piece(4), Some(held)),
+        Err(CUresult::OUT_OF_MEMORY)
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(300));
+    // The session goes on: another stream releases the held one, whose copies all land.
+    emu.b
+        .cuStreamWriteValue32_v2(args::cuStreamWriteValue32_v2 {
+            stream: other,
+            addr: flag,
+            value: 1,
+            flags: 0,
+        })
+        .unwrap();
+    emu.sync(held).unwrap();
+    let landed = emu.b.memcpy_dtoh(dst, 4 * PIECE, None).unwrap();
+    for i in 0..4 {
+        assert!(
+            landed[i * PIECE..(i + 1) * PIECE]
+                .iter()
+                .all(|&b| b == i as u8 + 1)
+        );
+    }
+
+    // Behind a kernel that runs for a while: the fifth copy waits for room, then gets in.
+    let scratch = emu.alloc(N * 4).unwrap();
+    emu.launch(
+        slow_fill,
+        (N / 64) as u32,
+        64,
+        held,
+        &Params::default().u64(scratch).u32(7).u32(ITERS),
+    )
+    .unwrap();
+    for i in 0..5 {
+        emu.b
+            .memcpy_htod(dst + (i * PIECE) as u64, &piece(i + 10), Some(held))
+            .unwrap();
+    }
+    emu.sync(held).unwrap();
+    let landed = emu.b.memcpy_dtoh(dst, 5 * PIECE, None).unwrap();
+    for i in 0..5 {
+        assert!(
+            landed[i * PIECE..(i + 1) * PIECE]
+                .iter()
+                .all(|&b| b == i as u8 + 11)
+        );
+    }
+}

@@ -44,8 +44,8 @@ AGAIN:
 
 fn emu(timeout: Option<Duration>) -> (Emu, u64, u64, u64) {
     let mut emu = Emu::with_config(EmuConfig {
-        memory_bytes: 16 << 20,
         kernel_timeout: timeout,
+        ..EmuConfig::with_memory(16 << 20)
     });
     let module = emu.load(PTX).unwrap();
     let spin = emu.function(module, "spin").unwrap().0;
