@@ -18,6 +18,7 @@
 # Env: BACKEND (emu|cuda), BIN (folder with gleam, libgleamcuda.so, examples/; default target/release),
 # LINKS ("L0 L1 L2"), WORKLOADS ("launch-storm weights-cold weights-warm two-streams"), OUT (results folder),
 # GLEAM_CONGESTION (cubic|bbr, for the peer and the clients), LINK_QUEUE (the emulated links' queue, e.g. 256KiB).
+# SERVE_LOG: the peer's GLEAM_LOG (warn; warn,gleam_host=debug logs each request that held the executor 2 ms+).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-target/release}
@@ -43,7 +44,7 @@ trap cleanup EXIT
 # A peer whose session processes listen on a few fixed ports (one per session; a session that just ended
 # may still hold its port while the next starts), so that an emulated link can carry them too.
 SESSION_PORTS=$(seq 47300 47307)
-env -i PATH="$PATH" HOME="$HOME" ${LD_LIBRARY_PATH:+LD_LIBRARY_PATH="$LD_LIBRARY_PATH"} GLEAM_LOG=warn \
+env -i PATH="$PATH" HOME="$HOME" ${LD_LIBRARY_PATH:+LD_LIBRARY_PATH="$LD_LIBRARY_PATH"} GLEAM_LOG="${SERVE_LOG:-warn}" \
     ${GLEAM_CONGESTION:+GLEAM_CONGESTION="$GLEAM_CONGESTION"} \
     GLEAM_SESSION_PORTS=47300-47307 "$BIN/gleam" serve 127.0.0.1:0 --backend "$BACKEND" --config-dir "$cfg" \
     > "$OUT/serve.out" 2> "$OUT/serve.log" &

@@ -200,6 +200,9 @@ pub fn run<B: Backend>(
 }
 
 /// The executor: runs requests as the scheduler allows, answers on their lanes.
+/// A request that keeps the executor this long is logged (at debug level).
+const SLOW_REQUEST: Duration = Duration::from_millis(2);
+
 fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
     let mut session = Session::new(backend);
     // Host functions are answered when their stream reaches them, from whatever thread that is; the
@@ -223,7 +226,13 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
         let Some((lane, seq, (request, bulk))) = shared.inbox.next(spin) else {
             break ExitReason::Ended;
         };
+        let (kind, started) = (request.call.kind(), Instant::now());
         let answer = session.handle(request, &bulk);
+        let took = started.elapsed();
+        if took >= SLOW_REQUEST {
+            // Every other lane waited this long: what holds small calls back behind bulk work.
+            debug!(kind, ?lane, ?took, bulk = bulk.len(), "slow request");
+        }
         shared.inbox.done(seq);
         if let Some(answer) = answer
             && let Err(err) = shared.outbox.send(lane, answer)
