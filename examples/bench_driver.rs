@@ -5,6 +5,9 @@
 //! * `sync_rtt_us`: the mean (and median) time of `cuCtxSynchronize` on an idle context — for Gleam, one
 //!   round trip to the serving peer;
 //! * `launches_per_s`: empty-kernel launches per second (N launches, then one synchronize);
+//! * `launch_cpu_us`: this process's CPU time (user + system, every thread: for Gleam the shim's writer
+//!   and network threads too) per launch, for bursts of 1k, 10k, 100k and 200k launches each followed by
+//!   one synchronize (`GLEAM_BENCH_BURSTS`, comma-separated, changes the sizes);
 //! * `htod_mib_s` / `dtoh_mib_s`: throughput of one synchronous 256 MiB copy from/to pageable host memory.
 //!
 //! Prints one JSON object on stdout. `GLEAM_BENCH_COPY_MIB` changes the copy size, `GLEAM_BENCH_LAUNCHES`
@@ -43,7 +46,24 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// CPU time this process has used so far (user + system, all threads), in microseconds.
+fn cpu_us() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &raw mut usage);
+        usage
+    };
+    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    us(usage.ru_utime) + us(usage.ru_stime)
+}
+
 fn main() {
+    let bursts: Vec<usize> = std::env::var("GLEAM_BENCH_BURSTS")
+        .unwrap_or_else(|_| "1000,10000,100000,200000".into())
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
     let copy_mib = env_usize("GLEAM_BENCH_COPY_MIB", 256);
     let launches = env_usize("GLEAM_BENCH_LAUNCHES", 20_000);
     let syncs = env_usize("GLEAM_BENCH_SYNCS", 2_000);
@@ -117,6 +137,15 @@ fn main() {
         let t = Instant::now();
         launch(launches);
         let launches_per_s = launches as f64 / t.elapsed().as_secs_f64();
+        // Client CPU per launch, by burst size (flat is the goal: no per-burst cost that grows).
+        let launch_cpu_us: Vec<String> = bursts
+            .iter()
+            .map(|&n| {
+                let before = cpu_us();
+                launch(n);
+                format!("\"{n}\": {:.3}", (cpu_us() - before) / n.max(1) as f64)
+            })
+            .collect();
 
         // 3. Bulk copies from/to pageable host memory.
         let bytes = copy_mib << 20;
@@ -154,8 +183,9 @@ fn main() {
         let mib = copy_mib as f64;
         println!(
             "{{\"sync_rtt_us\": {mean_rtt:.2}, \"sync_rtt_median_us\": {median_rtt:.2}, \
-             \"launches_per_s\": {launches_per_s:.0}, \"htod_mib_s\": {:.1}, \"dtoh_mib_s\": {:.1}, \
-             \"copy_mib\": {copy_mib}}}",
+             \"launches_per_s\": {launches_per_s:.0}, \"launch_cpu_us\": {{{}}}, \"htod_mib_s\": {:.1}, \
+             \"dtoh_mib_s\": {:.1}, \"copy_mib\": {copy_mib}}}",
+            launch_cpu_us.join(", "),
             mib / htod_s,
             mib / dtoh_s
         );

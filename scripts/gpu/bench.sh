@@ -81,6 +81,12 @@ for key, better in (("sync_rtt_us", "lower"), ("sync_rtt_median_us", "lower"), (
             v = res[name][key]
             row += f" {v:12.1f} {v / loc[key]:8.3f}"
     print(row)
+for burst in loc.get("launch_cpu_us", {}):
+    row = f"{'launch_cpu_us ' + burst:28} {loc['launch_cpu_us'][burst]:12.3f}"
+    for name in ("loopback", "link"):
+        if name in res and burst in res[name].get("launch_cpu_us", {}):
+            row += f" {res[name]['launch_cpu_us'][burst]:12.3f} {'':8}"
+    print(row)
 if "link" in res:
     for key in ("htod_mib_s", "dtoh_mib_s"):
         print(f"{key} over the emulated link vs the link rate ({link_mib_s:.1f} MiB/s): "
