@@ -6,8 +6,8 @@
 //! later `cuInit` returns again, as a real driver does). A `fork()`ed child sees a different pid and is
 //! refused with `CUDA_ERROR_NOT_INITIALIZED`: the connection belongs to the parent.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Once, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use gleam_auth::PeerAddr;
@@ -28,6 +28,30 @@ pub struct Session {
 }
 
 static SESSION: OnceLock<Result<Session, CUresult>> = OnceLock::new();
+/// This process's pid, once read (0: not yet, or a fork since). Every call checks that the session is
+/// its process's, and `getpid()` is a system call (glibc does not cache it): a fifth of the client's
+/// CPU per launch went there. A child of `fork()` starts with 0 again (the handler below).
+static PID: AtomicU32 = AtomicU32::new(0);
+static ATFORK: Once = Once::new();
+
+/// `std::process::id()`, without a system call after the first.
+fn pid() -> u32 {
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            ATFORK.call_once(|| {
+                extern "C" fn forgotten_in_child() {
+                    PID.store(0, Ordering::Relaxed);
+                }
+                // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
+                unsafe { libc::pthread_atfork(None, None, Some(forgotten_in_child)) };
+            });
+            let pid = std::process::id();
+            PID.store(pid, Ordering::Relaxed);
+            pid
+        }
+        pid => pid,
+    }
+}
 static LOST_REPORTED: AtomicBool = AtomicBool::new(false);
 static FORK_REPORTED: AtomicBool = AtomicBool::new(false);
 
@@ -39,7 +63,7 @@ pub fn init() -> Result<(), CUresult> {
     crate::state::init_logging();
     let outcome = SESSION.get_or_init(connect);
     match outcome {
-        Ok(session) if session.pid != std::process::id() => Err(forked()),
+        Ok(session) if session.pid != pid() => Err(forked()),
         Ok(_) => Ok(()),
         Err(err) => Err(*err),
     }
@@ -50,7 +74,7 @@ pub fn session() -> Result<&'static Session, CUresult> {
     match SESSION.get() {
         None => Err(CUresult::NOT_INITIALIZED),
         Some(Err(err)) => Err(*err),
-        Some(Ok(session)) if session.pid != std::process::id() => Err(forked()),
+        Some(Ok(session)) if session.pid != pid() => Err(forked()),
         Some(Ok(session)) => Ok(session),
     }
 }
@@ -58,7 +82,7 @@ pub fn session() -> Result<&'static Session, CUresult> {
 /// The session if one is up, without reporting anything (for answers that have an offline default).
 pub fn session_if_up() -> Option<&'static Session> {
     match SESSION.get() {
-        Some(Ok(session)) if session.pid == std::process::id() => Some(session),
+        Some(Ok(session)) if session.pid == pid() => Some(session),
         _ => None,
     }
 }
@@ -188,7 +212,7 @@ fn connect() -> Result<Session, CUresult> {
             }
             Ok(Session {
                 client,
-                pid: std::process::id(),
+                pid: pid(),
                 peer: format!("{peer}@{addr}"),
             })
         }
