@@ -226,12 +226,12 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
         let Some((lane, seq, (request, bulk))) = shared.inbox.next(spin) else {
             break ExitReason::Ended;
         };
-        let (kind, started) = (request.call.kind(), Instant::now());
-        let answer = session.handle(request, &bulk);
+        let (kind, started, bulk_len) = (request.call.kind(), Instant::now(), bulk.len());
+        let answer = session.handle_shared(request, bulk);
         let took = started.elapsed();
         if took >= SLOW_REQUEST {
             // Every other lane waited this long: what holds small calls back behind bulk work.
-            debug!(kind, ?lane, ?took, bulk = bulk.len(), "slow request");
+            debug!(kind, ?lane, ?took, bulk = bulk_len, "slow request");
         }
         shared.inbox.done(seq);
         if let Some(answer) = answer

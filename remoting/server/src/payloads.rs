@@ -4,8 +4,10 @@
 //! stages it in a buffer of its length, fills every chunk it can (the peer's content cache, verified;
 //! a chunk already received in this session and not yet written there; a repeat of a chunk of the same
 //! payload) and says which chunks it lacks. The client sends those, encoded ([`Call::UploadChunk`]); each
-//! is decoded straight into the staging buffer and checked against its id. The copy
-//! ([`Call::UploadCopy`]) takes the complete buffer, then hands it to a writer thread that keeps the
+//! is decoded straight into the staging buffer and checked against its id by the session's chunk worker
+//! thread, not by the executor: while a chunk of an upload is decoded and hashed, the executor runs other
+//! streams' calls (on the emu backend an 8 MiB chunk held it 4-13 ms). The copy ([`Call::UploadCopy`])
+//! waits for its chunks, takes the complete buffer, then hands it to a writer thread that keeps the
 //! chunks it received in the content cache, off the session's executor, and recycles the buffer: a
 //! received byte is copied once on this side (into staging), never for the cache.
 //!
@@ -24,6 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use bytes::Bytes;
 use gleam_cache::{BlobStore, ChunkHeader, Codec, ContentId, Decoder, Manifest};
 use gleam_protocol::types::CUresult;
 use tracing::{debug, warn};
@@ -50,7 +53,8 @@ pub struct Payloads {
     store: Option<Option<Arc<BlobStore>>>,
     uploads: HashMap<u64, Staged>,
     staged: u64,
-    decoder: Decoder,
+    /// Decodes and checks chunks (started at the first chunk).
+    worker: Option<ChunkWorker>,
     writer: Option<Writer>,
     /// Staging buffers for reuse.
     pool: Arc<Mutex<Vec<Vec<u8>>>>,
@@ -65,7 +69,7 @@ impl Default for Payloads {
             store: None,
             uploads: HashMap::new(),
             staged: 0,
-            decoder: Decoder::new(),
+            worker: None,
             writer: None,
             pool: Arc::default(),
         }
@@ -76,16 +80,32 @@ impl Default for Payloads {
 #[derive(Debug)]
 struct Staged {
     manifest: Manifest,
-    buf: Vec<u8>,
-    /// Per chunk: whether its bytes are in `buf`.
+    /// Its bytes, shared with the chunk worker while chunks are decoded into it.
+    buf: Arc<SharedBuf>,
+    len: usize,
+    /// Per chunk: whether its bytes are in `buf` (or on their way there, in the chunk worker).
     filled: Vec<bool>,
     unfilled: usize,
     /// The chunks decoded from the wire (for the content cache).
     received: Vec<usize>,
-    /// The chunks received raw and not yet checked against their ids.
-    unverified: Vec<usize>,
     /// Where each chunk that occurs more than once occurs.
     repeats: HashMap<ContentId, Vec<usize>>,
+}
+
+/// A staged payload's bytes, and what the chunk worker has still to do for it.
+#[derive(Debug, Default)]
+struct SharedBuf {
+    bytes: Mutex<Vec<u8>>,
+    progress: Mutex<Progress>,
+    settled: std::sync::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Progress {
+    /// Chunks handed to the worker and not yet in place.
+    pending: usize,
+    /// Chunks that were not what the upload announced.
+    wrong: Vec<usize>,
 }
 
 impl Staged {
@@ -94,25 +114,33 @@ impl Staged {
         r.start as usize..r.end as usize
     }
 
-    /// Chunk `index` is in place: copies it to every unfilled repeat of it.
-    fn filled(&mut self, index: usize) {
+    /// Chunk `index` is (or is about to be) in place: marks it and every unfilled repeat of it, and
+    /// returns where those repeats go (the chunk's bytes are to be copied there).
+    fn fill(&mut self, index: usize) -> Vec<Range<usize>> {
         if !self.filled[index] {
             self.filled[index] = true;
             self.unfilled -= 1;
         }
         let id = self.manifest.chunks()[index];
-        let from = self.range(index);
-        let Some(repeats) = self.repeats.get(&id) else {
-            return;
+        let Some(repeats) = self.repeats.get(&id).cloned() else {
+            return Vec::new();
         };
-        for &j in repeats {
+        let mut to = Vec::new();
+        for j in repeats {
             if !self.filled[j] {
-                let to = self.range(j).start;
-                self.buf.copy_within(from.clone(), to);
                 self.filled[j] = true;
                 self.unfilled -= 1;
+                to.push(self.range(j));
             }
         }
+        to
+    }
+}
+
+/// Copies `bytes[from]` to the start of each range in `to`.
+fn copy_repeats(bytes: &mut [u8], from: &Range<usize>, to: &[Range<usize>]) {
+    for range in to {
+        bytes.copy_within(from.clone(), range.start);
     }
 }
 
@@ -168,15 +196,20 @@ impl Payloads {
             places.entry(*id).or_default().push(index);
         }
         places.retain(|_, at| at.len() > 1);
+        let shared = Arc::new(SharedBuf {
+            bytes: Mutex::new(buf),
+            ..SharedBuf::default()
+        });
         let mut staged = Staged {
-            buf,
+            buf: shared.clone(),
+            len,
             received: Vec::new(),
-            unverified: Vec::new(),
             repeats: places,
             filled: vec![false; chunks],
             unfilled: chunks,
             manifest,
         };
+        let mut bytes = lock(&shared.bytes);
         // Chunks received in this session and still on their way to the store.
         if let Some(writer) = &self.writer {
             let queued = writer.queued();
@@ -187,8 +220,8 @@ impl Payloads {
                 if let Some((buf, from)) = queued.get(&staged.manifest.chunks()[index]) {
                     let range = staged.range(index);
                     if from.len() == range.len() {
-                        staged.buf[range].copy_from_slice(&buf[from.clone()]);
-                        staged.filled(index);
+                        bytes[range.clone()].copy_from_slice(&buf[from.clone()]);
+                        copy_repeats(&mut bytes, &range, &staged.fill(index));
                     }
                 }
             }
@@ -197,15 +230,17 @@ impl Payloads {
             && let Some(store) = self.store()
         {
             let wanted: Vec<usize> = (0..chunks).filter(|&i| !staged.filled[i]).collect();
-            match store.read_chunks(&staged.manifest, &mut staged.buf, &wanted) {
+            match store.read_chunks(&staged.manifest, &mut bytes, &wanted) {
                 Ok(found) => {
                     for index in found {
-                        staged.filled(index);
+                        let range = staged.range(index);
+                        copy_repeats(&mut bytes, &range, &staged.fill(index));
                     }
                 }
                 Err(err) => warn!(%err, "content cache read failed: the client sends the chunks"),
             }
         }
+        drop(bytes);
         let mut missing = Vec::new();
         let mut asked = std::collections::HashSet::new();
         for (index, id) in staged.manifest.chunks().iter().enumerate() {
@@ -215,19 +250,20 @@ impl Payloads {
         }
         debug!(
             upload,
-            bytes = staged.buf.len(),
+            bytes = len,
             chunks,
             missing = missing.len(),
             "upload staged"
         );
-        self.staged += staged.buf.len() as u64;
+        self.staged += len as u64;
         self.uploads.insert(upload, staged);
         Ok(missing)
     }
 
-    /// Decodes chunk `index` of `upload` from its wire form into place, checks it, and queues it for
-    /// the content cache.
-    pub fn chunk(&mut self, upload: u64, index: u32, wire: &[u8]) -> Result<(), CUresult> {
+    /// Hands chunk `index` of `upload` (its wire form) to the chunk worker, which decodes it into place
+    /// and checks it; what can be refused at once (an unknown upload or chunk, a malformed header, a raw
+    /// body of the wrong length) is refused here. The copy fails if the chunk turns out wrong.
+    pub fn chunk(&mut self, upload: u64, index: u32, wire: Bytes) -> Result<(), CUresult> {
         let staged = self
             .uploads
             .get_mut(&upload)
@@ -239,34 +275,40 @@ impl Payloads {
         if staged.filled[index] {
             return Ok(());
         }
-        let id = staged.manifest.chunks()[index];
         let range = staged.range(index);
         let refuse = |err: &dyn std::fmt::Display| {
             warn!(upload, index, %err, "refused a chunk that is not what the upload announced");
             CUresult::INVALID_VALUE
         };
-        match ChunkHeader::parse(wire) {
-            // A raw chunk is only copied here; its hash is checked with the others' at the copy, on
-            // every core, rather than one chunk at a time on the session's only executor thread.
-            Ok((header, body)) if header.codec == Codec::Raw && body.len() == range.len() => {
-                staged.buf[range].copy_from_slice(body);
-                staged.unverified.push(index);
-            }
-            Ok(_) => {
-                if let Err(err) = self.decoder.decode_into(&id, wire, &mut staged.buf[range]) {
-                    return Err(refuse(&err));
+        let raw = match ChunkHeader::parse(&wire) {
+            Ok((header, body)) if header.codec == Codec::Raw => {
+                if body.len() != range.len() {
+                    return Err(refuse(&"a raw chunk of the wrong length"));
                 }
+                Some(wire.len() - body.len())
             }
+            Ok(_) => None,
             Err(err) => return Err(refuse(&err)),
-        }
-        staged.filled(index);
+        };
+        let job = ChunkJob {
+            upload,
+            buf: staged.buf.clone(),
+            index,
+            id: staged.manifest.chunks()[index],
+            range,
+            repeats: staged.fill(index),
+            wire,
+            raw,
+        };
         staged.received.push(index);
+        lock(&staged.buf.progress).pending += 1;
+        self.worker.get_or_insert_with(ChunkWorker::start).run(job);
         Ok(())
     }
 
     /// Hands the complete payload of `upload` to `copy` (which copies it to the device), then forgets
     /// the upload and keeps the chunks it received in the content cache. Fails without calling `copy`
-    /// if the upload is unknown or chunks are still missing.
+    /// if the upload is unknown, chunks are still missing, or one was not what was announced.
     pub fn copy(
         &mut self,
         upload: u64,
@@ -276,37 +318,28 @@ impl Payloads {
             .uploads
             .remove(&upload)
             .ok_or(CUresult::INVALID_VALUE)?;
-        self.staged -= staged.buf.len() as u64;
+        self.staged -= staged.len as u64;
+        let wrong = staged.buf.settle();
+        let buf = std::mem::take(&mut *lock(&staged.buf.bytes));
         if staged.unfilled > 0 {
             warn!(
                 upload,
                 missing = staged.unfilled,
                 "an upload was copied before all its chunks arrived"
             );
-            self.recycle(staged.buf);
+            self.recycle(buf);
             return Err(CUresult::INVALID_VALUE);
         }
-        let checks: Vec<(usize, ContentId, &[u8])> = staged
-            .unverified
-            .iter()
-            .map(|&i| (i, staged.manifest.chunks()[i], &staged.buf[staged.range(i)]))
-            .collect();
-        let wrong: Vec<usize> = gleam_cache::parallel::map(checks, |(i, id, bytes)| {
-            (ContentId::of(bytes) != id).then_some(i)
-        })
-        .into_iter()
-        .flatten()
-        .collect();
         if !wrong.is_empty() {
             warn!(
                 upload,
                 ?wrong,
                 "refused chunks that are not what the upload announced: the copy fails"
             );
-            self.recycle(staged.buf);
+            self.recycle(buf);
             return Err(CUresult::INVALID_VALUE);
         }
-        let copied = copy(&staged.buf);
+        let copied = copy(&buf);
         let received: Vec<(ContentId, Range<usize>)> = staged
             .received
             .iter()
@@ -317,9 +350,9 @@ impl Payloads {
                 let pool = self.pool.clone();
                 self.writer
                     .get_or_insert_with(|| Writer::start(store, pool))
-                    .put(staged.buf, received);
+                    .put(buf, received);
             }
-            _ => self.recycle(staged.buf),
+            _ => self.recycle(buf),
         }
         copied
     }
@@ -327,8 +360,10 @@ impl Payloads {
     /// Forgets `upload` without copying it (its copy will not run).
     pub fn discard(&mut self, upload: u64) {
         if let Some(old) = self.uploads.remove(&upload) {
-            self.staged -= old.buf.len() as u64;
-            self.recycle(old.buf);
+            self.staged -= old.len as u64;
+            // The worker may still have chunks of it: they find the buffer gone and stop.
+            let buf = std::mem::take(&mut *lock(&old.buf.bytes));
+            self.recycle(buf);
         }
     }
 
@@ -352,6 +387,130 @@ impl Payloads {
     fn forget(&mut self, upload: u64) {
         self.discard(upload);
     }
+}
+
+impl SharedBuf {
+    /// Waits until the chunk worker is done with this payload; returns the chunks that were wrong.
+    fn settle(&self) -> Vec<usize> {
+        let mut progress = lock(&self.progress);
+        while progress.pending > 0 {
+            progress = self
+                .settled
+                .wait(progress)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        std::mem::take(&mut progress.wrong)
+    }
+}
+
+/// One chunk for the worker: its wire form, where it goes, and what it must hash to.
+struct ChunkJob {
+    upload: u64,
+    buf: Arc<SharedBuf>,
+    index: usize,
+    id: ContentId,
+    range: Range<usize>,
+    /// Where its repeats go once it is in place.
+    repeats: Vec<Range<usize>>,
+    wire: Bytes,
+    /// A raw chunk's body offset (`None`: compressed, decoded and checked by the decoder).
+    raw: Option<usize>,
+}
+
+/// The session's chunk worker: decodes chunks into their staging buffers and checks them, off the
+/// executor. One thread, so chunks are decoded in the order they came; a bounded queue, so a client
+/// sending faster than it decodes waits (its chunks' bytes are held here until then).
+struct ChunkWorker {
+    jobs: Option<SyncSender<ChunkJob>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ChunkWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkWorker").finish_non_exhaustive()
+    }
+}
+
+/// Chunks queued for the worker at most (8 MiB each).
+const CHUNK_QUEUE: usize = 4;
+
+impl ChunkWorker {
+    fn start() -> Self {
+        let (jobs, rx) = sync_channel::<ChunkJob>(CHUNK_QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("gleam-chunks".into())
+            .spawn(move || {
+                let mut decoder = Decoder::new();
+                while let Ok(job) = rx.recv() {
+                    place(&mut decoder, &job);
+                }
+            })
+            .inspect_err(
+                |err| warn!(%err, "cannot start the chunk worker: chunks are decoded inline"),
+            )
+            .ok();
+        Self {
+            jobs: thread.is_some().then_some(jobs),
+            thread,
+        }
+    }
+
+    fn run(&self, job: ChunkJob) {
+        match &self.jobs {
+            Some(jobs) => {
+                if let Err(err) = jobs.send(job) {
+                    place(&mut Decoder::new(), &err.0);
+                }
+            }
+            None => place(&mut Decoder::new(), &job),
+        }
+    }
+}
+
+impl Drop for ChunkWorker {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Decodes one chunk into place and checks it, then tells whoever waits for its upload.
+fn place(decoder: &mut Decoder, job: &ChunkJob) {
+    let right = {
+        let mut bytes = lock(&job.buf.bytes);
+        // A buffer taken away (the upload was discarded or replaced) is not written.
+        if bytes.len() < job.range.end {
+            true
+        } else {
+            let dst = &mut bytes[job.range.clone()];
+            let right = match job.raw {
+                Some(at) => {
+                    dst.copy_from_slice(&job.wire[at..]);
+                    ContentId::of(dst) == job.id
+                }
+                None => match decoder.decode_into(&job.id, &job.wire, dst) {
+                    Ok(_) => true,
+                    Err(err) => {
+                        warn!(upload = job.upload, index = job.index, %err, "refused a chunk that is not what the upload announced");
+                        false
+                    }
+                },
+            };
+            if right {
+                copy_repeats(&mut bytes, &job.range, &job.repeats);
+            }
+            right
+        }
+    };
+    let mut progress = lock(&job.buf.progress);
+    progress.pending -= 1;
+    if !right {
+        progress.wrong.push(job.index);
+    }
+    drop(progress);
+    job.buf.settled.notify_all();
 }
 
 /// The thread that writes received chunks to the content cache, off the session's executor (a commit
@@ -499,7 +658,7 @@ mod tests {
             let wire = encoder
                 .encode(&bytes[r.start as usize..r.end as usize])
                 .to_wire();
-            payloads.chunk(id, index, &wire).unwrap();
+            payloads.chunk(id, index, Bytes::from(wire)).unwrap();
         }
         let mut got = Vec::new();
         payloads
@@ -560,32 +719,47 @@ mod tests {
         );
         let mut encoder = Encoder::new(Compression::OFF);
         // Chunk 1's bytes sent as chunk 0: accepted raw, found out at the copy.
-        let wrong = encoder.encode(&bytes[1024..2048]).to_wire();
-        assert_eq!(payloads.chunk(7, 0, &wrong), Ok(()));
+        let wire =
+            |bytes: &[u8], encoder: &mut Encoder| Bytes::from(encoder.encode(bytes).to_wire());
+        let wrong = wire(&bytes[1024..2048], &mut encoder);
+        assert_eq!(payloads.chunk(7, 0, wrong.clone()), Ok(()));
         for i in 1..4 {
-            let right = encoder.encode(&bytes[i * 1024..(i + 1) * 1024]).to_wire();
-            payloads.chunk(7, i as u32, &right).unwrap();
+            let right = wire(&bytes[i * 1024..(i + 1) * 1024], &mut encoder);
+            payloads.chunk(7, i as u32, right).unwrap();
         }
         assert_eq!(
             payloads.copy(7, |_| panic!("a wrong chunk was copied")),
             Err(CUresult::INVALID_VALUE)
         );
+        // Compressed chunks are checked by the worker as they are decoded: found out at the copy too.
         payloads.begin(7, &manifest.encode()).unwrap();
-        // Compressed chunks are checked on arrival; so are lengths and headers.
         let squeezed = Encoder::new(Compression::default())
             .encode_as(&bytes[1024..2048], Codec::Zstd)
             .to_wire();
+        assert_eq!(payloads.chunk(7, 0, Bytes::from(squeezed)), Ok(()));
+        for i in 1..4 {
+            let right = wire(&bytes[i * 1024..(i + 1) * 1024], &mut encoder);
+            payloads.chunk(7, i as u32, right).unwrap();
+        }
         assert_eq!(
-            payloads.chunk(7, 0, &squeezed),
+            payloads.copy(7, |_| panic!("a wrong compressed chunk was copied")),
+            Err(CUresult::INVALID_VALUE)
+        );
+        // Lengths, headers and numbers are refused at once.
+        payloads.begin(7, &manifest.encode()).unwrap();
+        assert_eq!(
+            payloads.chunk(7, 0, wrong.slice(..500)),
             Err(CUresult::INVALID_VALUE)
         );
         assert_eq!(
-            payloads.chunk(7, 0, &wrong[..500]),
+            payloads.chunk(7, 0, Bytes::from_static(b"junk")),
             Err(CUresult::INVALID_VALUE)
         );
-        assert_eq!(payloads.chunk(7, 0, b"junk"), Err(CUresult::INVALID_VALUE));
-        assert_eq!(payloads.chunk(7, 9, &wrong), Err(CUresult::INVALID_VALUE));
-        assert_eq!(payloads.chunk(8, 0, &wrong), Err(CUresult::INVALID_VALUE));
+        assert_eq!(
+            payloads.chunk(7, 9, wrong.clone()),
+            Err(CUresult::INVALID_VALUE)
+        );
+        assert_eq!(payloads.chunk(8, 0, wrong), Err(CUresult::INVALID_VALUE));
         assert_eq!(
             payloads.copy(7, |_| panic!("an incomplete upload was copied")),
             Err(CUresult::INVALID_VALUE)
@@ -595,6 +769,34 @@ mod tests {
             payloads.begin(1, b"not a manifest"),
             Err(CUresult::INVALID_VALUE)
         );
+    }
+
+    #[test]
+    fn a_discarded_upload_with_chunks_in_the_worker_is_dropped_cleanly() {
+        let mut payloads = Payloads::with_store(None);
+        let bytes = data(64 << 10, 9);
+        let manifest = Manifest::with_chunk_size(&bytes, 1024);
+        payloads.begin(3, &manifest.encode()).unwrap();
+        let mut encoder = Encoder::new(Compression::default());
+        for i in 0..64 {
+            let wire = encoder.encode(&bytes[i * 1024..(i + 1) * 1024]).to_wire();
+            payloads.chunk(3, i as u32, Bytes::from(wire)).unwrap();
+        }
+        // Replaced while the worker may still be decoding into it: the new one is whole and right.
+        payloads.begin(3, &manifest.encode()).unwrap();
+        for i in 0..64 {
+            let wire = encoder.encode(&bytes[i * 1024..(i + 1) * 1024]).to_wire();
+            payloads.chunk(3, i as u32, Bytes::from(wire)).unwrap();
+        }
+        let mut got = Vec::new();
+        payloads
+            .copy(3, |b| {
+                got = b.to_vec();
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(got, bytes);
+        assert_eq!(payloads.staged, 0);
     }
 
     #[test]

@@ -19,6 +19,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use gleam_ratelimit::RateLimit;
 use tracing::{debug, info, warn};
 
@@ -69,6 +70,9 @@ pub struct Session<B: Backend> {
     /// Warnings about a client breaking the protocol (requests before hello, a second hello): a
     /// hostile client must not decide how much the server logs.
     misuse: RateLimit,
+    /// The bulk bytes of the request being handled, when the caller owns them as [`Bytes`]
+    /// ([`Session::handle_shared`]): an upload's chunk is kept without a copy for the chunk worker.
+    shared_bulk: Option<Bytes>,
 }
 
 /// Protocol-misuse warnings logged per [`MISUSE_INTERVAL`]; the rest are counted.
@@ -112,7 +116,17 @@ impl<B: Backend> Session<B> {
             started: Instant::now(),
             requests: 0,
             misuse: RateLimit::new(MISUSE_BURST, MISUSE_INTERVAL),
+            shared_bulk: None,
         }
+    }
+
+    /// [`Session::handle`] with the bulk bytes as [`Bytes`], which a cached upload's chunk keeps (the
+    /// session process's executor hands its frames over this way).
+    pub fn handle_shared(&mut self, req: Request, bulk: Bytes) -> Option<Answer> {
+        self.shared_bulk = Some(bulk.clone());
+        let answer = self.handle(req, &bulk);
+        self.shared_bulk = None;
+        answer
     }
 
     /// Executes one request (`bulk`: its frame's bulk bytes); returns the answer if the request expects
@@ -542,7 +556,11 @@ impl<B: Backend> Session<B> {
                 Reply::UploadWanted { missing }
             }
             Call::UploadChunk { upload, index, .. } => {
-                self.payloads.chunk(upload, index, bulk)?;
+                let wire = self
+                    .shared_bulk
+                    .take()
+                    .unwrap_or_else(|| Bytes::copy_from_slice(bulk));
+                self.payloads.chunk(upload, index, wire)?;
                 Reply::Empty
             }
             Call::UploadCopy {

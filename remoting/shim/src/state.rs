@@ -6,8 +6,8 @@
 //! later `cuInit` returns again, as a real driver does). A `fork()`ed child sees a different pid and is
 //! refused with `CUDA_ERROR_NOT_INITIALIZED`: the connection belongs to the parent.
 
-use std::sync::{Once, OnceLock};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Once, OnceLock};
 use std::time::Duration;
 
 use gleam_auth::PeerAddr;
