@@ -478,7 +478,8 @@ impl Drop for ChunkWorker {
 
 /// Decodes one chunk into place and checks it, then tells whoever waits for its upload.
 fn place(decoder: &mut Decoder, job: &ChunkJob) {
-    let right = {
+    // Whatever happens, the copy waiting for this chunk must hear of it: a panic counts as a wrong chunk.
+    let right = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut bytes = lock(&job.buf.bytes);
         // A buffer taken away (the upload was discarded or replaced) is not written.
         if bytes.len() < job.range.end {
@@ -503,7 +504,8 @@ fn place(decoder: &mut Decoder, job: &ChunkJob) {
             }
             right
         }
-    };
+    }))
+    .unwrap_or(false);
     let mut progress = lock(&job.buf.progress);
     progress.pending -= 1;
     if !right {
