@@ -4,8 +4,8 @@
 //! stages it in a buffer of its length, fills every chunk it can (the peer's content cache, verified;
 //! a chunk already received in this session and not yet written there; a repeat of a chunk of the same
 //! payload) and says which chunks it lacks. The client sends those, encoded ([`Call::UploadChunk`]); each
-//! is decoded straight into the staging buffer and checked against its id by the session's chunk worker
-//! thread, not by the executor: while a chunk of an upload is decoded and hashed, the executor runs other
+//! is decoded, checked against its id and copied into the staging buffer by the session's chunk workers
+//! (a few threads), not by the executor: while chunks are decoded and hashed, the executor runs other
 //! streams' calls (on the emu backend an 8 MiB chunk held it 4-13 ms). The copy ([`Call::UploadCopy`])
 //! waits for its chunks, takes the complete buffer, then hands it to a writer thread that keeps the
 //! chunks it received in the content cache, off the session's executor, and recycles the buffer: a
@@ -287,7 +287,8 @@ impl Payloads {
                 }
                 Some(wire.len() - body.len())
             }
-            Ok(_) => None,
+            Ok((header, _)) if header.raw_len as usize == range.len() => None,
+            Ok(_) => return Err(refuse(&"a compressed chunk of the wrong length")),
             Err(err) => return Err(refuse(&err)),
         };
         let job = ChunkJob {
@@ -417,41 +418,60 @@ struct ChunkJob {
     raw: Option<usize>,
 }
 
-/// The session's chunk worker: decodes chunks into their staging buffers and checks them, off the
-/// executor. One thread, so chunks are decoded in the order they came; a bounded queue, so a client
-/// sending faster than it decodes waits (its chunks' bytes are held here until then).
+/// The session's chunk workers: decode chunks and check them against their ids, off the executor, then
+/// copy them into their staging buffers. Several threads (up to [`CHUNK_THREADS`]), each working on its own
+/// chunk: hashing and decompressing are done outside the buffer's lock, which is held only for the copy
+/// into place. A bounded queue, so a client sending faster than the workers keep up waits (its chunks'
+/// bytes are held here until then).
 struct ChunkWorker {
     jobs: Option<SyncSender<ChunkJob>>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for ChunkWorker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChunkWorker").finish_non_exhaustive()
+        f.debug_struct("ChunkWorker")
+            .field("threads", &self.threads.len())
+            .finish_non_exhaustive()
     }
 }
 
-/// Chunks queued for the worker at most (8 MiB each).
+/// Chunks queued for the workers at most (8 MiB each).
 const CHUNK_QUEUE: usize = 4;
+/// Worker threads at most (fewer on a smaller machine): a raw chunk's hash runs at a few GB/s per core.
+const CHUNK_THREADS: usize = 4;
 
 impl ChunkWorker {
     fn start() -> Self {
         let (jobs, rx) = sync_channel::<ChunkJob>(CHUNK_QUEUE);
-        let thread = std::thread::Builder::new()
-            .name("gleam-chunks".into())
-            .spawn(move || {
-                let mut decoder = Decoder::new();
-                while let Ok(job) = rx.recv() {
-                    place(&mut decoder, &job);
-                }
+        let rx = Arc::new(Mutex::new(rx));
+        let n = std::thread::available_parallelism()
+            .map_or(1, std::num::NonZero::get)
+            .clamp(1, CHUNK_THREADS);
+        let threads: Vec<JoinHandle<()>> = (0..n)
+            .filter_map(|_| {
+                let rx = rx.clone();
+                std::thread::Builder::new()
+                    .name("gleam-chunks".into())
+                    .spawn(move || {
+                        let (mut decoder, mut scratch) = (Decoder::new(), Vec::new());
+                        loop {
+                            // The lock is held only while waiting for the next job.
+                            let job = lock(&rx).recv();
+                            let Ok(job) = job else { break };
+                            place(&mut decoder, &mut scratch, &job);
+                        }
+                    })
+                    .inspect_err(|err| warn!(%err, "cannot start a chunk worker"))
+                    .ok()
             })
-            .inspect_err(
-                |err| warn!(%err, "cannot start the chunk worker: chunks are decoded inline"),
-            )
-            .ok();
+            .collect();
+        if threads.is_empty() {
+            warn!("no chunk worker: chunks are decoded inline");
+        }
         Self {
-            jobs: thread.is_some().then_some(jobs),
-            thread,
+            jobs: (!threads.is_empty()).then_some(jobs),
+            threads,
         }
     }
 
@@ -459,10 +479,10 @@ impl ChunkWorker {
         match &self.jobs {
             Some(jobs) => {
                 if let Err(err) = jobs.send(job) {
-                    place(&mut Decoder::new(), &err.0);
+                    place(&mut Decoder::new(), &mut Vec::new(), &err.0);
                 }
             }
-            None => place(&mut Decoder::new(), &job),
+            None => place(&mut Decoder::new(), &mut Vec::new(), &job),
         }
     }
 }
@@ -470,40 +490,44 @@ impl ChunkWorker {
 impl Drop for ChunkWorker {
     fn drop(&mut self) {
         drop(self.jobs.take());
-        if let Some(thread) = self.thread.take() {
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
     }
 }
 
-/// Decodes one chunk into place and checks it, then tells whoever waits for its upload.
-fn place(decoder: &mut Decoder, job: &ChunkJob) {
+/// Decodes one chunk, checks it, and copies it into place; then tells whoever waits for its upload.
+fn place(decoder: &mut Decoder, scratch: &mut Vec<u8>, job: &ChunkJob) {
     // Whatever happens, the copy waiting for this chunk must hear of it: a panic counts as a wrong chunk.
     let right = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut bytes = lock(&job.buf.bytes);
-        // A buffer taken away (the upload was discarded or replaced) is not written.
-        if bytes.len() < job.range.end {
-            true
-        } else {
-            let dst = &mut bytes[job.range.clone()];
-            let right = match job.raw {
-                Some(at) => {
-                    dst.copy_from_slice(&job.wire[at..]);
-                    ContentId::of(dst) == job.id
+        // Outside the buffer's lock: other workers place other chunks of the same upload meanwhile.
+        let body: &[u8] = match job.raw {
+            Some(at) => {
+                let body = &job.wire[at..];
+                if ContentId::of(body) != job.id {
+                    return false;
                 }
-                None => match decoder.decode_into(&job.id, &job.wire, dst) {
-                    Ok(_) => true,
+                body
+            }
+            None => {
+                // The length was checked against the header on arrival.
+                scratch.resize(job.range.len(), 0);
+                match decoder.decode_into(&job.id, &job.wire, scratch) {
+                    Ok(()) => scratch,
                     Err(err) => {
                         warn!(upload = job.upload, index = job.index, %err, "refused a chunk that is not what the upload announced");
-                        false
+                        return false;
                     }
-                },
-            };
-            if right {
-                copy_repeats(&mut bytes, &job.range, &job.repeats);
+                }
             }
-            right
+        };
+        let mut bytes = lock(&job.buf.bytes);
+        // A buffer taken away (the upload was discarded or replaced) is not written.
+        if bytes.len() >= job.range.end && body.len() == job.range.len() {
+            bytes[job.range.clone()].copy_from_slice(body);
+            copy_repeats(&mut bytes, &job.range, &job.repeats);
         }
+        body.len() == job.range.len()
     }))
     .unwrap_or(false);
     let mut progress = lock(&job.buf.progress);
