@@ -256,18 +256,32 @@ async fn a_resumed_session_gets_what_it_missed_once_and_only_its_owner_may_resum
         .expect("connect")
         .await
         .expect("handshake");
-    let mut sneaking = Stream::open(
-        &sneak,
-        &StreamOpen::Resume {
-            token: s.token,
-            replies: Awaited::default(),
-        },
-    )
-    .await;
-    assert!(
-        sneaking.next().await.is_err(),
-        "a stranger resumed the session"
-    );
+    // Refused at whichever step the session process gets to first: the connection may already be
+    // closed ("not this session's client") when the stream is opened, or the opening is answered by
+    // the close.
+    let refused = match sneak.open_bi().await {
+        Err(_) => true,
+        Ok((mut send, recv)) => {
+            let mut out = Vec::new();
+            let opening = StreamOpen::Resume {
+                token: s.token,
+                replies: Awaited::default(),
+            };
+            frame::encode(&opening, &[], &mut out).expect("encode");
+            match send.write_all(&out).await {
+                Err(_) => true,
+                Ok(()) => {
+                    let mut sneaking = Stream {
+                        send,
+                        recv,
+                        frames: FrameReader::new(),
+                    };
+                    sneaking.next().await.is_err()
+                }
+            }
+        }
+    };
+    assert!(refused, "a stranger resumed the session");
 
     // The owner comes back: the same offer, and the session process says what it received.
     let (_lifeline, answer) = ask_to_resume(&s.endpoint, &server, s.session, s.token).await;
