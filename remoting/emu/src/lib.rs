@@ -92,7 +92,7 @@ impl EmuConfig {
     /// `GLEAM_EMU_QUEUED_COPY_BYTES` (a size).
     pub fn from_env() -> Result<Self, ConfigError> {
         let size = |var: &'static str, default: u64| match std::env::var(var) {
-            Ok(v) => parse_size(&v).map_err(|_| ConfigError::BadSize { var, value: v }),
+            Ok(v) => parse_size(&v).ok_or(ConfigError::BadSize { var, value: v }),
             Err(_) => Ok(default),
         };
         let memory_bytes = size("GLEAM_EMU_MEMORY", DEFAULT_MEMORY_BYTES)?;
@@ -155,28 +155,20 @@ pub fn parse_timeout(s: &str) -> Result<Option<Duration>, ConfigError> {
 
 /// Parses a byte size: a number with an optional unit (`K`, `M`, `G`, `T`, with or without `iB`/`B`;
 /// binary multiples either way, as memory sizes are).
-pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
-    let bad = || ConfigError::BadSize {
-        var: "GLEAM_EMU_MEMORY",
-        value: s.to_owned(),
-    };
+pub fn parse_size(s: &str) -> Option<u64> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(digits);
-    let n: u64 = num.parse().map_err(|_| bad())?;
+    let n: u64 = num.parse().ok()?;
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        _ => return Err(bad()),
+        _ => return None,
     };
-    let bytes = n.checked_mul(1u64 << shift).ok_or_else(bad)?;
-    if bytes == 0 {
-        return Err(bad());
-    }
-    Ok(bytes)
+    n.checked_mul(1u64 << shift).filter(|&bytes| bytes > 0)
 }
 
 #[cfg(test)]
@@ -185,13 +177,13 @@ mod tests {
 
     #[test]
     fn sizes_parse() {
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert_eq!(parse_size("512 MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("1g"), Ok(1 << 30));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("99999999999TiB").is_err());
+        assert_eq!(parse_size("2GiB"), Some(2 << 30));
+        assert_eq!(parse_size("512 MiB"), Some(512 << 20));
+        assert_eq!(parse_size("1g"), Some(1 << 30));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert!(parse_size("lots").is_none());
+        assert!(parse_size("0").is_none());
+        assert!(parse_size("99999999999TiB").is_none());
     }
 
     #[test]

@@ -82,7 +82,6 @@ struct Staged {
     manifest: Manifest,
     /// Its bytes, shared with the chunk worker while chunks are decoded into it.
     buf: Arc<SharedBuf>,
-    len: usize,
     /// Per chunk: whether its bytes are in `buf` (or on their way there, in the chunk worker).
     filled: Vec<bool>,
     unfilled: usize,
@@ -202,7 +201,6 @@ impl Payloads {
         });
         let mut staged = Staged {
             buf: shared.clone(),
-            len,
             received: Vec::new(),
             repeats: places,
             filled: vec![false; chunks],
@@ -319,7 +317,7 @@ impl Payloads {
             .uploads
             .remove(&upload)
             .ok_or(CUresult::INVALID_VALUE)?;
-        self.staged -= staged.len as u64;
+        self.staged -= staged.manifest.len();
         let wrong = staged.buf.settle();
         let buf = std::mem::take(&mut *lock(&staged.buf.bytes));
         if staged.unfilled > 0 {
@@ -361,7 +359,7 @@ impl Payloads {
     /// Forgets `upload` without copying it (its copy will not run).
     pub fn discard(&mut self, upload: u64) {
         if let Some(old) = self.uploads.remove(&upload) {
-            self.staged -= old.len as u64;
+            self.staged -= old.manifest.len();
             // The worker may still have chunks of it: they find the buffer gone and stop.
             let buf = std::mem::take(&mut *lock(&old.buf.bytes));
             self.recycle(buf);
@@ -476,14 +474,15 @@ impl ChunkWorker {
     }
 
     fn run(&self, job: ChunkJob) {
-        match &self.jobs {
-            Some(jobs) => {
-                if let Err(err) = jobs.send(job) {
-                    place(&mut Decoder::new(), &mut Vec::new(), &err.0);
-                }
-            }
-            None => place(&mut Decoder::new(), &mut Vec::new(), &job),
-        }
+        // Without a worker to take it, the chunk is placed here.
+        let job = match &self.jobs {
+            Some(jobs) => match jobs.send(job) {
+                Ok(()) => return,
+                Err(err) => err.0,
+            },
+            None => job,
+        };
+        place(&mut Decoder::new(), &mut Vec::new(), &job);
     }
 }
 
@@ -521,13 +520,14 @@ fn place(decoder: &mut Decoder, scratch: &mut Vec<u8>, job: &ChunkJob) {
                 }
             }
         };
+        // `body` has the range's length: checked on arrival (raw) or decoded into `scratch` (compressed).
         let mut bytes = lock(&job.buf.bytes);
         // A buffer taken away (the upload was discarded or replaced) is not written.
-        if bytes.len() >= job.range.end && body.len() == job.range.len() {
+        if bytes.len() >= job.range.end {
             bytes[job.range.clone()].copy_from_slice(body);
             copy_repeats(&mut bytes, &job.range, &job.repeats);
         }
-        body.len() == job.range.len()
+        true
     }))
     .unwrap_or(false);
     let mut progress = lock(&job.buf.progress);
