@@ -415,6 +415,9 @@ pub struct Streams {
     next_id: u64,
     /// `cuCtxWaitEvent`: every item queued later in the context waits for these.
     context_waits: Vec<(u64, Dep)>,
+    /// Destroyed streams whose queued work has not finished: it still runs, so a device-wide wait
+    /// (`cuCtxSynchronize`, `cuMemFree`) and the legacy stream (for a blocking one) still wait for it.
+    retiring: Vec<Stream>,
 }
 
 impl std::fmt::Debug for Streams {
@@ -444,6 +447,7 @@ impl Streams {
             created: 0,
             next_id: 16,
             context_waits: Vec::new(),
+            retiring: Vec::new(),
         }
     }
 
@@ -537,6 +541,10 @@ impl Streams {
             .ok_or(CUresult::INVALID_HANDLE)?;
         self.created -= 1;
         self.close(stream.queue);
+        self.retiring.retain(Stream::pending);
+        if stream.pending() {
+            self.retiring.push(stream);
+        }
         Ok(())
     }
 
@@ -721,7 +729,7 @@ impl Streams {
 
     /// Blocks until every stream is idle (`cuCtxSynchronize`).
     pub fn synchronize_all(&self) {
-        for stream in self.streams.values() {
+        for stream in self.streams.values().chain(&self.retiring) {
             stream.done.wait_for(stream.submitted);
         }
     }
@@ -740,6 +748,7 @@ impl Streams {
                 tracing::error!("a stream worker panicked");
             }
         }
+        self.retiring.clear();
         let mut state = self.pool.lock();
         state.queues.clear();
         state.waiting.clear();
@@ -787,7 +796,9 @@ impl Streams {
                     && s.pending()
                     && (key == StreamKey::Legacy && s.blocking() || **k == StreamKey::Legacy)
             })
-            .map(|(_, s)| (s.done.clone(), s.submitted))
+            .map(|(_, s)| s)
+            .chain(self.retiring.iter().filter(|s| s.pending() && s.blocking()))
+            .map(|s| (s.done.clone(), s.submitted))
             .collect()
     }
 }
@@ -913,6 +924,50 @@ mod tests {
         assert_eq!(ran.load(Ordering::Relaxed), 20_000);
         assert!(order.lock().unwrap().values().all(|v| v == &[0, 1]));
         assert!(streams.worker_threads() <= 4);
+    }
+
+    /// A destroyed stream's queued work still runs, and a device-wide wait and the legacy stream wait
+    /// for it (`cuMemFree` after `cuStreamDestroy` must not free memory a queued copy still reads: the
+    /// `shim` fuzz target found the emu faulting there).
+    #[test]
+    fn a_destroyed_streams_queued_work_is_still_waited_for() {
+        for wait in ["synchronize_all", "legacy"] {
+            let mut streams = Streams::new(2);
+            let gate = streams.signal();
+            streams.create(0x100, 0, 0, 1).unwrap();
+            let ran = Arc::new(AtomicUsize::new(0));
+            let r = ran.clone();
+            streams
+                .enqueue(
+                    StreamKey::Created(0x100),
+                    1,
+                    vec![(gate.clone(), 1)],
+                    Some(Box::new(move || {
+                        r.fetch_add(1, Ordering::Relaxed);
+                    })),
+                )
+                .unwrap();
+            streams.destroy(0x100).unwrap();
+            let opener = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                gate.advance_to(1);
+            });
+            match wait {
+                "synchronize_all" => streams.synchronize_all(),
+                _ => {
+                    streams
+                        .enqueue(StreamKey::Legacy, 1, Vec::new(), None)
+                        .unwrap();
+                    streams.synchronize(StreamKey::Legacy);
+                }
+            }
+            assert_eq!(
+                ran.load(Ordering::Relaxed),
+                1,
+                "{wait} returned before the work ran"
+            );
+            opener.join().unwrap();
+        }
     }
 
     /// An item waiting for a signal holds no worker: with one worker, a later runnable stream still runs.
