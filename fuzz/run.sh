@@ -26,11 +26,14 @@ case "$target" in
     gossip | link) flags=(-max_len=8192 -timeout=20) ;;
     control) flags=(-max_len=4096 -timeout=20) ;;
     # The shim's session keeps caches and background threads between inputs: leak checks per input would
-    # report them. The server it talks to is this workspace's gleam binary in release (or $GLEAM_BIN): a
+    # report them. Its peer is the session engine in the fuzzing process (GLEAM_FUZZ_SHIM_PEER=in-process,
+    # the default here: no network round trip per waited call), or with GLEAM_FUZZ_SHIM_PEER=server a real
+    # `gleam serve --backend emu`: this workspace's gleam binary in release (or $GLEAM_BIN), since a
     # debug server interprets the harness's kernels and parses its modules several times slower (158 vs 94
     # inputs/s measured side by side).
     shim) flags=(-max_len=4096 -timeout=30 -detect_leaks=0)
-          if [ -z "${GLEAM_BIN:-}" ]; then
+          export GLEAM_FUZZ_SHIM_PEER=${GLEAM_FUZZ_SHIM_PEER:-in-process}
+          if [ "$GLEAM_FUZZ_SHIM_PEER" = server ] && [ -z "${GLEAM_BIN:-}" ]; then
               (cd .. && nice -n 19 cargo build --release --bin gleam)
               export GLEAM_BIN=$PWD/../target/release/gleam
           fi ;;

@@ -7,13 +7,20 @@
 //! `cuGetProcAddress` with any symbol, version and flags, `cuGetExportTable` with any UUID, pointer
 //! attributes of any id, device queries with any length...
 //!
-//! **The choice of server.** The shim opens one session per process (`cuInit`), so the harness starts one
-//! real `gleam serve --backend emu` per fuzzing process ([`start`]: the `gleam` binary of this workspace,
-//! 64 MiB of emulated memory, on loopback with a config dir of its own) and keeps the session for every
-//! input: the whole path runs for real (shim, client, QUIC, host, session process, engine, emu), at the
-//! price of a round trip per waited-for call. Each input cleans up what it made (frees, destroys, unloads)
-//! and ends with a synchronisation, so inputs do not leak into each other. An in-process server would avoid
-//! the network, but the shim has no transport seam to plug one into, and the point is to hit what runs.
+//! **The choice of peer.** The shim opens one session per process (`cuInit`) and the harness keeps it for
+//! every input; each input cleans up what it made (frees, destroys, unloads) and ends with a
+//! synchronisation, so inputs do not leak into each other. The peer is one of two:
+//! - [`start`]: a real `gleam serve --backend emu` per fuzzing process (the `gleam` binary of this
+//!   workspace, 64 MiB of emulated memory, on loopback with a config dir of its own): the whole path runs
+//!   for real (shim, client, QUIC, host, session process, engine, emu), at the price of a round trip per
+//!   waited-for call, which holds the fuzzer to tens of inputs a second;
+//! - [`start_in_process`]: the same session engine and emu backend in this process, handed to the shim as
+//!   its session ([`gleam_client::in_process`], `gleamcuda::state::install`): the shim and the client above
+//!   the transport run as in production, without the network, hundreds of inputs a second. What it leaves
+//!   out, the wire and the session process, has targets and tests of its own (`frames`).
+//!
+//! The fuzz target uses the peer `GLEAM_FUZZ_SHIM_PEER` names (`in-process` or `server`, the default;
+//! `fuzz/run.sh` sets `in-process`); the stable suite replays the corpus against both.
 //!
 //! **What the application keeps of its side of the contract.** Every pointer the shim may dereference points
 //! into memory this harness owns: a host buffer of [`HOST_BYTES`] followed by an inaccessible guard page (a
@@ -38,10 +45,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use arbitrary::{Arbitrary, Unstructured};
+use bytes::Bytes;
+use gleam_client::in_process::LocalPeer;
+use gleam_emu::{EmuBackend, EmuConfig};
 use gleam_protocol::types::{
     CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END,
     CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUresult,
 };
+use gleam_protocol::wire::{ReplyFrame, Request};
+use gleam_server::session::Session;
 use gleamcuda::exports as cu;
 
 use crate::frames::KERNELS_PTX;
@@ -52,8 +64,8 @@ pub const HOST_BYTES: usize = 64 << 10;
 pub const MAX_OPS: usize = 48;
 /// Most threads one launch may run.
 pub const MAX_LAUNCH_THREADS: u64 = 4096;
-/// Emulated device memory of the server.
-const EMU_MEMORY: &str = "64MiB";
+/// Emulated device memory of the peer, in bytes.
+const EMU_MEMORY: u64 = 64 << 20;
 /// Largest allocation kept (larger successful ones are freed at once: the host buffer could not fill them).
 const MAX_KEPT_ALLOC: u64 = 1 << 20;
 /// Largest pinned allocation requested.
@@ -63,11 +75,9 @@ const MAX_OBJECTS: usize = 4;
 /// Bytes of the parameter area `extra` buffers point into (the shim reads up to 32,764 from a pointer).
 const PARAM_AREA: usize = 64 << 10;
 
-/// The process's session, the server it talks to, and the harness's memory.
+/// The process's session, the peer it talks to, and the harness's memory.
 pub struct Setup {
-    server: Mutex<Child>,
-    /// Keeps the server's config dir alive (removed when the process exits... or left in /tmp).
-    config_dir: PathBuf,
+    peer: Peer,
     ctx: usize,
     module: usize,
     /// `add`, `count`, `mix` of the setup module.
@@ -84,7 +94,7 @@ pub struct Setup {
 impl std::fmt::Debug for Setup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Setup")
-            .field("config_dir", &self.config_dir)
+            .field("peer", &self.peer)
             .finish_non_exhaustive()
     }
 }
@@ -93,12 +103,42 @@ static SETUP: OnceLock<Setup> = OnceLock::new();
 /// Inputs run one at a time (the session's context is per thread; the model is per input).
 static RUN: Mutex<()> = Mutex::new(());
 
+/// Where the process's session is served.
+#[derive(Debug)]
+enum Peer {
+    /// A `gleam serve --backend emu` child process, over QUIC on loopback: the whole path.
+    Server(Mutex<Child>),
+    /// The session engine over the emu backend in this process ([`gleam_client::in_process`]).
+    InProcess,
+}
+
 /// Starts the server and the session once per process, with the `gleam` binary at `gleam`.
 ///
 /// # Panics
 /// If the server or the session cannot start: nothing can be fuzzed then.
 pub fn start(gleam: &Path) -> &'static Setup {
-    SETUP.get_or_init(|| Setup::new(gleam))
+    SETUP.get_or_init(|| Setup::new(Peer::server(gleam)))
+}
+
+/// Starts the session once per process with a peer in this process: the session engine over the emu
+/// backend, reached without a network (the shim and the client above the transport run as in production;
+/// see [`gleam_client::in_process`] for what is left out). Hundreds of times faster than [`start`]: a waited
+/// call costs the engine's work, not a round trip through QUIC and a session process.
+///
+/// # Panics
+/// If the session cannot start, or the shim's session was already opened another way.
+pub fn start_in_process() -> &'static Setup {
+    SETUP.get_or_init(|| Setup::new(Peer::in_process()))
+}
+
+/// The session to fuzz with, started on first use: in this process if `GLEAM_FUZZ_SHIM_PEER` is
+/// `in-process`, else a server process ([`start`] with [`default_gleam`]).
+fn setup() -> &'static Setup {
+    match std::env::var("GLEAM_FUZZ_SHIM_PEER").as_deref() {
+        Ok("in-process") => start_in_process(),
+        Ok("server") | Err(_) => start(&default_gleam()),
+        Ok(other) => panic!("GLEAM_FUZZ_SHIM_PEER={other:?}: expected in-process or server"),
+    }
 }
 
 /// The `gleam` binary to serve with: `$GLEAM_BIN`, else the newest of this workspace's builds.
@@ -117,7 +157,7 @@ pub fn default_gleam() -> PathBuf {
 
 /// Runs one input. Panics only on a bug.
 pub fn run(data: &[u8]) {
-    let setup = start(&default_gleam());
+    let setup = setup();
     let _one_at_a_time = RUN.lock().unwrap_or_else(PoisonError::into_inner);
     let mut u = Unstructured::new(data);
     let mut ops = Vec::new();
@@ -147,8 +187,9 @@ fn check(what: &str, r: CUresult) {
     assert!(r.is_success(), "{what}: {r:?}");
 }
 
-impl Setup {
-    fn new(gleam: &Path) -> Self {
+impl Peer {
+    /// Starts `gleam serve --backend emu` and points the shim at it.
+    fn server(gleam: &Path) -> Self {
         let config_dir =
             std::env::temp_dir().join(format!("gleam-fuzz-shim-{}", std::process::id()));
         std::fs::create_dir_all(&config_dir).expect("a config dir for the fuzz server");
@@ -156,7 +197,7 @@ impl Setup {
         command
             .args(["serve", "127.0.0.1:0", "--backend", "emu", "--config-dir"])
             .arg(&config_dir)
-            .env("GLEAM_EMU_MEMORY", EMU_MEMORY)
+            .env("GLEAM_EMU_MEMORY", EMU_MEMORY.to_string())
             .env(
                 "GLEAM_LOG",
                 std::env::var("GLEAM_LOG").unwrap_or_else(|_| "error".into()),
@@ -197,7 +238,50 @@ impl Setup {
                 std::env::set_var("GLEAM_LOG", "error");
             }
         }
+        Self::Server(Mutex::new(server))
+    }
 
+    /// Hands the shim a session with the engine in this process.
+    fn in_process() -> Self {
+        if std::env::var_os("GLEAM_LOG").is_none() {
+            // SAFETY: as in `server`: set before the shim reads it, with no other thread reading the
+            // environment.
+            unsafe { std::env::set_var("GLEAM_LOG", "error") };
+        }
+        let engine = Session::new(EmuBackend::new(EmuConfig::with_memory(EMU_MEMORY)));
+        let client = gleam_client::Client::in_process(Box::new(Engine(engine)))
+            .expect("the in-process engine greets the client");
+        if gleamcuda::state::install(client).is_err() {
+            panic!("the shim's session was opened before the in-process peer was installed");
+        }
+        Self::InProcess
+    }
+
+    /// Whether the peer is still serving (a crash of the server is a bug the fuzzer found).
+    fn alive(&self) -> bool {
+        match self {
+            Self::Server(child) => {
+                let mut child = child.lock().unwrap_or_else(PoisonError::into_inner);
+                matches!(child.try_wait(), Ok(None))
+            }
+            Self::InProcess => true,
+        }
+    }
+}
+
+/// The serving side's session engine as a peer in this process.
+struct Engine(Session<EmuBackend>);
+
+impl LocalPeer for Engine {
+    fn handle(&mut self, request: Request, bulk: Bytes) -> Option<(ReplyFrame, Bytes)> {
+        self.0
+            .handle_shared(request, bulk)
+            .map(|answer| (answer.frame, Bytes::from(answer.bulk)))
+    }
+}
+
+impl Setup {
+    fn new(peer: Peer) -> Self {
         // SAFETY: (every call below) valid out-pointers to locals, NUL-terminated strings, a NUL-terminated
         // PTX image.
         unsafe {
@@ -249,8 +333,7 @@ impl Setup {
                 .map(|p| p as usize)
                 .collect();
             Self {
-                server: Mutex::new(server),
-                config_dir,
+                peer,
                 ctx: ctx as usize,
                 module: module as usize,
                 functions,
@@ -262,12 +345,6 @@ impl Setup {
                 free_at_start: free,
             }
         }
-    }
-
-    /// Whether the server is still running (a crash of the server is a bug the fuzzer found).
-    fn server_alive(&self) -> bool {
-        let mut server = self.server.lock().unwrap_or_else(PoisonError::into_inner);
-        matches!(server.try_wait(), Ok(None))
     }
 }
 
@@ -814,9 +891,10 @@ impl<'s> Input<'s> {
             } => {
                 let dst = self.dev_ptr(*dst);
                 let room = self.device_room(dst);
+                let limit = device_limit(room);
                 let (src, avail) = self.host_ptr(*src);
                 let mut n = self.count(*count, room);
-                if n <= room && n > avail as u64 {
+                if n <= limit && n > avail as u64 {
                     // The device could take it: the source must hold it (the application's promise).
                     n = avail as u64;
                 }
@@ -829,8 +907,9 @@ impl<'s> Input<'s> {
                     }
                 };
                 assert!(
-                    n as u64 <= room || !r.is_success(),
-                    "HtoD of {n} bytes into {room} at {dst:#x} succeeded"
+                    n as u64 <= limit || !r.is_success(),
+                    "HtoD of {n} bytes into {room} at {dst:#x} succeeded (allocations: {:x?})",
+                    self.allocs
                 );
             }
             Op::DtoH {
@@ -841,9 +920,10 @@ impl<'s> Input<'s> {
             } => {
                 let src = self.dev_ptr(*src);
                 let room = self.device_room(src);
+                let limit = device_limit(room);
                 let (dst, avail) = self.host_ptr(*dst);
                 let mut n = self.count(*count, room);
-                if n <= room && n > avail as u64 {
+                if n <= limit && n > avail as u64 {
                     n = avail as u64;
                 }
                 let n = usize::try_from(n).unwrap_or(usize::MAX);
@@ -855,8 +935,9 @@ impl<'s> Input<'s> {
                     }
                 };
                 assert!(
-                    n as u64 <= room || !r.is_success(),
-                    "DtoH of {n} bytes from {room} at {src:#x} succeeded"
+                    n as u64 <= limit || !r.is_success(),
+                    "DtoH of {n} bytes from {room} at {src:#x} succeeded (allocations: {:x?})",
+                    self.allocs
                 );
             }
             Op::Unified {
@@ -1506,8 +1587,8 @@ impl<'s> Input<'s> {
             let second = cu::cuCtxSynchronize();
             assert!(
                 second.is_success(),
-                "the session is unusable after an input: {second:?} (server alive: {})",
-                self.setup.server_alive()
+                "the session is unusable after an input: {second:?} (peer alive: {})",
+                self.setup.peer.alive()
             );
             let (mut free, mut total) = (0usize, 0usize);
             check(
@@ -1520,6 +1601,16 @@ impl<'s> Input<'s> {
             );
         }
     }
+}
+
+/// The most bytes a copy at a device pointer with `room` bytes (as [`Input::device_room`] reports them) may
+/// move and succeed. Inside an allocation, exactly `room`: more must fail before any host memory is touched
+/// (issue 11). Outside every allocation the session reports (room 0: past an allocation's end, a made-up
+/// address), CUDA promises nothing: a real GPU takes a copy into the slack its allocation granularity
+/// leaves after a buffer (as the emu does), so only more than the whole device's memory must fail, and the
+/// harness keeps its side by never passing more host memory than it has there.
+fn device_limit(room: u64) -> u64 {
+    if room > 0 { room } else { EMU_MEMORY }
 }
 
 /// The product of launch dimensions, saturating.

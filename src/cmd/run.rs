@@ -340,12 +340,15 @@ fn check_peer(mut target: PeerAddr, config_dir: &Path) -> anyhow::Result<PeerAdd
                  devices are in the same mesh"
             )
         })?;
-    let addr = client.peer_addr();
     let hello = client.hello();
-    tracing::debug!(%peer, addr = %display_addr(&addr), backend = %hello.backend, devices = hello.devices.len(), "GPU peer reachable");
+    // A client from `connect_any` is always on the network.
+    let addr = client.peer_addr();
+    tracing::debug!(%peer, addr = ?addr.as_ref().map(display_addr), backend = %hello.backend, devices = hello.devices.len(), "GPU peer reachable");
     client.close(Duration::from_secs(1));
     // The shim dials in the same order: the address that answered goes first.
-    target.prefer(addr);
+    if let Some(addr) = addr {
+        target.prefer(addr);
+    }
     Ok(target)
 }
 

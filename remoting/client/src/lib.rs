@@ -33,6 +33,7 @@
 //! [`ClientError::Lost`], never hangs: at the end of the window, or within a round trip of reaching a
 //! peer that no longer has the session.
 
+pub mod in_process;
 mod signal;
 mod slot;
 pub mod upload;
@@ -260,9 +261,22 @@ impl WireStats {
 
 /// An established session with a serving peer.
 pub struct Client {
-    shared: Arc<Shared>,
     hello: ServerHello,
     blocking: bool,
+    link: Link,
+}
+
+/// How requests reach the serving peer.
+enum Link {
+    /// Over QUIC: production.
+    Network(Network),
+    /// To a peer in this process ([`in_process`]): harnesses.
+    InProcess(in_process::InProcess),
+}
+
+/// A session's connections to a peer across the network, and the tasks that serve them.
+struct Network {
+    shared: Arc<Shared>,
     peer_addr: SocketAddr,
     endpoint: quinn::Endpoint,
     // Last, so the tasks stop after everything else is dropped.
@@ -273,7 +287,7 @@ impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
             .field("server", &self.hello.server)
-            .field("peer", &self.peer_addr)
+            .field("peer", &self.peer_addr())
             .field("blocking", &self.blocking)
             .field("lost", &self.is_lost())
             .finish_non_exhaustive()
@@ -440,23 +454,36 @@ impl Client {
                 server: hello.protocol,
             });
         }
-        let blocking = std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v.trim() == "1");
         let peer_addr = canonical(addr);
-        debug!(%peer, addr = %peer_addr, backend = %hello.backend, devices = hello.devices.len(), blocking,
+        debug!(%peer, addr = %peer_addr, backend = %hello.backend, devices = hello.devices.len(),
             "session established");
-        Ok(Self {
-            shared,
+        Ok(Self::new(
             hello,
-            blocking,
-            peer_addr,
-            endpoint,
-            runtime,
-        })
+            Link::Network(Network {
+                shared,
+                peer_addr,
+                endpoint,
+                runtime,
+            }),
+        ))
     }
 
-    /// The address the peer answered on.
-    pub fn peer_addr(&self) -> SocketAddr {
-        self.peer_addr
+    /// A session greeted by its peer, over `link`; blocking if `CUDA_LAUNCH_BLOCKING=1`.
+    fn new(hello: ServerHello, link: Link) -> Self {
+        let blocking = std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v.trim() == "1");
+        Self {
+            hello,
+            blocking,
+            link,
+        }
+    }
+
+    /// The address the peer answered on (`None` for a peer in this process).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        match &self.link {
+            Link::Network(network) => Some(network.peer_addr),
+            Link::InProcess(_) => None,
+        }
     }
 
     /// What the server said about itself and its devices at connect.
@@ -472,12 +499,18 @@ impl Client {
     /// How many requests this session has numbered, of every thread. Two equal readings around a
     /// waited call that sent `n` requests, `n` apart, say that nothing else reached the peer meanwhile.
     pub fn requests_numbered(&self) -> u64 {
-        self.shared.numbered.load(Ordering::Acquire)
+        match &self.link {
+            Link::Network(network) => network.shared.numbered.load(Ordering::Acquire),
+            Link::InProcess(link) => link.numbered.load(Ordering::Acquire),
+        }
     }
 
     /// Whether the session has ended.
     pub fn is_lost(&self) -> bool {
-        self.shared.lost.load(Ordering::Acquire)
+        match &self.link {
+            Link::Network(network) => network.shared.lost.load(Ordering::Acquire),
+            Link::InProcess(link) => link.is_lost(),
+        }
     }
 
     /// Queues one request with its bulk bytes (copied into the frame, so the caller may reuse them at
@@ -490,7 +523,10 @@ impl Client {
         expects_reply: bool,
     ) -> Result<Option<Pending>, ClientError> {
         sent::note(expects_reply);
-        self.shared.submit(ctx, call, &[bulk], expects_reply)
+        match &self.link {
+            Link::Network(network) => network.shared.submit(ctx, call, &[bulk], expects_reply),
+            Link::InProcess(link) => link.submit(ctx, call, bulk, expects_reply),
+        }
     }
 
     /// Sends `call` (with `bulk` bytes) and blocks until its reply.
@@ -532,8 +568,10 @@ impl Client {
         stream: Option<u64>,
     ) -> Result<CUresult, ClientError> {
         let policy = upload::Policy::get();
-        if policy.applies(src.len()) {
-            return upload::upload(self, ctx, dst, src, stream, policy);
+        if let Link::Network(network) = &self.link
+            && policy.applies(src.len())
+        {
+            return upload::upload(self, network, ctx, dst, src, stream, policy);
         }
         self.memcpy_htod_plain(ctx, dst, src, stream, true)
     }
@@ -626,7 +664,10 @@ impl Client {
     /// What this session has put on the network and taken from it so far: UDP payload bytes and
     /// datagrams (QUIC and TLS overhead included) over the session connection and the lifeline together.
     pub fn wire_stats(&self) -> WireStats {
-        let (connection, lifeline) = self.shared.connections();
+        let Link::Network(network) = &self.link else {
+            return WireStats::default();
+        };
+        let (connection, lifeline) = network.shared.connections();
         let mut total = WireStats {
             mtu: connection.stats().path.current_mtu,
             ..WireStats::default()
@@ -644,12 +685,22 @@ impl Client {
     /// Ends the session in order: waits (briefly) for the server to finish queued work and free
     /// everything, then closes the connections.
     pub fn close(&self, timeout: Duration) {
+        match &self.link {
+            Link::Network(network) => network.close(self, timeout),
+            Link::InProcess(link) => link.close(),
+        }
+    }
+}
+
+impl Network {
+    /// [`Client::close`] over the network.
+    fn close(&self, client: &Client, timeout: Duration) {
         self.shared.closing.store(true, Ordering::Release);
         // While the link is down there is nobody to say goodbye to: the serving side frees the session
         // at the end of its grace window.
-        if !self.is_lost()
+        if !client.is_lost()
             && !self.shared.suspended.load(Ordering::Acquire)
-            && let Ok(Some(pending)) = self.submit(0, Call::Goodbye, &[], true)
+            && let Ok(Some(pending)) = client.submit(0, Call::Goodbye, &[], true)
         {
             let _ = pending.wait_timeout(timeout);
         }
@@ -671,7 +722,7 @@ impl Client {
     }
 }
 
-impl Drop for Client {
+impl Drop for Network {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::Release);
         self.shared

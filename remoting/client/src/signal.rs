@@ -15,14 +15,19 @@ use gleam_protocol::frame;
 use gleam_protocol::order::{Deps, Lane};
 use gleam_protocol::wire::{Call, Request};
 
-use crate::{Client, ClientError, Moved, Shared, lock};
+use crate::{Client, ClientError, Link, Moved, Shared, lock};
 
 impl Client {
     /// Sends `call` out of band (see the module docs), at once. Only calls the peer handles out of band
     /// may be sent this way (today [`Call::HostFuncReturned`]); anything else ends the session as a
     /// protocol violation.
     pub fn signal(&self, call: Call) -> Result<(), ClientError> {
-        self.shared.signal(call)
+        match &self.link {
+            Link::Network(network) => network.shared.signal(call),
+            // No calling thread is ever blocked inside the in-process peer waiting for a signal (it runs
+            // one request at a time, on the caller's thread): the message goes in order like any other.
+            Link::InProcess(link) => link.submit(0, call, &[], false).map(drop),
+        }
     }
 }
 

@@ -34,7 +34,7 @@ use gleam_protocol::wire::{Call, Reply};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tracing::debug;
 
-use crate::{Client, ClientError, Shared};
+use crate::{Client, ClientError, Network, Shared};
 
 /// The part of a copy that is announced, staged and copied as one (a multiple of [`CHUNK_SIZE`]).
 pub const SEGMENT: usize = 64 << 20;
@@ -185,6 +185,7 @@ static NEXT_UPLOAD: AtomicU64 = AtomicU64::new(1);
 /// returns: the copy's CUDA result (a synchronous copy's, or the pending error it reports).
 pub(crate) fn upload(
     client: &Client,
+    network: &Network,
     ctx: u64,
     dst: u64,
     src: &[u8],
@@ -194,8 +195,8 @@ pub(crate) fn upload(
     let started = Instant::now();
     let compress = AtomicBool::new(policy.compress != Compress::Off);
     let timing = Timing::default();
-    let shared = &client.shared;
-    let mut progress = Progress::new(src.len() as u64, client.peer_addr.to_string());
+    let shared = &network.shared;
+    let mut progress = Progress::new(src.len() as u64, network.peer_addr.to_string());
     let mut tally = Tally::default();
     let result = std::thread::scope(|scope| {
         let (tx, rx) = sync_channel(LOOKAHEAD);
@@ -212,6 +213,7 @@ pub(crate) fn upload(
         };
         let result = consume(
             client,
+            shared,
             ctx,
             dst,
             src.len(),
@@ -452,6 +454,7 @@ fn produce<'a>(
 #[allow(clippy::too_many_arguments)]
 fn consume(
     client: &Client,
+    shared: &std::sync::Arc<Shared>,
     ctx: u64,
     dst: u64,
     len: usize,
@@ -480,7 +483,7 @@ fn consume(
                 if feedback.adaptive
                     && follows
                     && waiting.elapsed() > Duration::from_millis(2)
-                    && client.shared.total.buffered.load(Ordering::Acquire) < CHUNK_SIZE as usize
+                    && shared.total.buffered.load(Ordering::Acquire) < CHUNK_SIZE as usize
                     && feedback.compress.swap(false, Ordering::Relaxed)
                 {
                     debug!("the network outpaces compression: chunks go raw from now on");
@@ -493,9 +496,7 @@ fn consume(
                 };
                 crate::sent::note(false);
                 let sending = Instant::now();
-                client
-                    .shared
-                    .submit(ctx, call, &[&header, &encoded.body], false)?;
+                shared.submit(ctx, call, &[&header, &encoded.body], false)?;
                 tally.sending += sending.elapsed();
                 tally.chunks += 1;
                 tally.raw += encoded.header.raw_len as usize;

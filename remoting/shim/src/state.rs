@@ -69,6 +69,21 @@ pub fn init() -> Result<(), CUresult> {
     }
 }
 
+/// Makes `client` this process's session, in place of the one `cuInit` would open from `GLEAM_PEER`: for
+/// harnesses that drive the C exports against a peer in their own process
+/// ([`gleam_client::in_process`]). Not a C export. Fails (giving the client back) if `cuInit` already ran.
+pub fn install(client: Client) -> Result<(), Client> {
+    let session = Session {
+        peer: format!("in-process ({})", client.hello().server),
+        client,
+        pid: pid(),
+    };
+    SESSION.set(Ok(session)).map_err(|refused| match refused {
+        Ok(session) => session.client,
+        Err(_) => unreachable!("an Ok was offered"),
+    })
+}
+
 /// The session, if `cuInit` succeeded in this process.
 pub fn session() -> Result<&'static Session, CUresult> {
     match SESSION.get() {
@@ -202,7 +217,9 @@ fn connect() -> Result<Session, CUresult> {
         gleam_client::CONNECT_TIMEOUT,
     ) {
         Ok(client) => {
-            let addr = client.peer_addr();
+            let addr = client
+                .peer_addr()
+                .map_or_else(|| "?".to_owned(), |addr| addr.to_string());
             let hello = client.hello();
             tracing::info!(%peer, %addr, backend = %hello.backend, server = %hello.server,
                 devices = hello.devices.len(), "connected to GPU peer");
