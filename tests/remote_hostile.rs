@@ -37,3 +37,25 @@ fn oversized_copies_are_invalid_values_not_crashes() {
         "{stdout}"
     );
 }
+
+/// The shim's fuzz target set a function's maximum threads per block to 1.5 billion with
+/// `cuFuncSetAttribute`: the shim sent the set without waiting and wrote the value into its attribute
+/// cache, so `cuOccupancyMaxPotentialBlockSize` then walked 47 million block sizes (a round trip each, 20 to
+/// 40 s in process). Read-only attributes are now refused at once, as NVIDIA's driver refuses them, and
+/// leave every attribute as it was; the settable ones still set.
+#[test]
+fn read_only_function_attributes_cannot_be_set() {
+    let server = Server::start("emu");
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_c("hostile_attributes", dir.path());
+    let out = output_within(server.run(&exe, &[]), Duration::from_secs(60));
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "hostile_attributes failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    assert!(stdout.ends_with("done\n"), "{stdout}");
+    assert!(stdout.contains("max threads per block 1024\n"), "{stdout}");
+}

@@ -12,7 +12,7 @@
 //! | `frames` | [`frames`] | a byte stream from a client: frame reader, request decoding, the session engine over the emu backend |
 //! | `ptx` | [`ptx`] | PTX text: parser and compiler under [`gleam_ptx::Limits`], then a launch of each kernel on a small budget |
 //! | `fatbin` | [`fatbin`] | a module image: sizing, fatbin parsing, selection, decompression within a budget, the emu's PTX extraction |
-//! | `shim` | [`shim`] | structured calls of the shim's C exports with hostile arguments, against a real `gleam serve --backend emu` |
+//! | `shim` | [`shim`] | structured calls of the shim's C exports with hostile arguments, against the session engine in process or a real `gleam serve --backend emu` |
 //! | `gossip` | [`gossip`] | SWIM packets from linked members: foca, peers' states, the mesh view and the control answers built from it |
 //! | `link` | [`link`] | link messages and hostile answers to bandwidth probes, through the link's prober |
 //! | `control` | [`control`] | a request line on the daemon's control socket, and the answer the client must read |

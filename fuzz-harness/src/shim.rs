@@ -178,9 +178,24 @@ pub fn run(data: &[u8]) {
         if trace {
             eprintln!("{op:?}");
         }
+        let started = std::time::Instant::now();
         input.run(op);
+        note_if_slow(started, op);
     }
+    let started = std::time::Instant::now();
     input.clean_up();
+    note_if_slow(started, &"the input's clean-up");
+}
+
+/// An operation this slow is worth a line: libFuzzer reports a slow input as a whole, without saying which
+/// call of it took the time.
+const SLOW_OP: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn note_if_slow(started: std::time::Instant, what: &dyn std::fmt::Debug) {
+    let took = started.elapsed();
+    if took >= SLOW_OP {
+        eprintln!("gleam-fuzz: slow operation ({took:?}): {what:?}");
+    }
 }
 
 fn check(what: &str, r: CUresult) {

@@ -9,8 +9,9 @@
 //! production: the shim's argument checks, its handle registry and host-memory handling, the client's
 //! copy splitting and waits, the engine's deferred and sticky errors. What it leaves out is covered
 //! elsewhere: the wire (the `frames` fuzz target and the protocol tests), lanes and resumption (the
-//! client's and the session process's tests), and cached uploads, which need the network's content
-//! store (every host-to-device copy goes the plain way here).
+//! client's and the session process's tests), cached uploads, which need the network's content store
+//! (every host-to-device copy goes the plain way here), and host functions (`cuLaunchHostFunc`), which the
+//! serving side calls back over the network (refused here with an error).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +53,13 @@ impl InProcess {
         bulk: &[u8],
         expects_reply: bool,
     ) -> Result<Option<Pending>, ClientError> {
+        if matches!(call, Call::HostFunc { .. }) {
+            // Its stream would wait for the client's function, which the serving side calls back over the
+            // network: here nobody would answer, and the stream would wait forever.
+            return Err(ClientError::Protocol(
+                "host functions need a peer across the network, not one in this process".into(),
+            ));
+        }
         let mut engine = lock(&self.peer);
         if let Some(err) = &engine.ended {
             return Err(err.clone());

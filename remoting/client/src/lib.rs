@@ -28,6 +28,9 @@
 //! process's own endpoint, tells it which replies it has; each side then sends again what the other has
 //! not: each request runs once, each reply arrives once, and the GPU state is untouched.
 //!
+//! [`Client::in_process`] is the other transport: a serving peer inside this process (a [`LocalPeer`]), which
+//! executes each request on the calling thread; the shim's fuzz target drives the C exports through it.
+//!
 //! If the session is lost for good (the link stayed down past the session's grace window, the peer
 //! restarted, the session process died, a protocol violation), every pending and later call fails with
 //! [`ClientError::Lost`], never hangs: at the end of the window, or within a round trip of reaching a
@@ -62,6 +65,7 @@ use gleam_protocol::wire::{
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
+pub use crate::in_process::LocalPeer;
 use crate::slot::Slot;
 
 /// How long [`Client::connect`] may take in all (handshake, authentication, session start, hello).
@@ -686,7 +690,7 @@ impl Client {
     /// everything, then closes the connections.
     pub fn close(&self, timeout: Duration) {
         match &self.link {
-            Link::Network(network) => network.close(self, timeout),
+            Link::Network(network) => network.close(timeout),
             Link::InProcess(link) => link.close(),
         }
     }
@@ -694,13 +698,13 @@ impl Client {
 
 impl Network {
     /// [`Client::close`] over the network.
-    fn close(&self, client: &Client, timeout: Duration) {
+    fn close(&self, timeout: Duration) {
         self.shared.closing.store(true, Ordering::Release);
         // While the link is down there is nobody to say goodbye to: the serving side frees the session
         // at the end of its grace window.
-        if !client.is_lost()
+        if !self.shared.lost.load(Ordering::Acquire)
             && !self.shared.suspended.load(Ordering::Acquire)
-            && let Ok(Some(pending)) = client.submit(0, Call::Goodbye, &[], true)
+            && let Ok(Some(pending)) = self.shared.submit(0, Call::Goodbye, &[], true)
         {
             let _ = pending.wait_timeout(timeout);
         }

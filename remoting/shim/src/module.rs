@@ -69,6 +69,19 @@ fn caches() -> MutexGuard<'static, Caches> {
 // CUfunction_attribute ids used for local answers and validation.
 const FUNC_MAX_THREADS_PER_BLOCK: usize = 0;
 const FUNC_MAX_DYNAMIC_SHARED: usize = 8;
+/// `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`.
+const FUNC_CARVEOUT: i32 = 9;
+/// `CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH` .. `CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE`:
+/// the cluster settings (width, height, depth, non-portable sizes, scheduling policy).
+const FUNC_CLUSTER_SETTINGS: std::ops::RangeInclusive<i32> = 11..=15;
+
+/// Whether `cuFuncSetAttribute` may change attribute `attrib`: CUDA lets an application set the dynamic
+/// shared memory limit, the carveout and the cluster settings; every other attribute is read-only.
+fn settable(attrib: i32) -> bool {
+    attrib == FUNC_MAX_DYNAMIC_SHARED as i32
+        || attrib == FUNC_CARVEOUT
+        || FUNC_CLUSTER_SETTINGS.contains(&attrib)
+}
 // Device attribute ids of the launch limits.
 const MAX_THREADS_PER_BLOCK: u32 = 1;
 const MAX_BLOCK_DIM_X: u32 = 2;
@@ -757,6 +770,11 @@ pub unsafe fn cuFuncSetAttribute(
     attrib: i32,
     value: i32,
 ) -> Result<(), CUresult> {
+    // Refused here, at once, as NVIDIA's driver refuses it: the set below is not waited for, and a value
+    // cached for a read-only attribute (the block size limit, say) would answer every later query.
+    if !settable(attrib) {
+        return Err(CUresult::INVALID_VALUE);
+    }
     // SAFETY: forwarded under the same contract (a client kernel is translated on the way).
     unsafe { forward::cuFuncSetAttribute(func, attrib, value) }?;
     let handle = func as u64;

@@ -26,6 +26,8 @@ unsafe fn block_size_to_smem(callback: *mut c_void) -> BlockSizeToSmem {
 }
 
 const DEVICE_WARP_SIZE: u32 = 10;
+/// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`.
+const DEVICE_MAX_THREADS_PER_BLOCK: u32 = 1;
 const DEVICE_MULTIPROCESSOR_COUNT: u32 = 16;
 
 pub unsafe fn cuOccupancyMaxPotentialBlockSize(
@@ -96,6 +98,10 @@ unsafe fn potential_block_size(
     let warp = device::attribute(dev, DEVICE_WARP_SIZE)?.max(1);
     let sms = device::attribute(dev, DEVICE_MULTIPROCESSOR_COUNT)?;
 
+    // The device's block size limit bounds the walk too: the function's comes from the serving peer, and
+    // a peer that answered 2^31 would have the application walk 67 million candidates.
+    let device_max = device::attribute(dev, DEVICE_MAX_THREADS_PER_BLOCK)?;
+    let max_threads = max_threads.min(device_max);
     let limit = match block_size_limit {
         0 => max_threads,
         limit => limit.min(max_threads),
