@@ -156,10 +156,13 @@ mod tests {
 
     use super::*;
 
+    /// What reached the peer: each request's number, whether it expected a reply, and its bulk bytes.
+    type Seen = std::sync::Arc<Mutex<Vec<(u64, bool, Vec<u8>)>>>;
+
     /// A peer that records what reaches it and answers every waited request with its sequence number's
     /// bulk echoed back; `fire_and_forget_reply` makes it break the protocol.
     struct Echo {
-        seen: std::sync::Arc<Mutex<Vec<(u64, bool, Vec<u8>)>>>,
+        seen: Seen,
         fire_and_forget_reply: bool,
     }
 
@@ -187,9 +190,7 @@ mod tests {
         }
     }
 
-    fn echo(
-        fire_and_forget_reply: bool,
-    ) -> (Client, std::sync::Arc<Mutex<Vec<(u64, bool, Vec<u8>)>>>) {
+    fn echo(fire_and_forget_reply: bool) -> (Client, Seen) {
         let seen = std::sync::Arc::default();
         let peer = Echo {
             seen: std::sync::Arc::clone(&seen),

@@ -72,14 +72,14 @@ pub fn init() -> Result<(), CUresult> {
 /// Makes `client` this process's session, in place of the one `cuInit` would open from `GLEAM_PEER`: for
 /// harnesses that drive the C exports against a peer in their own process
 /// ([`gleam_client::in_process`]). Not a C export. Fails (giving the client back) if `cuInit` already ran.
-pub fn install(client: Client) -> Result<(), Client> {
+pub fn install(client: Client) -> Result<(), Box<Client>> {
     let session = Session {
         peer: format!("in-process ({})", client.hello().server),
         client,
         pid: pid(),
     };
     SESSION.set(Ok(session)).map_err(|refused| match refused {
-        Ok(session) => session.client,
+        Ok(session) => Box::new(session.client),
         Err(_) => unreachable!("an Ok was offered"),
     })
 }
