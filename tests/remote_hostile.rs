@@ -7,24 +7,31 @@ use std::time::Duration;
 
 use common::{Server, compile_c, output_within, text};
 
+/// Runs `tests/remote/NAME.c` through the shim against an emu server: it must exit 0 and end with `done`.
+/// Its standard output.
+fn run_to_done(name: &str) -> String {
+    let server = Server::start("emu");
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_c(name, dir.path());
+    let out = output_within(server.run(&exe, &[]), Duration::from_secs(60));
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{name} failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    assert!(stdout.ends_with("done\n"), "{stdout}");
+    stdout
+}
+
 /// Issue 11: `cuMemcpyHtoD_v2(p, buf, SIZE_MAX)` into a 4 KiB allocation aborted the program, and 64 MiB or
 /// 1 TiB crashed it, because the host buffer was read before the device range was checked. Every
 /// oversized copy (both directions, sync and async, allocations and module globals) is now
 /// `CUDA_ERROR_INVALID_VALUE`, and in-range copies still work.
 #[test]
 fn oversized_copies_are_invalid_values_not_crashes() {
-    let server = Server::start("emu");
-    let dir = tempfile::tempdir().unwrap();
-    let exe = compile_c("hostile_copies", dir.path());
-    let out = output_within(server.run(&exe, &[]), Duration::from_secs(60));
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "hostile_copies failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        text(&out.stderr)
-    );
-    assert!(stdout.ends_with("done\n"), "{stdout}");
+    let stdout = run_to_done("hostile_copies");
     assert!(
         stdout.contains("htod n=18446744073709551615: CUDA_ERROR_INVALID_VALUE"),
         "{stdout}"
@@ -45,17 +52,6 @@ fn oversized_copies_are_invalid_values_not_crashes() {
 /// leave every attribute as it was; the settable ones still set.
 #[test]
 fn read_only_function_attributes_cannot_be_set() {
-    let server = Server::start("emu");
-    let dir = tempfile::tempdir().unwrap();
-    let exe = compile_c("hostile_attributes", dir.path());
-    let out = output_within(server.run(&exe, &[]), Duration::from_secs(60));
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "hostile_attributes failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        text(&out.stderr)
-    );
-    assert!(stdout.ends_with("done\n"), "{stdout}");
+    let stdout = run_to_done("hostile_attributes");
     assert!(stdout.contains("max threads per block 1024\n"), "{stdout}");
 }

@@ -28,12 +28,9 @@ CUresult cuGetErrorName(CUresult error, const char **name);
 static const char *PTX = ".version 8.0\n.target sm_75\n.address_size 64\n"
                          ".visible .entry k() { ret; }\n";
 
-static const char *name_of(CUresult r) {
-    const char *name = "?";
-    cuGetErrorName(r, &name);
-    return name;
-}
+#include "expect.h"
 
+/* One line per check, so the log shows how far the program got. */
 static void expect(const char *what, int attribute, CUresult got, CUresult want) {
     printf("%s %d: %s\n", what, attribute, name_of(got));
     fflush(stdout);

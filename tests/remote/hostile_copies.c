@@ -37,11 +37,7 @@ static const char *PTX =
     ".version 8.0\n.target sm_75\n.address_size 64\n"
     ".global .align 4 .u32 table[4] = {1, 2, 3, 4};\n";
 
-static const char *name_of(CUresult r) {
-    const char *name = "?";
-    cuGetErrorName(r, &name);
-    return name;
-}
+#include "expect.h"
 
 static void expect(const char *what, unsigned long long n, CUresult got, CUresult want) {
     printf("%s n=%llu: %s\n", what, n, name_of(got));
