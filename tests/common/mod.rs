@@ -141,7 +141,12 @@ impl Server {
             .arg(program)
             .args(args)
             .env("GLEAM_SHIM", shim())
-            .env("GLEAM_LOG", "warn");
+            // The application's side logs what `GLEAM_CLIENT_LOG` asks for (e.g.
+            // `gleamcuda::memory=trace`), else warnings only.
+            .env(
+                "GLEAM_LOG",
+                std::env::var("GLEAM_CLIENT_LOG").unwrap_or_else(|_| "warn".into()),
+            );
         cmd
     }
 }

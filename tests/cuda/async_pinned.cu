@@ -18,8 +18,14 @@ int main() {
     }
     cudaPointerAttributes attr;
     CUDA_OK(cudaPointerGetAttributes(&attr, in));
+    if (attr.type != cudaMemoryTypeHost)
+        std::printf("pinned pointer %p: type %d device %d host %p device pointer %p\n", (void *)in,
+                    (int)attr.type, attr.device, attr.hostPointer, attr.devicePointer);
     EXPECT(attr.type == cudaMemoryTypeHost);
     CUDA_OK(cudaPointerGetAttributes(&attr, dev));
+    if (attr.type != cudaMemoryTypeDevice)
+        std::printf("device pointer %p: type %d device %d host %p device pointer %p\n", (void *)dev,
+                    (int)attr.type, attr.device, attr.hostPointer, attr.devicePointer);
     EXPECT(attr.type == cudaMemoryTypeDevice);
     std::printf("pointer kinds: host=%s device=%s\n", "ok", attr.type == cudaMemoryTypeDevice ? "ok" : "wrong");
 

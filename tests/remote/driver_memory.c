@@ -241,9 +241,14 @@ static void managed(CUdevice dev) {
     printf("managed: memsets and copies ok\n");
 
     /* Pointer and range attributes, advice, prefetches. */
-    unsigned char is_managed = 0;
+    unsigned int is_managed = 7; /* an int, written whole */
     OK(cuPointerGetAttribute(&is_managed, 8 /* IS_MANAGED */, m + 40));
     CHECK(is_managed == 1);
+    /* A device allocation is not managed: the whole int says so (cudart reads it into an uninitialised
+     * int; a one-byte answer left garbage above and cudaPointerGetAttributes said "managed"). */
+    is_managed = 0xffffffffu;
+    OK(cuPointerGetAttribute(&is_managed, 8 /* IS_MANAGED */, d));
+    CHECK(is_managed == 0);
     CUdeviceptr range_start = 0;
     OK(cuPointerGetAttribute(&range_start, 11 /* RANGE_START_ADDR */, m + 40));
     CHECK(range_start == m);

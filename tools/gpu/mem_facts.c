@@ -101,15 +101,20 @@ static void alignment(const char *fact, uintptr_t p) {
     printf("%s: 2^%d (address %#llx)\n", fact, shift, (unsigned long long)p);
 }
 
-/* Every pointer attribute of `p`: the result code and the value's bytes. */
+/* Every pointer attribute of `p`: the result code, how many bytes the driver wrote (the buffer is filled
+ * twice, with 0xee and 0x11, so a written byte equal to the fill still counts) and the value's bytes. */
 static void attributes(const char *what, CUdeviceptr p) {
-    static const int sizes[22] = {0, 8, 4, 8, 8, 16, 1, 8, 1, 4, 1, 8, 8, 1, 8, 1, 4, 8, 8, 8, 8, 1};
     for (int a = 1; a <= 21; a++) {
-        unsigned char v[16];
+        unsigned char v[16], w[16];
         memset(v, 0xee, sizeof v);
+        memset(w, 0x11, sizeof w);
         CUresult r = cuPointerGetAttribute(v, a, p);
-        printf("pointer %s attribute %d: result %d value", what, a, r);
-        for (int i = sizes[a] - 1; i >= 0; i--) printf("%s%02x", i == sizes[a] - 1 ? " 0x" : "", v[i]);
+        cuPointerGetAttribute(w, a, p);
+        int width = 0;
+        for (int i = 0; i < 16; i++)
+            if (v[i] != 0xee || w[i] != 0x11) width = i + 1;
+        printf("pointer %s attribute %d: result %d width %d value", what, a, r, width);
+        for (int i = width - 1; i >= 0; i--) printf("%s%02x", i == width - 1 ? " 0x" : "", v[i]);
         printf("\n");
     }
 }

@@ -511,9 +511,11 @@ const MEMORYTYPE_DEVICE: u32 = 2;
 /// is neither (the caller answers), `Some(Err)` for an attribute that does not apply.
 pub fn pointer_attribute(attribute: u32, ptr: u64) -> Option<Result<([u8; 16], usize), CUresult>> {
     let mut out = [0u8; 16];
+    // Every value is written at its attribute's full width (zeros above what `set` wrote).
+    let width = crate::memory::attribute_size(attribute);
     let mut set = |bytes: &[u8]| {
         out[..bytes.len()].copy_from_slice(bytes);
-        bytes.len()
+        width.unwrap_or(bytes.len())
     };
     if let Some((base, len, _)) = local_at(ptr) {
         let size = match attribute {

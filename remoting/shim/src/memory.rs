@@ -470,13 +470,15 @@ unsafe fn unified(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> Res
     }
 }
 
-/// Bytes written for each `CUpointer_attribute` (booleans are C `bool`s).
-fn attribute_size(attribute: u32) -> Option<usize> {
+/// Bytes written for each `CUpointer_attribute`. The "booleans" (sync memops, is managed, IPC capable,
+/// mapped, RDMA capable, HW decompress capable) are C `int`s, written whole: cudart's
+/// `cudaPointerGetAttributes` reads `CU_POINTER_ATTRIBUTE_IS_MANAGED` into an uninitialised `int`, so
+/// writing one byte left garbage above it and pinned or device memory read as managed, at random.
+pub(crate) fn attribute_size(attribute: u32) -> Option<usize> {
     Some(match attribute {
         1 | 3 | 4 | 7 | 11 | 12 | 14 | 17 | 18 | 19 | 20 => 8,
-        2 | 9 | 16 | 22 => 4,
+        2 | 6 | 8 | 9 | 10 | 13 | 15 | 16 | 21 | 22 => 4,
         5 => 16,
-        6 | 8 | 10 | 13 | 15 | 21 => 1,
         _ => return None,
     })
 }
