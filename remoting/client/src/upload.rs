@@ -29,6 +29,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::time::{Duration, Instant};
 
 use gleam_cache::{CHUNK_SIZE, Compression, Encoded, Encoder, Manifest};
+use gleam_protocol::tuning::parse_size;
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{Call, Reply};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -88,7 +89,8 @@ impl Policy {
                 "off" | "0" | "false" | "no"
             )
         });
-        let threshold = match threshold.map(|t| (t, parse_size(t))) {
+        let size = |t| parse_size(t).and_then(|bytes| usize::try_from(bytes).ok());
+        let threshold = match threshold.map(|t| (t, size(t))) {
             Some((_, Some(bytes))) => bytes.max(1),
             Some((text, None)) => {
                 tracing::warn!(
@@ -121,24 +123,6 @@ impl Policy {
     pub fn applies(&self, len: usize) -> bool {
         self.enabled && len >= self.threshold
     }
-}
-
-/// `123`, `64KiB`, `4MiB`, `1GiB` (also `K`/`M`/`G`, `KB`/`MB`/`GB`, all powers of 1024).
-fn parse_size(text: &str) -> Option<usize> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let n: usize = digits.parse().ok()?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        _ => return None,
-    };
-    n.checked_mul(1 << shift)
 }
 
 /// What the producer hands the calling thread, in order.
@@ -614,16 +598,6 @@ mod tests {
             Policy::from_vars(None, Some("lots"), None).threshold,
             DEFAULT_THRESHOLD
         );
-    }
-
-    #[test]
-    fn sizes_parse_in_powers_of_1024() {
-        assert_eq!(parse_size("123"), Some(123));
-        assert_eq!(parse_size("64KiB"), Some(64 << 10));
-        assert_eq!(parse_size(" 2 M "), Some(2 << 20));
-        assert_eq!(parse_size("1gb"), Some(1 << 30));
-        assert_eq!(parse_size("1.5MiB"), None);
-        assert_eq!(parse_size("MiB"), None);
     }
 
     #[test]

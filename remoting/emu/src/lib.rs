@@ -51,6 +51,8 @@ pub mod streams;
 
 use std::time::Duration;
 
+use gleam_protocol::tuning::parse_size;
+
 pub use backend::EmuBackend;
 
 /// Default emulated memory: 4 GiB.
@@ -92,7 +94,7 @@ impl EmuConfig {
     /// `GLEAM_EMU_QUEUED_COPY_BYTES` (a size).
     pub fn from_env() -> Result<Self, ConfigError> {
         let size = |var: &'static str, default: u64| match std::env::var(var) {
-            Ok(v) => parse_size(&v).ok_or(ConfigError::BadSize { var, value: v }),
+            Ok(v) => nonzero_size(&v).ok_or(ConfigError::BadSize { var, value: v }),
             Err(_) => Ok(default),
         };
         let memory_bytes = size("GLEAM_EMU_MEMORY", DEFAULT_MEMORY_BYTES)?;
@@ -153,22 +155,9 @@ pub fn parse_timeout(s: &str) -> Result<Option<Duration>, ConfigError> {
     Ok((secs > 0.0).then(|| Duration::from_secs_f64(secs)))
 }
 
-/// Parses a byte size: a number with an optional unit (`K`, `M`, `G`, `T`, with or without `iB`/`B`;
-/// binary multiples either way, as memory sizes are).
-pub fn parse_size(s: &str) -> Option<u64> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let n: u64 = num.parse().ok()?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return None,
-    };
-    n.checked_mul(1u64 << shift).filter(|&bytes| bytes > 0)
+/// A size setting: a byte size ([`parse_size`]) other than zero (no memory, no queue).
+fn nonzero_size(text: &str) -> Option<u64> {
+    parse_size(text).filter(|&bytes| bytes > 0)
 }
 
 #[cfg(test)]
@@ -176,14 +165,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("2GiB"), Some(2 << 30));
-        assert_eq!(parse_size("512 MiB"), Some(512 << 20));
-        assert_eq!(parse_size("1g"), Some(1 << 30));
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert!(parse_size("lots").is_none());
-        assert!(parse_size("0").is_none());
-        assert!(parse_size("99999999999TiB").is_none());
+    fn size_settings_are_sizes_above_zero() {
+        assert_eq!(nonzero_size("2GiB"), Some(2 << 30));
+        assert_eq!(nonzero_size("512 MiB"), Some(512 << 20));
+        assert!(nonzero_size("lots").is_none());
+        assert!(nonzero_size("0").is_none());
+        assert!(nonzero_size("99999999999TiB").is_none());
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! How a thread that waits for the other end of a session waits: the client waiting for a reply, the
-//! session process waiting for the next request.
+//! Settings from the environment: how a thread that waits for the other end of a session waits (the
+//! client waiting for a reply, the session process waiting for the next request), and the byte sizes
+//! that variables such as `GLEAM_CACHE_THRESHOLD` and `GLEAM_EMU_MEMORY` are written in.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -36,4 +37,46 @@ pub fn spin_budget() -> Duration {
             }
         }
     })
+}
+
+/// A byte size as written in the environment: a number with an optional unit, `K`, `M`, `G` or `T`, with
+/// or without `B`/`iB`, in any case, all powers of 1024 (as memory sizes are): `4096`, `64KiB`, `2 M`,
+/// `1gb`. `None` for anything else, or a size past `u64`.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1 << shift)
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("123"), Some(123));
+        assert_eq!(parse_size("64KiB"), Some(64 << 10));
+        assert_eq!(parse_size(" 2 M "), Some(2 << 20));
+        assert_eq!(parse_size("512 MiB"), Some(512 << 20));
+        assert_eq!(parse_size("1gb"), Some(1 << 30));
+        assert_eq!(parse_size("2GiB"), Some(2 << 30));
+        assert_eq!(parse_size("3t"), Some(3 << 40));
+        assert_eq!(parse_size("0"), Some(0));
+        assert_eq!(parse_size("1.5MiB"), None);
+        assert_eq!(parse_size("MiB"), None);
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("99999999999TiB"), None);
+    }
 }
