@@ -50,6 +50,16 @@ impl Lab {
 
     /// Runs `upload MIB SEED MODE [KIND CHANGES...]`; returns its stdout and the bytes the session sent.
     fn upload(&self, args: &[&str], env: &[(&str, &str)]) -> (String, u64) {
+        let (stdout, stats) = self.upload_with_stats(args, env);
+        (stdout, stats["sent_bytes"].as_u64().expect("sent_bytes"))
+    }
+
+    /// [`Lab::upload`], with the session's whole `GLEAM_STATS` record.
+    fn upload_with_stats(
+        &self,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> (String, serde_json::Value) {
         let stats = self
             .dir
             .path()
@@ -58,7 +68,7 @@ impl Lab {
         cmd.envs(env.iter().copied());
         let out = output_within(cmd, LIMIT);
         let stdout = checked(&out, args);
-        (stdout, sent_bytes(&stats))
+        (stdout, read_stats(&stats))
     }
 
     fn store(&self) -> BlobStore {
@@ -86,11 +96,8 @@ fn next_suffix() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-fn sent_bytes(stats: &Path) -> u64 {
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(stats).expect("GLEAM_STATS written"))
-            .unwrap();
-    json["sent_bytes"].as_u64().expect("sent_bytes")
+fn read_stats(stats: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(stats).expect("GLEAM_STATS written")).unwrap()
 }
 
 /// Every blob file of a store, by id.
@@ -131,6 +138,28 @@ fn a_second_run_of_the_same_upload_sends_at_most_one_percent() {
     // The classic path (the benchmark's baseline) ignores the cache.
     let (_, off) = lab.upload(&[&size, "1", "sync"], &[("GLEAM_CACHE", "off")]);
     assert!(off >= payload, "with the cache off only {off} bytes went");
+}
+
+#[test]
+fn uploads_travel_on_the_bulk_connection_unless_it_is_turned_off() {
+    let lab = Lab::new();
+    let payload = PAYLOAD_MIB * MIB;
+    let size = PAYLOAD_MIB.to_string();
+    // Synchronous and stream-ordered copies: their chunks cross on the bulk connection, and land exactly
+    // (the program checks every byte it reads back).
+    for (seed, mode) in [("21", "sync"), ("22", "async")] {
+        let (_, stats) = lab.upload_with_stats(&[&size, seed, mode], &[]);
+        let bulk = stats["bulk_sent_bytes"].as_u64().expect("bulk_sent_bytes");
+        assert!(
+            bulk >= payload,
+            "{mode}: {bulk} bytes on the bulk connection for a {payload}-byte payload: {stats}"
+        );
+    }
+    // Turned off, the same chunks share the session connection, and land the same.
+    let (_, stats) =
+        lab.upload_with_stats(&[&size, "23", "async"], &[("GLEAM_BULK_CONNECTION", "off")]);
+    assert_eq!(stats["bulk_sent_bytes"].as_u64(), Some(0), "{stats}");
+    assert!(stats["sent_bytes"].as_u64().unwrap() >= payload, "{stats}");
 }
 
 #[test]

@@ -12,7 +12,9 @@
 # Links: L0 loopback; L1 1 Gbit/s, 1 ms RTT; L2 300 Mbit/s, 5 ms RTT, 2 ms jitter, 0.5% loss (`gleam linkemu`,
 # relaying both the peer's port and its session port, GLEAM_SESSION_PORTS).
 # Modes: local (NVIDIA's driver directly; cuda only), sync (CUDA_LAUNCH_BLOCKING=1 and GLEAM_CACHE=off: every
-# call waited for and every byte sent, the classic remoting baseline), gleam (everything on).
+# call waited for and every byte sent, the classic remoting baseline), gleam (everything on); MODES picks
+# the remote ones ("sync gleam"; add nobulk for gleam with GLEAM_BULK_CONNECTION=off, uploads sharing the
+# session connection).
 # Ideal = local time (emu: Gleam's loopback time, the nearest thing to a local run) + bytes that must cross /
 # link rate + synchronisations x link RTT.
 # Env: BACKEND (emu|cuda), BIN (folder with gleam, libgleamcuda.so, examples/; default target/release),
@@ -25,6 +27,7 @@ BIN=${BIN:-target/release}
 BACKEND=${BACKEND:-$(command -v nvidia-smi >/dev/null && echo cuda || echo emu)}
 LINKS=${LINKS:-L0 L1 L2}
 WORKLOADS=${WORKLOADS:-launch-storm weights-cold weights-warm two-streams}
+MODES=${MODES:-sync gleam}
 OUT=${OUT:-$(mktemp -d /tmp/gleam-lan-bench.XXXXXX)}
 mkdir -p "$OUT"
 for f in gleam libgleamcuda.so examples/bench_workloads examples/quinn_floor; do
@@ -87,6 +90,7 @@ run() { # workload link mode
         weights-warm) prog=weights ;;
     esac
     [ "$m" = sync ] && envs+=(CUDA_LAUNCH_BLOCKING=1 GLEAM_CACHE=off)
+    [ "$m" = nobulk ] && envs+=(GLEAM_BULK_CONNECTION=off)
     if [ "$w" = weights-warm ] && [ "$m" != local ]; then
         # The content once, so that this run is the warm one.
         env "${envs[@]}" "$BIN/gleam" run --peer "$id@${LINK_ADDR[$l]}:$port" --config-dir "$cfg" -- \
@@ -104,13 +108,13 @@ run() { # workload link mode
 for w in $WORKLOADS; do
     [ "$BACKEND" = cuda ] && run "$w" L0 local
     for l in $LINKS; do
-        for m in sync gleam; do run "$w" "$l" "$m"; done
+        for m in $MODES; do run "$w" "$l" "$m"; done
     done
 done
 
-python3 - "$OUT" "$BACKEND" "$LINKS" "$WORKLOADS" <<'PY'
+python3 - "$OUT" "$BACKEND" "$LINKS" "$WORKLOADS" "$MODES" <<'PY'
 import json, os, sys
-out, backend, links, workloads = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split()
+out, backend, links, workloads, modes = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(), sys.argv[5].split()
 def load(name):
     try:
         return json.load(open(os.path.join(out, name)))
@@ -127,7 +131,7 @@ for w in workloads:
     local = load(f"{w}.L0.local.json")
     base = local or load(f"{w}.L0.gleam.json")
     for l in links:
-        for m in (["local"] if l == "L0" and local else []) + ["sync", "gleam"]:
+        for m in (["local"] if l == "L0" and local else []) + modes:
             r = load(f"{w}.{l}.{m}.json")
             if not r:
                 print(f"{w:14} {l:4} {m:6} {'failed':>9}")

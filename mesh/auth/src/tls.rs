@@ -141,6 +141,33 @@ pub fn transport_config() -> quinn::TransportConfig {
     transport
 }
 
+/// [`transport_config`] for a session's bulk connection (uploads' chunks): the controller of
+/// `GLEAM_BULK_CONGESTION` (`bbr` or `cubic`), else [`DEFAULT_BULK_CONGESTION`], whatever the session
+/// connection uses. A bulk transfer under a loss-based controller fills the bottleneck's queue, and every
+/// small call of the session then waits behind it; a model-based one keeps that queue short.
+pub fn bulk_transport_config() -> quinn::TransportConfig {
+    let mut transport = transport_config();
+    let choice = match std::env::var("GLEAM_BULK_CONGESTION")
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        Some("cubic") => CongestionControl::Cubic,
+        Some("bbr") => CongestionControl::Bbr,
+        _ => DEFAULT_BULK_CONGESTION,
+    };
+    match choice {
+        CongestionControl::Bbr => transport
+            .congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default())),
+        CongestionControl::Cubic => transport
+            .congestion_controller_factory(Arc::new(quinn::congestion::CubicConfig::default())),
+    };
+    transport
+}
+
+/// The bulk connection's controller unless `GLEAM_BULK_CONGESTION` says otherwise.
+pub const DEFAULT_BULK_CONGESTION: CongestionControl = CongestionControl::Bbr;
+
 /// Which congestion controller QUIC connections use.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 pub enum CongestionControl {

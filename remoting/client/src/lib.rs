@@ -11,6 +11,14 @@
 //! A [`Sequencer`] numbers every request and works out what it must follow (per-lane order, barriers,
 //! event records); the serving side's scheduler keeps exactly that order.
 //!
+//! Bulk travels apart: beside the session connection the client opens a bulk connection to the session
+//! process ([`StreamOpen::Bulk`]), with a congestion controller of its own that keeps the bottleneck's
+//! queue short (BBR), and the lanes carrying cached uploads' chunks (one per copy stream,
+//! [`Lane::carries_bulk`]) open there. A large upload then has its own congestion window and does not fill
+//! the link's queue in front of the session connection's small calls; the copy itself stays on its
+//! stream's lane and waits for its chunks by the upload's pseudo event. `GLEAM_BULK_CONNECTION=off`
+//! keeps everything on one connection.
+//!
 //! Sending costs no thread hop: the calling thread encodes its frame and hands it to quinn itself
 //! (quinn's driver then sends it). Fire-and-forget requests are coalesced per lane: they accumulate in the
 //! lane's batch and the lane's writer task hands the batch to quinn as one chunk shortly after, so a burst
@@ -247,18 +255,21 @@ pub struct WireStats {
     pub received_datagrams: u64,
     /// The session connection's datagram size (path MTU discovery's current answer).
     pub mtu: u16,
+    /// Of `sent_bytes`, those sent over the bulk connection (uploads' chunks).
+    pub bulk_sent_bytes: u64,
 }
 
 impl WireStats {
     /// As a JSON object.
     pub fn to_json(&self) -> String {
         format!(
-            r#"{{"sent_bytes":{},"sent_datagrams":{},"received_bytes":{},"received_datagrams":{},"mtu":{}}}"#,
+            r#"{{"sent_bytes":{},"sent_datagrams":{},"received_bytes":{},"received_datagrams":{},"mtu":{},"bulk_sent_bytes":{}}}"#,
             self.sent_bytes,
             self.sent_datagrams,
             self.received_bytes,
             self.received_datagrams,
-            self.mtu
+            self.mtu,
+            self.bulk_sent_bytes
         )
     }
 }
@@ -410,9 +421,9 @@ impl Client {
                 token,
                 grace,
             };
-            Ok::<_, ClientError>((addr, lifeline, connection, send, recv, resume))
+            Ok::<_, ClientError>((addr, session_addr, lifeline, connection, send, recv, resume))
         };
-        let (addr, lifeline, connection, send, recv, resume) = runtime
+        let (addr, session_addr, lifeline, connection, send, recv, resume) = runtime
             .block_on(async { tokio::time::timeout(timeout, establish).await })
             .map_err(|_| ClientError::Timeout {
                 peer,
@@ -428,6 +439,26 @@ impl Client {
         let _ = shared.resume.set(resume);
         shared.add_lane(Lane::CONTROL, send, recv);
         shared.start_connection_tasks(0, &connection, &lifeline);
+        // The bulk connection is made while the hello goes; the session is handed out with it, so that
+        // an upload right at the start already travels on it.
+        let bulk = bulk_connection_enabled().then(|| {
+            let (done, bulk) = std::sync::mpsc::sync_channel(1);
+            let token = shared.resume.get().map(|r| r.token).unwrap_or_default();
+            let (endpoint, config) = (endpoint.clone(), config.clone());
+            runtime.spawn(async move {
+                let attached = connect_bulk(
+                    &endpoint,
+                    config,
+                    peer,
+                    session_addr,
+                    token,
+                    BULK_ATTACH_TIMEOUT,
+                )
+                .await;
+                let _ = done.send(attached);
+            });
+            bulk
+        });
 
         let hello = Call::Hello(ClientHello {
             protocol: PROTOCOL_VERSION,
@@ -457,6 +488,9 @@ impl Client {
                 client: PROTOCOL_VERSION,
                 server: hello.protocol,
             });
+        }
+        if let Some(bulk) = bulk {
+            shared.install_bulk(bulk.recv_timeout(BULK_ATTACH_TIMEOUT + Duration::from_secs(1)));
         }
         let peer_addr = canonical(addr);
         debug!(%peer, addr = %peer_addr, backend = %hello.backend, devices = hello.devices.len(),
@@ -676,13 +710,18 @@ impl Client {
             mtu: connection.stats().path.current_mtu,
             ..WireStats::default()
         };
-        for connection in [&connection, &lifeline] {
+        let bulk = lock(&network.shared.bulk).clone();
+        for connection in [Some(&connection), Some(&lifeline), bulk.as_ref()]
+            .into_iter()
+            .flatten()
+        {
             let stats = connection.stats();
             total.sent_bytes += stats.udp_tx.bytes;
             total.sent_datagrams += stats.udp_tx.datagrams;
             total.received_bytes += stats.udp_rx.bytes;
             total.received_datagrams += stats.udp_rx.datagrams;
         }
+        total.bulk_sent_bytes = bulk.map_or(0, |b| b.stats().udp_tx.bytes);
         total
     }
 
@@ -710,10 +749,7 @@ impl Network {
         }
         self.shared
             .fail_all(ClientError::Lost("the client closed the session".into()));
-        let code = quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT);
-        let (connection, lifeline) = self.shared.connections();
-        connection.close(code, b"client exit");
-        lifeline.close(code, b"client exit");
+        self.shared.close_connections();
         // Give the close frames a moment to leave (the process may be exiting right after). No `block_on`:
         // this may run from a library destructor, after the calling thread's tokio context is gone.
         let endpoint = self.endpoint.clone();
@@ -731,10 +767,7 @@ impl Drop for Network {
         self.shared.closing.store(true, Ordering::Release);
         self.shared
             .fail_all(ClientError::Lost("the client was dropped".into()));
-        let code = quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT);
-        let (connection, lifeline) = self.shared.connections();
-        connection.close(code, b"client exit");
-        lifeline.close(code, b"client exit");
+        self.shared.close_connections();
     }
 }
 
@@ -757,6 +790,10 @@ struct Shared {
     suspended: AtomicBool,
     /// The session connection and the lifeline (replaced on resume).
     connections: Mutex<(quinn::Connection, quinn::Connection)>,
+    /// The bulk connection ([`StreamOpen::Bulk`]), once attached: the lanes that carry bulk bytes open
+    /// on it. Until then, without one (`GLEAM_BULK_CONNECTION=off`, or it could not be made) and after a
+    /// resume, every lane opens on the session connection.
+    bulk: Mutex<Option<quinn::Connection>>,
     /// How to resume the session (from the peer's offer).
     resume: OnceLock<Resume>,
     /// A reply arrived that the serving side has not been told about.
@@ -918,6 +955,7 @@ impl Shared {
             closing: AtomicBool::new(false),
             suspended: AtomicBool::new(false),
             connections: Mutex::new((connection, lifeline)),
+            bulk: Mutex::new(None),
             resume: OnceLock::new(),
             ack_due: Notify::new(),
             runtime,
@@ -935,6 +973,59 @@ impl Shared {
 
     fn connection(&self) -> quinn::Connection {
         lock(&self.connections).0.clone()
+    }
+
+    /// The connection a new `lane` opens on: the bulk connection for lanes that carry bulk bytes.
+    fn connection_for(&self, lane: Lane) -> quinn::Connection {
+        if lane.carries_bulk()
+            && let Some(bulk) = &*lock(&self.bulk)
+        {
+            return bulk.clone();
+        }
+        self.connection()
+    }
+
+    /// Makes `attached` (from [`connect_bulk`], or why there is none) the session's bulk connection and
+    /// watches it. Best effort: without one, bulk lanes open on the session connection.
+    fn install_bulk(
+        self: &Arc<Self>,
+        attached: Result<Result<quinn::Connection, String>, std::sync::mpsc::RecvTimeoutError>,
+    ) {
+        let conn = match attached {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(err)) => {
+                warn!(error = %err, "no bulk connection: uploads share the session connection");
+                return;
+            }
+            Err(_) => {
+                warn!("no bulk connection in time: uploads share the session connection");
+                return;
+            }
+        };
+        {
+            let core = self.core();
+            // A resume meanwhile moved every lane to its new connection: this one is not needed.
+            if core.generation != 0 || core.lost.is_some() {
+                conn.close(quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT), b"not needed");
+                return;
+            }
+            *lock(&self.bulk) = Some(conn.clone());
+        }
+        debug!(addr = %conn.remote_address(), "bulk connection attached");
+        // Losing it is losing the link (a resume follows); its close by the session process is the end.
+        self.runtime.spawn(watch_session(conn, 0, self.clone()));
+    }
+
+    /// Closes every connection of the session: this client is leaving.
+    fn close_connections(&self) {
+        let code = quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT);
+        let (connection, lifeline) = self.connections();
+        connection.close(code, b"client exit");
+        lifeline.close(code, b"client exit");
+        // Kept (closed) for its counters: `wire_stats` after the close still counts its bytes.
+        if let Some(bulk) = &*lock(&self.bulk) {
+            bulk.close(code, b"client exit");
+        }
     }
 
     /// Registers the control lane's stream and starts its reader and writer tasks.
@@ -980,7 +1071,7 @@ impl Shared {
         if let Some(tx) = core.lanes.get(&lane) {
             return tx.clone();
         }
-        let connection = self.connection();
+        let connection = self.connection_for(lane);
         // Opening needs stream credit, granted by the peer in advance (1024 streams); if none is left
         // this waits on the client's runtime for the peer to grant more.
         let opened = self
@@ -1368,6 +1459,50 @@ async fn ask_for_session(
     }
 }
 
+/// Whether sessions get a bulk connection: `GLEAM_BULK_CONNECTION=off` keeps every lane on the session
+/// connection (for comparison).
+fn bulk_connection_enabled() -> bool {
+    !std::env::var("GLEAM_BULK_CONNECTION").is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "off" | "0" | "false" | "no"
+        )
+    })
+}
+
+/// How long the session process may take to admit the bulk connection.
+const BULK_ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens the session's bulk connection ([`StreamOpen::Bulk`]) to the session process at `addr`, with
+/// [`gleam_auth::tls::bulk_transport_config`]'s congestion controller; done once the session process
+/// admitted it (it finishes the opening stream, or closes the connection), within `within`.
+async fn connect_bulk(
+    endpoint: &quinn::Endpoint,
+    mut config: quinn::ClientConfig,
+    peer: PeerId,
+    addr: SocketAddr,
+    token: [u8; 32],
+    within: Duration,
+) -> Result<quinn::Connection, String> {
+    config.transport_config(Arc::new(gleam_auth::tls::bulk_transport_config()));
+    let attach = async {
+        let conn = endpoint
+            .connect_with(config, addr, &gleam_auth::tls::server_name(peer))
+            .map_err(|e| e.to_string())?
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        let mut opening = Vec::new();
+        frame::encode(&StreamOpen::Bulk { token }, &[], &mut opening).map_err(|e| e.to_string())?;
+        send.write_all(&opening).await.map_err(|e| e.to_string())?;
+        recv.read_to_end(0).await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(conn)
+    };
+    tokio::time::timeout(within, attach)
+        .await
+        .map_err(|_| format!("not admitted within {within:?}"))?
+}
+
 /// Why one attempt to resume did not.
 enum Attempt {
     /// The peer answered: the session is no more.
@@ -1503,16 +1638,45 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
             Ok(None) | Err(_) => return Err(Attempt::Failed(close_reason(&connection))),
         }
     };
+    // The session process has taken the new connection: a new bulk connection may join it (best
+    // effort: without one, the bulk lanes resume on the session connection).
+    let bulk = if bulk_connection_enabled() {
+        let made = connect_bulk(
+            &resume.endpoint,
+            resume.config.clone(),
+            resume.peer,
+            session_addr,
+            resume.token,
+            RESUME_DIAL,
+        )
+        .await;
+        match made {
+            Ok(bulk) => {
+                attempt.0.push(bulk.clone());
+                Some(bulk)
+            }
+            Err(err) => {
+                debug!(error = %err, "the resumed session has no bulk connection");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let mut streams = HashMap::new();
     for lane in lanes {
-        let (send, recv) = connection.open_bi().await.map_err(|e| failed(&e))?;
+        let on = match &bulk {
+            Some(bulk) if lane.carries_bulk() => bulk,
+            _ => &connection,
+        };
+        let (send, recv) = on.open_bi().await.map_err(|e| failed(&e))?;
         streams.insert(lane, (send, recv));
     }
     switch(
         shared,
         generation,
         &resumed.received,
-        (connection, lifeline),
+        (connection, lifeline, bulk),
         (send, recv, frames),
         streams,
     )?;
@@ -1541,7 +1705,11 @@ fn switch(
     shared: &Arc<Shared>,
     generation: u64,
     received: &Marks,
-    (connection, lifeline): (quinn::Connection, quinn::Connection),
+    (connection, lifeline, bulk): (
+        quinn::Connection,
+        quinn::Connection,
+        Option<quinn::Connection>,
+    ),
     control: (quinn::SendStream, quinn::RecvStream, FrameReader),
     mut streams: HashMap<Lane, (quinn::SendStream, quinn::RecvStream)>,
 ) -> Result<(), Attempt> {
@@ -1599,7 +1767,21 @@ fn switch(
         tx.flush.notify_one();
     }
     *lock(&shared.connections) = (connection.clone(), lifeline.clone());
+    // Every lane now travels on the new connections; the old bulk connection is left behind (the
+    // session process closes it too).
+    let old = std::mem::replace(&mut *lock(&shared.bulk), bulk.clone());
+    if let Some(old) = old {
+        old.close(
+            quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT),
+            b"superseded by the resumed connection",
+        );
+    }
     drop(core);
+    if let Some(bulk) = bulk {
+        shared
+            .runtime
+            .spawn(watch_session(bulk, generation, shared.clone()));
+    }
     for (lane, recv, frames) in readers {
         shared
             .runtime

@@ -4,7 +4,9 @@
 //! port and a one-time token to its parent (which passes them to the client over the peer's own, already
 //! authenticated connection), and admits exactly one connection: the client's, authenticated as the same
 //! peer id, whose first stream presents the token. From then on the client talks to this process directly:
-//! nothing relays its bytes.
+//! nothing relays its bytes. Beside it the client may open its bulk connection (`StreamOpen::Bulk`, the
+//! same peer and token): its streams are lanes like the session connection's, on a congestion window of
+//! their own; its loss alone does not end or suspend the session.
 //!
 //! Two threads:
 //!
@@ -706,6 +708,8 @@ fn network(
         let _ = port_tx.send(Ok(port));
         let (arrivals_tx, mut arrivals) = mpsc::channel(4);
         let acceptor = tokio::spawn(accept(endpoint.clone(), options.client, token, arrivals_tx));
+        // A bulk connection admitted before the attach (its handshake may finish first) waits for it.
+        let mut early_bulk = Vec::new();
         let first = tokio::time::timeout(options.attach_timeout, async {
             loop {
                 match arrivals.recv().await? {
@@ -714,6 +718,7 @@ fn network(
                         link.conn
                             .close(CLOSE_PROTOCOL_VIOLATION, b"no session to resume yet");
                     }
+                    Arrival::Bulk(conn) => early_bulk.push(conn),
                 }
             }
         })
@@ -730,7 +735,14 @@ fn network(
         };
         info!(client = %options.client, remote = %link.conn.remote_address(), "client attached");
         let conn = connect(&shared, link, None);
-        let last = drive(conn, &mut arrivals, &shared, options.grace).await;
+        for bulk in &early_bulk {
+            tokio::spawn(serve_bulk(
+                bulk.clone(),
+                shared.inbox.generation(),
+                shared.clone(),
+            ));
+        }
+        let last = drive(conn, early_bulk, &mut arrivals, &shared, options.grace).await;
         acceptor.abort();
         // Let the last answers (Goodbye's) leave before closing.
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, shared.outbox.flush_all()).await;
@@ -804,6 +816,9 @@ enum Arrival {
     Attach(Link),
     /// A connection resuming the session, with the replies the client awaits.
     Resume(Link, Awaited),
+    /// The client's bulk connection ([`StreamOpen::Bulk`]): more lanes, on a congestion window of their
+    /// own.
+    Bulk(quinn::Connection),
 }
 
 /// Admits connections for the whole session: authenticated as `client`, their first stream presenting
@@ -865,6 +880,14 @@ async fn admit(incoming: quinn::Incoming, client: PeerId, token: &[u8; 32]) -> O
             // The session's client: its full flow-control credit (a few KiB until now).
             tls::grant_credit(&conn);
             Some(Arrival::Attach(link(conn, send, recv, frames)))
+        }
+        Ok(Ok(StreamOpen::Bulk { token: presented })) if constant_time_eq(&presented, token) => {
+            tls::grant_credit(&conn);
+            // Finishing its opening stream tells the client it is admitted; it carries nothing more.
+            let mut send = send;
+            let _ = send.finish();
+            drop(recv);
+            Some(Arrival::Bulk(conn))
         }
         Ok(Ok(StreamOpen::Resume {
             token: presented,
@@ -937,9 +960,11 @@ fn start_lane(
 
 /// Serves the session's connections until the session ends: the lanes the client opens, its
 /// acknowledgements, and, when the link drops, the grace window and the connection that resumes within
-/// it. Returns the last connection, to close.
+/// it; `bulk` are the client's bulk connections so far (closed when a resume replaces the session
+/// connection). Returns the last connection, to close.
 async fn drive(
     conn: quinn::Connection,
+    mut bulk: Vec<quinn::Connection>,
     arrivals: &mut mpsc::Receiver<Arrival>,
     shared: &Arc<Shared>,
     grace: Duration,
@@ -952,6 +977,7 @@ async fn drive(
         let mut ended = pin!(ended);
         // Registered before looking, so an end between the look and the wait still wakes us.
         ended.as_mut().enable();
+        // (The endpoint's close, after this returns, closes the bulk connections too.)
         if shared.ending().is_some() {
             return current;
         }
@@ -980,6 +1006,9 @@ async fn drive(
                     if let Some(old) = current.take() {
                         old.close(CLOSE_SUPERSEDED, b"the session resumed on a new connection");
                     }
+                    for conn in bulk.drain(..) {
+                        conn.close(CLOSE_SUPERSEDED, b"the session resumed on a new connection");
+                    }
                     let away = give_up.map(|_| "after a drop").unwrap_or("before this side saw the drop");
                     info!(remote = %link.conn.remote_address(), away, "session resumed");
                     current = Some(connect(shared, link, Some(replies)));
@@ -987,6 +1016,14 @@ async fn drive(
                 }
                 Some(Arrival::Attach(link)) => {
                     link.conn.close(CLOSE_PROTOCOL_VIOLATION, b"already attached: resume instead");
+                }
+                Some(Arrival::Bulk(conn)) if current.is_some() => {
+                    debug!(remote = %conn.remote_address(), "bulk connection attached");
+                    tokio::spawn(serve_bulk(conn.clone(), shared.inbox.generation(), shared.clone()));
+                    bulk.push(conn);
+                }
+                Some(Arrival::Bulk(conn)) => {
+                    conn.close(CLOSE_SUPERSEDED, b"the link is down: resume first");
                 }
                 None => {
                     shared.end(End::Network("the session endpoint closed".into()));
@@ -1042,6 +1079,29 @@ async fn drive(
                     "the client did not come back within the grace window ({grace:?})"
                 )));
                 return None;
+            }
+        }
+    }
+}
+
+/// The client's bulk connection: every stream it opens is a lane, served like the session connection's
+/// (the generation fences its readers off when the session resumes, as theirs). Its loss is not the
+/// session's: the session connection's fate decides, and the client resumes on a drop.
+async fn serve_bulk(conn: quinn::Connection, generation: u64, shared: Arc<Shared>) {
+    loop {
+        match conn.accept_bi().await {
+            Ok((send, recv)) => {
+                tokio::spawn(open_lane(
+                    send,
+                    recv,
+                    generation,
+                    shared.clone(),
+                    conn.clone(),
+                ));
+            }
+            Err(err) => {
+                debug!(error = %err, "bulk connection closed");
+                return;
             }
         }
     }

@@ -51,6 +51,12 @@ impl Lane {
             Lane(stream)
         }
     }
+
+    /// Whether this lane carries uploads' chunks ([`crate::wire::upload_chunk_stream`]), which a client
+    /// sends over its bulk connection.
+    pub fn carries_bulk(self) -> bool {
+        crate::wire::is_upload_chunk_stream(self.0)
+    }
 }
 
 /// What must have run before a request may run.
@@ -91,10 +97,11 @@ impl Call {
         match self {
             Call::Api(call) => api_ordering(call),
             Call::MemcpyHtoD { stream, .. } => on(*stream),
-            // A cached upload's chunks travel ahead of its copy: on the copy's stream's lane, or (for a
-            // synchronous copy) on a lane of their own, which the copy, a barrier, runs after.
+            // A cached upload's chunks travel ahead of its copy, on a lane of their own per copy stream
+            // (bulk bytes, kept off the stream's lane and the control lane); the copy waits for the
+            // upload's pseudo event, which each chunk records.
             Call::UploadChunk { upload, stream, .. } => Ordering {
-                stream: Some(stream.unwrap_or(crate::wire::SYNC_UPLOAD_STREAM)),
+                stream: Some(crate::wire::upload_chunk_stream(*stream)),
                 records: Some(crate::wire::upload_event(*upload)),
                 ..Ordering::default()
             },
@@ -725,5 +732,50 @@ mod tests {
         assert!(!deps.barrier);
         assert_eq!(deps.after, [c2]);
         assert_ne!(upload_event(2), 2);
+    }
+
+    #[test]
+    fn an_asynchronous_cached_upload_sends_its_chunks_on_a_bulk_lane_and_copies_after_them() {
+        use crate::wire::upload_chunk_stream;
+        const S: u64 = 0x5555_0000_1000;
+        let mut seq = Sequencer::default();
+        let chunk = |index| Call::UploadChunk {
+            upload: 7,
+            index,
+            stream: Some(S),
+        };
+        let (c1, chunk_lane, _) = seq.next(chunk(0).ordering());
+        let (c2, lane, _) = seq.next(chunk(1).ordering());
+        assert_eq!(lane, chunk_lane);
+        assert!(chunk_lane.carries_bulk());
+        assert_ne!(chunk_lane, Lane(S), "chunks are off the copy stream's lane");
+        let (_, lane, deps) = seq.next(
+            Call::UploadCopy {
+                upload: 7,
+                dst: 0,
+                stream: Some(S),
+                continues: false,
+            }
+            .ordering(),
+        );
+        assert_eq!(lane, Lane(S));
+        assert!(!lane.carries_bulk());
+        assert!(
+            deps.after.contains(&c2),
+            "the copy follows its last chunk: {deps:?}"
+        );
+        assert!(c1 < c2);
+        // Every stream's chunk lane is its own, and never one of the reserved lanes.
+        for s in [0, 1, 2, S, u64::MAX, u64::MAX - 1, 1 << 62, 3 << 62] {
+            let lane = Lane::of_stream(upload_chunk_stream(Some(s)));
+            assert!(lane.carries_bulk());
+            assert_ne!(lane, Lane::SIGNALS);
+            assert_ne!(lane, Lane::CONTROL);
+        }
+        assert_ne!(
+            upload_chunk_stream(Some(S)),
+            upload_chunk_stream(Some(S + 0x100))
+        );
+        assert!(Lane::of_stream(upload_chunk_stream(None)).carries_bulk());
     }
 }

@@ -18,7 +18,7 @@ use crate::copy::Copy3D;
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 /// QUIC close code of a connection the client abandons while resuming a session (an attempt that broke
 /// off, or lost to a newer one): the session waits for the next attempt, where any other close by the
 /// client ends it.
@@ -30,6 +30,28 @@ pub const COPY_CHUNK: usize = 4 << 20;
 /// would hold back the announcement of the next one ([`Call::UploadBegin`]). Not `u64::MAX` either: that
 /// is the out-of-band signals' lane ([`crate::order::Lane::SIGNALS`]).
 pub const SYNC_UPLOAD_STREAM: u64 = u64::MAX - 1;
+
+/// The pseudo stream whose lane carries the chunks of the cached uploads the application queues on
+/// `stream` ([`Call::UploadChunk`]; `None`: synchronous copies, [`SYNC_UPLOAD_STREAM`]). Chunks travel on
+/// lanes of their own, not on the copy's stream's lane, so that a client can send them over its bulk
+/// connection ([`StreamOpen::Bulk`]) while the stream's small calls keep to the session connection; the
+/// copy waits for its chunks through [`upload_event`] wherever they travel. The handle has bit 62 set and
+/// bit 63 clear: no driver gives out such a handle (user-space addresses and the emu's handles are far
+/// below), and it is never [`SYNC_UPLOAD_STREAM`] nor the signals' lane.
+pub fn upload_chunk_stream(stream: Option<u64>) -> u64 {
+    match stream {
+        None => SYNC_UPLOAD_STREAM,
+        Some(s) => BULK_STREAM_BIT | (s & !(0b11 << 62)),
+    }
+}
+
+/// The bit that marks [`upload_chunk_stream`]'s pseudo streams of asynchronous copies.
+const BULK_STREAM_BIT: u64 = 1 << 62;
+
+/// Whether `stream` is one of [`upload_chunk_stream`]'s pseudo streams: its lane carries bulk bytes.
+pub fn is_upload_chunk_stream(stream: u64) -> bool {
+    stream == SYNC_UPLOAD_STREAM || stream >> 62 == 0b01
+}
 
 /// The pseudo event an upload's chunks record and its copy waits for ([`crate::order::Ordering`]): a
 /// handle no driver gives out (the top bit set), one per upload.
@@ -103,6 +125,18 @@ pub enum StreamOpen {
     Lane {
         /// The lane.
         lane: crate::order::Lane,
+    },
+    /// The first stream of the session's bulk connection: a second connection to the session process,
+    /// opened by the client once attached, with a congestion controller of its own (one that keeps the
+    /// bottleneck's queue short), on which it opens the lanes that carry bulk bytes
+    /// ([`crate::order::Lane::carries_bulk`]): a large upload then neither shares the session
+    /// connection's congestion window nor fills the link's queue in front of other streams' small calls.
+    /// The stream carries nothing after this frame; the connection's other streams are lanes
+    /// ([`StreamOpen::Lane`]). Losing it is losing the link: the client resumes the session, and the
+    /// resumed session carries every lane on its one new connection.
+    Bulk {
+        /// The session's token.
+        token: [u8; 32],
     },
     /// The first stream of a connection that resumes the session after a drop (instead of
     /// [`StreamOpen::Attach`]); it carries the control lane. The session process answers with
