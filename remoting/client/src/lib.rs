@@ -12,12 +12,12 @@
 //! event records); the serving side's scheduler keeps exactly that order.
 //!
 //! Bulk travels apart: beside the session connection the client opens a bulk connection to the session
-//! process ([`StreamOpen::Bulk`]), with a congestion controller of its own that keeps the bottleneck's
-//! queue short (BBR), and the lanes carrying cached uploads' chunks (one per copy stream,
-//! [`Lane::carries_bulk`]) open there. A large upload then has its own congestion window and does not fill
-//! the link's queue in front of the session connection's small calls; the copy itself stays on its
-//! stream's lane and waits for its chunks by the upload's pseudo event. `GLEAM_BULK_CONNECTION=off`
-//! keeps everything on one connection.
+//! process ([`StreamOpen::Bulk`]), with a congestion window of its own (and its own controller,
+//! `GLEAM_BULK_CONGESTION=bbr` keeps the bottleneck's queue short at a cost in retransmissions: see
+//! [`gleam_auth::tls::bulk_transport_config`]), and the lanes carrying cached uploads' chunks (one per
+//! copy stream, [`Lane::carries_bulk`]) open there; the copy itself stays on its stream's lane and waits
+//! for its chunks by the upload's pseudo event. `GLEAM_BULK_CONNECTION=off` keeps everything on one
+//! connection.
 //!
 //! Sending costs no thread hop: the calling thread encodes its frame and hands it to quinn itself
 //! (quinn's driver then sends it). Fire-and-forget requests are coalesced per lane: they accumulate in the
@@ -1474,7 +1474,7 @@ fn bulk_connection_enabled() -> bool {
 const BULK_ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens the session's bulk connection ([`StreamOpen::Bulk`]) to the session process at `addr`, with
-/// [`gleam_auth::tls::bulk_transport_config`]'s congestion controller; done once the session process
+/// [`gleam_auth::tls::bulk_transport_config`]; done once the session process
 /// admitted it (it finishes the opening stream, or closes the connection), within `within`.
 async fn connect_bulk(
     endpoint: &quinn::Endpoint,

@@ -127,10 +127,9 @@ pub enum StreamOpen {
         lane: crate::order::Lane,
     },
     /// The first stream of the session's bulk connection: a second connection to the session process,
-    /// opened by the client once attached, with a congestion controller of its own (one that keeps the
-    /// bottleneck's queue short), on which it opens the lanes that carry bulk bytes
-    /// ([`crate::order::Lane::carries_bulk`]): a large upload then neither shares the session
-    /// connection's congestion window nor fills the link's queue in front of other streams' small calls.
+    /// opened by the client once attached, with a congestion window (and controller) of its own, on
+    /// which it opens the lanes that carry bulk bytes ([`crate::order::Lane::carries_bulk`]): a large
+    /// upload does not share the session connection's congestion window.
     /// The stream carries nothing after this frame; the connection's other streams are lanes
     /// ([`StreamOpen::Lane`]). Losing it is losing the link: the client resumes the session, and the
     /// resumed session carries every lane on its one new connection.
