@@ -182,8 +182,14 @@ fn assert_completed(
 }
 
 /// Link down for `drop`, then up; the program (which runs across it, copying `copy_kib` each way per
-/// iteration) must finish correctly.
-fn survive(grace: Option<&str>, drop: Duration, copy_kib: u32) -> Option<(Duration, Duration)> {
+/// iteration) must finish correctly. Returns how long the program took once the link was back, what its
+/// remaining iterations took at its pace before the drop, and the client's "resumed" log line (empty if
+/// it did not need to resume).
+fn survive(
+    grace: Option<&str>,
+    drop: Duration,
+    copy_kib: u32,
+) -> Option<(Duration, Duration, String)> {
     let setup = Setup::new(grace)?;
     let iterations = 30;
     let mut program = setup.start_program(iterations, 50, copy_kib);
@@ -200,12 +206,14 @@ fn survive(grace: Option<&str>, drop: Duration, copy_kib: u32) -> Option<(Durati
     let healed = Instant::now();
     let (status, ended) = wait_for_exit(&mut program, Duration::from_secs(60));
     assert_completed(&setup, &program, status, iterations);
-    if let Some(line) = program
-        .log_text()
+    let log = program.log_text();
+    let resumed = log
         .lines()
         .find(|l| l.contains("resumed on a new connection"))
-    {
-        eprintln!("client: {line}");
+        .unwrap_or_default()
+        .to_owned();
+    if !resumed.is_empty() {
+        eprintln!("client: {resumed}");
     }
     eprintln!(
         "link down {:.1} s: program finished correctly {:.1} s after the link came back ({:.1} s after the drop)",
@@ -213,7 +221,7 @@ fn survive(grace: Option<&str>, drop: Duration, copy_kib: u32) -> Option<(Durati
         (ended - healed).as_secs_f64(),
         (ended - cut).as_secs_f64()
     );
-    Some((ended - healed, pace * (iterations - 5)))
+    Some((ended - healed, pace * (iterations - 5), resumed))
 }
 
 #[test]
@@ -225,9 +233,14 @@ fn a_3_s_drop_is_survived_and_the_program_finishes_correctly() {
 fn a_10_s_drop_resumes_the_session_and_the_program_finishes_correctly() {
     // 8 MiB copies travel in pieces of 4 MiB: the drop catches requests and replies in flight, which
     // each side sends again.
-    let Some((setup_free, rest)) = survive(None, Duration::from_secs(10), 8192) else {
+    let Some((setup_free, rest, resumed)) = survive(None, Duration::from_secs(10), 8192) else {
         return;
     };
+    // The copies go by content: the resumed session has a new bulk connection for their chunks.
+    assert!(
+        resumed.contains("bulk=true"),
+        "the resumed session has no bulk connection: {resumed}"
+    );
     // The program had about 25 iterations left: it finishes soon after the link is back (within the
     // time those iterations take at its pace before the drop, and the resume's few seconds).
     assert!(

@@ -141,11 +141,11 @@ impl Server {
             .arg(program)
             .args(args)
             .env("GLEAM_SHIM", shim())
-            // The application's side logs what `GLEAM_CLIENT_LOG` asks for (e.g.
+            // The application's side logs what `GLEAM_TEST_CLIENT_LOG` asks for (e.g.
             // `gleamcuda::memory=trace`), else warnings only.
             .env(
                 "GLEAM_LOG",
-                std::env::var("GLEAM_CLIENT_LOG").unwrap_or_else(|_| "warn".into()),
+                std::env::var("GLEAM_TEST_CLIENT_LOG").unwrap_or_else(|_| "warn".into()),
             );
         cmd
     }

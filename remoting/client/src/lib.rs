@@ -1538,6 +1538,7 @@ async fn reconnect(shared: Arc<Shared>, window: Duration, why: String) {
                 info!(
                     attempts,
                     after_ms = started.elapsed().as_millis() as u64,
+                    bulk = lock(&shared.bulk).is_some(),
                     "CUDA session resumed on a new connection"
                 );
                 return;
