@@ -223,6 +223,14 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
         }
     }));
     let _ = shared.callbacks.set(callbacks);
+    // An upload's chunk counts as run once a chunk worker has placed it, not when this thread handed it
+    // over: the copy waiting for it is not picked (to wait here) while other lanes have work.
+    let inbox = Arc::downgrade(shared);
+    session.settle_chunks_with(Arc::new(move |seq| {
+        if let Some(shared) = inbox.upgrade() {
+            shared.inbox.done_elsewhere(seq);
+        }
+    }));
     let spin = gleam_protocol::tuning::spin_budget();
     let reason = loop {
         let Some((lane, seq, (request, bulk))) = shared.inbox.next(spin) else {
@@ -235,7 +243,9 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
             // Every other lane waited this long: what holds small calls back behind bulk work.
             debug!(kind, ?lane, ?took, bulk = bulk_len, "slow request");
         }
-        shared.inbox.done(seq);
+        if !session.marks_run_later() {
+            shared.inbox.done(seq);
+        }
         if let Some(answer) = answer
             && let Err(err) = shared.outbox.send(lane, answer)
         {
@@ -492,6 +502,13 @@ impl Inbox {
 
     fn done(&self, seq: u64) {
         lock(&self.state).scheduler.done(seq);
+    }
+
+    /// [`Inbox::done`] from another thread (a chunk worker): wakes the executor, which may be asleep
+    /// waiting for exactly this.
+    fn done_elsewhere(&self, seq: u64) {
+        lock(&self.state).scheduler.done(seq);
+        self.ready.notify_all();
     }
 }
 /// Each lane's sending half, shared by the executor (which writes answers directly) and the lane's writer

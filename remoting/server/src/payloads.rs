@@ -262,6 +262,19 @@ impl Payloads {
     /// and checks it; what can be refused at once (an unknown upload or chunk, a malformed header, a raw
     /// body of the wrong length) is refused here. The copy fails if the chunk turns out wrong.
     pub fn chunk(&mut self, upload: u64, index: u32, wire: Bytes) -> Result<(), CUresult> {
+        self.chunk_then(upload, index, wire, Settled::none())
+    }
+
+    /// [`Payloads::chunk`], and `settled` fires once the chunk is in place or refused (at once when it
+    /// is refused on arrival or was already there; else from the chunk worker, after the upload's copy
+    /// would find it there).
+    pub fn chunk_then(
+        &mut self,
+        upload: u64,
+        index: u32,
+        wire: Bytes,
+        settled: Settled,
+    ) -> Result<(), CUresult> {
         let staged = self
             .uploads
             .get_mut(&upload)
@@ -298,6 +311,7 @@ impl Payloads {
             repeats: staged.fill(index),
             wire,
             raw,
+            _settled: settled,
         };
         staged.received.push(index);
         lock(&staged.buf.progress).pending += 1;
@@ -414,6 +428,41 @@ struct ChunkJob {
     wire: Bytes,
     /// A raw chunk's body offset (`None`: compressed, decoded and checked by the decoder).
     raw: Option<usize>,
+    /// Fires when the job is dropped: after [`place`] has counted it.
+    _settled: Settled,
+}
+
+/// What to do once a chunk is in place (or refused): fires once, when dropped, so also when a worker
+/// drops a job it could not run. The session process marks the chunk's request as run then, not when the
+/// executor handed it over: the copy that waits for the chunk becomes ready only when it would not wait,
+/// and the executor runs other streams' calls meanwhile.
+#[derive(Default)]
+pub struct Settled(Option<Box<dyn FnOnce() + Send>>);
+
+impl Settled {
+    /// Runs `then` when dropped.
+    pub fn new(then: impl FnOnce() + Send + 'static) -> Self {
+        Self(Some(Box::new(then)))
+    }
+
+    /// Nothing to do.
+    pub fn none() -> Self {
+        Self(None)
+    }
+}
+
+impl std::fmt::Debug for Settled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Settled").field(&self.0.is_some()).finish()
+    }
+}
+
+impl Drop for Settled {
+    fn drop(&mut self) {
+        if let Some(then) = self.0.take() {
+            then();
+        }
+    }
 }
 
 /// The session's chunk workers: decode chunks and check them against their ids, off the executor, then
@@ -732,6 +781,56 @@ mod tests {
         let (sent, got) = upload(&mut payloads, 3, &same, 1024);
         assert_eq!(sent, vec![0]);
         assert_eq!(got, same);
+    }
+
+    #[test]
+    fn each_chunk_says_once_when_it_is_in_place_or_refused() {
+        use std::sync::mpsc::channel;
+        let mut payloads = Payloads::with_store(None);
+        let bytes = data(4096, 5);
+        let manifest = Manifest::with_chunk_size(&bytes, 1024);
+        assert_eq!(
+            payloads.begin(9, &manifest.encode()).unwrap(),
+            vec![0, 1, 2, 3]
+        );
+        let mut encoder = Encoder::new(Compression::OFF);
+        let (told, heard) = channel();
+        let settled = |seq: u64| {
+            let told = told.clone();
+            Settled::new(move || told.send(seq).unwrap())
+        };
+        let wire = |i: usize, encoder: &mut Encoder| {
+            Bytes::from(encoder.encode(&bytes[i * 1024..(i + 1) * 1024]).to_wire())
+        };
+        for i in 0..4 {
+            let chunk = wire(i, &mut encoder);
+            payloads
+                .chunk_then(9, i as u32, chunk, settled(10 + i as u64))
+                .unwrap();
+        }
+        // A repeat of a placed chunk, and a chunk refused on arrival: told at once.
+        payloads
+            .chunk_then(9, 0, wire(0, &mut encoder), settled(20))
+            .ok();
+        assert_eq!(
+            payloads.chunk_then(9, 9, Bytes::from_static(b"junk"), settled(21)),
+            Err(CUresult::INVALID_VALUE)
+        );
+        let mut seqs: Vec<u64> = (0..6)
+            .map(|_| heard.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, [10, 11, 12, 13, 20, 21]);
+        assert!(heard.try_recv().is_err(), "each is told once");
+        // Everything told is in place: the copy finds the payload whole.
+        let mut got = Vec::new();
+        payloads
+            .copy(9, |b| {
+                got = b.to_vec();
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(got, bytes);
     }
 
     #[test]

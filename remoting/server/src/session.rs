@@ -28,7 +28,7 @@ use crate::callbacks::HostCallbacks;
 use crate::images::Images;
 pub use crate::images::use_content_cache;
 use crate::mirrors::{self, Mirrors};
-use crate::payloads::Payloads;
+use crate::payloads::{Payloads, Settled};
 use gleam_protocol::api::ApiCall;
 use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
@@ -73,7 +73,16 @@ pub struct Session<B: Backend> {
     /// The bulk bytes of the request being handled, when the caller owns them as [`Bytes`]
     /// ([`Session::handle_shared`]): an upload's chunk is kept without a copy for the chunk worker.
     shared_bulk: Option<Bytes>,
+    /// Told (with the request's seq) when an upload's chunk is in place ([`Session::settle_chunks_with`]).
+    chunk_sink: Option<ChunkSink>,
+    /// The request just handled is marked run by [`Session::chunk_sink`], later.
+    run_later: bool,
+    /// The seq of the request being handled.
+    handling: u64,
 }
+
+/// Told the seq of an [`Call::UploadChunk`] request once its chunk is in place or refused.
+pub type ChunkSink = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// Protocol-misuse warnings logged per [`MISUSE_INTERVAL`]; the rest are counted.
 const MISUSE_BURST: u32 = 10;
@@ -117,7 +126,25 @@ impl<B: Backend> Session<B> {
             requests: 0,
             misuse: RateLimit::new(MISUSE_BURST, MISUSE_INTERVAL),
             shared_bulk: None,
+            chunk_sink: None,
+            run_later: false,
+            handling: 0,
         }
+    }
+
+    /// From now on, an upload's chunk ([`Call::UploadChunk`]) counts as run only when it is in place (or
+    /// refused): `sink` is told its seq then, from whichever thread placed it, and
+    /// [`Session::marks_run_later`] says so for each such request. The session process's scheduler marks
+    /// it run then, so the upload's copy, which waits for its chunks, is not picked while they are still
+    /// being decoded and checked (it would hold the executor, and every other stream, meanwhile).
+    pub fn settle_chunks_with(&mut self, sink: ChunkSink) {
+        self.chunk_sink = Some(sink);
+    }
+
+    /// Whether the request just handled will be reported run through the chunk sink, later (then the
+    /// caller must not mark it run itself).
+    pub fn marks_run_later(&mut self) -> bool {
+        std::mem::take(&mut self.run_later)
     }
 
     /// [`Session::handle`] with the bulk bytes as [`Bytes`], which a cached upload's chunk keeps (the
@@ -133,6 +160,7 @@ impl<B: Backend> Session<B> {
     /// one.
     pub fn handle(&mut self, req: Request, bulk: &[u8]) -> Option<Answer> {
         self.requests += 1;
+        self.handling = req.seq;
         match req.call {
             // Answered when its stream gets there, not now.
             Call::HostFunc { stream, id } if self.state == State::Open => {
@@ -560,7 +588,16 @@ impl<B: Backend> Session<B> {
                     .shared_bulk
                     .take()
                     .unwrap_or_else(|| Bytes::copy_from_slice(bulk));
-                self.payloads.chunk(upload, index, wire)?;
+                let settled = match &self.chunk_sink {
+                    Some(sink) => {
+                        let (sink, seq) = (sink.clone(), self.handling);
+                        // From here on the sink is told, whatever happens to the chunk.
+                        self.run_later = true;
+                        Settled::new(move || sink(seq))
+                    }
+                    None => Settled::none(),
+                };
+                self.payloads.chunk_then(upload, index, wire, settled)?;
                 Reply::Empty
             }
             Call::UploadCopy {
