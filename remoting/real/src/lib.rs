@@ -314,29 +314,47 @@ const STAGING_BYTES: usize = gleam_protocol::wire::COPY_CHUNK;
 /// ours, so if the registering context goes away the buffer is merely pageable again and copies stay
 /// correct (the synchronous copy, or the async one followed by a stream synchronization, as before).
 struct Staging {
+    /// Holds the page-aligned `len` bytes at `start` (registration wants whole pages).
     buf: Vec<u8>,
+    start: usize,
+    len: usize,
     registered: bool,
 }
 
+/// The host page size registration works in.
+const PAGE: usize = 4096;
+
 impl Staging {
     fn new(driver: &Driver, len: usize) -> Self {
-        let mut buf = vec![0u8; len];
-        // SAFETY: `buf` is ours and outlives the registration (undone in `release`). Flag 1 = PORTABLE:
-        // page-locked for every context, not only the current one.
-        let result = unsafe { (driver.mem_host_register)(buf.as_mut_ptr().cast(), len, 1) };
+        let buf = vec![0u8; len + PAGE];
+        let start = buf.as_ptr().align_offset(PAGE).min(PAGE);
+        let mut staging = Self {
+            buf,
+            start,
+            len,
+            registered: false,
+        };
+        let at = staging.bytes().as_mut_ptr().cast();
+        // SAFETY: the buffer is ours and outlives the registration (undone in `release`). Flag 1 =
+        // PORTABLE: page-locked for every context, not only the current one.
+        let result = unsafe { (driver.mem_host_register)(at, len, 1) };
         if !result.is_success() {
             debug!(?result, "device-to-host staging stays pageable");
         }
-        Self {
-            buf,
-            registered: result.is_success(),
-        }
+        staging.registered = result.is_success();
+        staging
+    }
+
+    /// The staging bytes.
+    fn bytes(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.start + self.len]
     }
 
     fn release(&mut self, driver: &Driver) {
         if std::mem::take(&mut self.registered) {
+            let at = self.bytes().as_mut_ptr().cast();
             // SAFETY: registered by `new`; a failure (its context is gone) leaves plain memory.
-            let _ = unsafe { (driver.mem_host_unregister)(self.buf.as_mut_ptr().cast()) };
+            let _ = unsafe { (driver.mem_host_unregister)(at) };
         }
     }
 }
@@ -509,8 +527,9 @@ impl Backend for RealBackend {
         let mut offset = 0;
         // At least one copy, so that a zero-byte one is still checked by the driver.
         loop {
-            let n = (len - offset).min(staging.buf.len());
-            let at = staging.buf.as_mut_ptr().cast::<c_void>();
+            let bytes = staging.bytes();
+            let n = (len - offset).min(bytes.len());
+            let at = bytes.as_mut_ptr().cast::<c_void>();
             let from = src + offset as u64;
             match stream {
                 // SAFETY: the staging buffer holds `n` bytes.
@@ -522,7 +541,7 @@ impl Backend for RealBackend {
                     unsafe { (d.stream_synchronize)(s as Ptr) }.result()?;
                 }
             }
-            out.extend_from_slice(&staging.buf[..n]);
+            out.extend_from_slice(&staging.bytes()[..n]);
             offset += n;
             if offset >= len {
                 return Ok(out);
