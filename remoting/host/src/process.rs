@@ -54,6 +54,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::{CLOSE_ENDED, CLOSE_PROTOCOL_VIOLATION};
 
+/// Bulk connections one session connection may have at once (a client opens one; the bound keeps a
+/// misbehaving one from making this process hold connections without end).
+const MAX_BULK_CONNECTIONS: usize = 4;
 /// How long the client may take to attach after the session process announced itself.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the last replies (Goodbye's) may take to leave before the connection closes.
@@ -735,7 +738,12 @@ fn network(
                         link.conn
                             .close(CLOSE_PROTOCOL_VIOLATION, b"no session to resume yet");
                     }
-                    Arrival::Bulk(conn) => early_bulk.push(conn),
+                    Arrival::Bulk(conn) if early_bulk.len() < MAX_BULK_CONNECTIONS => {
+                        early_bulk.push(conn)
+                    }
+                    Arrival::Bulk(conn) => {
+                        conn.close(CLOSE_PROTOCOL_VIOLATION, b"too many bulk connections")
+                    }
                 }
             }
         })
@@ -1033,6 +1041,9 @@ async fn drive(
                 }
                 Some(Arrival::Attach(link)) => {
                     link.conn.close(CLOSE_PROTOCOL_VIOLATION, b"already attached: resume instead");
+                }
+                Some(Arrival::Bulk(conn)) if bulk.len() >= MAX_BULK_CONNECTIONS => {
+                    conn.close(CLOSE_PROTOCOL_VIOLATION, b"too many bulk connections");
                 }
                 Some(Arrival::Bulk(conn)) if current.is_some() => {
                     debug!(remote = %conn.remote_address(), "bulk connection attached");
