@@ -739,10 +739,10 @@ fn network(
                             .close(CLOSE_PROTOCOL_VIOLATION, b"no session to resume yet");
                     }
                     Arrival::Bulk(conn) if early_bulk.len() < MAX_BULK_CONNECTIONS => {
-                        early_bulk.push(conn)
+                        early_bulk.push(conn);
                     }
                     Arrival::Bulk(conn) => {
-                        conn.close(CLOSE_PROTOCOL_VIOLATION, b"too many bulk connections")
+                        conn.close(CLOSE_PROTOCOL_VIOLATION, b"too many bulk connections");
                     }
                 }
             }
