@@ -1462,12 +1462,7 @@ async fn ask_for_session(
 /// Whether sessions get a bulk connection: `GLEAM_BULK_CONNECTION=off` keeps every lane on the session
 /// connection (for comparison).
 fn bulk_connection_enabled() -> bool {
-    !std::env::var("GLEAM_BULK_CONNECTION").is_ok_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "off" | "0" | "false" | "no"
-        )
-    })
+    !std::env::var("GLEAM_BULK_CONNECTION").is_ok_and(|v| gleam_protocol::tuning::turned_off(&v))
 }
 
 /// How long the session process may take to admit the bulk connection.

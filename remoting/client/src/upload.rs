@@ -29,7 +29,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::time::{Duration, Instant};
 
 use gleam_cache::{CHUNK_SIZE, Compression, Encoded, Encoder, Manifest};
-use gleam_protocol::tuning::parse_size;
+use gleam_protocol::tuning::{parse_size, turned_off};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{Call, Reply};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -83,12 +83,7 @@ impl Policy {
     }
 
     fn from_vars(cache: Option<&str>, threshold: Option<&str>, compress: Option<&str>) -> Self {
-        let enabled = !cache.is_some_and(|v| {
-            matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "off" | "0" | "false" | "no"
-            )
-        });
+        let enabled = !cache.is_some_and(turned_off);
         let size = |t| parse_size(t).and_then(|bytes| usize::try_from(bytes).ok());
         let threshold = match threshold.map(|t| (t, size(t))) {
             Some((_, Some(bytes))) => bytes.max(1),

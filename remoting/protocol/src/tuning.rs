@@ -39,6 +39,14 @@ pub fn spin_budget() -> Duration {
     })
 }
 
+/// Whether a setting's value turns something off: `off`, `0`, `false` or `no`, in any case.
+pub fn turned_off(value: &str) -> bool {
+    matches!(
+        value.trim().to_ascii_lowercase().as_str(),
+        "off" | "0" | "false" | "no"
+    )
+}
+
 /// A byte size as written in the environment: a number with an optional unit, `K`, `M`, `G` or `T`, with
 /// or without `B`/`iB`, in any case, all powers of 1024 (as memory sizes are): `4096`, `64KiB`, `2 M`,
 /// `1gb`. `None` for anything else, or a size past `u64`.
@@ -62,7 +70,17 @@ pub fn parse_size(text: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod size_tests {
-    use super::parse_size;
+    use super::{parse_size, turned_off};
+
+    #[test]
+    fn off_is_off_in_any_spelling_and_nothing_else_is() {
+        for v in ["off", "OFF", " 0 ", "false", "No"] {
+            assert!(turned_off(v), "{v:?}");
+        }
+        for v in ["on", "1", "", "offline", "auto"] {
+            assert!(!turned_off(v), "{v:?}");
+        }
+    }
 
     #[test]
     fn sizes_parse_with_binary_units() {

@@ -77,8 +77,6 @@ pub struct Session<B: Backend> {
     chunk_sink: Option<ChunkSink>,
     /// The request just handled is marked run by [`Session::chunk_sink`], later.
     run_later: bool,
-    /// The seq of the request being handled.
-    handling: u64,
 }
 
 /// Told the seq of an [`Call::UploadChunk`] request once its chunk is in place or refused.
@@ -128,7 +126,6 @@ impl<B: Backend> Session<B> {
             shared_bulk: None,
             chunk_sink: None,
             run_later: false,
-            handling: 0,
         }
     }
 
@@ -160,7 +157,6 @@ impl<B: Backend> Session<B> {
     /// one.
     pub fn handle(&mut self, req: Request, bulk: &[u8]) -> Option<Answer> {
         self.requests += 1;
-        self.handling = req.seq;
         match req.call {
             // Answered when its stream gets there, not now.
             Call::HostFunc { stream, id } if self.state == State::Open => {
@@ -284,13 +280,15 @@ impl<B: Backend> Session<B> {
                 | Call::UploadChunk { .. }
         ) {
             let expects_reply = req.expects_reply;
-            return self.dispatch(req.ctx, req.call, bulk).map_err(|err| {
-                if expects_reply {
-                    err
-                } else {
-                    self.failed(err, false)
-                }
-            });
+            return self
+                .dispatch(req.seq, req.ctx, req.call, bulk)
+                .map_err(|err| {
+                    if expects_reply {
+                        err
+                    } else {
+                        self.failed(err, false)
+                    }
+                });
         }
 
         // A cached upload's copy that will not run must not keep its staging.
@@ -322,7 +320,7 @@ impl<B: Backend> Session<B> {
             }
         }
 
-        self.dispatch(req.ctx, req.call, bulk)
+        self.dispatch(req.seq, req.ctx, req.call, bulk)
             .map_err(|err| self.failed(err, req.expects_reply))
     }
 
@@ -378,6 +376,7 @@ impl<B: Backend> Session<B> {
     /// Executes one call in context `ctx` (current on the backend by now).
     fn dispatch(
         &mut self,
+        seq: u64,
         ctx: u64,
         call: Call,
         bulk: &[u8],
@@ -590,7 +589,7 @@ impl<B: Backend> Session<B> {
                     .unwrap_or_else(|| Bytes::copy_from_slice(bulk));
                 let settled = match &self.chunk_sink {
                     Some(sink) => {
-                        let (sink, seq) = (sink.clone(), self.handling);
+                        let sink = sink.clone();
                         // From here on the sink is told, whatever happens to the chunk.
                         self.run_later = true;
                         Settled::new(move || sink(seq))
