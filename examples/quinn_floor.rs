@@ -37,11 +37,16 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
     let id = Identity::ephemeral()?;
-    let endpoint = endpoint(addr, Some(server_config(&id)?))?;
+    let config = server_config(&id)?;
+    let endpoint = endpoint(addr, Some(config.clone()))?;
     println!("listening {} {}", endpoint.local_addr()?, id.peer_id());
     while let Some(incoming) = endpoint.accept().await {
+        // Fitted to the path as a session endpoint does (loopback datagrams on loopback).
+        let Ok(connecting) = gleam_auth::tls::accept(incoming, &config) else {
+            continue;
+        };
         tokio::spawn(async move {
-            let Ok(conn) = incoming.await else { return };
+            let Ok(conn) = connecting.await else { return };
             // The floor is measured without the proof: the full credit it would have granted.
             gleam_auth::tls::grant_credit(&conn);
             while let Ok((send, recv)) = conn.accept_bi().await {
@@ -87,9 +92,12 @@ async fn answer(mut send: quinn::SendStream, mut recv: quinn::RecvStream) -> any
 
 async fn connect(addr: SocketAddr, peer: PeerId, mib: u32) -> anyhow::Result<()> {
     let id = Identity::ephemeral()?;
-    let mut endpoint = endpoint("0.0.0.0:0".parse()?, None)?;
-    endpoint.set_default_client_config(client_config(&id, peer, ALPN_CUDA)?);
-    let conn = endpoint.connect(addr, &server_name(peer))?.await?;
+    let endpoint = endpoint("0.0.0.0:0".parse()?, None)?;
+    let mut config = client_config(&id, peer, ALPN_CUDA)?;
+    config.transport_config(std::sync::Arc::new(gleam_auth::tls::transport_config_to(addr)));
+    let conn = endpoint
+        .connect_with(config, addr, &server_name(peer))?
+        .await?;
 
     // Round trips: one byte each way, one stream.
     let (mut send, mut recv) = conn.open_bi().await?;
@@ -137,11 +145,12 @@ async fn connect(addr: SocketAddr, peer: PeerId, mib: u32) -> anyhow::Result<()>
     }
     let down = t.elapsed().as_secs_f64();
     anyhow::ensure!(got == u64::from(mib) << 20, "download count");
+    let mtu = conn.stats().path.current_mtu;
     conn.close(0u32.into(), b"done");
     endpoint.wait_idle().await;
     let m = f64::from(mib);
     println!(
-        "{{\"rtt_median_us\": {median:.1}, \"upload_mib_s\": {:.1}, \"download_mib_s\": {:.1}, \"mib\": {mib}}}",
+        "{{\"rtt_median_us\": {median:.1}, \"upload_mib_s\": {:.1}, \"download_mib_s\": {:.1}, \"mib\": {mib}, \"mtu\": {mtu}}}",
         m / up,
         m / down
     );

@@ -43,7 +43,10 @@ serve loopback
 loopback=$target
 # The link: session processes on port 47100 only, and both of the peer's ports behind the emulator on
 # 127.0.0.2 (all of 127/8 is loopback).
-serve link GLEAM_SESSION_PORTS=47100
+# Behind the emulator every datagram is Ethernet-sized, as on the LAN it stands for (both ends would
+# otherwise take the path for loopback and send 6000-byte ones).
+ETHERNET=GLEAM_LOOPBACK_UDP_PAYLOAD=1452
+serve link GLEAM_SESSION_PORTS=47100 "$ETHERNET"
 port=${target##*:}
 link="${target%@*}@127.0.0.2:47000"
 "$BIN/gleam" linkemu --listen 127.0.0.2:47000 --to "127.0.0.1:$port" --rate 1gbit --delay 0.5ms \
@@ -57,14 +60,14 @@ sleep 1
 seed=$((RANDOM * 1000))
 for round in $(seq "$ROUNDS"); do
     for where in loopback link; do
-        peer=$loopback
-        [ "$where" = link ] && peer=$link
+        peer=$loopback datagrams=
+        [ "$where" = link ] && peer=$link datagrams=$ETHERNET
         for run in off cold warm; do
             [ "$run" != warm ] && seed=$((seed + 1))
             cache=on
             [ "$run" = off ] && cache=off
             stats="$OUT/$where-$round-$run.json"
-            line=$(env GLEAM_CACHE=$cache GLEAM_SHIM="$BIN/libgleamcuda.so" GLEAM_STATS="$stats" \
+            line=$(env ${datagrams:+"$datagrams"} GLEAM_CACHE=$cache GLEAM_SHIM="$BIN/libgleamcuda.so" GLEAM_STATS="$stats" \
                 "$BIN/gleam" run --peer "$peer" --config-dir "$OUT/$where" -- \
                 "$OUT/upload" "$MIB" "$seed" sync | grep 'upload sync')
             sent=$(sed -E 's/.*"sent_bytes":([0-9]+).*/\1/' "$stats")

@@ -44,18 +44,32 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$cfg"; }
 trap cleanup EXIT
 
-# A peer whose session processes listen on a few fixed ports (one per session; a session that just ended
-# may still hold its port while the next starts), so that an emulated link can carry them too.
-SESSION_PORTS=$(seq 47300 47307)
-env -i PATH="$PATH" HOME="$HOME" ${LD_LIBRARY_PATH:+LD_LIBRARY_PATH="$LD_LIBRARY_PATH"} GLEAM_LOG="${SERVE_LOG:-warn}" \
-    ${GLEAM_CONGESTION:+GLEAM_CONGESTION="$GLEAM_CONGESTION"} \
-    GLEAM_SESSION_PORTS=47300-47307 "$BIN/gleam" serve 127.0.0.1:0 --backend "$BACKEND" --config-dir "$cfg" \
-    > "$OUT/serve.out" 2> "$OUT/serve.log" &
-pids+=($!)
-for _ in $(seq 300); do grep -q "listening on" "$OUT/serve.out" 2>/dev/null && break; sleep 0.1; done
-line=$(grep "listening on" "$OUT/serve.out") || { echo "the peer did not start"; cat "$OUT/serve.log"; exit 1; }
-port=$(sed -nE 's/.*listening on [^ ]+:([0-9]+) as .*/\1/p' <<<"$line")
-id=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
+# start_peer NAME PORTS [VAR=VALUE...]: a peer whose session processes listen on a few fixed ports PORTS
+# (LO-HI: one per session; a session that just ended may still hold its port while the next starts), so
+# that an emulated link can carry them too; sets peer_port and id.
+start_peer() {
+    local name=$1 ports=$2
+    shift 2
+    env -i PATH="$PATH" HOME="$HOME" ${LD_LIBRARY_PATH:+LD_LIBRARY_PATH="$LD_LIBRARY_PATH"} GLEAM_LOG="${SERVE_LOG:-warn}" \
+        ${GLEAM_CONGESTION:+GLEAM_CONGESTION="$GLEAM_CONGESTION"} "$@" \
+        GLEAM_SESSION_PORTS="$ports" "$BIN/gleam" serve 127.0.0.1:0 --backend "$BACKEND" --config-dir "$cfg" \
+        > "$OUT/$name.out" 2> "$OUT/$name.log" &
+    pids+=($!)
+    for _ in $(seq 300); do grep -q "listening on" "$OUT/$name.out" 2>/dev/null && break; sleep 0.1; done
+    local line
+    line=$(grep "listening on" "$OUT/$name.out") || { echo "the peer did not start"; cat "$OUT/$name.log"; exit 1; }
+    peer_port=$(sed -nE 's/.*listening on [^ ]+:([0-9]+) as .*/\1/p' <<<"$line")
+    id=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
+}
+# L0's peer, and the peer behind the emulated links. Behind the emulator every datagram is Ethernet-sized,
+# as on the LAN it stands for: both ends would otherwise take the path for loopback (all of 127/8 is) and
+# send 6000-byte datagrams.
+ETHERNET=GLEAM_LOOPBACK_UDP_PAYLOAD=1452
+start_peer serve 47300-47307
+port=$peer_port
+SESSION_PORTS=$(seq 47310 47317)
+start_peer serve-lan 47310-47317 "$ETHERNET"
+lan_port=$peer_port
 
 # Each link: relays on its own loopback address (the peer's port and the session ports).
 declare -A LINK_ADDR=([L0]=127.0.0.1 [L1]=127.0.0.2 [L2]=127.0.0.3)
@@ -64,7 +78,7 @@ declare -A LINK_ARGS=([L1]="--rate 1gbit --delay 0.5ms" [L2]="--rate 300mbit --d
 if [ -n "${LINK_QUEUE:-}" ]; then for l in L1 L2; do LINK_ARGS[$l]+=" --queue $LINK_QUEUE"; done; fi
 for l in $LINKS; do
     [ "$l" = L0 ] && continue
-    for p in "$port" $SESSION_PORTS; do
+    for p in "$lan_port" $SESSION_PORTS; do
         # shellcheck disable=SC2086
         "$BIN/gleam" linkemu --listen "${LINK_ADDR[$l]}:$p" --to "127.0.0.1:$p" ${LINK_ARGS[$l]} 2>>"$OUT/linkemu-$l.log" &
         pids+=($!)
@@ -91,16 +105,18 @@ run() { # workload link mode
     esac
     [ "$m" = sync ] && envs+=(CUDA_LAUNCH_BLOCKING=1 GLEAM_CACHE=off)
     [ "$m" = nobulk ] && envs+=(GLEAM_BULK_CONNECTION=off)
+    local p=$port
+    [ "$l" != L0 ] && p=$lan_port && envs+=("$ETHERNET")
     if [ "$w" = weights-warm ] && [ "$m" != local ]; then
         # The content once, so that this run is the warm one.
-        env "${envs[@]}" "$BIN/gleam" run --peer "$id@${LINK_ADDR[$l]}:$port" --config-dir "$cfg" -- \
+        env "${envs[@]}" "$BIN/gleam" run --peer "$id@${LINK_ADDR[$l]}:$p" --config-dir "$cfg" -- \
             "$BIN/examples/bench_workloads" weights > /dev/null 2>> "$OUT/$name.log"
     fi
     if [ "$m" = local ]; then
         env "${envs[@]}" timeout 900 "$BIN/examples/bench_workloads" "$prog" > "$OUT/$name.json" 2> "$OUT/$name.log"
     else
         env "${envs[@]}" GLEAM_STATS="$OUT/$name.wire.json" timeout 900 "$BIN/gleam" run \
-            --peer "$id@${LINK_ADDR[$l]}:$port" --config-dir "$cfg" -- "$BIN/examples/bench_workloads" "$prog" \
+            --peer "$id@${LINK_ADDR[$l]}:$p" --config-dir "$cfg" -- "$BIN/examples/bench_workloads" "$prog" \
             > "$OUT/$name.json" 2> "$OUT/$name.log"
     fi || { echo "$name: FAILED"; tail -3 "$OUT/$name.log"; rm -f "$OUT/$name.json"; return; }
     echo "$name: $(cat "$OUT/$name.json")"

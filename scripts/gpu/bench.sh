@@ -40,7 +40,10 @@ echo "server: $id at $addr"
 # The link: a second server whose session processes listen on port 47100 only (GLEAM_SESSION_PORTS), and two
 # emulated links on 127.0.0.2 (all of 127/8 is loopback): one to the server's port (authentication, the
 # session's lifeline), one to the session port (every CUDA call), so the session's traffic crosses the link.
-start_server serve-link GLEAM_SESSION_PORTS=47100
+# Behind the emulator every datagram is Ethernet-sized, as on the LAN it stands for (both ends would otherwise
+# take the path for loopback and send 6000-byte datagrams).
+ETHERNET=GLEAM_LOOPBACK_UDP_PAYLOAD=1452
+start_server serve-link GLEAM_SESSION_PORTS=47100 "$ETHERNET"
 link_port=$(sed -nE 's/.*listening on [^ ]+:([0-9]+) as .*/\1/p' <<<"$line")
 link 127.0.0.2:47000 "127.0.0.1:$link_port" linkemu
 link 127.0.0.2:47100 127.0.0.1:47100 linkemu-session
@@ -56,13 +59,33 @@ run() { # name, then the command
 }
 run local "$C/examples/bench_driver"
 run loopback env GLEAM_STATS="$OUT/wire-loopback.json" "$C/gleam" run --peer "$id@$addr" --config-dir "$cfg" -- "$C/examples/bench_driver"
-run link env GLEAM_STATS="$OUT/wire-link.json" "$C/gleam" run --peer "$id@127.0.0.2:47000" --config-dir "$cfg" -- "$C/examples/bench_driver"
+run link env "$ETHERNET" GLEAM_STATS="$OUT/wire-link.json" "$C/gleam" run --peer "$id@127.0.0.2:47000" --config-dir "$cfg" -- "$C/examples/bench_driver"
+# Other datagram sizes on loopback (GLEAM_LOOPBACK_UDP_PAYLOAD on both ends), each with the bare quinn floor
+# at the same size: MTUS="1452 6550".
+for mtu in ${MTUS:-}; do
+    start_server "serve-mtu$mtu" GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu"
+    maddr=$(sed -E 's/.*listening on ([^ ]+) as .*/\1/' <<<"$line")
+    mid=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
+    run "loopback-mtu$mtu" env GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu" GLEAM_STATS="$OUT/wire-loopback-mtu$mtu.json" \
+        "$C/gleam" run --peer "$mid@$maddr" --config-dir "$cfg" -- "$C/examples/bench_driver"
+    if [ -x "$C/examples/quinn_floor" ]; then
+        GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu" "$C/examples/quinn_floor" serve 127.0.0.1:0 > "$OUT/floor-mtu$mtu-serve.out" 2>&1 &
+        fp=$!; pids+=($fp)
+        for _ in $(seq 100); do [ -s "$OUT/floor-mtu$mtu-serve.out" ] && break; sleep 0.1; done
+        read -r _ faddr fpeer < "$OUT/floor-mtu$mtu-serve.out"
+        echo "quinn floor, datagrams of $mtu: $(GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu" timeout 60 "$C/examples/quinn_floor" connect \
+            "$faddr" "$fpeer" 256 2>&1 | tail -3)"
+        kill $fp 2>/dev/null
+    fi
+done
 
 python3 - "$OUT" <<'PY'
 import json, sys, os
 out = sys.argv[1]
 res = {}
-for name in ("local", "loopback", "link"):
+names = ["local", "loopback", "link"] + sorted(f[6:-5] for f in os.listdir(out)
+                                                if f.startswith("bench-loopback-mtu") and f.endswith(".json"))
+for name in names:
     try:
         res[name] = json.load(open(os.path.join(out, f"bench-{name}.json")))
     except Exception:
@@ -72,18 +95,19 @@ if "local" not in res:
 loc = res["local"]
 link_mib_s = 1e9 / 8 / 2**20
 print()
-print(f"{'metric':28} {'local':>12} {'loopback':>12} {'ratio':>8} {'1Gb/1ms':>12} {'ratio':>8}")
+others = [n for n in names[1:] if n in res]
+print(f"{'metric':28} {'local':>12}" + "".join(f" {n[:12]:>12} {'ratio':>8}" for n in others))
 for key, better in (("sync_rtt_us", "lower"), ("sync_rtt_median_us", "lower"), ("launches_per_s", "higher"),
                     ("htod_mib_s", "higher"), ("dtoh_mib_s", "higher")):
     row = f"{key:28} {loc[key]:12.1f}"
-    for name in ("loopback", "link"):
+    for name in others:
         if name in res:
             v = res[name][key]
             row += f" {v:12.1f} {v / loc[key]:8.3f}"
     print(row)
 for burst in loc.get("launch_cpu_us", {}):
     row = f"{'launch_cpu_us ' + burst:28} {loc['launch_cpu_us'][burst]:12.3f}"
-    for name in ("loopback", "link"):
+    for name in others:
         if name in res and burst in res[name].get("launch_cpu_us", {}):
             row += f" {res[name]['launch_cpu_us'][burst]:12.3f} {'':8}"
     print(row)
@@ -92,6 +116,6 @@ if "link" in res:
         print(f"{key} over the emulated link vs the link rate ({link_mib_s:.1f} MiB/s): "
               f"{res['link'][key] / link_mib_s:.3f}")
 PY
-for name in loopback link; do
+for name in loopback link $(for m in ${MTUS:-}; do echo "loopback-mtu$m"; done); do
     [ -f "$OUT/wire-$name.json" ] && echo "wire bytes, $name: $(cat "$OUT/wire-$name.json")"
 done

@@ -1,6 +1,7 @@
-//! Path MTU discovery: a connection between two of Gleam's endpoints grows its datagrams from QUIC's
-//! initial 1200 bytes to the configured ceiling (Ethernet's 1452 by default), so bulk copies cost fewer
-//! packets and AEAD operations.
+//! Datagram sizes. Path MTU discovery: a connection between two of Gleam's endpoints grows its datagrams
+//! from QUIC's initial 1200 bytes to the configured ceiling (Ethernet's 1452 by default), so bulk copies
+//! cost fewer packets and AEAD operations. A path fitted to loopback (`tls::fit_to_path`, both ends)
+//! carries loopback datagrams from the first packet on.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -46,4 +47,57 @@ async fn loopback_connections_grow_their_datagrams_to_the_ceiling() {
         conn.stats().udp_tx.datagrams
     );
     assert_eq!(mtu, tls::udp_payload_max(), "path MTU stopped at {mtu}");
+}
+
+#[tokio::test]
+async fn loopback_paths_carry_loopback_datagrams_from_the_start() {
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let server_id = Identity::load_or_create(dirs.0.path()).unwrap();
+    let client_id = Identity::load_or_create(dirs.1.path()).unwrap();
+    let config = tls::server_config(&server_id).unwrap();
+    let server = tls::endpoint(SocketAddr::from(([127, 0, 0, 1], 0)), Some(config.clone())).unwrap();
+    let addr = server.local_addr().unwrap();
+    let accept = tokio::spawn(async move {
+        let incoming = server.accept().await.unwrap();
+        let conn = tls::accept(incoming, &config).unwrap().await.unwrap();
+        tls::grant_credit(&conn);
+        let mut recv = conn.accept_uni().await.unwrap();
+        let got = recv.read_to_end(usize::MAX).await.unwrap().len();
+        (got, conn.stats().path.current_mtu)
+    });
+    let client = gleam_auth::dial::client_endpoint().unwrap();
+    let mut config = tls::client_config(&client_id, server_id.peer_id(), tls::ALPN_CUDA).unwrap();
+    config.transport_config(std::sync::Arc::new(tls::transport_config_to(addr)));
+    let conn = tokio::time::timeout(
+        Duration::from_secs(5),
+        client
+            .connect_with(config, addr, &tls::server_name(server_id.peer_id()))
+            .unwrap(),
+    )
+    .await
+    .expect("the handshake finished")
+    .unwrap();
+    let mut send = conn.open_uni().await.unwrap();
+    let data = vec![7u8; 8 << 20];
+    send.write_all(&data).await.unwrap();
+    send.finish().unwrap();
+    let (got, server_mtu) = tokio::time::timeout(Duration::from_secs(10), accept)
+        .await
+        .expect("the server received everything")
+        .unwrap();
+    assert_eq!(got, data.len());
+    let stats = conn.stats();
+    eprintln!(
+        "client mtu {}, server mtu {server_mtu}, datagrams sent {}",
+        stats.path.current_mtu, stats.udp_tx.datagrams
+    );
+    assert_eq!(stats.path.current_mtu, tls::loopback_udp_payload());
+    assert_eq!(server_mtu, tls::loopback_udp_payload());
+    // 8 MiB in loopback datagrams, not in Ethernet-sized ones.
+    assert!(
+        stats.udp_tx.datagrams < 2 * (data.len() as u64) / u64::from(tls::loopback_udp_payload()) + 200,
+        "{} datagrams for {} bytes",
+        stats.udp_tx.datagrams,
+        data.len()
+    );
 }

@@ -393,7 +393,7 @@ impl Client {
             session_addr.set_port(port);
             let connection = endpoint
                 .connect_with(
-                    config.clone(),
+                    fitted(&config, session_addr),
                     session_addr,
                     &gleam_auth::tls::server_name(peer),
                 )
@@ -1468,6 +1468,14 @@ fn bulk_connection_enabled() -> bool {
 /// How long the session process may take to admit the bulk connection.
 const BULK_ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// `config` with its transport fitted to the path to `addr` (loopback datagrams to a peer on this
+/// machine: `gleam_auth::tls::fit_to_path`).
+fn fitted(config: &quinn::ClientConfig, addr: SocketAddr) -> quinn::ClientConfig {
+    let mut config = config.clone();
+    config.transport_config(Arc::new(gleam_auth::tls::transport_config_to(addr)));
+    config
+}
+
 /// Opens the session's bulk connection ([`StreamOpen::Bulk`]) to the session process at `addr`, with
 /// [`gleam_auth::tls::bulk_transport_config`]; done once the session process
 /// admitted it (it finishes the opening stream, or closes the connection), within `within`.
@@ -1479,7 +1487,7 @@ async fn connect_bulk(
     token: [u8; 32],
     within: Duration,
 ) -> Result<quinn::Connection, String> {
-    config.transport_config(Arc::new(gleam_auth::tls::bulk_transport_config()));
+    config.transport_config(Arc::new(gleam_auth::tls::bulk_transport_config_to(addr)));
     let attach = async {
         let conn = endpoint
             .connect_with(config, addr, &gleam_auth::tls::server_name(peer))
@@ -1590,7 +1598,7 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
     let connection = resume
         .endpoint
         .connect_with(
-            resume.config.clone(),
+            fitted(&resume.config, session_addr),
             session_addr,
             &gleam_auth::tls::server_name(resume.peer),
         )

@@ -717,8 +717,8 @@ fn network(
         }
     };
     runtime.block_on(async move {
-        let endpoint = match bind(&options) {
-            Ok(endpoint) => endpoint,
+        let (endpoint, server) = match bind(&options) {
+            Ok(bound) => bound,
             Err(err) => {
                 let _ = port_tx.send(Err(err));
                 return;
@@ -727,7 +727,13 @@ fn network(
         let port = endpoint.local_addr().map(|a| a.port()).unwrap_or(0);
         let _ = port_tx.send(Ok(port));
         let (arrivals_tx, mut arrivals) = mpsc::channel(4);
-        let acceptor = tokio::spawn(accept(endpoint.clone(), options.client, token, arrivals_tx));
+        let acceptor = tokio::spawn(accept(
+            endpoint.clone(),
+            server,
+            options.client,
+            token,
+            arrivals_tx,
+        ));
         // A bulk connection admitted before the attach (its handshake may finish first) waits for it.
         let mut early_bulk = Vec::new();
         let first = tokio::time::timeout(options.attach_timeout, async {
@@ -785,8 +791,9 @@ fn network(
 
 /// Binds the session's endpoint on `options.bind`, at a port of `GLEAM_SESSION_PORTS` (`LO-HI`, for a
 /// firewall that opens only those) or any free one. An address that cannot be bound (a host without IPv6,
-/// an address that went away) falls back to every address of its family.
-fn bind(options: &Options) -> Result<quinn::Endpoint, String> {
+/// an address that went away) falls back to every address of its family. Returns the endpoint and its
+/// server config.
+fn bind(options: &Options) -> Result<(quinn::Endpoint, quinn::ServerConfig), String> {
     let server = tls::server_config(&options.identity).map_err(|e| format!("TLS: {e}"))?;
     let ports = match std::env::var("GLEAM_SESSION_PORTS") {
         Ok(text) => session_ports(&text).ok_or_else(|| {
@@ -798,7 +805,7 @@ fn bind(options: &Options) -> Result<quinn::Endpoint, String> {
         let mut last = None;
         for port in ports.clone() {
             match tls::endpoint(SocketAddr::new(ip, port), Some(server.clone())) {
-                Ok(endpoint) => return Ok(endpoint),
+                Ok(endpoint) => return Ok((endpoint, server.clone())),
                 Err(err) => last = Some(err),
             }
         }
@@ -850,11 +857,20 @@ enum Arrival {
 /// `token` (the first connection attaches, later ones resume). Anything else is refused.
 async fn accept(
     endpoint: quinn::Endpoint,
+    server: quinn::ServerConfig,
     client: PeerId,
     token: [u8; 32],
     arrivals: mpsc::Sender<Arrival>,
 ) {
     while let Some(incoming) = endpoint.accept().await {
+        // Fitted to the path (loopback datagrams for a client on this machine).
+        let incoming = match tls::accept(incoming, &server) {
+            Ok(connecting) => connecting,
+            Err(err) => {
+                debug!(error = %err, "a connection to the session endpoint was refused");
+                continue;
+            }
+        };
         let arrivals = arrivals.clone();
         // Each on its own task: a connection that stalls mid-handshake holds up no other.
         tokio::spawn(async move {
@@ -866,7 +882,7 @@ async fn accept(
 }
 
 /// One incoming connection: the peer's identity, then its first stream's opening frame.
-async fn admit(incoming: quinn::Incoming, client: PeerId, token: &[u8; 32]) -> Option<Arrival> {
+async fn admit(incoming: quinn::Connecting, client: PeerId, token: &[u8; 32]) -> Option<Arrival> {
     let conn = match incoming.await {
         Ok(conn) => conn,
         Err(err) => {
