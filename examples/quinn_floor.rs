@@ -94,7 +94,9 @@ async fn connect(addr: SocketAddr, peer: PeerId, mib: u32) -> anyhow::Result<()>
     let id = Identity::ephemeral()?;
     let endpoint = endpoint("0.0.0.0:0".parse()?, None)?;
     let mut config = client_config(&id, peer, ALPN_CUDA)?;
-    config.transport_config(std::sync::Arc::new(gleam_auth::tls::transport_config_to(addr)));
+    config.transport_config(std::sync::Arc::new(gleam_auth::tls::transport_config_to(
+        addr,
+    )));
     let conn = endpoint
         .connect_with(config, addr, &server_name(peer))?
         .await?;

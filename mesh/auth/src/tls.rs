@@ -141,14 +141,17 @@ pub fn transport_config() -> quinn::TransportConfig {
 }
 
 /// [`transport_config`] for a session's bulk connection (uploads' chunks): its own congestion window,
-/// under the controller of `GLEAM_BULK_CONGESTION` (`bbr` or `cubic`), else the one every connection uses
-/// ([`congestion_control`]).
+/// under the controller of `GLEAM_BULK_CONGESTION` (`bbr` or `cubic`), else [`DEFAULT_BULK_CONGESTION`].
 ///
-/// Why not BBR by default: measured on the emulated 1 Gbit/s, 1 ms link (`scripts/bench/lan.sh`, emu
-/// backend, 1.5 MB drop-tail queue), BBR on the bulk connection kept the queue short, so another
-/// stream's synchronizations during a 128 MiB upload took 1.6-2.3 ms at the median instead of 13-18 ms,
-/// but quinn's BBR overshot the queue: 37-65% more bytes on the wire (retransmissions) and cold uploads
-/// at 63-65% of the link instead of 75-77%.
+/// Why BBR there: it paces at the bottleneck's rate instead of filling its queue, and every other
+/// stream's calls wait in that queue behind the upload. Measured on the GPU machine (H100 host,
+/// `GLEAM_BULK_CONGESTION=bbr|cubic WORKLOADS="two-streams weights-cold" MODES=gleam LINKS=L1 bash
+/// scripts/bench/lan.sh`, emulated 1 Gbit/s 1 ms link, 1.5 MB drop-tail queue, cubic between two bbr
+/// runs): the other stream's p99 synchronisation during a 1 GiB upload 12.1 and 9.7 ms with BBR against
+/// 28.1 ms with Cubic (20.5 ms in an earlier run), cold 512 MiB uploads at 138-142 MiB/s against 145,
+/// with no more bytes on the wire (435 MB against 437). On the 2-core development machine (emu backend,
+/// CPU-starved) quinn's BBR did overshoot the queue: 37-65% more bytes on the wire and cold uploads at
+/// 63-65% of the link instead of 75-77%; `GLEAM_BULK_CONGESTION=cubic` is there for such hosts.
 pub fn bulk_transport_config() -> quinn::TransportConfig {
     let mut transport = transport_config();
     bulk_congestion(&mut transport);
@@ -191,7 +194,9 @@ pub fn fit_to_path(transport: &mut quinn::TransportConfig, remote: SocketAddr) {
 fn is_loopback(addr: SocketAddr) -> bool {
     match addr.ip() {
         IpAddr::V4(ip) => ip.is_loopback(),
-        IpAddr::V6(ip) => ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+        IpAddr::V6(ip) => {
+            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
     }
 }
 
@@ -230,7 +235,7 @@ fn bulk_congestion(transport: &mut quinn::TransportConfig) {
     {
         Some("cubic") => CongestionControl::Cubic,
         Some("bbr") => CongestionControl::Bbr,
-        _ => congestion_control(),
+        _ => DEFAULT_BULK_CONGESTION,
     };
     match choice {
         CongestionControl::Bbr => transport
@@ -265,6 +270,10 @@ pub fn congestion_control() -> CongestionControl {
 
 /// The congestion controller unless `GLEAM_CONGESTION` says otherwise.
 pub const DEFAULT_CONGESTION: CongestionControl = CongestionControl::Cubic;
+
+/// The bulk connection's congestion controller unless `GLEAM_BULK_CONGESTION` says otherwise (see
+/// [`bulk_transport_config`] for why).
+pub const DEFAULT_BULK_CONGESTION: CongestionControl = CongestionControl::Bbr;
 
 /// [`transport_config`] with the credit a connection gets before it authenticated: a peer that has
 /// not proven anything can open [`PREAUTH_BIDI_STREAMS`] bidirectional streams (the proof's, or the

@@ -55,7 +55,8 @@ async fn loopback_paths_carry_loopback_datagrams_from_the_start() {
     let server_id = Identity::load_or_create(dirs.0.path()).unwrap();
     let client_id = Identity::load_or_create(dirs.1.path()).unwrap();
     let config = tls::server_config(&server_id).unwrap();
-    let server = tls::endpoint(SocketAddr::from(([127, 0, 0, 1], 0)), Some(config.clone())).unwrap();
+    let server =
+        tls::endpoint(SocketAddr::from(([127, 0, 0, 1], 0)), Some(config.clone())).unwrap();
     let addr = server.local_addr().unwrap();
     let accept = tokio::spawn(async move {
         let incoming = server.accept().await.unwrap();
@@ -95,7 +96,8 @@ async fn loopback_paths_carry_loopback_datagrams_from_the_start() {
     assert_eq!(server_mtu, tls::loopback_udp_payload());
     // 8 MiB in loopback datagrams, not in Ethernet-sized ones.
     assert!(
-        stats.udp_tx.datagrams < 2 * (data.len() as u64) / u64::from(tls::loopback_udp_payload()) + 200,
+        stats.udp_tx.datagrams
+            < 2 * (data.len() as u64) / u64::from(tls::loopback_udp_payload()) + 200,
         "{} datagrams for {} bytes",
         stats.udp_tx.datagrams,
         data.len()

@@ -12,8 +12,8 @@
 //! event records); the serving side's scheduler keeps exactly that order.
 //!
 //! Bulk travels apart: beside the session connection the client opens a bulk connection to the session
-//! process ([`StreamOpen::Bulk`]), with a congestion window of its own (and its own controller,
-//! `GLEAM_BULK_CONGESTION=bbr` keeps the bottleneck's queue short at a cost in retransmissions: see
+//! process ([`StreamOpen::Bulk`]), with a congestion window of its own (and its own controller, BBR
+//! by default, which keeps the bottleneck's queue short: see
 //! [`gleam_auth::tls::bulk_transport_config`]), and the lanes carrying cached uploads' chunks (one per
 //! copy stream, [`Lane::carries_bulk`]) open there; the copy itself stays on its stream's lane and waits
 //! for its chunks by the upload's pseudo event. `GLEAM_BULK_CONNECTION=off` keeps everything on one
