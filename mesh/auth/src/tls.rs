@@ -6,7 +6,7 @@
 //! client's id after the handshake ([`remote_peer_id`]); whether that client may do anything is
 //! decided by the mesh-secret proof in [`crate::proof`], not by TLS.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -192,21 +192,13 @@ pub fn fit_to_path(transport: &mut quinn::TransportConfig, remote: SocketAddr) {
 
 /// Whether `addr` is on this machine's loopback (an IPv4-mapped IPv6 address included).
 fn is_loopback(addr: SocketAddr) -> bool {
-    match addr.ip() {
-        IpAddr::V4(ip) => ip.is_loopback(),
-        IpAddr::V6(ip) => {
-            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
-        }
-    }
+    addr.ip().to_canonical().is_loopback()
 }
 
 /// The UDP payload of every datagram on loopback: `GLEAM_LOOPBACK_UDP_PAYLOAD` (1200-6550, see
 /// [`GSO_UDP_PAYLOAD_MAX`]), else [`LOOPBACK_UDP_PAYLOAD`].
 pub fn loopback_udp_payload() -> u16 {
-    std::env::var("GLEAM_LOOPBACK_UDP_PAYLOAD")
-        .ok()
-        .and_then(|v| v.trim().parse::<u16>().ok())
-        .map_or(LOOPBACK_UDP_PAYLOAD, |v| v.clamp(1200, GSO_UDP_PAYLOAD_MAX))
+    udp_payload_from_env("GLEAM_LOOPBACK_UDP_PAYLOAD", LOOPBACK_UDP_PAYLOAD)
 }
 
 /// Accepts `incoming` under `config` (a [`server_config`]), fitted to the path it came by
@@ -228,16 +220,7 @@ pub fn accept(
 
 /// Sets the bulk connection's congestion controller (see [`bulk_transport_config`]).
 fn bulk_congestion(transport: &mut quinn::TransportConfig) {
-    let choice = match std::env::var("GLEAM_BULK_CONGESTION")
-        .ok()
-        .as_deref()
-        .map(str::trim)
-    {
-        Some("cubic") => CongestionControl::Cubic,
-        Some("bbr") => CongestionControl::Bbr,
-        _ => DEFAULT_BULK_CONGESTION,
-    };
-    match choice {
+    match congestion_from_env("GLEAM_BULK_CONGESTION", DEFAULT_BULK_CONGESTION) {
         CongestionControl::Bbr => transport
             .congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default())),
         CongestionControl::Cubic => transport
@@ -257,14 +240,15 @@ pub enum CongestionControl {
 
 /// The congestion controller: `GLEAM_CONGESTION=cubic|bbr`, else [`DEFAULT_CONGESTION`].
 pub fn congestion_control() -> CongestionControl {
-    match std::env::var("GLEAM_CONGESTION")
-        .ok()
-        .as_deref()
-        .map(str::trim)
-    {
+    congestion_from_env("GLEAM_CONGESTION", DEFAULT_CONGESTION)
+}
+
+/// The controller the environment variable `name` names (`cubic` or `bbr`), else `default`.
+fn congestion_from_env(name: &str, default: CongestionControl) -> CongestionControl {
+    match std::env::var(name).ok().as_deref().map(str::trim) {
         Some("cubic") => CongestionControl::Cubic,
         Some("bbr") => CongestionControl::Bbr,
-        _ => DEFAULT_CONGESTION,
+        _ => default,
     }
 }
 
@@ -292,10 +276,16 @@ fn preauth_transport_config() -> quinn::TransportConfig {
 /// [`GSO_UDP_PAYLOAD_MAX`]; for jumbo-frame LANs), else 1452 (Ethernet). Path MTU discovery finds what
 /// the path carries below it.
 pub fn udp_payload_max() -> u16 {
-    std::env::var("GLEAM_UDP_PAYLOAD_MAX")
+    udp_payload_from_env("GLEAM_UDP_PAYLOAD_MAX", ETHERNET_UDP_PAYLOAD)
+}
+
+/// A datagram payload size from the environment variable `name`, held to 1200-[`GSO_UDP_PAYLOAD_MAX`];
+/// `default` when it is unset or not a number.
+fn udp_payload_from_env(name: &str, default: u16) -> u16 {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.trim().parse::<u16>().ok())
-        .map_or(ETHERNET_UDP_PAYLOAD, |v| v.clamp(1200, GSO_UDP_PAYLOAD_MAX))
+        .map_or(default, |v| v.clamp(1200, GSO_UDP_PAYLOAD_MAX))
 }
 
 /// A QUIC endpoint on `addr` (a server when `server` is given) whose UDP socket has large kernel
