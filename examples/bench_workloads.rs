@@ -376,6 +376,7 @@ unsafe fn two_streams(gpu: &Gpu) -> String {
         }
         let done = Arc::new(AtomicBool::new(false));
         let start = Arc::new(Barrier::new(2));
+        let trace = std::env::var_os("BENCH_TRACE_SAMPLES").is_some();
         let t = Instant::now();
         let upload = std::thread::scope(|scope| {
             let (done2, start2, host) = (Arc::clone(&done), Arc::clone(&start), &host);
@@ -407,6 +408,13 @@ unsafe fn two_streams(gpu: &Gpu) -> String {
             let mut busy = Vec::new();
             while !done.load(Ordering::Acquire) {
                 sample(&mut busy);
+                if trace {
+                    eprintln!(
+                        "busy {:.3} ms {:.1} us",
+                        t.elapsed().as_secs_f64() * 1e3,
+                        busy[busy.len() - 1]
+                    );
+                }
             }
             (uploader.join().expect("the uploader thread"), busy)
         });

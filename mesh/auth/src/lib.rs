@@ -11,11 +11,15 @@
 //! * [`proof`]: the mesh-secret proof run right after the handshake, bound to that TLS session, so a device
 //!   outside the mesh is refused without the secret ever travelling.
 //!
+//! The bulk connection's congestion controller, [`delay_target::DelayTarget`], keeps the queue an upload
+//! builds at the bottleneck near a target delay, so a session's small calls do not wait behind it.
+//!
 //! Reaching a peer: [`target::PeerAddr`] (the one parser of `<peer-id>@HOST:PORT[,...]`) and
 //! [`dial::dial`] (try every address of a peer, happy-eyeballs style, first handshake wins).
 //!
 //! The crate does no discovery and keeps no peer state: that is `gleam-mesh`.
 
+pub mod delay_target;
 pub mod dial;
 pub mod identity;
 pub mod proof;

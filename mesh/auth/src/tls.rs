@@ -134,9 +134,7 @@ pub fn transport_config() -> quinn::TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(udp_payload_max());
     transport.mtu_discovery_config(Some(mtu));
-    if congestion_control() == CongestionControl::Bbr {
-        transport.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
-    }
+    congestion_control().apply(&mut transport);
     transport
 }
 
@@ -220,12 +218,7 @@ pub fn accept(
 
 /// Sets the bulk connection's congestion controller (see [`bulk_transport_config`]).
 fn bulk_congestion(transport: &mut quinn::TransportConfig) {
-    match congestion_from_env("GLEAM_BULK_CONGESTION", DEFAULT_BULK_CONGESTION) {
-        CongestionControl::Bbr => transport
-            .congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default())),
-        CongestionControl::Cubic => transport
-            .congestion_controller_factory(Arc::new(quinn::congestion::CubicConfig::default())),
-    };
+    congestion_from_env("GLEAM_BULK_CONGESTION", DEFAULT_BULK_CONGESTION).apply(transport);
 }
 
 /// Which congestion controller QUIC connections use.
@@ -236,6 +229,24 @@ pub enum CongestionControl {
     /// Model-based: paces at the measured bottleneck rate, keeping the queue (and so the delay a bulk
     /// transfer adds to every other packet on the link) small, and shrugging off random loss.
     Bbr,
+    /// Delay-based ([`crate::delay_target::DelayTarget`]): keeps the bottleneck queue it builds near a
+    /// target delay (`GLEAM_BULK_QUEUE_TARGET_US`).
+    DelayTarget,
+}
+
+impl CongestionControl {
+    /// Makes `transport`'s connections use this controller.
+    pub fn apply(self, transport: &mut quinn::TransportConfig) {
+        match self {
+            Self::Cubic => transport
+                .congestion_controller_factory(Arc::new(quinn::congestion::CubicConfig::default())),
+            Self::Bbr => transport
+                .congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default())),
+            Self::DelayTarget => transport.congestion_controller_factory(Arc::new(
+                crate::delay_target::DelayTargetConfig::default(),
+            )),
+        };
+    }
 }
 
 /// The congestion controller: `GLEAM_CONGESTION=cubic|bbr`, else [`DEFAULT_CONGESTION`].
@@ -243,11 +254,12 @@ pub fn congestion_control() -> CongestionControl {
     congestion_from_env("GLEAM_CONGESTION", DEFAULT_CONGESTION)
 }
 
-/// The controller the environment variable `name` names (`cubic` or `bbr`), else `default`.
+/// The controller the environment variable `name` names (`cubic`, `bbr` or `delay`), else `default`.
 fn congestion_from_env(name: &str, default: CongestionControl) -> CongestionControl {
     match std::env::var(name).ok().as_deref().map(str::trim) {
         Some("cubic") => CongestionControl::Cubic,
         Some("bbr") => CongestionControl::Bbr,
+        Some("delay") => CongestionControl::DelayTarget,
         _ => default,
     }
 }
