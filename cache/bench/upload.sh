@@ -43,9 +43,9 @@ serve loopback
 loopback=$target
 # The link: session processes on port 47100 only, and both of the peer's ports behind the emulator on
 # 127.0.0.2 (all of 127/8 is loopback).
-# Behind the emulator every datagram is Ethernet-sized, as on the LAN it stands for (both ends would
-# otherwise take the path for loopback and send 6000-byte ones).
-ETHERNET=GLEAM_LOOPBACK_UDP_PAYLOAD=1452
+# Behind the emulator both ends treat the path as the LAN it stands for (GLEAM_LOOPBACK_PATH=lan: Ethernet-sized
+# datagrams, the LAN's bulk controller; they would otherwise take it for loopback and send 6000-byte ones).
+ETHERNET=GLEAM_LOOPBACK_PATH=lan
 serve link GLEAM_SESSION_PORTS=47100 "$ETHERNET"
 port=${target##*:}
 link="${target%@*}@127.0.0.2:47000"

@@ -61,10 +61,10 @@ start_peer() {
     peer_port=$(sed -nE 's/.*listening on [^ ]+:([0-9]+) as .*/\1/p' <<<"$line")
     id=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
 }
-# L0's peer, and the peer behind the emulated links. Behind the emulator every datagram is Ethernet-sized,
-# as on the LAN it stands for: both ends would otherwise take the path for loopback (all of 127/8 is) and
-# send 6000-byte datagrams.
-ETHERNET=GLEAM_LOOPBACK_UDP_PAYLOAD=1452
+# L0's peer, and the peer behind the emulated links. Behind the emulator both ends treat the path as the LAN
+# it stands for (GLEAM_LOOPBACK_PATH=lan: Ethernet-sized datagrams, the LAN's bulk controller); they would
+# otherwise take it for loopback (all of 127/8 is) and send 6000-byte datagrams.
+ETHERNET=GLEAM_LOOPBACK_PATH=lan
 start_peer serve 47300-47307
 port=$peer_port
 SESSION_PORTS=$(seq 47310 47317)

@@ -40,9 +40,9 @@ echo "server: $id at $addr"
 # The link: a second server whose session processes listen on port 47100 only (GLEAM_SESSION_PORTS), and two
 # emulated links on 127.0.0.2 (all of 127/8 is loopback): one to the server's port (authentication, the
 # session's lifeline), one to the session port (every CUDA call), so the session's traffic crosses the link.
-# Behind the emulator every datagram is Ethernet-sized, as on the LAN it stands for (both ends would otherwise
-# take the path for loopback and send 6000-byte datagrams).
-ETHERNET=GLEAM_LOOPBACK_UDP_PAYLOAD=1452
+# Behind the emulator both ends treat the path as the LAN it stands for (GLEAM_LOOPBACK_PATH=lan: Ethernet-sized
+# datagrams, the LAN's bulk controller; they would otherwise take it for loopback and send 6000-byte datagrams).
+ETHERNET=GLEAM_LOOPBACK_PATH=lan
 start_server serve-link GLEAM_SESSION_PORTS=47100 "$ETHERNET"
 link_port=$(sed -nE 's/.*listening on [^ ]+:([0-9]+) as .*/\1/p' <<<"$line")
 link 127.0.0.2:47000 "127.0.0.1:$link_port" linkemu

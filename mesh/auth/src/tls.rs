@@ -138,21 +138,21 @@ pub fn transport_config() -> quinn::TransportConfig {
     transport
 }
 
-/// [`transport_config`] for a session's bulk connection (uploads' chunks): its own congestion window,
-/// under the controller of `GLEAM_BULK_CONGESTION` (`bbr` or `cubic`), else [`DEFAULT_BULK_CONGESTION`].
+/// [`transport_config`] for a session's bulk connection (uploads' chunks): its own congestion window, under
+/// `GLEAM_BULK_CONGESTION` (`delay`, `bbr` or `cubic`) if set, else the controller for a LAN path
+/// ([`DEFAULT_BULK_CONGESTION`]); [`bulk_transport_config_to`] fits it to the actual path.
 ///
-/// Why BBR there: it paces at the bottleneck's rate instead of filling its queue, and every other
-/// stream's calls wait in that queue behind the upload. Measured on the GPU machine (H100 host,
-/// `GLEAM_BULK_CONGESTION=bbr|cubic WORKLOADS="two-streams weights-cold" MODES=gleam LINKS=L1 bash
-/// scripts/bench/lan.sh`, emulated 1 Gbit/s 1 ms link, 1.5 MB drop-tail queue, cubic between two bbr
-/// runs): the other stream's p99 synchronisation during a 1 GiB upload 12.1 and 9.7 ms with BBR against
-/// 28.1 ms with Cubic (20.5 ms in an earlier run), cold 512 MiB uploads at 138-142 MiB/s against 145,
-/// with no more bytes on the wire (435 MB against 437). On the 2-core development machine (emu backend,
-/// CPU-starved) quinn's BBR did overshoot the queue: 37-65% more bytes on the wire and cold uploads at
-/// 63-65% of the link instead of 75-77%; `GLEAM_BULK_CONGESTION=cubic` is there for such hosts.
+/// Why a delay-target controller on a LAN: every other stream's calls wait in the bottleneck's queue
+/// behind the upload, and [`crate::delay_target::DelayTarget`] keeps that queue near a target delay.
+/// Measured on the GPU machine (H100 host, `GLEAM_BULK_CONGESTION=bbr|delay WORKLOADS="two-streams
+/// weights-cold" LINKS="L0 L1" MODES=gleam bash scripts/bench/lan.sh`, emulated 1 Gbit/s 1 ms link with a
+/// 1.5 MB drop-tail queue, bbr, delay, bbr, delay in one call): the other stream's p99 synchronisation
+/// during a 1 GiB upload 2.5 and 2.5 times its idle value with the delay target (500 µs) against 5.7 and
+/// 6.0 with BBR (Cubic: 13.8-23.0 in earlier calls), with cold 512 MiB uploads at the same rate (146 MiB/s
+/// both, 122% of the link with compression).
 pub fn bulk_transport_config() -> quinn::TransportConfig {
     let mut transport = transport_config();
-    bulk_congestion(&mut transport);
+    bulk_congestion(PathKind::Lan).apply(&mut transport);
     transport
 }
 
@@ -163,14 +163,37 @@ pub fn transport_config_to(remote: SocketAddr) -> quinn::TransportConfig {
     transport
 }
 
-/// [`bulk_transport_config`] fitted to the path to `remote` ([`fit_to_path`]).
+/// [`bulk_transport_config`] fitted to the path to `remote` ([`fit_to_path`]), with the bulk controller
+/// for that path ([`bulk_congestion`]).
 pub fn bulk_transport_config_to(remote: SocketAddr) -> quinn::TransportConfig {
-    let mut transport = bulk_transport_config();
+    let mut transport = transport_config();
+    bulk_congestion(path_kind(remote)).apply(&mut transport);
     fit_to_path(&mut transport, remote);
     transport
 }
 
-/// Fits `transport` to the path to `remote`. On loopback (a peer on this very machine) every
+/// Where the other end of a connection is.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum PathKind {
+    /// This very machine: no link, no queue shared with anyone.
+    Loopback,
+    /// Another machine (or loopback standing for one: `GLEAM_LOOPBACK_PATH=lan`, as the benchmarks'
+    /// link emulator does).
+    Lan,
+}
+
+/// The kind of path to `remote`: loopback addresses (an IPv4-mapped IPv6 one included) are
+/// [`PathKind::Loopback`] unless `GLEAM_LOOPBACK_PATH=lan` says loopback stands for a LAN.
+pub fn path_kind(remote: SocketAddr) -> PathKind {
+    let lan = std::env::var("GLEAM_LOOPBACK_PATH").is_ok_and(|v| v.trim() == "lan");
+    if remote.ip().to_canonical().is_loopback() && !lan {
+        PathKind::Loopback
+    } else {
+        PathKind::Lan
+    }
+}
+
+/// Fits `transport` to the path to `remote` ([`path_kind`]). On loopback (a peer on this very machine) every
 /// datagram carries [`loopback_udp_payload`] bytes from the first packet on, with no discovery:
 /// per-datagram work (encryption, headers, system calls, acknowledgements) is what bounds one
 /// connection's rate there, and loopback carries far larger datagrams than Ethernet. Measured with
@@ -179,18 +202,13 @@ pub fn bulk_transport_config_to(remote: SocketAddr) -> quinn::TransportConfig {
 /// smallest size is set to the same, since it is where quinn's black-hole detector would fall back to.
 /// Elsewhere the LAN settings stay (discovery up to [`udp_payload_max`]).
 pub fn fit_to_path(transport: &mut quinn::TransportConfig, remote: SocketAddr) {
-    if is_loopback(remote) {
+    if path_kind(remote) == PathKind::Loopback {
         let size = loopback_udp_payload();
         transport
             .min_mtu(size)
             .initial_mtu(size)
             .mtu_discovery_config(None);
     }
-}
-
-/// Whether `addr` is on this machine's loopback (an IPv4-mapped IPv6 address included).
-fn is_loopback(addr: SocketAddr) -> bool {
-    addr.ip().to_canonical().is_loopback()
 }
 
 /// The UDP payload of every datagram on loopback: `GLEAM_LOOPBACK_UDP_PAYLOAD` (1200-6550, see
@@ -206,7 +224,7 @@ pub fn accept(
     config: &quinn::ServerConfig,
 ) -> Result<quinn::Connecting, quinn::ConnectionError> {
     let remote = incoming.remote_address();
-    if !is_loopback(remote) {
+    if path_kind(remote) == PathKind::Lan {
         return incoming.accept();
     }
     let mut fitted = config.clone();
@@ -216,9 +234,16 @@ pub fn accept(
     incoming.accept_with(Arc::new(fitted))
 }
 
-/// Sets the bulk connection's congestion controller (see [`bulk_transport_config`]).
-fn bulk_congestion(transport: &mut quinn::TransportConfig) {
-    congestion_from_env("GLEAM_BULK_CONGESTION", DEFAULT_BULK_CONGESTION).apply(transport);
+/// The bulk connection's congestion controller on a path of `kind`: `GLEAM_BULK_CONGESTION` if set; else
+/// [`DEFAULT_BULK_CONGESTION`] on a LAN, and BBR on loopback, where no link queue is shared with
+/// anything and the round trip measures the receiving process's scheduling (the delay target cost 14%
+/// of a cold upload's rate there: 729-750 MiB/s against 850-866 with BBR, same call as above).
+fn bulk_congestion(kind: PathKind) -> CongestionControl {
+    let default = match kind {
+        PathKind::Lan => DEFAULT_BULK_CONGESTION,
+        PathKind::Loopback => CongestionControl::Bbr,
+    };
+    congestion_from_env("GLEAM_BULK_CONGESTION", default)
 }
 
 /// Which congestion controller QUIC connections use.
@@ -267,9 +292,9 @@ fn congestion_from_env(name: &str, default: CongestionControl) -> CongestionCont
 /// The congestion controller unless `GLEAM_CONGESTION` says otherwise.
 pub const DEFAULT_CONGESTION: CongestionControl = CongestionControl::Cubic;
 
-/// The bulk connection's congestion controller unless `GLEAM_BULK_CONGESTION` says otherwise (see
+/// The bulk connection's congestion controller on a LAN unless `GLEAM_BULK_CONGESTION` says otherwise (see
 /// [`bulk_transport_config`] for why).
-pub const DEFAULT_BULK_CONGESTION: CongestionControl = CongestionControl::Bbr;
+pub const DEFAULT_BULK_CONGESTION: CongestionControl = CongestionControl::DelayTarget;
 
 /// [`transport_config`] with the credit a connection gets before it authenticated: a peer that has
 /// not proven anything can open [`PREAUTH_BIDI_STREAMS`] bidirectional streams (the proof's, or the

@@ -12,9 +12,9 @@
 //! event records); the serving side's scheduler keeps exactly that order.
 //!
 //! Bulk travels apart: beside the session connection the client opens a bulk connection to the session
-//! process ([`StreamOpen::Bulk`]), with a congestion window of its own (and its own controller, BBR
-//! by default, which keeps the bottleneck's queue short: see
-//! [`gleam_auth::tls::bulk_transport_config`]), and the lanes carrying cached uploads' chunks (one per
+//! process ([`StreamOpen::Bulk`]), with a congestion window of its own (and its own controller, on a LAN
+//! a delay target that keeps the queue the upload builds at the bottleneck short: see
+//! [`gleam_auth::tls::bulk_transport_config_to`]), and the lanes carrying cached uploads' chunks (one per
 //! copy stream, [`Lane::carries_bulk`]) open there; the copy itself stays on its stream's lane and waits
 //! for its chunks by the upload's pseudo event. `GLEAM_BULK_CONNECTION=off` keeps everything on one
 //! connection.
