@@ -147,9 +147,10 @@ pub fn transport_config() -> quinn::TransportConfig {
 /// Measured on the GPU machine (H100 host, `GLEAM_BULK_CONGESTION=bbr|delay WORKLOADS="two-streams
 /// weights-cold" LINKS="L0 L1" MODES=gleam bash scripts/bench/lan.sh`, emulated 1 Gbit/s 1 ms link with a
 /// 1.5 MB drop-tail queue, bbr, delay, bbr, delay in one call): the other stream's p99 synchronisation
-/// during a 1 GiB upload 2.5 and 2.5 times its idle value with the delay target (500 µs) against 5.7 and
-/// 6.0 with BBR (Cubic: 13.8-23.0 in earlier calls), with cold 512 MiB uploads at the same rate (146 MiB/s
-/// both, 122% of the link with compression).
+/// during a 1 GiB upload 2.5 and 2.5 times its idle value with a 500 µs delay target against 5.7 and 6.0
+/// with BBR (Cubic: 13.8-23.0 in earlier calls), with cold 512 MiB uploads at the same rate (146 MiB/s
+/// both, 122% of the link with compression); the 200 µs default target: 1.6x (see
+/// [`crate::delay_target::DEFAULT_TARGET`]).
 pub fn bulk_transport_config() -> quinn::TransportConfig {
     let mut transport = transport_config();
     bulk_congestion(PathKind::Lan).apply(&mut transport);

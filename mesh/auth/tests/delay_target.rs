@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use gleam_auth::delay_target::DelayTarget;
 
 const MTU: u64 = 1452;
-const TARGET: Duration = Duration::from_micros(500);
+const TARGET: Duration = gleam_auth::delay_target::DEFAULT_TARGET;
 
 /// One direction of a path: rate, propagation delay each way, queue limit, random loss.
 #[derive(Clone, Copy)]
