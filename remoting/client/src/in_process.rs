@@ -83,7 +83,10 @@ impl InProcess {
                     reply: frame.reply,
                     bulk,
                 }));
-                Ok(Some(Pending { slot }))
+                Ok(Some(Pending {
+                    slot,
+                    spin: std::time::Duration::ZERO,
+                }))
             }
             (expects, answer) => {
                 let err = ClientError::Protocol(format!(
