@@ -3,7 +3,7 @@
 # (examples/bench_driver.rs) through Gleam on loopback, the two settings alternating round by round against
 # one serving peer, with NVIDIA's driver locally before and after (cuda only), so every figure comes from
 # the same run:
-#   A="GLEAM_PREFAULT=off" B="" ROUNDS=3 bash scripts/gpu/ab.sh
+#   A="GLEAM_SPIN_US=0" B="" ROUNDS=3 bash scripts/gpu/ab.sh
 # A and B are client environment settings (VAR=VALUE ..., empty for none); SERVE_ENV sets the peer's.
 # Prints one line per run: setting, then the benchmark's JSON. Needs gleam, libgleamcuda.so and
 # examples/bench_driver in $CARRY (.carry; target/release works too).

@@ -45,7 +45,6 @@
 //! peer that no longer has the session.
 
 pub mod in_process;
-mod prefault;
 mod signal;
 mod slot;
 pub mod upload;
@@ -669,28 +668,6 @@ impl Client {
     /// (pipelined: the link never waits for a request) and collected in order. With `stream`, the
     /// server waits for the stream first.
     pub fn memcpy_dtoh(
-        &self,
-        ctx: u64,
-        dst: &mut [u8],
-        src: u64,
-        stream: Option<u64>,
-    ) -> Result<CUresult, ClientError> {
-        let len = dst.len();
-        if len >= prefault::PREFAULT_MIN && prefault::enabled() {
-            // The destination's pages are faulted in on a helper thread while the pieces cross the
-            // network (see `prefault`); the copies below then find them mapped.
-            let (start, len) = (dst.as_mut_ptr() as usize, dst.len());
-            return std::thread::scope(|scope| {
-                scope.spawn(move || prefault::populate_for_writing(start, len));
-                self.memcpy_dtoh_pieces(ctx, dst, src, stream)
-            });
-        }
-        self.memcpy_dtoh_pieces(ctx, dst, src, stream)
-    }
-
-    /// [`Client::memcpy_dtoh`] once the destination is dealt with: every piece requested at once, then
-    /// each copied in as its reply arrives.
-    fn memcpy_dtoh_pieces(
         &self,
         ctx: u64,
         dst: &mut [u8],
