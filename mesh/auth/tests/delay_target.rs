@@ -1,6 +1,6 @@
 //! The bulk connection's delay-target controller on a simulated bottleneck (virtual clock, no sockets):
 //! a sender bound by the controller's window, a link of fixed rate with a drop-tail queue, a propagation
-//! delay each way, and an acknowledgement per packet.
+//! delay each way, and an acknowledgement per packet; and once under quinn, on a real transfer.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -215,4 +215,55 @@ fn a_full_queue_halves_the_window() {
     // Once per round: a loss of a packet sent before the cut does not cut again.
     cc.handle_congestion(t0 + ms(51), t0 + ms(46), false, MTU);
     assert_eq!(cc.window(), before / 2);
+}
+
+/// The bulk connection's configuration on a LAN runs a real QUIC transfer under the delay target: every
+/// byte arrives, and the window grew from its initial size on the acknowledgements.
+#[tokio::test]
+async fn a_bulk_connection_moves_its_bytes_under_the_delay_target() {
+    use gleam_auth::identity::Identity;
+    use gleam_auth::tls;
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let server_id = Identity::load_or_create(dirs.0.path()).unwrap();
+    let client_id = Identity::load_or_create(dirs.1.path()).unwrap();
+    let server = tls::endpoint(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        Some(tls::server_config(&server_id).unwrap()),
+    )
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let accept = tokio::spawn(async move {
+        let conn = server.accept().await.unwrap().await.unwrap();
+        tls::grant_credit(&conn);
+        let mut recv = conn.accept_uni().await.unwrap();
+        recv.read_to_end(usize::MAX).await.unwrap()
+    });
+    let client = gleam_auth::dial::client_endpoint().unwrap();
+    let mut config = tls::client_config(&client_id, server_id.peer_id(), tls::ALPN_CUDA).unwrap();
+    // The LAN's bulk configuration (not fitted to loopback, which keeps BBR).
+    config.transport_config(Arc::new(tls::bulk_transport_config()));
+    let conn = client
+        .connect_with(config, addr, &tls::server_name(server_id.peer_id()))
+        .unwrap()
+        .await
+        .unwrap();
+    let data: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+    let mut send = conn.open_uni().await.unwrap();
+    send.write_all(&data).await.unwrap();
+    send.finish().unwrap();
+    assert!(accept.await.unwrap() == data, "the bytes arrived changed");
+    let controller = conn
+        .congestion_state()
+        .into_any()
+        .downcast::<DelayTarget>()
+        .expect("the bulk connection runs the delay target");
+    let initial = 10 * u64::from(conn.stats().path.current_mtu);
+    assert!(
+        controller.window() > initial,
+        "window {} never grew past {initial}",
+        controller.window()
+    );
 }
