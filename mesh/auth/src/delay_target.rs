@@ -6,7 +6,8 @@
 //! [`DelayTarget`] keeps the queue it builds near a target delay, as LEDBAT (RFC 6817) does, with FAST
 //! TCP's update: the queueing delay is the round trip above the smallest one seen, and each round the
 //! window moves by half the queue's distance from the target (at most doubling, at most halving), so it
-//! settles fast and a spike of scheduling noise on a busy host costs a few percent, not half the rate.
+//! settles fast and a spike of scheduling noise on a busy host costs a few percent, not half the rate;
+//! while no queue shows at all, the path is not full yet and the window doubles per round.
 //!
 //! An application waits on every bulk byte, so unlike a background scavenger this controller must not
 //! starve. Two guards:
@@ -16,8 +17,8 @@
 //!   measured afresh from the current one. When that happens [`GIVE_UP_REBASES`] times in a row, the
 //!   delay carries no signal on this path (a radio link whose delay grows with load by itself), and
 //!   quinn's BBR takes the connection over for good.
-//! - Loss is taken for congestion (halving the window once per round) only with a queue of twice the
-//!   target or more, or above [`LOSS_TOLERANCE`] of a round's bytes (and more than two datagrams): a radio
+//! - Loss is taken for congestion (halving the window once per round) only with a queue of four times
+//!   the target or more, or above [`LOSS_TOLERANCE`] of a round's bytes (and more than two datagrams): a radio
 //!   link's random loss with no queue behind it does not halve the rate.
 //!
 //! The logic is a pure state machine on the times quinn passes in ([`DelayTarget::handle_ack`] and
@@ -31,11 +32,13 @@ use quinn::congestion::{Controller, ControllerFactory};
 
 /// The queueing delay the bulk connection aims to keep at the bottleneck, unless
 /// `GLEAM_BULK_QUEUE_TARGET_US` says otherwise (see [`queue_target`]). Measured on the GPU machine (H100
-/// host, emulated 1 Gbit/s 1 ms link, one call, `GLEAM_BULK_QUEUE_TARGET_US=100|150|200|500
-/// WORKLOADS="two-streams weights-cold" LINKS=L1 MODES=gleam bash scripts/bench/lan.sh`): the other
-/// stream's p99 during a 1 GiB upload 1.5, 1.6, 1.6 and 2.0 times its idle value; cold 512 MiB uploads at
-/// 128, 144, 141 and 145 MiB/s. Below 200 µs the rate starts to suffer; a real LAN's own noise needs room.
-pub const DEFAULT_TARGET: Duration = Duration::from_micros(200);
+/// host, emulated 1 Gbit/s 1 ms link, `GLEAM_BULK_QUEUE_TARGET_US=T WORKLOADS=two-streams LINKS=L1
+/// MODES=gleam bash scripts/bench/lan.sh`, 100, 150 and 200 µs alternating twice in one call): the other
+/// stream's p99 during a 1 GiB upload of incompressible bytes 1.90 and 1.85 times its idle value at 100 µs,
+/// 2.05 and 2.01 at 150, 2.00 and 2.11 at 200, the upload taking 9.07-9.08 s against 9.01-9.04 (0.6%
+/// longer); in an earlier call, 500 µs gave 2.0x, and cold 512 MiB weights (compressible) went at 128 MiB/s
+/// with 100 µs against 141-146 with 200-500, still 107% of the link.
+pub const DEFAULT_TARGET: Duration = Duration::from_micros(100);
 
 /// Rounds over the target (with the window cut to a quarter) after which the delay is taken for the
 /// path's, not this connection's queue. A queue of this connection's own is gone two or three rounds
@@ -55,6 +58,9 @@ const HEALTHY_ROUNDS: u32 = 100;
 
 /// The share of the queue's distance from the target that one round removes is 1 / GAIN_DIVISOR.
 const GAIN_DIVISOR: u128 = 2;
+
+/// A queue this many times the target is full: a loss then is congestion whatever its share.
+const FULL_QUEUE: u32 = 4;
 
 /// Datagrams a round may lose with no queue before its loss share counts.
 const LOSS_FLOOR: u64 = 2;
@@ -203,6 +209,14 @@ impl DelayTarget {
         // on a 1 ms path takes a quarter off the window, an empty one adds a quarter (at most doubling
         // on paths shorter than the target).
         let (queue, target) = (current.saturating_sub(base), self.target);
+        // No queue at all in this round: the path is not full yet (the start, a fresh base, a cut), and
+        // the proportional step below would fill it slowly where the round trip is long next to the
+        // target: double per round, as slow start does, until the queue shows.
+        let latest = self.round_min.unwrap_or(current).saturating_sub(base);
+        if latest * 4 < target {
+            self.window += bytes;
+            return;
+        }
         let round_trip = current.as_nanos().max(1);
         let bytes = u128::from(bytes);
         if queue <= target {
@@ -227,7 +241,7 @@ impl DelayTarget {
             return;
         }
         // The queue this controller keeps hovers around the target; well over it, the queue is full.
-        let queued = self.queue_delay() > 2 * self.target;
+        let queued = self.queue_delay() > FULL_QUEUE * self.target;
         // A share of a round means little while a round is a handful of datagrams.
         let lossy = self.round_lost > LOSS_FLOOR * self.mtu
             && self.round_lost * LOSS_TOLERANCE > self.round_acked + self.previous_round_acked;

@@ -149,7 +149,7 @@ pub fn transport_config() -> quinn::TransportConfig {
 /// 1.5 MB drop-tail queue, bbr, delay, bbr, delay in one call): the other stream's p99 synchronisation
 /// during a 1 GiB upload 2.5 and 2.5 times its idle value with a 500 µs delay target against 5.7 and 6.0
 /// with BBR (Cubic: 13.8-23.0 in earlier calls), with cold 512 MiB uploads at the same rate (146 MiB/s
-/// both, 122% of the link with compression); the 200 µs default target: 1.6x (see
+/// both, 122% of the link with compression); the 100 µs default target: 1.85-1.90x (see
 /// [`crate::delay_target::DEFAULT_TARGET`]).
 pub fn bulk_transport_config() -> quinn::TransportConfig {
     let mut transport = transport_config();
