@@ -6,8 +6,9 @@
 //! [`DelayTarget`] keeps the queue it builds near a target delay, as LEDBAT (RFC 6817) does, with FAST
 //! TCP's update: the queueing delay is the round trip above the smallest one seen, and each round the
 //! window moves by half the queue's distance from the target (at most doubling, at most halving), so it
-//! settles fast and a spike of scheduling noise on a busy host costs a few percent, not half the rate;
-//! while no queue shows at all, the path is not full yet and the window doubles per round.
+//! settles fast and a spike of scheduling noise on a busy host costs a few percent, not half the rate.
+//! Where the path's capacity is unknown (the start, a fresh base) the window doubles per round until a
+//! queue shows, as slow start does.
 //!
 //! An application waits on every bulk byte, so unlike a background scavenger this controller must not
 //! starve. Two guards:
@@ -112,6 +113,8 @@ pub struct DelayTarget {
     target: Duration,
     mtu: u64,
     window: u64,
+    /// Doubling per round until the queue shows (see [`DelayTarget::handle_ack`]).
+    slow_start: bool,
     /// The smallest round trip since the connection began or the base was last measured afresh: the path
     /// with empty queues.
     base: Option<Duration>,
@@ -142,6 +145,7 @@ impl DelayTarget {
             target,
             mtu,
             window: INITIAL_DATAGRAMS * mtu,
+            slow_start: true,
             base: None,
             previous_round_min: None,
             round_min: None,
@@ -209,13 +213,17 @@ impl DelayTarget {
         // on a 1 ms path takes a quarter off the window, an empty one adds a quarter (at most doubling
         // on paths shorter than the target).
         let (queue, target) = (current.saturating_sub(base), self.target);
-        // No queue at all in this round: the path is not full yet (the start, a fresh base, a cut), and
-        // the proportional step below would fill it slowly where the round trip is long next to the
-        // target: double per round, as slow start does, until the queue shows.
-        let latest = self.round_min.unwrap_or(current).saturating_sub(base);
-        if latest * 4 < target {
-            self.window += bytes;
-            return;
+        if self.slow_start {
+            // The path's capacity is unknown (the start, a fresh base): the proportional step below would
+            // fill it slowly where the round trip is long next to the target, so the window doubles per
+            // round until this round's queue reaches half the target. Not after a cut, where doubling
+            // would overshoot the queue each time the proportional step dips below the path's capacity.
+            let latest = self.round_min.unwrap_or(current).saturating_sub(base);
+            if latest * 2 < target {
+                self.window += bytes;
+                return;
+            }
+            self.slow_start = false;
         }
         let round_trip = current.as_nanos().max(1);
         let bytes = u128::from(bytes);
@@ -234,6 +242,7 @@ impl DelayTarget {
         self.round_lost += lost;
         if persistent {
             self.window = self.min_window();
+            self.slow_start = false;
             self.recovery_start = now;
             return;
         }
@@ -247,6 +256,7 @@ impl DelayTarget {
             && self.round_lost * LOSS_TOLERANCE > self.round_acked + self.previous_round_acked;
         if lost == 0 || queued || lossy {
             self.window = (self.window / 2).max(self.min_window());
+            self.slow_start = false;
             self.recovery_start = now;
         }
     }
@@ -278,6 +288,7 @@ impl DelayTarget {
                 self.rounds_over = 0;
                 self.rounds_under = 0;
                 self.rebases += 1;
+                self.slow_start = true;
                 tracing::debug!(base = ?self.base, window = self.window, "bulk delay base measured afresh");
             }
         } else {
