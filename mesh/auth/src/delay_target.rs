@@ -207,11 +207,6 @@ impl DelayTarget {
         let (Some(current), Some(base)) = (self.current(), self.base) else {
             return;
         };
-        // FAST TCP's update (Jin, Wei and Low, 2004), spread over a round's acknowledgements: the
-        // window changes by GAIN x (target - queue) / round trip of itself per round, which removes
-        // (or adds) GAIN of the queue's distance from the target each round: a queue twice the target
-        // on a 1 ms path takes a quarter off the window, an empty one adds a quarter (at most doubling
-        // on paths shorter than the target).
         let (queue, target) = (current.saturating_sub(base), self.target);
         if self.slow_start {
             // The path's capacity is unknown (the start, a fresh base): the proportional step below would
@@ -225,6 +220,10 @@ impl DelayTarget {
             }
             self.slow_start = false;
         }
+        // FAST TCP's update (Jin, Wei and Low, 2004), spread over a round's acknowledgements: per round
+        // the window changes by (target - queue) / round trip of itself, over GAIN_DIVISOR. The window
+        // over the round trip is the rate, so that adds or removes 1/GAIN_DIVISOR of the bytes that
+        // stand between the queue and the target (at most doubling, at most halving per round).
         let round_trip = current.as_nanos().max(1);
         let bytes = u128::from(bytes);
         if queue <= target {
@@ -237,7 +236,7 @@ impl DelayTarget {
         }
     }
 
-    /// Packets sent at `sent` or before were lost (`lost_bytes` of them; 0 for an ECN mark).
+    /// Packets sent at `sent` or before were lost (`lost` bytes of them; 0 for an ECN mark).
     pub fn handle_congestion(&mut self, now: Instant, sent: Instant, persistent: bool, lost: u64) {
         self.round_lost += lost;
         if persistent {
