@@ -194,8 +194,8 @@ pub fn path_kind(remote: SocketAddr) -> PathKind {
     }
 }
 
-/// Fits `transport` to the path to `remote` ([`path_kind`]). On loopback (a peer on this very machine) every
-/// datagram carries [`loopback_udp_payload`] bytes from the first packet on, with no discovery:
+/// Fits `transport` to the path to `remote` ([`path_kind`]). On loopback (a peer on this very machine)
+/// every datagram carries [`loopback_udp_payload`] bytes from the first packet on, with no discovery:
 /// per-datagram work (encryption, headers, system calls, acknowledgements) is what bounds one
 /// connection's rate there, and loopback carries far larger datagrams than Ethernet. Measured with
 /// `examples/quinn_floor` (one connection, 512 MiB each way, 2-core development machine, two rounds):
