@@ -19,8 +19,8 @@
 //!   delay carries no signal on this path (a radio link whose delay grows with load by itself), and
 //!   quinn's BBR takes the connection over for good.
 //! - Loss is taken for congestion (halving the window once per round) only with a queue of four times
-//!   the target or more, or above [`LOSS_TOLERANCE`] of a round's bytes (and more than two datagrams): a radio
-//!   link's random loss with no queue behind it does not halve the rate.
+//!   the target or more, or above [`LOSS_TOLERANCE`] of a round's bytes (and more than two datagrams):
+//!   a radio link's random loss with no queue behind it does not halve the rate.
 //!
 //! The logic is a pure state machine on the times quinn passes in ([`DelayTarget::handle_ack`] and
 //! friends), so it is tested on a simulated bottleneck with a virtual clock.
@@ -312,7 +312,8 @@ impl DelayTarget {
     fn fallback_or_hand_over(&mut self, now: Instant) -> Option<&mut Box<dyn Controller>> {
         if self.fallback.is_none() && self.gave_up() {
             tracing::info!(
-                "the bulk connection's delay does not answer to its window (jitter under load?): BBR takes it over"
+                "the bulk connection's delay does not answer to its window (jitter under load?): \
+                 BBR takes it over"
             );
             let mtu = u16::try_from(self.mtu).unwrap_or(u16::MAX);
             let bbr = Arc::new(quinn::congestion::BbrConfig::default()).build(now, mtu);
