@@ -25,7 +25,8 @@
 //! of launches costs one segment, not one per launch; a request that waits for its reply flushes its lane
 //! at once. What quinn cannot take yet is bounded per lane ([`BUFFER_LIMIT`]): past it, callers of that
 //! lane wait, and only they: a lane full of a large upload never holds back another lane's calls. Replies are
-//! read by one task per lane and handed to the waiting thread through a [`slot::Slot`] (spin, then park).
+//! read by one task per lane and handed to the waiting thread through a [`slot::Slot`] (spin, then park;
+//! parked at once after a burst of [`LONG_WAIT_POSTS`] fire-and-forget requests).
 //!
 //! A session survives network drops ([`gleam_protocol::resume`]): every request frame is kept until the
 //! serving side acknowledges it (a reply acknowledges its lane's requests up to it; acknowledgements come
