@@ -210,22 +210,26 @@ const SLOW_REQUEST: Duration = Duration::from_millis(2);
 
 fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
     let mut session = Session::new(backend);
-    // Host functions are answered when their stream reaches them, from whatever thread that is; the
-    // network side reports their completions and the session's end.
-    let callbacks = session.host_callbacks();
+    // Answers made off this thread: host functions' (when their stream reaches them) and upload
+    // announcements' (once the content cache was read).
     let out = Arc::downgrade(shared);
-    callbacks.set_sink(Box::new(move |lane, frame| {
+    let answer_elsewhere = Arc::new(move |lane, frame| {
         if let Some(shared) = out.upgrade() {
             let answer = Answer {
                 frame,
                 bulk: Vec::new(),
             };
             if let Err(err) = shared.outbox.send(lane, answer) {
-                debug!(%err, "a host function's answer could not be sent");
+                debug!(%err, "an answer made off the executor could not be sent");
             }
         }
-    }));
+    });
+    let callbacks = session.host_callbacks();
+    let sink = answer_elsewhere.clone();
+    callbacks.set_sink(Box::new(move |lane, frame| sink(lane, frame)));
+    // The network side reports host functions' completions and the session's end.
     let _ = shared.callbacks.set(callbacks);
+    session.answer_later_with(answer_elsewhere);
     // An upload's chunk counts as run once a chunk worker has placed it, not when this thread handed it
     // over: the copy waiting for it is not picked (to wait here) while other lanes have work.
     let inbox = Arc::downgrade(shared);

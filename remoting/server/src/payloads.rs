@@ -46,6 +46,9 @@ const POOL: usize = 2;
 /// How long the end of a session waits for the cache writes it queued.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Told the chunks an announced payload lacks, once the filler has read the store ([`Payloads::begin_then`]).
+pub type AnswerLater = Box<dyn FnOnce(Vec<u32>) + Send>;
+
 /// A session's staged uploads and its link to the content cache.
 #[derive(Debug)]
 pub struct Payloads {
@@ -56,6 +59,8 @@ pub struct Payloads {
     /// Decodes and checks chunks (started at the first chunk).
     worker: Option<ChunkWorker>,
     writer: Option<Writer>,
+    /// Fills announced payloads from the store (started at the first announcement answered later).
+    filler: Option<Filler>,
     /// Staging buffers for reuse.
     pool: Arc<Mutex<Vec<Vec<u8>>>>,
 }
@@ -71,6 +76,7 @@ impl Default for Payloads {
             staged: 0,
             worker: None,
             writer: None,
+            filler: None,
             pool: Arc::default(),
         }
     }
@@ -105,12 +111,30 @@ struct Progress {
     pending: usize,
     /// Chunks that were not what the upload announced.
     wrong: Vec<usize>,
+    /// Chunks the filler put in place from the store, not yet marked in [`Staged::filled`].
+    found: Vec<usize>,
 }
 
 impl Staged {
     fn range(&self, index: usize) -> std::ops::Range<usize> {
         let r = self.manifest.chunk_range(index);
         r.start as usize..r.end as usize
+    }
+
+    /// Marks chunk `index` in place (not its repeats).
+    fn mark(&mut self, index: usize) {
+        if !self.filled[index] {
+            self.filled[index] = true;
+            self.unfilled -= 1;
+        }
+    }
+
+    /// Marks what the filler put in place since last asked.
+    fn absorb_found(&mut self) {
+        let found = std::mem::take(&mut lock(&self.buf.progress).found);
+        for index in found {
+            self.mark(index);
+        }
     }
 
     /// Chunk `index` is (or is about to be) in place: marks it and every unfilled repeat of it, and
@@ -160,6 +184,20 @@ impl Payloads {
     /// Stages the payload `manifest` (encoded) describes as `upload`, filled from what this peer holds;
     /// returns the indices of the chunks to send (one per distinct missing chunk).
     pub fn begin(&mut self, upload: u64, manifest: &[u8]) -> Result<Vec<u32>, CUresult> {
+        // Without a callback the answer is always made here.
+        Ok(self.begin_then(upload, manifest, None)?.unwrap_or_default())
+    }
+
+    /// [`Payloads::begin`], reading the store off the caller's thread when `answer` is given: then
+    /// `Ok(None)` is returned at once and `answer` is told the missing chunks once the filler thread has
+    /// read and verified what the store holds (so the session's executor runs other calls, and the
+    /// previous segment's copy, meanwhile). The upload's copy waits for that fill.
+    pub fn begin_then(
+        &mut self,
+        upload: u64,
+        manifest: &[u8],
+        answer: Option<AnswerLater>,
+    ) -> Result<Option<Vec<u32>>, CUresult> {
         let manifest = Manifest::decode(manifest).map_err(|err| {
             debug!(upload, %err, "refused an upload announcement");
             CUresult::INVALID_VALUE
@@ -224,38 +262,48 @@ impl Payloads {
                 }
             }
         }
-        if staged.unfilled > 0
-            && let Some(store) = self.store()
-        {
-            let wanted: Vec<usize> = (0..chunks).filter(|&i| !staged.filled[i]).collect();
-            match store.read_chunks(&staged.manifest, &mut bytes, &wanted) {
-                Ok(found) => {
-                    for index in found {
-                        let range = staged.range(index);
-                        copy_repeats(&mut bytes, &range, &staged.fill(index));
-                    }
-                }
-                Err(err) => warn!(%err, "content cache read failed: the client sends the chunks"),
-            }
-        }
-        drop(bytes);
-        let mut missing = Vec::new();
-        let mut asked = std::collections::HashSet::new();
-        for (index, id) in staged.manifest.chunks().iter().enumerate() {
-            if !staged.filled[index] && asked.insert(*id) {
-                missing.push(index as u32);
-            }
-        }
-        debug!(
-            upload,
-            bytes = len,
-            chunks,
-            missing = missing.len(),
-            "upload staged"
-        );
+        let store = if staged.unfilled > 0 {
+            self.store()
+        } else {
+            None
+        };
         self.staged += len as u64;
+        let (Some(store), Some(answer)) = (store.clone(), answer) else {
+            // Answered here: the store (if any) is read on this thread.
+            let filling = std::time::Instant::now();
+            if let Some(store) = store {
+                let wanted: Vec<usize> = (0..chunks).filter(|&i| !staged.filled[i]).collect();
+                for index in read_from_store(&store, &staged.manifest, &mut bytes, &wanted) {
+                    staged.mark(index);
+                }
+            }
+            drop(bytes);
+            let missing = missing_chunks(&staged.manifest, &staged.filled);
+            debug!(
+                upload,
+                bytes = len,
+                chunks,
+                missing = missing.len(),
+                fill_us = filling.elapsed().as_micros() as u64,
+                "upload staged"
+            );
+            self.uploads.insert(upload, staged);
+            return Ok(Some(missing));
+        };
+        drop(bytes);
+        // The fill counts as work in flight on the buffer: the copy settles it first.
+        lock(&shared.progress).pending += 1;
+        let job = FillJob {
+            upload,
+            buf: shared,
+            manifest: staged.manifest.clone(),
+            filled: staged.filled.clone(),
+            store,
+            answer,
+        };
         self.uploads.insert(upload, staged);
-        Ok(missing)
+        self.filler.get_or_insert_with(Filler::start).run(job);
+        Ok(None)
     }
 
     /// Hands chunk `index` of `upload` (its wire form) to the chunk worker, which decodes it into place
@@ -283,6 +331,7 @@ impl Payloads {
         if index >= staged.filled.len() {
             return Err(CUresult::INVALID_VALUE);
         }
+        staged.absorb_found();
         if staged.filled[index] {
             return Ok(());
         }
@@ -327,12 +376,13 @@ impl Payloads {
         upload: u64,
         copy: impl FnOnce(&[u8]) -> Result<(), CUresult>,
     ) -> Result<(), CUresult> {
-        let staged = self
+        let mut staged = self
             .uploads
             .remove(&upload)
             .ok_or(CUresult::INVALID_VALUE)?;
         self.staged -= staged.manifest.len();
         let wrong = staged.buf.settle();
+        staged.absorb_found();
         let buf = std::mem::take(&mut *lock(&staged.buf.bytes));
         if staged.unfilled > 0 {
             warn!(
@@ -352,7 +402,14 @@ impl Payloads {
             self.recycle(buf);
             return Err(CUresult::INVALID_VALUE);
         }
+        let copying = std::time::Instant::now();
         let copied = copy(&buf);
+        debug!(
+            upload,
+            bytes = buf.len(),
+            copy_us = copying.elapsed().as_micros() as u64,
+            "upload copied"
+        );
         let received: Vec<(ContentId, Range<usize>)> = staged
             .received
             .iter()
@@ -588,6 +645,168 @@ fn place(decoder: &mut Decoder, scratch: &mut Vec<u8>, job: &ChunkJob) {
     job.buf.settled.notify_all();
 }
 
+/// The chunks to ask for: the first place of each distinct id not in place.
+fn missing_chunks(manifest: &Manifest, filled: &[bool]) -> Vec<u32> {
+    let mut asked = std::collections::HashSet::new();
+    manifest
+        .chunks()
+        .iter()
+        .enumerate()
+        .filter(|&(index, id)| !filled[index] && asked.insert(*id))
+        .map(|(index, _)| index as u32)
+        .collect()
+}
+
+/// Reads the chunks `wanted` from the store into `bytes` (each distinct id once, in parallel, every one
+/// verified), copying each one found to its other places in `wanted`; returns every index of `wanted`
+/// now in place. A store that fails to read only means the chunks are asked for.
+fn read_from_store(
+    store: &BlobStore,
+    manifest: &Manifest,
+    bytes: &mut [u8],
+    wanted: &[usize],
+) -> Vec<usize> {
+    let mut first: HashMap<ContentId, usize> = HashMap::new();
+    let (mut distinct, mut repeats) = (Vec::new(), Vec::new());
+    for &index in wanted {
+        match first.entry(manifest.chunks()[index]) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(index);
+                distinct.push(index);
+            }
+            std::collections::hash_map::Entry::Occupied(e) => repeats.push((*e.get(), index)),
+        }
+    }
+    let found = match store.read_chunks(manifest, bytes, &distinct) {
+        Ok(found) => found,
+        Err(err) => {
+            warn!(%err, "content cache read failed: the client sends the chunks");
+            return Vec::new();
+        }
+    };
+    let range = |index: usize| {
+        let r = manifest.chunk_range(index);
+        r.start as usize..r.end as usize
+    };
+    let mut placed = found.clone();
+    let found: std::collections::HashSet<usize> = found.into_iter().collect();
+    for (from, to) in repeats {
+        if found.contains(&from) {
+            copy_repeats(bytes, &range(from), &[range(to)]);
+            placed.push(to);
+        }
+    }
+    placed
+}
+
+/// One announced payload for the filler: what is in place already, and whom to tell what is missing.
+struct FillJob {
+    upload: u64,
+    buf: Arc<SharedBuf>,
+    manifest: Manifest,
+    filled: Vec<bool>,
+    store: Arc<BlobStore>,
+    answer: AnswerLater,
+}
+
+/// The session's filler thread: reads announced payloads' chunks from the content cache into their
+/// staging buffers (verifying each, on every core), one payload after the other, off the executor.
+struct Filler {
+    jobs: Option<SyncSender<FillJob>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Filler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Filler").finish_non_exhaustive()
+    }
+}
+
+/// Announcements queued for the filler at most (a client keeps a few ahead; more wait on the executor).
+const FILL_QUEUE: usize = 4;
+
+impl Filler {
+    fn start() -> Self {
+        let (jobs, rx) = sync_channel::<FillJob>(FILL_QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("gleam-fill".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    fill(job);
+                }
+            })
+            .inspect_err(|err| warn!(%err, "cannot start the filler: payloads are filled inline"))
+            .ok();
+        Self {
+            jobs: thread.is_some().then_some(jobs),
+            thread,
+        }
+    }
+
+    fn run(&self, job: FillJob) {
+        let job = match &self.jobs {
+            Some(jobs) => match jobs.send(job) {
+                Ok(()) => return,
+                Err(err) => err.0,
+            },
+            None => job,
+        };
+        fill(job);
+    }
+}
+
+impl Drop for Filler {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Fills one payload from the store, records what it placed, then answers.
+fn fill(job: FillJob) {
+    let FillJob {
+        upload,
+        buf,
+        manifest,
+        mut filled,
+        store,
+        answer,
+    } = job;
+    let started = std::time::Instant::now();
+    let wanted: Vec<usize> = (0..filled.len()).filter(|&i| !filled[i]).collect();
+    // A panic counts as nothing found: the chunks are asked for, and the answer still goes out.
+    let placed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut bytes = lock(&buf.bytes);
+        // A buffer taken away (the upload was discarded or replaced) is not filled.
+        if bytes.len() as u64 != manifest.len() {
+            return Vec::new();
+        }
+        read_from_store(&store, &manifest, &mut bytes, &wanted)
+    }))
+    .unwrap_or_default();
+    for &index in &placed {
+        filled[index] = true;
+    }
+    let missing = missing_chunks(&manifest, &filled);
+    debug!(
+        upload,
+        bytes = manifest.len(),
+        chunks = filled.len(),
+        missing = missing.len(),
+        fill_us = started.elapsed().as_micros() as u64,
+        "upload staged"
+    );
+    {
+        let mut progress = lock(&buf.progress);
+        progress.found.extend(placed);
+        progress.pending -= 1;
+    }
+    buf.settled.notify_all();
+    answer(missing);
+}
+
 /// The thread that writes received chunks to the content cache, off the session's executor (a commit
 /// costs a file write and an fsync), then returns their staging buffers to the pool.
 #[derive(Debug)]
@@ -723,10 +942,42 @@ mod tests {
             .collect()
     }
 
+    /// How an announcement is answered: on the caller's thread, or by the filler thread.
+    #[derive(Clone, Copy, Debug)]
+    enum Answering {
+        Now,
+        Later,
+    }
+    use Answering::{Later, Now};
+
+    /// Announces `bytes` and waits for the answer: the chunks to send.
+    fn announce(payloads: &mut Payloads, id: u64, manifest: &Manifest, how: Answering) -> Vec<u32> {
+        match how {
+            Now => payloads.begin(id, &manifest.encode()).unwrap(),
+            Later => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let answer: AnswerLater = Box::new(move |missing| tx.send(missing).unwrap());
+                match payloads
+                    .begin_then(id, &manifest.encode(), Some(answer))
+                    .unwrap()
+                {
+                    Some(missing) => missing,
+                    None => rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+                }
+            }
+        }
+    }
+
     /// Sends what `payloads` asks for, as a client does; returns the chunks sent and the payload.
-    fn upload(payloads: &mut Payloads, id: u64, bytes: &[u8], chunk: u32) -> (Vec<u32>, Vec<u8>) {
+    fn upload_as(
+        how: Answering,
+        payloads: &mut Payloads,
+        id: u64,
+        bytes: &[u8],
+        chunk: u32,
+    ) -> (Vec<u32>, Vec<u8>) {
         let manifest = Manifest::with_chunk_size(bytes, chunk);
-        let missing = payloads.begin(id, &manifest.encode()).unwrap();
+        let missing = announce(payloads, id, &manifest, how);
         let mut encoder = Encoder::new(Compression::default());
         for &index in &missing {
             let r = manifest.chunk_range(index as usize);
@@ -745,42 +996,50 @@ mod tests {
         (missing, got)
     }
 
+    fn upload(payloads: &mut Payloads, id: u64, bytes: &[u8], chunk: u32) -> (Vec<u32>, Vec<u8>) {
+        upload_as(Now, payloads, id, bytes, chunk)
+    }
+
     #[test]
     fn a_second_upload_of_the_same_bytes_sends_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(BlobStore::open(dir.path(), 1 << 30).unwrap());
-        let bytes = data(10_000, 1);
-        let mut first = Payloads::with_store(Some(store.clone()));
-        let (sent, got) = upload(&mut first, 1, &bytes, 1024);
-        assert_eq!(sent.len(), 10);
-        assert_eq!(got, bytes);
-        // Within the session (the writes may still be queued) and in another session after them.
-        let (sent, got) = upload(&mut first, 2, &bytes, 1024);
-        assert!(sent.is_empty(), "{sent:?}");
-        assert_eq!(got, bytes);
-        first.finish();
-        let mut second = Payloads::with_store(Some(store));
-        let (sent, got) = upload(&mut second, 1, &bytes, 1024);
-        assert!(sent.is_empty());
-        assert_eq!(got, bytes);
+        for how in [Now, Later] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Arc::new(BlobStore::open(dir.path(), 1 << 30).unwrap());
+            let bytes = data(10_000, 1);
+            let mut first = Payloads::with_store(Some(store.clone()));
+            let (sent, got) = upload_as(how, &mut first, 1, &bytes, 1024);
+            assert_eq!(sent.len(), 10);
+            assert_eq!(got, bytes);
+            // Within the session (the writes may still be queued) and in another session after them.
+            let (sent, got) = upload_as(how, &mut first, 2, &bytes, 1024);
+            assert!(sent.is_empty(), "{sent:?}");
+            assert_eq!(got, bytes);
+            first.finish();
+            let mut second = Payloads::with_store(Some(store));
+            let (sent, got) = upload_as(how, &mut second, 1, &bytes, 1024);
+            assert!(sent.is_empty());
+            assert_eq!(got, bytes);
+        }
     }
 
     #[test]
     fn a_changed_chunk_is_the_only_one_sent_and_repeats_are_sent_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(BlobStore::open(dir.path(), 1 << 30).unwrap());
-        let mut payloads = Payloads::with_store(Some(store));
-        let mut bytes = data(8192, 2);
-        upload(&mut payloads, 1, &bytes, 1024);
-        bytes[5000] ^= 1;
-        let (sent, got) = upload(&mut payloads, 2, &bytes, 1024);
-        assert_eq!(sent, vec![4]);
-        assert_eq!(got, bytes);
-        // Eight equal chunks: one is asked for, the others filled from it.
-        let same = data(1024, 3).repeat(8);
-        let (sent, got) = upload(&mut payloads, 3, &same, 1024);
-        assert_eq!(sent, vec![0]);
-        assert_eq!(got, same);
+        for how in [Now, Later] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Arc::new(BlobStore::open(dir.path(), 1 << 30).unwrap());
+            let mut payloads = Payloads::with_store(Some(store));
+            let mut bytes = data(8192, 2);
+            upload_as(how, &mut payloads, 1, &bytes, 1024);
+            bytes[5000] ^= 1;
+            let (sent, got) = upload_as(how, &mut payloads, 2, &bytes, 1024);
+            assert_eq!(sent, vec![4]);
+            assert_eq!(got, bytes);
+            // Eight equal chunks: one is asked for, the others filled from it.
+            let same = data(1024, 3).repeat(8);
+            let (sent, got) = upload_as(how, &mut payloads, 3, &same, 1024);
+            assert_eq!(sent, vec![0]);
+            assert_eq!(got, same);
+        }
     }
 
     #[test]
@@ -926,23 +1185,67 @@ mod tests {
 
     #[test]
     fn a_corrupt_blob_in_the_store_is_asked_for_again() {
+        for how in [Now, Later] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Arc::new(BlobStore::open(dir.path(), 1 << 30).unwrap());
+            let bytes = data(4096, 5);
+            let mut first = Payloads::with_store(Some(store.clone()));
+            upload_as(how, &mut first, 1, &bytes, 1024);
+            first.finish();
+            // Flip a byte of chunk 2's file.
+            let id = ContentId::of(&bytes[2048..3072]).to_hex();
+            let path = dir.path().join("blobs").join(&id[..2]).join(&id);
+            let mut blob = std::fs::read(&path).unwrap();
+            blob[10] ^= 0xff;
+            std::fs::write(&path, blob).unwrap();
+            let mut second = Payloads::with_store(Some(store.clone()));
+            let (sent, got) = upload_as(how, &mut second, 1, &bytes, 1024);
+            assert_eq!(sent, vec![2]);
+            assert_eq!(got, bytes);
+            assert_eq!(store.stats().unwrap().corrupt, 1);
+        }
+    }
+
+    #[test]
+    fn a_copy_waits_for_the_fill_and_a_discarded_fill_still_answers() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(BlobStore::open(dir.path(), 1 << 30).unwrap());
-        let bytes = data(4096, 5);
+        let bytes = data(64 << 10, 6);
         let mut first = Payloads::with_store(Some(store.clone()));
-        upload(&mut first, 1, &bytes, 1024);
+        upload(&mut first, 1, &bytes, 4096);
         first.finish();
-        // Flip a byte of chunk 2's file.
-        let id = ContentId::of(&bytes[2048..3072]).to_hex();
-        let path = dir.path().join("blobs").join(&id[..2]).join(&id);
-        let mut blob = std::fs::read(&path).unwrap();
-        blob[10] ^= 0xff;
-        std::fs::write(&path, blob).unwrap();
-        let mut second = Payloads::with_store(Some(store.clone()));
-        let (sent, got) = upload(&mut second, 1, &bytes, 1024);
-        assert_eq!(sent, vec![2]);
+        let manifest = Manifest::with_chunk_size(&bytes, 4096);
+        let mut payloads = Payloads::with_store(Some(store));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let answer = |tx: std::sync::mpsc::Sender<Vec<u32>>| -> AnswerLater {
+            Box::new(move |missing| tx.send(missing).unwrap())
+        };
+        // Copied before the answer was read: the copy finds the whole payload in place.
+        let begun = payloads.begin_then(1, &manifest.encode(), Some(answer(tx.clone())));
+        assert_eq!(begun, Ok(None));
+        let mut got = Vec::new();
+        payloads
+            .copy(1, |b| {
+                got = b.to_vec();
+                Ok(())
+            })
+            .unwrap();
         assert_eq!(got, bytes);
-        assert_eq!(store.stats().unwrap().corrupt, 1);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Vec::<u32>::new()
+        );
+        // Replaced (the number reused) and discarded while filling: each announcement is answered.
+        for _ in 0..2 {
+            let begun = payloads.begin_then(2, &manifest.encode(), Some(answer(tx.clone())));
+            assert_eq!(begun, Ok(None));
+        }
+        payloads.discard(2);
+        for _ in 0..2 {
+            rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        }
+        assert_eq!(payloads.copy(2, |_| Ok(())), Err(CUresult::INVALID_VALUE));
+        payloads.finish();
     }
 
     #[test]

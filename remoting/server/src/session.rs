@@ -28,8 +28,9 @@ use crate::callbacks::HostCallbacks;
 use crate::images::Images;
 pub use crate::images::use_content_cache;
 use crate::mirrors::{self, Mirrors};
-use crate::payloads::{Payloads, Settled};
+use crate::payloads::{AnswerLater, Payloads, Settled};
 use gleam_protocol::api::ApiCall;
+use gleam_protocol::order::Lane;
 use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
@@ -77,7 +78,12 @@ pub struct Session<B: Backend> {
     chunk_sink: Option<ChunkSink>,
     /// The request just handled is marked run by [`Session::chunk_sink`], later.
     run_later: bool,
+    /// Where answers made off the executor go ([`Session::answer_later_with`]).
+    answer_sink: Option<AnswerSink>,
 }
+
+/// Sends an answer made off the executor (an upload announcement's, once the store was read) on a lane.
+pub type AnswerSink = Arc<dyn Fn(Lane, ReplyFrame) + Send + Sync>;
 
 /// Told the seq of an [`Call::UploadChunk`] request once its chunk is in place or refused.
 pub type ChunkSink = Arc<dyn Fn(u64) + Send + Sync>;
@@ -126,6 +132,7 @@ impl<B: Backend> Session<B> {
             shared_bulk: None,
             chunk_sink: None,
             run_later: false,
+            answer_sink: None,
         }
     }
 
@@ -136,6 +143,13 @@ impl<B: Backend> Session<B> {
     /// being decoded and checked (it would hold the executor, and every other stream, meanwhile).
     pub fn settle_chunks_with(&mut self, sink: ChunkSink) {
         self.chunk_sink = Some(sink);
+    }
+
+    /// From now on, an upload's announcement ([`Call::UploadBegin`]) is answered through `sink` once the
+    /// filler thread has read what the content cache holds of it: [`Session::handle`] returns no answer
+    /// for it, and the executor runs other requests (the previous segment's copy) meanwhile.
+    pub fn answer_later_with(&mut self, sink: AnswerSink) {
+        self.answer_sink = Some(sink);
     }
 
     /// Whether the request just handled will be reported run through the chunk sink, later (then the
@@ -170,6 +184,15 @@ impl<B: Backend> Session<B> {
                     bulk: Vec::new(),
                 });
             }
+            // Answered by the filler thread, when the session process said where to.
+            Call::UploadBegin {
+                upload,
+                ref manifest,
+            } if self.state == State::Open && req.expects_reply => {
+                if let Some(sink) = self.answer_sink.clone() {
+                    return self.begin_upload(req.seq, upload, manifest, &req.call, sink);
+                }
+            }
             // Normally handled as it arrives (`HostCallbacks::returned`); here for a transport that
             // schedules everything.
             Call::HostFuncReturned { id } => {
@@ -194,6 +217,42 @@ impl<B: Backend> Session<B> {
         Some(Answer {
             frame: ReplyFrame { seq, result, reply },
             bulk,
+        })
+    }
+
+    /// An upload's announcement answered off the executor (see [`Session::answer_later_with`]); like
+    /// the other bookkeeping of cached uploads it runs whatever error is pending. `None`: the filler
+    /// answers.
+    fn begin_upload(
+        &mut self,
+        seq: u64,
+        upload: u64,
+        manifest: &[u8],
+        call: &Call,
+        sink: AnswerSink,
+    ) -> Option<Answer> {
+        let lane = call
+            .ordering()
+            .stream
+            .map_or(Lane::CONTROL, Lane::of_stream);
+        let later: AnswerLater = Box::new(move |missing| {
+            sink(
+                lane,
+                ReplyFrame {
+                    seq,
+                    result: CUresult::SUCCESS,
+                    reply: Reply::UploadWanted { missing },
+                },
+            );
+        });
+        let (result, reply) = match self.payloads.begin_then(upload, manifest, Some(later)) {
+            Ok(None) => return None,
+            Ok(Some(missing)) => (CUresult::SUCCESS, Reply::UploadWanted { missing }),
+            Err(err) => (err, Reply::Empty),
+        };
+        Some(Answer {
+            frame: ReplyFrame { seq, result, reply },
+            bulk: Vec::new(),
         })
     }
 
