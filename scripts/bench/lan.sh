@@ -43,23 +43,19 @@ cfg=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$cfg"; }
 trap cleanup EXIT
+# shellcheck source=scripts/lib/peer.sh
+source scripts/lib/peer.sh
 
-# start_peer NAME PORTS [VAR=VALUE...]: a peer whose session processes listen on a few fixed ports PORTS
-# (LO-HI: one per session; a session that just ended may still hold its port while the next starts), so
-# that an emulated link can carry them too; sets peer_port and id.
+# start_peer NAME PORTS [VAR=VALUE...]: a peer (output in $OUT/NAME.out and .log) whose session processes
+# listen on a few fixed ports PORTS (LO-HI: one per session; a session that just ended may still hold its
+# port while the next starts), so that an emulated link can carry them too; sets peer_port and id.
 start_peer() {
     local name=$1 ports=$2
     shift 2
-    env -i PATH="$PATH" HOME="$HOME" ${LD_LIBRARY_PATH:+LD_LIBRARY_PATH="$LD_LIBRARY_PATH"} GLEAM_LOG="${SERVE_LOG:-warn}" \
-        ${GLEAM_CONGESTION:+GLEAM_CONGESTION="$GLEAM_CONGESTION"} "$@" \
-        GLEAM_SESSION_PORTS="$ports" "$BIN/gleam" serve 127.0.0.1:0 --backend "$BACKEND" --config-dir "$cfg" \
-        > "$OUT/$name.out" 2> "$OUT/$name.log" &
-    pids+=($!)
-    for _ in $(seq 300); do grep -q "listening on" "$OUT/$name.out" 2>/dev/null && break; sleep 0.1; done
-    local line
-    line=$(grep "listening on" "$OUT/$name.out") || { echo "the peer did not start"; cat "$OUT/$name.log"; exit 1; }
-    peer_port=$(sed -nE 's/.*listening on [^ ]+:([0-9]+) as .*/\1/p' <<<"$line")
-    id=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
+    start_serving_peer "the peer" "$BIN/gleam" "$BACKEND" "$cfg" "$OUT/$name.out" "$OUT/$name.log" \
+        ${LD_LIBRARY_PATH:+LD_LIBRARY_PATH="$LD_LIBRARY_PATH"} GLEAM_LOG="${SERVE_LOG:-warn}" \
+        ${GLEAM_CONGESTION:+GLEAM_CONGESTION="$GLEAM_CONGESTION"} "$@" GLEAM_SESSION_PORTS="$ports"
+    id=$peer_id
 }
 # L0's peer, and the peer behind the emulated links. Behind the emulator both ends treat the path as the LAN
 # it stands for (GLEAM_LOOPBACK_PATH=lan: Ethernet-sized datagrams, the LAN's bulk controller); they would

@@ -12,18 +12,17 @@ cd "$(dirname "$0")/../.."
 C=${CARRY:-.carry}
 BACKEND=${BACKEND:-cuda}
 ROUNDS=${ROUNDS:-3}
+# shellcheck source=scripts/lib/peer.sh
+source scripts/lib/peer.sh
 cfg=$(mktemp -d)
 out=$(mktemp)
-cleanup() { [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null; rm -rf "$cfg" "$out"; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$cfg" "$out"; }
 trap cleanup EXIT
 # shellcheck disable=SC2086
-env -i PATH="$PATH" HOME="$HOME" GLEAM_LOG=warn ${SERVE_ENV:-} "$C/gleam" serve 127.0.0.1:0 --backend "$BACKEND" \
-    --config-dir "$cfg" > "$out" 2>/dev/null &
-pid=$!
-for _ in $(seq 300); do grep -q "listening on" "$out" && break; sleep 0.1; done
-line=$(grep "listening on" "$out") || { echo "the peer did not start"; exit 1; }
-addr=$(sed -E 's/.*listening on ([^ ]+) as .*/\1/' <<<"$line")
-id=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
+start_serving_peer "the peer" "$C/gleam" "$BACKEND" "$cfg" "$out" /dev/null GLEAM_LOG=warn ${SERVE_ENV:-}
+addr=$peer_addr
+id=$peer_id
 local_run() { [ "$BACKEND" = cuda ] && echo "local $("$C/examples/bench_driver")"; }
 local_run
 for _ in $(seq "$ROUNDS"); do

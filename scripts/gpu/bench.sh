@@ -15,16 +15,15 @@ cfg=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
 trap cleanup EXIT
+# shellcheck source=scripts/lib/peer.sh
+source scripts/lib/peer.sh
 
-# Starts `gleam serve` as NAME with a clean environment (so it loads NVIDIA's driver and never the shim) plus
-# the given VAR=VALUE settings; sets `line` to its "listening on ADDR as ID" line.
+# Starts `gleam serve` as NAME (output in $OUT/NAME.out and .log) with a clean environment (so it loads
+# NVIDIA's driver and never the shim) plus the given VAR=VALUE settings; sets peer_addr, peer_port, peer_id.
 start_server() {
     local name=$1; shift
-    env -i PATH="$PATH" HOME="$HOME" GLEAM_LOG=info "$@" "$C/gleam" serve 127.0.0.1:0 \
-        --backend "${BACKEND:-cuda}" --config-dir "$cfg" >"$OUT/$name.out" 2>"$OUT/$name.log" &
-    pids+=($!)
-    for _ in $(seq 300); do grep -q "listening on" "$OUT/$name.out" 2>/dev/null && break; sleep 0.1; done
-    line=$(grep "listening on" "$OUT/$name.out") || { echo "$name did not start"; cat "$OUT/$name.log"; exit 1; }
+    start_serving_peer "$name" "$C/gleam" "${BACKEND:-cuda}" "$cfg" "$OUT/$name.out" "$OUT/$name.log" \
+        GLEAM_LOG=info "$@"
 }
 # An emulated 1 Gbit/s link with 1 ms round trips from LISTEN to TO.
 link() {
@@ -33,8 +32,8 @@ link() {
 }
 
 start_server serve
-addr=$(sed -E 's/.*listening on ([^ ]+) as .*/\1/' <<<"$line")
-id=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
+addr=$peer_addr
+id=$peer_id
 echo "server: $id at $addr"
 
 # The link: a second server whose session processes listen on port 47100 only (GLEAM_SESSION_PORTS), and two
@@ -44,7 +43,7 @@ echo "server: $id at $addr"
 # datagrams, the LAN's bulk controller; they would otherwise take it for loopback and send 6000-byte datagrams).
 ETHERNET=GLEAM_LOOPBACK_PATH=lan
 start_server serve-link GLEAM_SESSION_PORTS=47100 "$ETHERNET"
-link_port=$(sed -nE 's/.*listening on [^ ]+:([0-9]+) as .*/\1/p' <<<"$line")
+link_port=$peer_port
 link 127.0.0.2:47000 "127.0.0.1:$link_port" linkemu
 link 127.0.0.2:47100 127.0.0.1:47100 linkemu-session
 sleep 0.5
@@ -64,8 +63,8 @@ run link env "$ETHERNET" GLEAM_STATS="$OUT/wire-link.json" "$C/gleam" run --peer
 # at the same size: MTUS="1452 6550".
 for mtu in ${MTUS:-}; do
     start_server "serve-mtu$mtu" GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu"
-    maddr=$(sed -E 's/.*listening on ([^ ]+) as .*/\1/' <<<"$line")
-    mid=$(sed -E 's/.* as ([^ ]+).*/\1/' <<<"$line")
+    maddr=$peer_addr
+    mid=$peer_id
     run "loopback-mtu$mtu" env GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu" GLEAM_STATS="$OUT/wire-loopback-mtu$mtu.json" \
         "$C/gleam" run --peer "$mid@$maddr" --config-dir "$cfg" -- "$C/examples/bench_driver"
     if [ -x "$C/examples/quinn_floor" ]; then
