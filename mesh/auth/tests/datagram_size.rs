@@ -3,34 +3,26 @@
 //! cost fewer packets and AEAD operations. A path fitted to loopback (`tls::fit_to_path`, both ends)
 //! carries loopback datagrams from the first packet on.
 
-use std::net::SocketAddr;
+mod common;
+
 use std::time::Duration;
 
-use gleam_auth::identity::Identity;
 use gleam_auth::tls;
+
+use common::Peers;
 
 #[tokio::test]
 async fn loopback_connections_grow_their_datagrams_to_the_ceiling() {
-    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let server_id = Identity::load_or_create(dirs.0.path()).unwrap();
-    let client_id = Identity::load_or_create(dirs.1.path()).unwrap();
-    let server = tls::endpoint(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        Some(tls::server_config(&server_id).unwrap()),
-    )
-    .unwrap();
-    let addr = server.local_addr().unwrap();
-    let accept = tokio::spawn(async move {
-        let conn = server.accept().await.unwrap().await.unwrap();
-        // No proof here: the credit it would have granted.
-        tls::grant_credit(&conn);
-        let mut recv = conn.accept_uni().await.unwrap();
-        recv.read_to_end(usize::MAX).await.unwrap().len()
-    });
+    let peers = Peers::new();
+    let (server, addr) = peers.server_endpoint(tls::server_config(&peers.server_id).unwrap());
+    let accept = common::accept_one_stream(server);
     let client = gleam_auth::dial::client_endpoint().unwrap();
-    let config = tls::client_config(&client_id, server_id.peer_id(), tls::ALPN_CUDA).unwrap();
     let conn = client
-        .connect_with(config, addr, &tls::server_name(server_id.peer_id()))
+        .connect_with(
+            peers.client_config(),
+            addr,
+            &tls::server_name(peers.server_id.peer_id()),
+        )
         .unwrap()
         .await
         .unwrap();
@@ -40,7 +32,7 @@ async fn loopback_connections_grow_their_datagrams_to_the_ceiling() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     send.write_all(&data).await.unwrap();
     send.finish().unwrap();
-    assert_eq!(accept.await.unwrap(), data.len());
+    assert_eq!(accept.await.unwrap().len(), data.len());
     let mtu = conn.stats().path.current_mtu;
     eprintln!(
         "path mtu {mtu}, datagrams sent {}",
@@ -51,13 +43,9 @@ async fn loopback_connections_grow_their_datagrams_to_the_ceiling() {
 
 #[tokio::test]
 async fn loopback_paths_carry_loopback_datagrams_from_the_start() {
-    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let server_id = Identity::load_or_create(dirs.0.path()).unwrap();
-    let client_id = Identity::load_or_create(dirs.1.path()).unwrap();
-    let config = tls::server_config(&server_id).unwrap();
-    let server =
-        tls::endpoint(SocketAddr::from(([127, 0, 0, 1], 0)), Some(config.clone())).unwrap();
-    let addr = server.local_addr().unwrap();
+    let peers = Peers::new();
+    let config = tls::server_config(&peers.server_id).unwrap();
+    let (server, addr) = peers.server_endpoint(config.clone());
     let accept = tokio::spawn(async move {
         let incoming = server.accept().await.unwrap();
         let conn = tls::accept(incoming, &config).unwrap().await.unwrap();
@@ -67,12 +55,12 @@ async fn loopback_paths_carry_loopback_datagrams_from_the_start() {
         (got, conn.stats().path.current_mtu)
     });
     let client = gleam_auth::dial::client_endpoint().unwrap();
-    let mut config = tls::client_config(&client_id, server_id.peer_id(), tls::ALPN_CUDA).unwrap();
+    let mut config = peers.client_config();
     config.transport_config(std::sync::Arc::new(tls::transport_config_to(addr)));
     let conn = tokio::time::timeout(
         Duration::from_secs(5),
         client
-            .connect_with(config, addr, &tls::server_name(server_id.peer_id()))
+            .connect_with(config, addr, &tls::server_name(peers.server_id.peer_id()))
             .unwrap(),
     )
     .await

@@ -2,6 +2,8 @@
 //! a sender bound by the controller's window, a link of fixed rate with a drop-tail queue, a propagation
 //! delay each way, and an acknowledgement per packet; and once under quinn, on a real transfer.
 
+mod common;
+
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
@@ -221,32 +223,18 @@ fn a_full_queue_halves_the_window() {
 /// byte arrives, and the window grew from its initial size on the acknowledgements.
 #[tokio::test]
 async fn a_bulk_connection_moves_its_bytes_under_the_delay_target() {
-    use gleam_auth::identity::Identity;
     use gleam_auth::tls;
-    use std::net::SocketAddr;
     use std::sync::Arc;
 
-    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let server_id = Identity::load_or_create(dirs.0.path()).unwrap();
-    let client_id = Identity::load_or_create(dirs.1.path()).unwrap();
-    let server = tls::endpoint(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        Some(tls::server_config(&server_id).unwrap()),
-    )
-    .unwrap();
-    let addr = server.local_addr().unwrap();
-    let accept = tokio::spawn(async move {
-        let conn = server.accept().await.unwrap().await.unwrap();
-        tls::grant_credit(&conn);
-        let mut recv = conn.accept_uni().await.unwrap();
-        recv.read_to_end(usize::MAX).await.unwrap()
-    });
+    let peers = common::Peers::new();
+    let (server, addr) = peers.server_endpoint(tls::server_config(&peers.server_id).unwrap());
+    let accept = common::accept_one_stream(server);
     let client = gleam_auth::dial::client_endpoint().unwrap();
-    let mut config = tls::client_config(&client_id, server_id.peer_id(), tls::ALPN_CUDA).unwrap();
+    let mut config = peers.client_config();
     // The LAN's bulk configuration (not fitted to loopback, which keeps BBR).
     config.transport_config(Arc::new(tls::bulk_transport_config()));
     let conn = client
-        .connect_with(config, addr, &tls::server_name(server_id.peer_id()))
+        .connect_with(config, addr, &tls::server_name(peers.server_id.peer_id()))
         .unwrap()
         .await
         .unwrap();
