@@ -167,9 +167,10 @@ pub fn transport_config_to(remote: SocketAddr) -> quinn::TransportConfig {
 /// [`bulk_transport_config`] fitted to the path to `remote` ([`fit_to_path`]), with the bulk controller
 /// for that path ([`bulk_congestion`]).
 pub fn bulk_transport_config_to(remote: SocketAddr) -> quinn::TransportConfig {
+    let kind = path_kind(remote);
     let mut transport = transport_config();
-    bulk_congestion(path_kind(remote)).apply(&mut transport);
-    fit_to_path(&mut transport, remote);
+    bulk_congestion(kind).apply(&mut transport);
+    fit_to_path_kind(&mut transport, kind);
     transport
 }
 
@@ -203,7 +204,12 @@ pub fn path_kind(remote: SocketAddr) -> PathKind {
 /// smallest size is set to the same, since it is where quinn's black-hole detector would fall back to.
 /// Elsewhere the LAN settings stay (discovery up to [`udp_payload_max`]).
 pub fn fit_to_path(transport: &mut quinn::TransportConfig, remote: SocketAddr) {
-    if path_kind(remote) == PathKind::Loopback {
+    fit_to_path_kind(transport, path_kind(remote));
+}
+
+/// [`fit_to_path`] for a path already known to be of `kind`.
+fn fit_to_path_kind(transport: &mut quinn::TransportConfig, kind: PathKind) {
+    if kind == PathKind::Loopback {
         let size = loopback_udp_payload();
         transport
             .min_mtu(size)
@@ -224,13 +230,13 @@ pub fn accept(
     incoming: quinn::Incoming,
     config: &quinn::ServerConfig,
 ) -> Result<quinn::Connecting, quinn::ConnectionError> {
-    let remote = incoming.remote_address();
-    if path_kind(remote) == PathKind::Lan {
+    let kind = path_kind(incoming.remote_address());
+    if kind == PathKind::Lan {
         return incoming.accept();
     }
     let mut fitted = config.clone();
     let mut transport = preauth_transport_config();
-    fit_to_path(&mut transport, remote);
+    fit_to_path_kind(&mut transport, kind);
     fitted.transport_config(Arc::new(transport));
     incoming.accept_with(Arc::new(fitted))
 }
