@@ -34,6 +34,7 @@ use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr, ParamSlot};
 use gleam_server::backend::{ApiBackend, Backend};
 use gleam_server::callbacks::CallbackPoint;
+use gleam_server::staging::HostPin;
 
 /// One past the last `CUdevice_attribute` of CUDA 13.0 (`CU_DEVICE_ATTRIBUTE_MAX`).
 pub const DEVICE_ATTRIBUTE_END: i32 =
@@ -511,6 +512,24 @@ impl Backend for RealBackend {
             },
         }
         .result()
+    }
+
+    fn pin_host(&mut self, pages: &mut [u8]) -> Option<HostPin> {
+        let at = pages.as_mut_ptr().cast::<c_void>();
+        // SAFETY: `pages` is valid for its length; the caller keeps it allocated until the pin is dropped.
+        // PORTABLE: copies in any of the session's contexts see it page-locked.
+        let result = unsafe { (self.driver.mem_host_register)(at, pages.len(), 1) };
+        if !result.is_success() {
+            debug!(?result, "upload staging stays pageable");
+            return None;
+        }
+        let unregister = self.driver.mem_host_unregister;
+        let addr = at as usize;
+        Some(HostPin::new(move || {
+            // SAFETY: registered above and not yet unregistered; a failure (its context is gone) leaves
+            // plain memory.
+            let _ = unsafe { unregister(addr as *mut c_void) };
+        }))
     }
 
     fn memcpy_dtoh(

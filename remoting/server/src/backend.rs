@@ -12,6 +12,7 @@ use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr};
 
 use crate::callbacks::CallbackPoint;
+use crate::staging::HostPin;
 
 macro_rules! api_backend {
     ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
@@ -51,6 +52,14 @@ pub trait Backend: ApiBackend {
     fn set_current_context(&mut self, ctx: u64) -> Result<(), CUresult>;
     /// `cuMemcpyHtoD_v2` (`stream: None`) or `cuMemcpyHtoDAsync_v2`.
     fn memcpy_htod(&mut self, dst: u64, data: &[u8], stream: Option<u64>) -> Result<(), CUresult>;
+    /// Page-locks `pages` (page-aligned, whole pages) for faster copies from them to the device
+    /// (`cuMemHostRegister`), until the returned pin is dropped, which must happen before the memory is
+    /// freed and should happen on this thread; `None` where the backend cannot or need not (the memory
+    /// stays pageable).
+    fn pin_host(&mut self, pages: &mut [u8]) -> Option<HostPin> {
+        let _ = pages;
+        None
+    }
     /// `cuMemcpyDtoH_v2` or `cuMemcpyDtoHAsync_v2` (which must wait for the stream before returning data).
     fn memcpy_dtoh(
         &mut self,

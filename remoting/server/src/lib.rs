@@ -17,3 +17,4 @@ pub mod images;
 pub mod mirrors;
 pub mod payloads;
 pub mod session;
+pub mod staging;

@@ -32,6 +32,7 @@ use gleam_protocol::types::CUresult;
 use tracing::{debug, warn};
 
 use crate::images::content_cache;
+use crate::staging::{HostPin, StagingBuf};
 
 /// The largest payload one announcement may stage (clients split larger copies).
 pub const MAX_UPLOAD: u64 = 256 << 20;
@@ -40,9 +41,25 @@ pub const MAX_STAGED: u64 = 1 << 30;
 /// Staging buffers waiting for the writer thread, at most (each up to [`MAX_UPLOAD`]): past it, copies
 /// wait for the disk.
 const WRITE_QUEUE: usize = 4;
-/// Staging buffers kept for reuse (a fresh one costs a page fault per page as it fills); at most
-/// 2 x 64 MiB held by an idle session.
-const POOL: usize = 2;
+/// Staging buffers kept for reuse (a fresh one costs a page fault per page as it fills, and page-locking
+/// it more); at most 4 x 64 MiB held by an idle session: a client keeps two segments announced ahead of
+/// the one it copies.
+const POOL: usize = 4;
+/// Payloads from this size on are staged in page-locked memory where the backend offers it.
+const PIN_FROM: usize = 8 << 20;
+/// A page-locked staging buffer holds at least this much (a client's segment).
+const PINNED_CAPACITY: usize = 64 << 20;
+
+/// Page-locks a staging buffer's pages ([`Backend::pin_host`](crate::backend::Backend::pin_host)).
+pub type Pinner<'a> = dyn FnMut(&mut [u8]) -> Option<HostPin> + 'a;
+
+/// Whether large uploads are staged in page-locked memory (`GLEAM_UPLOAD_PINNED=off`: never; read once).
+fn pinned_staging() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !std::env::var("GLEAM_UPLOAD_PINNED").is_ok_and(|v| gleam_protocol::tuning::turned_off(&v))
+    })
+}
 /// How long the end of a session waits for the cache writes it queued.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -62,7 +79,7 @@ pub struct Payloads {
     /// Fills announced payloads from the store (started at the first announcement answered later).
     filler: Option<Filler>,
     /// Staging buffers for reuse.
-    pool: Arc<Mutex<Vec<Vec<u8>>>>,
+    pool: Arc<Mutex<Vec<StagingBuf>>>,
 }
 
 impl Default for Payloads {
@@ -100,7 +117,7 @@ struct Staged {
 /// A staged payload's bytes, and what the chunk worker has still to do for it.
 #[derive(Debug, Default)]
 struct SharedBuf {
-    bytes: Mutex<Vec<u8>>,
+    bytes: Mutex<StagingBuf>,
     progress: Mutex<Progress>,
     settled: std::sync::Condvar,
 }
@@ -185,18 +202,22 @@ impl Payloads {
     /// returns the indices of the chunks to send (one per distinct missing chunk).
     pub fn begin(&mut self, upload: u64, manifest: &[u8]) -> Result<Vec<u32>, CUresult> {
         // Without a callback the answer is always made here.
-        Ok(self.begin_then(upload, manifest, None)?.unwrap_or_default())
+        Ok(self
+            .begin_then(upload, manifest, None, None)?
+            .unwrap_or_default())
     }
 
     /// [`Payloads::begin`], reading the store off the caller's thread when `answer` is given: then
     /// `Ok(None)` is returned at once and `answer` is told the missing chunks once the filler thread has
     /// read and verified what the store holds (so the session's executor runs other calls, and the
-    /// previous segment's copy, meanwhile). The upload's copy waits for that fill.
+    /// previous segment's copy, meanwhile). The upload's copy waits for that fill. `pin` page-locks a
+    /// large payload's fresh staging buffer ([`Backend::pin_host`](crate::backend::Backend::pin_host)).
     pub fn begin_then(
         &mut self,
         upload: u64,
         manifest: &[u8],
         answer: Option<AnswerLater>,
+        pin: Option<&mut Pinner<'_>>,
     ) -> Result<Option<Vec<u32>>, CUresult> {
         let manifest = Manifest::decode(manifest).map_err(|err| {
             debug!(upload, %err, "refused an upload announcement");
@@ -218,16 +239,7 @@ impl Payloads {
         }
         let chunks = manifest.chunks().len();
         let len = manifest.len() as usize;
-        // A reused buffer of the same length needs no clearing (every chunk is written before use); a
-        // fresh one is zeroed lazily, by the kernel.
-        let buf = match lock(&self.pool).pop() {
-            Some(mut buf) => {
-                buf.truncate(len);
-                buf.resize(len, 0);
-                buf
-            }
-            None => vec![0; len],
-        };
+        let buf = self.staging(len, pin);
         let mut places: HashMap<ContentId, Vec<usize>> = HashMap::new();
         for (index, id) in manifest.chunks().iter().enumerate() {
             places.entry(*id).or_default().push(index);
@@ -257,7 +269,7 @@ impl Payloads {
                     let range = staged.range(index);
                     if from.len() == range.len() {
                         bytes[range.clone()].copy_from_slice(&buf[from.clone()]);
-                        copy_repeats(&mut bytes, &range, &staged.fill(index));
+                        copy_repeats(&mut bytes[..], &range, &staged.fill(index));
                     }
                 }
             }
@@ -273,7 +285,7 @@ impl Payloads {
             let filling = std::time::Instant::now();
             if let Some(store) = store {
                 let wanted: Vec<usize> = (0..chunks).filter(|&i| !staged.filled[i]).collect();
-                for index in read_from_store(&store, &staged.manifest, &mut bytes, &wanted) {
+                for index in read_from_store(&store, &staged.manifest, &mut bytes[..], &wanted) {
                     staged.mark(index);
                 }
             }
@@ -437,11 +449,47 @@ impl Payloads {
         }
     }
 
-    fn recycle(&self, buf: Vec<u8>) {
+    fn recycle(&self, buf: StagingBuf) {
         let mut pool = lock(&self.pool);
         if pool.len() < POOL {
             pool.push(buf);
         }
+    }
+
+    /// A staging buffer of `len` bytes: the smallest pooled one that holds it, else a fresh one, which
+    /// `pin` page-locks if the payload is large (then it is made large enough for any later segment,
+    /// since page-locking faults every page in once).
+    fn staging(&mut self, len: usize, pin: Option<&mut Pinner<'_>>) -> StagingBuf {
+        let mut pool = lock(&self.pool);
+        // The writer thread returns every page-locked buffer, so that they are unlocked on this thread
+        // (the one the backend's context is current on): the surplus goes here.
+        while pool.len() > POOL {
+            let smallest = (0..pool.len()).min_by_key(|&i| pool[i].capacity());
+            smallest.map(|i| pool.swap_remove(i));
+        }
+        let fits = (0..pool.len())
+            .filter(|&i| pool[i].capacity() >= len)
+            .min_by_key(|&i| pool[i].capacity());
+        if let Some(i) = fits {
+            // Needs no clearing: every chunk is written before the copy.
+            let mut buf = pool.swap_remove(i);
+            buf.set_len(len);
+            return buf;
+        }
+        drop(pool);
+        let pin = pin.filter(|_| len >= PIN_FROM && pinned_staging());
+        let mut buf = StagingBuf::zeroed(if pin.is_some() {
+            len.max(PINNED_CAPACITY)
+        } else {
+            len
+        });
+        buf.set_len(len);
+        if let Some(pin) = pin
+            && let Some(locked) = pin(buf.pages_mut())
+        {
+            buf.set_pin(locked);
+        }
+        buf
     }
 
     /// Drops every unfinished upload and waits (boundedly) until the queued chunks are in the content
@@ -631,7 +679,7 @@ fn place(decoder: &mut Decoder, scratch: &mut Vec<u8>, job: &ChunkJob) {
         // A buffer taken away (the upload was discarded or replaced) is not written.
         if bytes.len() >= job.range.end {
             bytes[job.range.clone()].copy_from_slice(body);
-            copy_repeats(&mut bytes, &job.range, &job.repeats);
+            copy_repeats(&mut bytes[..], &job.range, &job.repeats);
         }
         true
     }))
@@ -783,7 +831,7 @@ fn fill(job: FillJob) {
         if bytes.len() as u64 != manifest.len() {
             return Vec::new();
         }
-        read_from_store(&store, &manifest, &mut bytes, &wanted)
+        read_from_store(&store, &manifest, &mut bytes[..], &wanted)
     }))
     .unwrap_or_default();
     for &index in &placed {
@@ -817,16 +865,16 @@ struct Writer {
     thread: Option<JoinHandle<()>>,
 }
 
-type Queued = HashMap<ContentId, (Arc<Vec<u8>>, Range<usize>)>;
+type Queued = HashMap<ContentId, (Arc<StagingBuf>, Range<usize>)>;
 
 enum Job {
     /// Store these chunks of this buffer.
-    Put(Arc<Vec<u8>>, Vec<(ContentId, Range<usize>)>),
+    Put(Arc<StagingBuf>, Vec<(ContentId, Range<usize>)>),
     Flush(SyncSender<()>),
 }
 
 impl Writer {
-    fn start(store: Arc<BlobStore>, pool: Arc<Mutex<Vec<Vec<u8>>>>) -> Self {
+    fn start(store: Arc<BlobStore>, pool: Arc<Mutex<Vec<StagingBuf>>>) -> Self {
         let (jobs, rx) = sync_channel(WRITE_QUEUE);
         let queued = Arc::new(Mutex::new(HashMap::new()));
         let thread = {
@@ -848,7 +896,7 @@ impl Writer {
         lock(&self.queued)
     }
 
-    fn put(&self, buf: Vec<u8>, chunks: Vec<(ContentId, Range<usize>)>) {
+    fn put(&self, buf: StagingBuf, chunks: Vec<(ContentId, Range<usize>)>) {
         let Some(jobs) = &self.jobs else { return };
         let buf = Arc::new(buf);
         {
@@ -889,7 +937,7 @@ fn write_chunks(
     store: &BlobStore,
     jobs: &Receiver<Job>,
     queued: &Mutex<Queued>,
-    pool: &Mutex<Vec<Vec<u8>>>,
+    pool: &Mutex<Vec<StagingBuf>>,
 ) {
     while let Ok(job) = jobs.recv() {
         match job {
@@ -909,7 +957,8 @@ fn write_chunks(
                 }
                 if let Ok(buf) = Arc::try_unwrap(buf) {
                     let mut pool = lock(pool);
-                    if pool.len() < POOL {
+                    // A page-locked buffer is unlocked on the executor (`Payloads::staging`).
+                    if pool.len() < POOL || buf.is_pinned() {
                         pool.push(buf);
                     }
                 }
@@ -958,7 +1007,7 @@ mod tests {
                 let (tx, rx) = std::sync::mpsc::channel();
                 let answer: AnswerLater = Box::new(move |missing| tx.send(missing).unwrap());
                 match payloads
-                    .begin_then(id, &manifest.encode(), Some(answer))
+                    .begin_then(id, &manifest.encode(), Some(answer), None)
                     .unwrap()
                 {
                     Some(missing) => missing,
@@ -1221,7 +1270,7 @@ mod tests {
             Box::new(move |missing| tx.send(missing).unwrap())
         };
         // Copied before the answer was read: the copy finds the whole payload in place.
-        let begun = payloads.begin_then(1, &manifest.encode(), Some(answer(tx.clone())));
+        let begun = payloads.begin_then(1, &manifest.encode(), Some(answer(tx.clone())), None);
         assert_eq!(begun, Ok(None));
         let mut got = Vec::new();
         payloads
@@ -1237,7 +1286,7 @@ mod tests {
         );
         // Replaced (the number reused) and discarded while filling: each announcement is answered.
         for _ in 0..2 {
-            let begun = payloads.begin_then(2, &manifest.encode(), Some(answer(tx.clone())));
+            let begun = payloads.begin_then(2, &manifest.encode(), Some(answer(tx.clone())), None);
             assert_eq!(begun, Ok(None));
         }
         payloads.discard(2);
@@ -1246,6 +1295,47 @@ mod tests {
         }
         assert_eq!(payloads.copy(2, |_| Ok(())), Err(CUresult::INVALID_VALUE));
         payloads.finish();
+    }
+
+    #[test]
+    fn large_payloads_are_staged_page_locked_once_and_unlocked_when_dropped() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (pins, unpins) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let mut pin = |pages: &mut [u8]| {
+            assert_eq!(pages.as_ptr() as usize % crate::staging::PAGE, 0);
+            assert!(pages.len() >= PINNED_CAPACITY);
+            pins.fetch_add(1, Ordering::SeqCst);
+            let unpins = unpins.clone();
+            Some(HostPin::new(move || {
+                unpins.fetch_add(1, Ordering::SeqCst);
+            }))
+        };
+        let mut payloads = Payloads::with_store(None);
+        let (big, small) = (data(PIN_FROM + 4096, 7), data(PIN_FROM - 1, 8));
+        for (round, bytes) in [&big, &big, &small].into_iter().enumerate() {
+            let manifest = Manifest::with_chunk_size(bytes, 1 << 20);
+            let id = round as u64 + 1;
+            let begun = payloads.begin_then(id, &manifest.encode(), None, Some(&mut pin));
+            let missing = begun.unwrap().unwrap();
+            for index in missing {
+                let r = manifest.chunk_range(index as usize);
+                let wire = Encoder::new(Compression::OFF)
+                    .encode(&bytes[r.start as usize..r.end as usize])
+                    .to_wire();
+                payloads.chunk(id, index, Bytes::from(wire)).unwrap();
+            }
+            payloads
+                .copy(id, |got| {
+                    assert_eq!(got, &bytes[..]);
+                    Ok(())
+                })
+                .unwrap();
+        }
+        // The second large payload and the small one reused the first's buffer.
+        assert_eq!(pins.load(Ordering::SeqCst), 1);
+        assert_eq!(unpins.load(Ordering::SeqCst), 0);
+        drop(payloads);
+        assert_eq!(unpins.load(Ordering::SeqCst), 1);
     }
 
     #[test]

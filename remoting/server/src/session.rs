@@ -245,7 +245,12 @@ impl<B: Backend> Session<B> {
                 },
             );
         });
-        let (result, reply) = match self.payloads.begin_then(upload, manifest, Some(later)) {
+        let backend = &mut self.backend;
+        let mut pin = |pages: &mut [u8]| backend.pin_host(pages);
+        let begun = self
+            .payloads
+            .begin_then(upload, manifest, Some(later), Some(&mut pin));
+        let (result, reply) = match begun {
             Ok(None) => return None,
             Ok(Some(missing)) => (CUresult::SUCCESS, Reply::UploadWanted { missing }),
             Err(err) => (err, Reply::Empty),
@@ -638,8 +643,15 @@ impl<B: Backend> Session<B> {
                 Reply::Empty
             }
             Call::UploadBegin { upload, manifest } => {
-                let missing = self.payloads.begin(upload, &manifest)?;
-                Reply::UploadWanted { missing }
+                let backend = &mut self.backend;
+                let mut pin = |pages: &mut [u8]| backend.pin_host(pages);
+                let begun = self
+                    .payloads
+                    .begin_then(upload, &manifest, None, Some(&mut pin))?;
+                // Without a callback the answer is made here.
+                Reply::UploadWanted {
+                    missing: begun.unwrap_or_default(),
+                }
             }
             Call::UploadChunk { upload, index, .. } => {
                 let wire = self
