@@ -13,8 +13,9 @@
 //! 3. the copy itself follows ([`Call::UploadCopy`]), waited for only as the plain copy is
 //!    (the last piece of a synchronous copy, or every call in blocking mode).
 //!
-//! A producer thread hashes, announces and encodes ahead while the calling thread hands chunks to the
-//! network, so the link does not wait for the CPU work (nor the CPU for the round trips). In `auto` mode
+//! An announcer thread hashes and announces ahead, a producer thread waits for the answers and encodes,
+//! while the calling thread hands chunks to the network, so the link does not wait for the CPU work
+//! (nor the CPU for the round trips). In `auto` mode
 //! compression is dropped for the rest of a copy once the network waits for the encoder: it pays only
 //! while the link is the bottleneck. Every byte this function reads from the caller's buffer is read
 //! before it returns, so the caller may reuse the buffer at once, as with the plain copy. A segment the
@@ -41,8 +42,11 @@ use crate::{Client, ClientError, Network, Shared};
 pub const SEGMENT: usize = 64 << 20;
 /// Copies from this size on go by content unless `GLEAM_CACHE_THRESHOLD` says otherwise.
 pub const DEFAULT_THRESHOLD: usize = 1 << 20;
-/// Segments announced ahead of the one being sent: an announcement is answered only once the server
-/// has worked through what was sent before it (up to a lane's queue, 64 MiB), so it must leave early.
+/// Segments announced ahead of the one whose answer the producer waits for (one more may be announced
+/// and waiting for room): an announcement is answered only once the server has worked through what was
+/// sent before it (up to a lane's queue, 64 MiB) and filled it from its store, so it must leave early;
+/// and the hashing of the next segments overlaps that wait. Bounded because each holds a staging buffer
+/// on the server.
 const ANNOUNCE_AHEAD: usize = 2;
 /// Encoded chunks (and segment ends) the producer may have ready ahead of the network.
 const LOOKAHEAD: usize = 4;
@@ -178,12 +182,22 @@ pub(crate) fn upload(
     let mut progress = Progress::new(src.len() as u64, network.peer_addr.to_string());
     let mut tally = Tally::default();
     let result = std::thread::scope(|scope| {
+        let (announced_tx, announced_rx) = sync_channel(ANNOUNCE_AHEAD);
         let (tx, rx) = sync_channel(LOOKAHEAD);
-        let producer = std::thread::Builder::new()
-            .name("gleam-upload".into())
-            .spawn_scoped(scope, || produce(shared, ctx, src, &compress, &timing, tx));
-        let producer = match producer {
-            Ok(producer) => producer,
+        let (compress, timing) = (&compress, &timing);
+        let threads = std::thread::Builder::new()
+            .name("gleam-announce".into())
+            .spawn_scoped(scope, move || {
+                announce_all(shared, ctx, src, timing, announced_tx);
+            })
+            .and_then(|announcer| {
+                std::thread::Builder::new()
+                    .name("gleam-upload".into())
+                    .spawn_scoped(scope, move || produce(compress, timing, announced_rx, tx))
+                    .map(|producer| (announcer, producer))
+            });
+        let (announcer, producer) = match threads {
+            Ok(threads) => threads,
             // No thread to spare: the plain copy needs none.
             Err(err) => {
                 debug!(%err, "no upload thread: copying the plain way");
@@ -199,15 +213,16 @@ pub(crate) fn upload(
             stream,
             &rx,
             &Feedback {
-                compress: &compress,
+                compress,
                 adaptive: policy.compress == Compress::Auto,
             },
             &mut progress,
             &mut tally,
         );
-        // Unblocks the producer if the copy ended early.
+        // Unblocks the producer if the copy ended early (and so the announcer).
         drop(rx);
         let _ = producer.join();
+        let _ = announcer.join();
         result
     });
     progress.finish();
@@ -338,40 +353,44 @@ impl Announced<'_> {
     }
 }
 
-/// The producer: per segment, hash and announce it, then encode the chunks the server lacks. The next
-/// [`ANNOUNCE_AHEAD`] segments are announced before this one's chunks leave.
-fn produce<'a>(
+/// A segment announced (or the failure to announce it), for the producer.
+type Announcement<'a> = Result<(Announced<'a>, crate::Pending), ClientError>;
+
+/// The announcer: hashes each segment and announces it, in order, while the producer waits for earlier
+/// answers and encodes (the channel to it holds [`ANNOUNCE_AHEAD`]).
+fn announce_all<'a>(
     shared: &std::sync::Arc<Shared>,
     ctx: u64,
     src: &'a [u8],
+    timing: &Timing,
+    tx: SyncSender<Announcement<'a>>,
+) {
+    for r in segments(src.len()) {
+        let announced = announce(shared, ctx, r.start, &src[r], timing);
+        let failed = announced.is_err();
+        if tx.send(announced).is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// The producer: per announced segment, waits for the answer, then encodes the chunks the server lacks.
+fn produce<'a>(
     compress: &AtomicBool,
     timing: &Timing,
+    announced: Receiver<Announcement<'a>>,
     tx: SyncSender<Item<'a>>,
 ) {
     let failed = |err| {
         let _ = tx.send(Item::Failed(err));
     };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let mut ranges = segments(src.len()).into_iter();
-    let mut announced = std::collections::VecDeque::new();
-    // Keeps `ANNOUNCE_AHEAD` segments announced beyond the one being sent.
-    let mut top_up = |announced: &mut std::collections::VecDeque<_>, ahead: usize| {
-        while announced.len() < ahead {
-            let Some(r) = ranges.next() else {
-                return Ok(());
-            };
-            announced.push_back(announce(shared, ctx, r.start, &src[r], timing)?);
-        }
-        Ok::<(), ClientError>(())
-    };
-    if let Err(err) = top_up(&mut announced, 1) {
-        return failed(err);
-    }
-    while let Some((this, pending)) = announced.pop_front() {
+    while let Ok(next) = announced.recv() {
+        let (this, pending) = match next {
+            Ok(next) => next,
+            Err(err) => return failed(err),
+        };
         let answered = this.answer(pending, timing);
-        if let Err(err) = top_up(&mut announced, ANNOUNCE_AHEAD) {
-            return failed(err);
-        }
         let missing = match answered {
             Ok(Answered::Missing(missing)) => missing,
             Ok(Answered::Plain) => {

@@ -9,7 +9,8 @@
 //! * [`mirrors`]: the allocations a client mirrors (managed and mapped host memory), which bounds what its
 //!   direct reads and writes may touch.
 //! * [`images`] and [`payloads`]: module images and large host-to-device payloads by content, through
-//!   the peer's content cache, so that each crosses the network once.
+//!   the peer's content cache, so that each crosses the network once; [`staging`] holds their bytes and
+//!   [`workers`] runs their decoding, filling and caching off the executor.
 
 pub mod backend;
 pub mod callbacks;
@@ -18,3 +19,4 @@ pub mod mirrors;
 pub mod payloads;
 pub mod session;
 pub mod staging;
+pub mod workers;

@@ -21,9 +21,8 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::{SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,6 +32,7 @@ use tracing::{debug, warn};
 
 use crate::images::content_cache;
 use crate::staging::{HostPin, StagingBuf};
+use crate::workers::Workers;
 
 /// The largest payload one announcement may stage (clients split larger copies).
 pub const MAX_UPLOAD: u64 = 256 << 20;
@@ -45,10 +45,8 @@ const WRITE_QUEUE: usize = 4;
 /// it more); at most 4 x 64 MiB held by an idle session: a client keeps two segments announced ahead of
 /// the one it copies.
 const POOL: usize = 4;
-/// Payloads from this size on are staged in page-locked memory where the backend offers it.
+/// Payloads from this size on are copied from page-locked memory where the backend offers it.
 const PIN_FROM: usize = 8 << 20;
-/// A page-locked staging buffer holds at least this much (a client's segment).
-const PINNED_CAPACITY: usize = 64 << 20;
 
 /// Page-locks a staging buffer's pages ([`Backend::pin_host`](crate::backend::Backend::pin_host)).
 pub type Pinner<'a> = dyn FnMut(&mut [u8]) -> Option<HostPin> + 'a;
@@ -74,10 +72,10 @@ pub struct Payloads {
     uploads: HashMap<u64, Staged>,
     staged: u64,
     /// Decodes and checks chunks (started at the first chunk).
-    worker: Option<ChunkWorker>,
+    worker: Option<Workers<ChunkJob>>,
     writer: Option<Writer>,
     /// Fills announced payloads from the store (started at the first announcement answered later).
-    filler: Option<Filler>,
+    filler: Option<Workers<FillJob>>,
     /// Staging buffers for reuse.
     pool: Arc<Mutex<Vec<StagingBuf>>>,
 }
@@ -202,22 +200,18 @@ impl Payloads {
     /// returns the indices of the chunks to send (one per distinct missing chunk).
     pub fn begin(&mut self, upload: u64, manifest: &[u8]) -> Result<Vec<u32>, CUresult> {
         // Without a callback the answer is always made here.
-        Ok(self
-            .begin_then(upload, manifest, None, None)?
-            .unwrap_or_default())
+        Ok(self.begin_then(upload, manifest, None)?.unwrap_or_default())
     }
 
     /// [`Payloads::begin`], reading the store off the caller's thread when `answer` is given: then
     /// `Ok(None)` is returned at once and `answer` is told the missing chunks once the filler thread has
     /// read and verified what the store holds (so the session's executor runs other calls, and the
-    /// previous segment's copy, meanwhile). The upload's copy waits for that fill. `pin` page-locks a
-    /// large payload's fresh staging buffer ([`Backend::pin_host`](crate::backend::Backend::pin_host)).
+    /// previous segment's copy, meanwhile). The upload's copy waits for that fill.
     pub fn begin_then(
         &mut self,
         upload: u64,
         manifest: &[u8],
         answer: Option<AnswerLater>,
-        pin: Option<&mut Pinner<'_>>,
     ) -> Result<Option<Vec<u32>>, CUresult> {
         let manifest = Manifest::decode(manifest).map_err(|err| {
             debug!(upload, %err, "refused an upload announcement");
@@ -239,7 +233,7 @@ impl Payloads {
         }
         let chunks = manifest.chunks().len();
         let len = manifest.len() as usize;
-        let buf = self.staging(len, pin);
+        let buf = self.staging(len);
         let mut places: HashMap<ContentId, Vec<usize>> = HashMap::new();
         for (index, id) in manifest.chunks().iter().enumerate() {
             places.entry(*id).or_default().push(index);
@@ -291,14 +285,7 @@ impl Payloads {
             }
             drop(bytes);
             let missing = missing_chunks(&staged.manifest, &staged.filled);
-            debug!(
-                upload,
-                bytes = len,
-                chunks,
-                missing = missing.len(),
-                fill_us = filling.elapsed().as_micros() as u64,
-                "upload staged"
-            );
+            log_staged(upload, &staged.manifest, &missing, filling);
             self.uploads.insert(upload, staged);
             return Ok(Some(missing));
         };
@@ -314,7 +301,7 @@ impl Payloads {
             answer,
         };
         self.uploads.insert(upload, staged);
-        self.filler.get_or_insert_with(Filler::start).run(job);
+        self.filler.get_or_insert_with(fillers).run(job);
         Ok(None)
     }
 
@@ -376,7 +363,7 @@ impl Payloads {
         };
         staged.received.push(index);
         lock(&staged.buf.progress).pending += 1;
-        self.worker.get_or_insert_with(ChunkWorker::start).run(job);
+        self.worker.get_or_insert_with(chunk_workers).run(job);
         Ok(())
     }
 
@@ -388,6 +375,21 @@ impl Payloads {
         upload: u64,
         copy: impl FnOnce(&[u8]) -> Result<(), CUresult>,
     ) -> Result<(), CUresult> {
+        self.copy_page_locked(upload, None, copy)
+    }
+
+    /// [`Payloads::copy`], page-locking a large payload's staging buffer first with `pin`
+    /// ([`Backend::pin_host`](crate::backend::Backend::pin_host)) unless it is already.
+    ///
+    /// Why here and not when the buffer is made: by now its pages are resident, faulted in (and zeroed
+    /// by the kernel) by the threads that filled it, in parallel; locking a fresh buffer's pages would
+    /// fault every one of them on this thread, the session's executor. A buffer stays locked in the pool.
+    pub fn copy_page_locked(
+        &mut self,
+        upload: u64,
+        pin: Option<&mut Pinner<'_>>,
+        copy: impl FnOnce(&[u8]) -> Result<(), CUresult>,
+    ) -> Result<(), CUresult> {
         let mut staged = self
             .uploads
             .remove(&upload)
@@ -395,7 +397,7 @@ impl Payloads {
         self.staged -= staged.manifest.len();
         let wrong = staged.buf.settle();
         staged.absorb_found();
-        let buf = std::mem::take(&mut *lock(&staged.buf.bytes));
+        let mut buf = std::mem::take(&mut *lock(&staged.buf.bytes));
         if staged.unfilled > 0 {
             warn!(
                 upload,
@@ -413,6 +415,21 @@ impl Payloads {
             );
             self.recycle(buf);
             return Err(CUresult::INVALID_VALUE);
+        }
+        if let Some(pin) =
+            pin.filter(|_| buf.len() >= PIN_FROM && !buf.is_pinned() && pinned_staging())
+        {
+            let locking = std::time::Instant::now();
+            if let Some(locked) = pin(buf.pages_mut()) {
+                buf.set_pin(locked);
+            }
+            debug!(
+                upload,
+                capacity = buf.capacity(),
+                pinned = buf.is_pinned(),
+                lock_us = locking.elapsed().as_micros() as u64,
+                "staging page-locked"
+            );
         }
         let copying = std::time::Instant::now();
         let copied = copy(&buf);
@@ -456,10 +473,9 @@ impl Payloads {
         }
     }
 
-    /// A staging buffer of `len` bytes: the smallest pooled one that holds it, else a fresh one, which
-    /// `pin` page-locks if the payload is large (then it is made large enough for any later segment,
-    /// since page-locking faults every page in once).
-    fn staging(&mut self, len: usize, pin: Option<&mut Pinner<'_>>) -> StagingBuf {
+    /// A staging buffer of `len` bytes: the smallest pooled one that holds it, else a fresh one (its
+    /// pages are faulted in as it is filled; [`Payloads::copy_page_locked`] locks it).
+    fn staging(&mut self, len: usize) -> StagingBuf {
         let mut pool = lock(&self.pool);
         // The writer thread returns every page-locked buffer, so that they are unlocked on this thread
         // (the one the backend's context is current on): the surplus goes here.
@@ -476,20 +492,7 @@ impl Payloads {
             buf.set_len(len);
             return buf;
         }
-        drop(pool);
-        let pin = pin.filter(|_| len >= PIN_FROM && pinned_staging());
-        let mut buf = StagingBuf::zeroed(if pin.is_some() {
-            len.max(PINNED_CAPACITY)
-        } else {
-            len
-        });
-        buf.set_len(len);
-        if let Some(pin) = pin
-            && let Some(locked) = pin(buf.pages_mut())
-        {
-            buf.set_pin(locked);
-        }
-        buf
+        StagingBuf::zeroed(len)
     }
 
     /// Drops every unfinished upload and waits (boundedly) until the queued chunks are in the content
@@ -570,83 +573,27 @@ impl Drop for Settled {
     }
 }
 
-/// The session's chunk workers: decode chunks and check them against their ids, off the executor, then
-/// copy them into their staging buffers. Several threads (up to [`CHUNK_THREADS`]), each working on its own
-/// chunk: hashing and decompressing are done outside the buffer's lock, which is held only for the copy
-/// into place. A bounded queue, so a client sending faster than the workers keep up waits (its chunks'
-/// bytes are held here until then).
-struct ChunkWorker {
-    jobs: Option<SyncSender<ChunkJob>>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl std::fmt::Debug for ChunkWorker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChunkWorker")
-            .field("threads", &self.threads.len())
-            .finish_non_exhaustive()
-    }
-}
-
-/// Chunks queued for the workers at most (8 MiB each).
+/// Chunks queued for the chunk workers at most (8 MiB each): a client sending faster than the workers
+/// keep up waits (its chunks' bytes are held here until then).
 const CHUNK_QUEUE: usize = 4;
-/// Worker threads at most (fewer on a smaller machine): a raw chunk's hash runs at a few GB/s per core.
+/// Chunk workers at most (fewer on a smaller machine): a raw chunk's hash runs at a few GB/s per core.
 const CHUNK_THREADS: usize = 4;
 
-impl ChunkWorker {
-    fn start() -> Self {
-        let (jobs, rx) = sync_channel::<ChunkJob>(CHUNK_QUEUE);
-        let rx = Arc::new(Mutex::new(rx));
-        let n = std::thread::available_parallelism()
-            .map_or(1, std::num::NonZero::get)
-            .clamp(1, CHUNK_THREADS);
-        let threads: Vec<JoinHandle<()>> = (0..n)
-            .filter_map(|_| {
-                let rx = rx.clone();
-                std::thread::Builder::new()
-                    .name("gleam-chunks".into())
-                    .spawn(move || {
-                        let (mut decoder, mut scratch) = (Decoder::new(), Vec::new());
-                        loop {
-                            // The lock is held only while waiting for the next job.
-                            let job = lock(&rx).recv();
-                            let Ok(job) = job else { break };
-                            place(&mut decoder, &mut scratch, &job);
-                        }
-                    })
-                    .inspect_err(|err| warn!(%err, "cannot start a chunk worker"))
-                    .ok()
-            })
-            .collect();
-        if threads.is_empty() {
-            warn!("no chunk worker: chunks are decoded inline");
-        }
-        Self {
-            jobs: (!threads.is_empty()).then_some(jobs),
-            threads,
-        }
-    }
-
-    fn run(&self, job: ChunkJob) {
-        // Without a worker to take it, the chunk is placed here.
-        let job = match &self.jobs {
-            Some(jobs) => match jobs.send(job) {
-                Ok(()) => return,
-                Err(err) => err.0,
-            },
-            None => job,
-        };
-        place(&mut Decoder::new(), &mut Vec::new(), &job);
-    }
+/// The session's chunk workers: decode chunks and check them against their ids, off the executor, then
+/// copy them into their staging buffers. Each works on its own chunk: hashing and decompressing are done
+/// outside the buffer's lock, which is held only for the copy into place.
+fn chunk_workers() -> Workers<ChunkJob> {
+    Workers::start(
+        "gleam-chunks",
+        cores().min(CHUNK_THREADS),
+        CHUNK_QUEUE,
+        || (Decoder::new(), Vec::new()),
+        |(decoder, scratch), job| place(decoder, scratch, &job),
+    )
 }
 
-impl Drop for ChunkWorker {
-    fn drop(&mut self) {
-        drop(self.jobs.take());
-        for thread in self.threads.drain(..) {
-            let _ = thread.join();
-        }
-    }
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 
 /// Decodes one chunk, checks it, and copies it into place; then tells whoever waits for its upload.
@@ -747,6 +694,18 @@ fn read_from_store(
     placed
 }
 
+/// The debug line of an announcement answered: how long filling it from the store took.
+fn log_staged(upload: u64, manifest: &Manifest, missing: &[u32], filling: std::time::Instant) {
+    debug!(
+        upload,
+        bytes = manifest.len(),
+        chunks = manifest.chunks().len(),
+        missing = missing.len(),
+        fill_us = filling.elapsed().as_micros() as u64,
+        "upload staged"
+    );
+}
+
 /// One announced payload for the filler: what is in place already, and whom to tell what is missing.
 struct FillJob {
     upload: u64,
@@ -757,59 +716,22 @@ struct FillJob {
     answer: AnswerLater,
 }
 
-/// The session's filler thread: reads announced payloads' chunks from the content cache into their
-/// staging buffers (verifying each, on every core), one payload after the other, off the executor.
-struct Filler {
-    jobs: Option<SyncSender<FillJob>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl std::fmt::Debug for Filler {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Filler").finish_non_exhaustive()
-    }
-}
-
-/// Announcements queued for the filler at most (a client keeps a few ahead; more wait on the executor).
+/// Announcements queued for the fillers at most (a client keeps a few ahead; more wait on the executor).
 const FILL_QUEUE: usize = 4;
+/// Payloads filled at once at most: each fill reads and verifies its chunks on as many threads, so two
+/// keep a machine of 16 cores busy with 64 MiB segments of 8 MiB chunks.
+const FILL_THREADS: usize = 2;
 
-impl Filler {
-    fn start() -> Self {
-        let (jobs, rx) = sync_channel::<FillJob>(FILL_QUEUE);
-        let thread = std::thread::Builder::new()
-            .name("gleam-fill".into())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    fill(job);
-                }
-            })
-            .inspect_err(|err| warn!(%err, "cannot start the filler: payloads are filled inline"))
-            .ok();
-        Self {
-            jobs: thread.is_some().then_some(jobs),
-            thread,
-        }
-    }
-
-    fn run(&self, job: FillJob) {
-        let job = match &self.jobs {
-            Some(jobs) => match jobs.send(job) {
-                Ok(()) => return,
-                Err(err) => err.0,
-            },
-            None => job,
-        };
-        fill(job);
-    }
-}
-
-impl Drop for Filler {
-    fn drop(&mut self) {
-        drop(self.jobs.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
+/// The session's fillers: read announced payloads' chunks from the content cache into their staging
+/// buffers (verifying each, on every core), off the executor.
+fn fillers() -> Workers<FillJob> {
+    Workers::start(
+        "gleam-fill",
+        cores().min(FILL_THREADS),
+        FILL_QUEUE,
+        || (),
+        |(), job| fill(job),
+    )
 }
 
 /// Fills one payload from the store, records what it placed, then answers.
@@ -838,14 +760,7 @@ fn fill(job: FillJob) {
         filled[index] = true;
     }
     let missing = missing_chunks(&manifest, &filled);
-    debug!(
-        upload,
-        bytes = manifest.len(),
-        chunks = filled.len(),
-        missing = missing.len(),
-        fill_us = started.elapsed().as_micros() as u64,
-        "upload staged"
-    );
+    log_staged(upload, &manifest, &missing, started);
     {
         let mut progress = lock(&buf.progress);
         progress.found.extend(placed);
@@ -859,10 +774,9 @@ fn fill(job: FillJob) {
 /// costs a file write and an fsync), then returns their staging buffers to the pool.
 #[derive(Debug)]
 struct Writer {
-    jobs: Option<SyncSender<Job>>,
+    thread: Workers<Job>,
     /// Chunks queued and not yet committed, by id: where they are.
     queued: Arc<Mutex<Queued>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 type Queued = HashMap<ContentId, (Arc<StagingBuf>, Range<usize>)>;
@@ -875,21 +789,18 @@ enum Job {
 
 impl Writer {
     fn start(store: Arc<BlobStore>, pool: Arc<Mutex<Vec<StagingBuf>>>) -> Self {
-        let (jobs, rx) = sync_channel(WRITE_QUEUE);
         let queued = Arc::new(Mutex::new(HashMap::new()));
         let thread = {
             let queued = queued.clone();
-            std::thread::Builder::new()
-                .name("gleam-cache-writer".into())
-                .spawn(move || write_chunks(&store, &rx, &queued, &pool))
-                .inspect_err(|err| warn!(%err, "cannot start the content cache writer"))
-                .ok()
+            Workers::start(
+                "gleam-cache-writer",
+                1,
+                WRITE_QUEUE,
+                || (),
+                move |(), job| write(&store, &queued, &pool, job),
+            )
         };
-        Self {
-            jobs: thread.is_some().then_some(jobs),
-            queued,
-            thread,
-        }
+        Self { thread, queued }
     }
 
     fn queued(&self) -> MutexGuard<'_, Queued> {
@@ -897,7 +808,6 @@ impl Writer {
     }
 
     fn put(&self, buf: StagingBuf, chunks: Vec<(ContentId, Range<usize>)>) {
-        let Some(jobs) = &self.jobs else { return };
         let buf = Arc::new(buf);
         {
             let mut queued = self.queued();
@@ -905,67 +815,44 @@ impl Writer {
                 queued.insert(*id, (buf.clone(), range.clone()));
             }
         }
-        if let Err(err) = jobs.send(Job::Put(buf, chunks))
-            && let Job::Put(_, chunks) = err.0
-        {
-            let mut queued = self.queued();
-            for (id, _) in chunks {
-                queued.remove(&id);
-            }
-        }
+        self.thread.run(Job::Put(buf, chunks));
     }
 
     fn flush(&self, timeout: Duration) {
-        let Some(jobs) = &self.jobs else { return };
         let (done, wait) = sync_channel(1);
-        if jobs.send(Job::Flush(done)).is_ok() && wait.recv_timeout(timeout).is_err() {
+        self.thread.run(Job::Flush(done));
+        if wait.recv_timeout(timeout).is_err() {
             warn!("the content cache writer did not finish in time");
         }
     }
 }
 
-impl Drop for Writer {
-    fn drop(&mut self) {
-        drop(self.jobs.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+fn write(store: &BlobStore, queued: &Mutex<Queued>, pool: &Mutex<Vec<StagingBuf>>, job: Job) {
+    match job {
+        Job::Put(buf, chunks) => {
+            for (id, range) in chunks {
+                if let Err(err) = store.put_verified(id, &buf[range]) {
+                    warn!(%id, %err, "cannot keep a chunk in the content cache");
+                }
+                let mut queued = lock(queued);
+                // Unless a later upload queued the same chunk again.
+                if queued
+                    .get(&id)
+                    .is_some_and(|(theirs, _)| Arc::ptr_eq(theirs, &buf))
+                {
+                    queued.remove(&id);
+                }
+            }
+            if let Ok(buf) = Arc::try_unwrap(buf) {
+                let mut pool = lock(pool);
+                // A page-locked buffer is unlocked on the executor (`Payloads::staging`).
+                if pool.len() < POOL || buf.is_pinned() {
+                    pool.push(buf);
+                }
+            }
         }
-    }
-}
-
-fn write_chunks(
-    store: &BlobStore,
-    jobs: &Receiver<Job>,
-    queued: &Mutex<Queued>,
-    pool: &Mutex<Vec<StagingBuf>>,
-) {
-    while let Ok(job) = jobs.recv() {
-        match job {
-            Job::Put(buf, chunks) => {
-                for (id, range) in chunks {
-                    if let Err(err) = store.put_verified(id, &buf[range]) {
-                        warn!(%id, %err, "cannot keep a chunk in the content cache");
-                    }
-                    let mut queued = lock(queued);
-                    // Unless a later upload queued the same chunk again.
-                    if queued
-                        .get(&id)
-                        .is_some_and(|(theirs, _)| Arc::ptr_eq(theirs, &buf))
-                    {
-                        queued.remove(&id);
-                    }
-                }
-                if let Ok(buf) = Arc::try_unwrap(buf) {
-                    let mut pool = lock(pool);
-                    // A page-locked buffer is unlocked on the executor (`Payloads::staging`).
-                    if pool.len() < POOL || buf.is_pinned() {
-                        pool.push(buf);
-                    }
-                }
-            }
-            Job::Flush(done) => {
-                let _ = done.send(());
-            }
+        Job::Flush(done) => {
+            let _ = done.send(());
         }
     }
 }
@@ -1007,7 +894,7 @@ mod tests {
                 let (tx, rx) = std::sync::mpsc::channel();
                 let answer: AnswerLater = Box::new(move |missing| tx.send(missing).unwrap());
                 match payloads
-                    .begin_then(id, &manifest.encode(), Some(answer), None)
+                    .begin_then(id, &manifest.encode(), Some(answer))
                     .unwrap()
                 {
                     Some(missing) => missing,
@@ -1270,7 +1157,7 @@ mod tests {
             Box::new(move |missing| tx.send(missing).unwrap())
         };
         // Copied before the answer was read: the copy finds the whole payload in place.
-        let begun = payloads.begin_then(1, &manifest.encode(), Some(answer(tx.clone())), None);
+        let begun = payloads.begin_then(1, &manifest.encode(), Some(answer(tx.clone())));
         assert_eq!(begun, Ok(None));
         let mut got = Vec::new();
         payloads
@@ -1286,7 +1173,7 @@ mod tests {
         );
         // Replaced (the number reused) and discarded while filling: each announcement is answered.
         for _ in 0..2 {
-            let begun = payloads.begin_then(2, &manifest.encode(), Some(answer(tx.clone())), None);
+            let begun = payloads.begin_then(2, &manifest.encode(), Some(answer(tx.clone())));
             assert_eq!(begun, Ok(None));
         }
         payloads.discard(2);
@@ -1298,12 +1185,19 @@ mod tests {
     }
 
     #[test]
-    fn large_payloads_are_staged_page_locked_once_and_unlocked_when_dropped() {
+    fn large_payloads_are_copied_page_locked_and_unlocked_when_dropped() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let (pins, unpins) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let big = data(PIN_FROM + 4096, 7);
+        let small = data(PIN_FROM - 1, 8);
         let mut pin = |pages: &mut [u8]| {
             assert_eq!(pages.as_ptr() as usize % crate::staging::PAGE, 0);
-            assert!(pages.len() >= PINNED_CAPACITY);
+            assert_eq!(
+                pages.len(),
+                big.len().div_ceil(crate::staging::PAGE) * crate::staging::PAGE
+            );
+            // Locked once filled: the payload is in place.
+            assert_eq!(&pages[..big.len()], &big[..]);
             pins.fetch_add(1, Ordering::SeqCst);
             let unpins = unpins.clone();
             Some(HostPin::new(move || {
@@ -1311,12 +1205,10 @@ mod tests {
             }))
         };
         let mut payloads = Payloads::with_store(None);
-        let (big, small) = (data(PIN_FROM + 4096, 7), data(PIN_FROM - 1, 8));
         for (round, bytes) in [&big, &big, &small].into_iter().enumerate() {
             let manifest = Manifest::with_chunk_size(bytes, 1 << 20);
             let id = round as u64 + 1;
-            let begun = payloads.begin_then(id, &manifest.encode(), None, Some(&mut pin));
-            let missing = begun.unwrap().unwrap();
+            let missing = payloads.begin(id, &manifest.encode()).unwrap();
             for index in missing {
                 let r = manifest.chunk_range(index as usize);
                 let wire = Encoder::new(Compression::OFF)
@@ -1325,13 +1217,13 @@ mod tests {
                 payloads.chunk(id, index, Bytes::from(wire)).unwrap();
             }
             payloads
-                .copy(id, |got| {
+                .copy_page_locked(id, Some(&mut pin), |got| {
                     assert_eq!(got, &bytes[..]);
                     Ok(())
                 })
                 .unwrap();
         }
-        // The second large payload and the small one reused the first's buffer.
+        // The second large payload and the small one reused the first's buffer, locked once.
         assert_eq!(pins.load(Ordering::SeqCst), 1);
         assert_eq!(unpins.load(Ordering::SeqCst), 0);
         drop(payloads);

@@ -245,11 +245,7 @@ impl<B: Backend> Session<B> {
                 },
             );
         });
-        let backend = &mut self.backend;
-        let mut pin = |pages: &mut [u8]| backend.pin_host(pages);
-        let begun = self
-            .payloads
-            .begin_then(upload, manifest, Some(later), Some(&mut pin));
+        let begun = self.payloads.begin_then(upload, manifest, Some(later));
         let (result, reply) = match begun {
             Ok(None) => return None,
             Ok(Some(missing)) => (CUresult::SUCCESS, Reply::UploadWanted { missing }),
@@ -643,11 +639,7 @@ impl<B: Backend> Session<B> {
                 Reply::Empty
             }
             Call::UploadBegin { upload, manifest } => {
-                let backend = &mut self.backend;
-                let mut pin = |pages: &mut [u8]| backend.pin_host(pages);
-                let begun = self
-                    .payloads
-                    .begin_then(upload, &manifest, None, Some(&mut pin))?;
+                let begun = self.payloads.begin_then(upload, &manifest, None)?;
                 // Without a callback the answer is made here.
                 Reply::UploadWanted {
                     missing: begun.unwrap_or_default(),
@@ -684,9 +676,12 @@ impl<B: Backend> Session<B> {
                     self.payloads.discard(upload);
                     return Err(err);
                 }
-                let backend = &mut self.backend;
+                let backend = std::cell::RefCell::new(&mut self.backend);
+                let mut pin = |pages: &mut [u8]| backend.borrow_mut().pin_host(pages);
                 self.payloads
-                    .copy(upload, |bytes| backend.memcpy_htod(dst, bytes, stream))?;
+                    .copy_page_locked(upload, Some(&mut pin), |bytes| {
+                        backend.borrow_mut().memcpy_htod(dst, bytes, stream)
+                    })?;
                 Reply::Empty
             }
             // Handled before dispatch.
