@@ -81,7 +81,7 @@ impl InProcess {
                 slot.deliver(Ok(Answer {
                     result: frame.result,
                     reply: frame.reply,
-                    bulk,
+                    bulk: bulk.into(),
                 }));
                 Ok(Some(Pending {
                     slot,
@@ -210,7 +210,7 @@ mod tests {
         assert_eq!(client.peer_addr(), None);
         client.send(0, Call::Goodbye).expect("fire and forget");
         let answer = client.call_with(0, Call::Goodbye, b"bulk").expect("waited");
-        assert_eq!(&answer.bulk[..], b"bulk");
+        assert_eq!(answer.bulk.into_bytes(), &b"bulk"[..]);
         assert_eq!(client.requests_numbered(), 3, "hello and two requests");
         let seen = lock(&seen).clone();
         let order: Vec<(u64, bool)> = seen.iter().map(|(seq, e, _)| (*seq, *e)).collect();

@@ -63,7 +63,7 @@ use bytes::{Bytes, BytesMut};
 use gleam_auth::identity::{Identity, MeshSecret, PeerId};
 use gleam_auth::proof::{AuthError, authenticate_as_client};
 use gleam_auth::tls::{ALPN_CUDA, TlsError, client_config};
-use gleam_protocol::frame::{self, FrameError, FrameReader};
+use gleam_protocol::frame::{self, FrameError, FrameReader, PieceReader, Pieces};
 use gleam_protocol::order::{Lane, Sequencer};
 use gleam_protocol::resume::{Awaited, Frame, Marks, Retained, mark_of};
 use gleam_protocol::types::CUresult;
@@ -207,8 +207,9 @@ pub struct Answer {
     pub result: CUresult,
     /// The out-values.
     pub reply: Reply,
-    /// The bulk bytes (device-to-host data), empty for most replies.
-    pub bulk: Bytes,
+    /// The bulk bytes (device-to-host data), empty for most replies: as they arrived, in pieces, so the
+    /// network thread never copies them (the waiting thread copies them once, to where they go).
+    pub bulk: Pieces,
 }
 
 /// A request whose reply has not been collected yet.
@@ -699,9 +700,7 @@ impl Client {
                 continue;
             }
             match answer.reply {
-                Reply::Data if answer.bulk.len() == n => {
-                    dst[offset..offset + n].copy_from_slice(&answer.bulk);
-                }
+                Reply::Data if answer.bulk.copy_to_slice(&mut dst[offset..offset + n]) => {}
                 Reply::Data => {
                     return Err(ClientError::Protocol(format!(
                         "asked for {n} bytes, got {}",
@@ -766,6 +765,7 @@ impl Network {
         {
             let _ = pending.wait_timeout(timeout);
         }
+        self.log_paths();
         self.shared
             .fail_all(ClientError::Lost("the client closed the session".into()));
         self.shared.close_connections();
@@ -778,6 +778,30 @@ impl Network {
             let _ = done.try_send(());
         });
         let _ = idle.recv_timeout(Duration::from_millis(250));
+    }
+}
+
+impl Network {
+    /// The debug line of each connection's path at the session's end (loss and congestion explain a
+    /// slow transfer).
+    fn log_paths(&self) {
+        let (connection, _) = self.shared.connections();
+        let bulk = lock(&self.shared.bulk).clone();
+        for (which, conn) in [("session", Some(connection)), ("bulk", bulk)] {
+            let Some(conn) = conn else { continue };
+            let stats = conn.stats();
+            debug!(
+                connection = which,
+                rtt = ?stats.path.rtt,
+                cwnd = stats.path.cwnd,
+                mtu = stats.path.current_mtu,
+                lost_packets = stats.path.lost_packets,
+                congestion_events = stats.path.congestion_events,
+                sent_mib = stats.udp_tx.bytes >> 20,
+                received_mib = stats.udp_rx.bytes >> 20,
+                "path at the session's end"
+            );
+        }
     }
 }
 
@@ -1067,7 +1091,7 @@ impl Shared {
         self.core().lanes.insert(lane, tx.clone());
         self.runtime.spawn(lane_writer(tx, self.clone()));
         self.runtime
-            .spawn(lane_reader(recv, FrameReader::new(), lane, 0, self.clone()));
+            .spawn(lane_reader(recv, PieceReader::new(), lane, 0, self.clone()));
     }
 
     /// Starts the tasks that watch a (new) connection and its lifeline, and exchange acknowledgements.
@@ -1130,7 +1154,7 @@ impl Shared {
             let generation = core.generation;
             self.runtime.spawn(lane_reader(
                 recv,
-                FrameReader::new(),
+                PieceReader::new(),
                 lane,
                 generation,
                 self.clone(),
@@ -1314,7 +1338,7 @@ impl Shared {
         lane: Lane,
         generation: u64,
         reply: ReplyFrame,
-        bulk: Bytes,
+        bulk: Pieces,
     ) -> Result<bool, ClientError> {
         let (slot, tx) = {
             let mut core = self.core();
@@ -1710,7 +1734,11 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
         generation,
         &resumed.received,
         (connection, lifeline, bulk),
-        (send, recv, frames),
+        (
+            send,
+            recv,
+            PieceReader::after(frames.into_buffered()).map_err(|e| failed(&e))?,
+        ),
         streams,
     )?;
     attempt.0.clear();
@@ -1743,7 +1771,7 @@ fn switch(
         quinn::Connection,
         Option<quinn::Connection>,
     ),
-    control: (quinn::SendStream, quinn::RecvStream, FrameReader),
+    control: (quinn::SendStream, quinn::RecvStream, PieceReader),
     mut streams: HashMap<Lane, (quinn::SendStream, quinn::RecvStream)>,
 ) -> Result<(), Attempt> {
     let core = shared.core();
@@ -1776,7 +1804,7 @@ fn switch(
             let mut opening = Vec::new();
             // Encoding a lane number cannot fail.
             let _ = frame::encode(&StreamOpen::Lane { lane }, &[], &mut opening);
-            (send, recv, FrameReader::new(), Some(Bytes::from(opening)))
+            (send, recv, PieceReader::new(), Some(Bytes::from(opening)))
         };
         let mut state = lock(&tx.state);
         // The batch (whose new-lane opening frame belonged to the old connection) is kept with the rest.
@@ -1862,17 +1890,15 @@ async fn lane_writer(tx: Arc<LaneTx>, shared: Arc<Shared>) {
 /// One lane's reader on one connection: routes replies to their waiters by `seq`.
 async fn lane_reader(
     mut recv: quinn::RecvStream,
-    mut frames: FrameReader,
+    mut frames: PieceReader,
     lane: Lane,
     generation: u64,
     shared: Arc<Shared>,
 ) {
     let err = 'lane: loop {
         loop {
-            let frame = match frames.next_frame() {
-                Ok(Some(frame)) => frame,
-                Ok(None) => break,
-                Err(err) => break 'lane ClientError::Protocol(err.to_string()),
+            let Some(frame) = frames.next_frame() else {
+                break;
             };
             let reply: ReplyFrame = match frame.decode() {
                 Ok(reply) => reply,
@@ -1888,7 +1914,11 @@ async fn lane_reader(
             }
         }
         match recv.read_chunk(usize::MAX, true).await {
-            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
+            Ok(Some(chunk)) => {
+                if let Err(err) = frames.feed(chunk.bytes) {
+                    break ClientError::Protocol(err.to_string());
+                }
+            }
             Ok(None) if frames.is_mid_frame() => {
                 break ClientError::Protocol("a reply stream ended inside a frame".into());
             }

@@ -260,8 +260,12 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
         }
         // The reply cache is bounded: past it, wait for the client to acknowledge what it received
         // (during a drop, until it resumes or the session ends).
-        while shared.outbox.is_full() && shared.ending().is_none() {
-            shared.outbox.wait_for_room(Duration::from_millis(50));
+        if shared.outbox.is_full() {
+            let waiting = Instant::now();
+            while shared.outbox.is_full() && shared.ending().is_none() {
+                shared.outbox.wait_for_room(Duration::from_millis(50));
+            }
+            debug!(took = ?waiting.elapsed(), "the reply cache was full: waited for acknowledgements");
         }
         if session.is_closed() {
             break ExitReason::Ended;

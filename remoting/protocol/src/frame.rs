@@ -12,6 +12,8 @@
 //! buffer ([`Frame`]).
 //!
 //! [`FrameReader`] is a sans-IO reader: feed it bytes as they arrive, take complete frames out.
+//! [`PieceReader`] does the same with received buffers taken by value, leaving bulk bytes in them
+//! ([`Pieces`]).
 //! [`Scanner`] only checks frame boundaries and limits, for a relay that must not buffer.
 //! [`read_blocking`] reads one frame from a blocking reader. A header over [`MAX_HEADER`] or bulk over
 //! [`MAX_BULK`] is refused as soon as its prefix arrives, before anything is allocated for it.
@@ -182,6 +184,189 @@ impl FrameReader {
     }
 }
 
+impl FrameReader {
+    /// The bytes fed and not yet taken out as frames (to go on reading the stream with a
+    /// [`PieceReader`]).
+    pub fn into_buffered(self) -> Bytes {
+        self.buf.freeze()
+    }
+}
+
+/// Bulk bytes as the transport delivered them: its pieces in order, never copied into one buffer.
+#[derive(Clone, Debug, Default, Eq, PartialEq)]
+pub struct Pieces {
+    parts: Vec<Bytes>,
+    len: usize,
+}
+
+impl Pieces {
+    /// Appends a piece.
+    pub fn push(&mut self, piece: Bytes) {
+        if !piece.is_empty() {
+            self.len += piece.len();
+            self.parts.push(piece);
+        }
+    }
+
+    /// Bytes in all.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The pieces, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        self.parts.iter().map(|part| &part[..])
+    }
+
+    /// Copies every byte into `dst`, which must be exactly [`Pieces::len`] long (`false`, and nothing
+    /// copied, if it is not).
+    pub fn copy_to_slice(&self, dst: &mut [u8]) -> bool {
+        if dst.len() != self.len {
+            return false;
+        }
+        let mut at = 0;
+        for part in &self.parts {
+            dst[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        true
+    }
+
+    /// The bytes in a vector of their own.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut all = Vec::with_capacity(self.len);
+        for part in &self.parts {
+            all.extend_from_slice(part);
+        }
+        all
+    }
+
+    /// The bytes in one buffer: no copy when they arrived in one piece.
+    pub fn into_bytes(self) -> Bytes {
+        match <[Bytes; 1]>::try_from(self.parts) {
+            Ok([one]) => one,
+            Err(parts) => {
+                let mut all = BytesMut::with_capacity(self.len);
+                for part in parts {
+                    all.extend_from_slice(&part);
+                }
+                all.freeze()
+            }
+        }
+    }
+}
+
+impl From<Bytes> for Pieces {
+    fn from(bytes: Bytes) -> Self {
+        let mut pieces = Self::default();
+        pieces.push(bytes);
+        pieces
+    }
+}
+
+/// A frame as a [`PieceReader`] gives it: the header in one buffer, the bulk as it arrived.
+#[derive(Clone, Debug)]
+pub struct PieceFrame {
+    /// The postcard-encoded message.
+    pub header: Bytes,
+    /// The raw bulk bytes.
+    pub bulk: Pieces,
+}
+
+impl PieceFrame {
+    /// Decodes the header.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, FrameError> {
+        Ok(postcard::from_bytes(&self.header)?)
+    }
+}
+
+/// A sans-IO frame reader that keeps bulk bytes in the buffers they arrived in
+/// ([`PieceReader::feed`] takes them by value): only prefixes and headers are copied, so a large reply
+/// costs the reading thread no pass over its bytes (the thread that wants them copies them once, to
+/// where they go). The limits are checked as in [`FrameReader`].
+#[derive(Debug, Default)]
+pub struct PieceReader {
+    /// The current frame's prefix and header bytes so far.
+    head: BytesMut,
+    prefix: Option<Prefix>,
+    /// Once the header is complete: it, the bulk so far, and the bulk bytes still to come.
+    body: Option<(Bytes, Pieces, usize)>,
+    ready: std::collections::VecDeque<PieceFrame>,
+}
+
+impl PieceReader {
+    /// A reader at a frame boundary.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A reader that first takes `buffered` (a [`FrameReader`]'s leftover).
+    pub fn after(buffered: Bytes) -> Result<Self, FrameError> {
+        let mut reader = Self::new();
+        reader.feed(buffered)?;
+        Ok(reader)
+    }
+
+    /// Takes received bytes; an error names a frame whose prefix breaks the limits (the stream is
+    /// unusable from there).
+    pub fn feed(&mut self, mut bytes: Bytes) -> Result<(), FrameError> {
+        while !bytes.is_empty() {
+            if let Some((_, bulk, left)) = &mut self.body {
+                let n = (*left).min(bytes.len());
+                bulk.push(bytes.split_to(n));
+                *left -= n;
+            } else {
+                let wanted = match self.prefix {
+                    None => PREFIX_LEN,
+                    Some(prefix) => PREFIX_LEN + prefix.header_len,
+                };
+                let n = (wanted - self.head.len()).min(bytes.len());
+                self.head.extend_from_slice(&bytes.split_to(n));
+                if self.prefix.is_none()
+                    && let Some(prefix) = self.head.first_chunk::<PREFIX_LEN>()
+                {
+                    self.prefix = Some(Prefix::parse(*prefix)?);
+                }
+                if let Some(prefix) = self.prefix
+                    && self.head.len() == PREFIX_LEN + prefix.header_len
+                {
+                    let header = self.head.split_off(PREFIX_LEN).freeze();
+                    self.head.clear();
+                    self.body = Some((header, Pieces::default(), prefix.bulk_len));
+                }
+            }
+            self.complete();
+        }
+        // A frame with neither header nor bulk bytes is complete with its prefix.
+        self.complete();
+        Ok(())
+    }
+
+    fn complete(&mut self) {
+        if let Some((_, _, 0)) = self.body
+            && let Some((header, bulk, _)) = self.body.take()
+        {
+            self.prefix = None;
+            self.ready.push_back(PieceFrame { header, bulk });
+        }
+    }
+
+    /// The next complete frame, if one has arrived.
+    pub fn next_frame(&mut self) -> Option<PieceFrame> {
+        self.ready.pop_front()
+    }
+
+    /// Whether bytes of an unfinished frame are held (a stream ending now ends inside a frame).
+    pub fn is_mid_frame(&self) -> bool {
+        !self.head.is_empty() || self.body.is_some()
+    }
+}
+
 /// Follows frame boundaries in a byte stream without keeping its bytes, checking each prefix against the
 /// limits: what a relay needs to refuse an oversized frame before forwarding it.
 #[derive(Clone, Debug, Default)]
@@ -308,6 +493,62 @@ mod tests {
                 "split {split}"
             );
         }
+    }
+
+    #[test]
+    fn the_piece_reader_gives_the_same_frames_without_copying_bulk() {
+        let mut stream = Vec::new();
+        encode(&msg(1), b"bulk bytes", &mut stream).unwrap();
+        encode(&msg(2), b"", &mut stream).unwrap();
+        encode(&msg(3), &[5; 1000], &mut stream).unwrap();
+        let stream = Bytes::from(stream);
+        for split in [1, 2, 7, 8, 9, 13, 100, stream.len()] {
+            // The first bytes through a FrameReader, as a handshake reads them.
+            let mut first = FrameReader::new();
+            first.feed(&stream[..split.min(5)]);
+            let mut reader = PieceReader::after(first.into_buffered()).unwrap();
+            let mut frames = Vec::new();
+            let mut at = split.min(5);
+            while at < stream.len() {
+                let end = (at + split).min(stream.len());
+                reader.feed(stream.slice(at..end)).unwrap();
+                frames.extend(std::iter::from_fn(|| reader.next_frame()));
+                at = end;
+            }
+            assert!(!reader.is_mid_frame());
+            let decoded: Vec<(Msg, Vec<u8>)> = frames
+                .iter()
+                .map(|f| {
+                    let mut bulk = vec![0; f.bulk.len()];
+                    assert!(f.bulk.copy_to_slice(&mut bulk));
+                    assert_eq!(f.bulk.clone().into_bytes(), bulk);
+                    (f.decode().unwrap(), bulk)
+                })
+                .collect();
+            assert_eq!(
+                decoded,
+                [
+                    (msg(1), b"bulk bytes".to_vec()),
+                    (msg(2), Vec::new()),
+                    (msg(3), vec![5; 1000])
+                ],
+                "split {split}"
+            );
+        }
+        // Bulk pieces are views of the fed buffers, not copies.
+        let mut reader = PieceReader::new();
+        reader.feed(stream.clone()).unwrap();
+        let first = reader.next_frame().unwrap();
+        let piece = first.bulk.iter().next().unwrap();
+        assert!(stream.as_ptr_range().contains(&piece.as_ptr()));
+        // A prefix over the limits is refused as it arrives.
+        let mut huge = Vec::new();
+        huge.extend_from_slice(&0u32.to_le_bytes());
+        huge.extend_from_slice(&(MAX_BULK as u32 + 1).to_le_bytes());
+        assert!(matches!(
+            PieceReader::new().feed(Bytes::from(huge)),
+            Err(FrameError::BulkTooLarge(_))
+        ));
     }
 
     #[test]

@@ -212,7 +212,10 @@ fn memcpy(
             continue;
         }
         match answer.reply {
-            Reply::Data => received.extend_from_slice(&answer.bulk),
+            Reply::Data => answer
+                .bulk
+                .iter()
+                .for_each(|piece| received.extend_from_slice(piece)),
             Reply::Empty => {}
             other => return Err(state::mismatch("cuMemcpy3D", &other)),
         }
