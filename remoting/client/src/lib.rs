@@ -765,7 +765,6 @@ impl Network {
         {
             let _ = pending.wait_timeout(timeout);
         }
-        self.log_paths();
         self.shared
             .fail_all(ClientError::Lost("the client closed the session".into()));
         self.shared.close_connections();
@@ -778,30 +777,6 @@ impl Network {
             let _ = done.try_send(());
         });
         let _ = idle.recv_timeout(Duration::from_millis(250));
-    }
-}
-
-impl Network {
-    /// The debug line of each connection's path at the session's end (loss and congestion explain a
-    /// slow transfer).
-    fn log_paths(&self) {
-        let (connection, _) = self.shared.connections();
-        let bulk = lock(&self.shared.bulk).clone();
-        for (which, conn) in [("session", Some(connection)), ("bulk", bulk)] {
-            let Some(conn) = conn else { continue };
-            let stats = conn.stats();
-            debug!(
-                connection = which,
-                rtt = ?stats.path.rtt,
-                cwnd = stats.path.cwnd,
-                mtu = stats.path.current_mtu,
-                lost_packets = stats.path.lost_packets,
-                congestion_events = stats.path.congestion_events,
-                sent_mib = stats.udp_tx.bytes >> 20,
-                received_mib = stats.udp_rx.bytes >> 20,
-                "path at the session's end"
-            );
-        }
     }
 }
 
