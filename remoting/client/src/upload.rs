@@ -15,9 +15,8 @@
 //!
 //! An announcer thread hashes and announces ahead, a producer thread waits for the answers and encodes,
 //! while the calling thread hands chunks to the network, so the link does not wait for the CPU work
-//! (nor the CPU for the round trips). In `auto` mode
-//! compression is dropped for the rest of a copy once the network waits for the encoder: it pays only
-//! while the link is the bottleneck. Every byte this function reads from the caller's buffer is read
+//! (nor the CPU for the round trips). In `auto` mode compression is dropped for the rest of a copy once
+//! the network waits for the encoder: it pays only while the link is the bottleneck. Every byte this function reads from the caller's buffer is read
 //! before it returns, so the caller may reuse the buffer at once, as with the plain copy. A segment the
 //! server will not stage (too much staged already) is copied the plain way.
 //!
