@@ -7,11 +7,14 @@
 use std::sync::Mutex;
 use std::thread;
 
+/// The machine's cores (1 if unknown): how many threads [`map`] uses at most.
+pub fn cores() -> usize {
+    thread::available_parallelism().map_or(1, std::num::NonZero::get)
+}
+
 /// `f` applied to every item, on up to as many threads as there are cores; results in item order.
 pub fn map<I: Send, T: Send>(items: Vec<I>, f: impl Fn(I) -> T + Sync) -> Vec<T> {
-    let threads = thread::available_parallelism()
-        .map_or(1, std::num::NonZero::get)
-        .min(items.len());
+    let threads = cores().min(items.len());
     if threads <= 1 {
         return items.into_iter().map(f).collect();
     }

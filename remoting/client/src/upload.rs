@@ -383,7 +383,7 @@ fn produce<'a>(
     let failed = |err| {
         let _ = tx.send(Item::Failed(err));
     };
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let cores = gleam_cache::parallel::cores();
     while let Ok(next) = announced.recv() {
         let (this, pending) = match next {
             Ok(next) => next,

@@ -247,16 +247,10 @@ impl Pieces {
     }
 
     /// The bytes in one buffer: no copy when they arrived in one piece.
-    pub fn into_bytes(self) -> Bytes {
-        match <[Bytes; 1]>::try_from(self.parts) {
-            Ok([one]) => one,
-            Err(parts) => {
-                let mut all = BytesMut::with_capacity(self.len);
-                for part in parts {
-                    all.extend_from_slice(&part);
-                }
-                all.freeze()
-            }
+    pub fn into_bytes(mut self) -> Bytes {
+        match self.parts.len() {
+            1 => self.parts.pop().unwrap_or_default(),
+            _ => Bytes::from(self.to_vec()),
         }
     }
 }

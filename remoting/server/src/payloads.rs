@@ -42,8 +42,8 @@ pub const MAX_STAGED: u64 = 1 << 30;
 /// wait for the disk.
 const WRITE_QUEUE: usize = 4;
 /// Staging buffers kept for reuse (a fresh one costs a page fault per page as it fills, and page-locking
-/// it more); at most 4 x 64 MiB held by an idle session: a client keeps two segments announced ahead of
-/// the one it copies.
+/// it more); at most 4 x 64 MiB held by an idle session: a client keeps a few segments announced ahead
+/// of the one it copies.
 const POOL: usize = 4;
 /// Payloads from this size on are copied from page-locked memory where the backend offers it.
 const PIN_FROM: usize = 8 << 20;
@@ -585,15 +585,11 @@ const CHUNK_THREADS: usize = 4;
 fn chunk_workers() -> Workers<ChunkJob> {
     Workers::start(
         "gleam-chunks",
-        cores().min(CHUNK_THREADS),
+        gleam_cache::parallel::cores().min(CHUNK_THREADS),
         CHUNK_QUEUE,
         || (Decoder::new(), Vec::new()),
         |(decoder, scratch), job| place(decoder, scratch, &job),
     )
-}
-
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 
 /// Decodes one chunk, checks it, and copies it into place; then tells whoever waits for its upload.
@@ -727,7 +723,7 @@ const FILL_THREADS: usize = 2;
 fn fillers() -> Workers<FillJob> {
     Workers::start(
         "gleam-fill",
-        cores().min(FILL_THREADS),
+        gleam_cache::parallel::cores().min(FILL_THREADS),
         FILL_QUEUE,
         || (),
         |(), job| fill(job),
