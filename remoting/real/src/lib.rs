@@ -23,6 +23,7 @@ mod scenario_tests;
 use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use tracing::{debug, warn};
 
@@ -34,7 +35,7 @@ use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr, ParamSlot};
 use gleam_server::backend::{ApiBackend, Backend};
 use gleam_server::callbacks::CallbackPoint;
-use gleam_server::staging::HostPin;
+use gleam_server::staging::{DeviceRead, HostPin};
 
 /// One past the last `CUdevice_attribute` of CUDA 13.0 (`CU_DEVICE_ATTRIBUTE_MAX`).
 pub const DEVICE_ATTRIBUTE_END: i32 =
@@ -128,6 +129,10 @@ struct Driver {
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> CUresult,
     memcpy_dtoh_async: unsafe extern "C" fn(*mut c_void, u64, usize, Ptr) -> CUresult,
     stream_synchronize: unsafe extern "C" fn(Ptr) -> CUresult,
+    event_create: unsafe extern "C" fn(*mut Ptr, c_uint) -> CUresult,
+    event_record: unsafe extern "C" fn(Ptr, Ptr) -> CUresult,
+    event_synchronize: unsafe extern "C" fn(Ptr) -> CUresult,
+    event_destroy: unsafe extern "C" fn(Ptr) -> CUresult,
     mem_host_register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CUresult,
     mem_host_unregister: unsafe extern "C" fn(*mut c_void) -> CUresult,
     module_load_data: unsafe extern "C" fn(*mut Ptr, *const c_void) -> CUresult,
@@ -202,6 +207,10 @@ impl Driver {
             memcpy_dtoh: sym!("cuMemcpyDtoH_v2"),
             memcpy_dtoh_async: sym!("cuMemcpyDtoHAsync_v2"),
             stream_synchronize: sym!("cuStreamSynchronize"),
+            event_create: sym!("cuEventCreate"),
+            event_record: sym!("cuEventRecord"),
+            event_synchronize: sym!("cuEventSynchronize"),
+            event_destroy: sym!("cuEventDestroy_v2"),
             mem_host_register: sym!("cuMemHostRegister_v2"),
             mem_host_unregister: sym!("cuMemHostUnregister"),
             module_load_data: sym!("cuModuleLoadData"),
@@ -278,6 +287,12 @@ macro_rules! real_api {
 
             fn api(&mut self, call: ApiCall) -> Result<ApiReply, CUresult> {
                 let effect = Effect::of(&call);
+                if matches!(effect, Effect::Destroy(Kind::Context, _) | Effect::PrimaryReset(_))
+                    || matches!(call, ApiCall::cuDevicePrimaryCtxRelease_v2(_))
+                {
+                    // Their events die with the context.
+                    self.settle_reads();
+                }
                 let reply = match call {
                     $(ApiCall::$name(a) => self.$name(a).map(ApiReply::$name),)*
                 }?;
@@ -301,6 +316,31 @@ pub struct RealBackend {
     current: Option<u64>,
     /// Where device-to-host copies land before they become a reply (allocated at the first one).
     staging: Option<Staging>,
+    /// Copies from upload staging the device may still be running ([`Backend::device_read`]), settled
+    /// before a context (whose events they are) can go.
+    reads: Vec<Weak<PendingRead>>,
+}
+
+/// A recorded event after a copy from page-locked staging: waited for and destroyed once, by the
+/// staging buffer's next writer (on any thread) or by the backend before the event's context goes.
+struct PendingRead {
+    event: Mutex<Option<usize>>,
+    synchronize: unsafe extern "C" fn(Ptr) -> CUresult,
+    destroy: unsafe extern "C" fn(Ptr) -> CUresult,
+}
+
+impl PendingRead {
+    fn settle(&self) {
+        let mut event = self.event.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(e) = event.take() {
+            // SAFETY: an event this backend recorded, not destroyed yet (taken once, under the lock),
+            // whose context is still alive (the backend settles every read before a context goes).
+            unsafe {
+                let _ = (self.synchronize)(e as Ptr);
+                let _ = (self.destroy)(e as Ptr);
+            }
+        }
+    }
 }
 
 /// Bytes of page-locked staging for device-to-host copies: one client piece
@@ -362,6 +402,7 @@ impl Staging {
 
 impl Drop for RealBackend {
     fn drop(&mut self) {
+        self.settle_reads();
         if let Some(staging) = &mut self.staging {
             staging.release(&self.driver);
         }
@@ -391,7 +432,17 @@ impl RealBackend {
             launch_kernel_ex: OnceCell::new(),
             current: None,
             staging: None,
+            reads: Vec::new(),
         })
+    }
+
+    /// Waits for every copy from upload staging still pending ([`Backend::device_read`]).
+    fn settle_reads(&mut self) {
+        for read in self.reads.drain(..) {
+            if let Some(read) = read.upgrade() {
+                read.settle();
+            }
+        }
     }
 
     /// Bookkeeping after a listed call succeeded: the driver's current context.
@@ -530,6 +581,38 @@ impl Backend for RealBackend {
             // plain memory.
             let _ = unsafe { unregister(addr as *mut c_void) };
         }))
+    }
+
+    fn device_read(&mut self, stream: u64) -> Option<DeviceRead> {
+        let d = &self.driver;
+        let mut event: Ptr = std::ptr::null_mut();
+        // CU_EVENT_DISABLE_TIMING: the cheapest event to record and wait for.
+        // SAFETY: a valid out-pointer.
+        let made = unsafe { (d.event_create)(&raw mut event, 2) }.result();
+        // SAFETY: the event was just made; the stream is live (the copy on it just succeeded).
+        let recorded =
+            made.and_then(|()| unsafe { (d.event_record)(event, stream as Ptr) }.result());
+        if recorded.is_err() {
+            debug!(
+                ?recorded,
+                "no event after a copy from staging: waiting for its stream"
+            );
+            if !event.is_null() {
+                // SAFETY: made above, not recorded.
+                let _ = unsafe { (d.event_destroy)(event) };
+            }
+            // SAFETY: as above.
+            let _ = unsafe { (d.stream_synchronize)(stream as Ptr) };
+            return None;
+        }
+        let read = Arc::new(PendingRead {
+            event: Mutex::new(Some(event as usize)),
+            synchronize: d.event_synchronize,
+            destroy: d.event_destroy,
+        });
+        self.reads.retain(|r| r.strong_count() > 0);
+        self.reads.push(Arc::downgrade(&read));
+        Some(DeviceRead::new(move || read.settle()))
     }
 
     fn memcpy_dtoh(
@@ -754,6 +837,7 @@ impl Backend for RealBackend {
     }
 
     fn shutdown(&mut self, handles: &Handles) {
+        self.settle_reads();
         let modules = handles.loaded_modules();
         let libraries = handles.libraries();
         let contexts = handles.created_contexts();

@@ -12,7 +12,7 @@ use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr};
 
 use crate::callbacks::CallbackPoint;
-use crate::staging::HostPin;
+use crate::staging::{DeviceRead, HostPin};
 
 macro_rules! api_backend {
     ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
@@ -58,6 +58,15 @@ pub trait Backend: ApiBackend {
     /// stays pageable).
     fn pin_host(&mut self, pages: &mut [u8]) -> Option<HostPin> {
         let _ = pages;
+        None
+    }
+    /// Called right after a copy on `stream` from page-locked memory ([`Backend::pin_host`]), which may
+    /// still be queued or running when [`Backend::memcpy_htod`] returns: a read that waits until the
+    /// device has run every copy queued on `stream` so far (`cuEventRecord`). `None` when nothing can be
+    /// pending any more (the default: the backend's copies are done when they return; a backend that
+    /// cannot make the fence waits for the stream instead).
+    fn device_read(&mut self, stream: u64) -> Option<DeviceRead> {
+        let _ = stream;
         None
     }
     /// `cuMemcpyDtoH_v2` or `cuMemcpyDtoHAsync_v2` (which must wait for the stream before returning data).

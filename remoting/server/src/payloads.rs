@@ -31,7 +31,7 @@ use gleam_protocol::types::CUresult;
 use tracing::{debug, warn};
 
 use crate::images::content_cache;
-use crate::staging::{HostPin, StagingBuf};
+use crate::staging::{DeviceRead, HostPin, StagingBuf};
 use crate::workers::Workers;
 
 /// The largest payload one announcement may stage (clients split larger copies).
@@ -375,11 +375,14 @@ impl Payloads {
         upload: u64,
         copy: impl FnOnce(&[u8]) -> Result<(), CUresult>,
     ) -> Result<(), CUresult> {
-        self.copy_page_locked(upload, None, copy)
+        self.copy_page_locked(upload, None, |bytes, _| copy(bytes).map(|()| None))
     }
 
     /// [`Payloads::copy`], page-locking a large payload's staging buffer first with `pin`
-    /// ([`Backend::pin_host`](crate::backend::Backend::pin_host)) unless it is already.
+    /// ([`Backend::pin_host`](crate::backend::Backend::pin_host)) unless it is already. `copy` is told
+    /// whether the bytes it gets are page-locked, and returns the device's read of them if it may still be
+    /// running ([`Backend::device_read`](crate::backend::Backend::device_read)): the buffer is then not
+    /// reused before that read ran.
     ///
     /// Why here and not when the buffer is made: by now its pages are resident, faulted in (and zeroed
     /// by the kernel) by the threads that filled it, in parallel; locking a fresh buffer's pages would
@@ -388,7 +391,7 @@ impl Payloads {
         &mut self,
         upload: u64,
         pin: Option<&mut Pinner<'_>>,
-        copy: impl FnOnce(&[u8]) -> Result<(), CUresult>,
+        copy: impl FnOnce(&[u8], bool) -> Result<Option<DeviceRead>, CUresult>,
     ) -> Result<(), CUresult> {
         let mut staged = self
             .uploads
@@ -432,7 +435,11 @@ impl Payloads {
             );
         }
         let copying = std::time::Instant::now();
-        let copied = copy(&buf);
+        let copied = copy(&buf, buf.is_pinned()).map(|read| {
+            if let Some(read) = read {
+                buf.set_reading(read);
+            }
+        });
         debug!(
             upload,
             bytes = buf.len(),
@@ -487,8 +494,12 @@ impl Payloads {
             .filter(|&i| pool[i].capacity() >= len)
             .min_by_key(|&i| pool[i].capacity());
         if let Some(i) = fits {
-            // Needs no clearing: every chunk is written before the copy.
+            // Needs no clearing: every chunk is written before the copy. Its last copy may still be
+            // reading it (a stream's copy from page-locked memory): waited for here, on this thread,
+            // with the pool free for the writer.
             let mut buf = pool.swap_remove(i);
+            drop(pool);
+            buf.settle();
             buf.set_len(len);
             return buf;
         }
@@ -1181,6 +1192,50 @@ mod tests {
     }
 
     #[test]
+    fn a_buffer_the_device_may_still_read_is_not_refilled_before_that_read_ran() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let mut pin = |_: &mut [u8]| Some(HostPin::new(|| {}));
+        let mut payloads = Payloads::with_store(None);
+        let read_done = Arc::new(AtomicBool::new(false));
+        let (first, second) = (data(PIN_FROM, 1), data(PIN_FROM, 2));
+        let stage = |payloads: &mut Payloads, id: u64, bytes: &[u8]| {
+            let manifest = Manifest::with_chunk_size(bytes, 1 << 20);
+            for index in payloads.begin(id, &manifest.encode()).unwrap() {
+                let r = manifest.chunk_range(index as usize);
+                let wire = Encoder::new(Compression::OFF)
+                    .encode(&bytes[r.start as usize..r.end as usize])
+                    .to_wire();
+                payloads.chunk(id, index, Bytes::from(wire)).unwrap();
+            }
+        };
+        stage(&mut payloads, 1, &first);
+        let done = read_done.clone();
+        payloads
+            .copy_page_locked(1, Some(&mut pin), |got, pinned| {
+                assert!(pinned);
+                assert_eq!(got, &first[..]);
+                // The device reads these bytes later (a stream's copy from page-locked memory).
+                Ok(Some(DeviceRead::new(move || {
+                    done.store(true, Ordering::SeqCst);
+                })))
+            })
+            .unwrap();
+        assert!(
+            !read_done.load(Ordering::SeqCst),
+            "the copy's return does not wait for the device"
+        );
+        // The next payload of that size takes the same buffer: only after the device read it.
+        stage(&mut payloads, 2, &second);
+        assert!(read_done.load(Ordering::SeqCst));
+        payloads
+            .copy_page_locked(2, Some(&mut pin), |got, _| {
+                assert_eq!(got, &second[..]);
+                Ok(None)
+            })
+            .unwrap();
+    }
+
+    #[test]
     fn large_payloads_are_copied_page_locked_and_unlocked_when_dropped() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let (pins, unpins) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
@@ -1213,9 +1268,11 @@ mod tests {
                 payloads.chunk(id, index, Bytes::from(wire)).unwrap();
             }
             payloads
-                .copy_page_locked(id, Some(&mut pin), |got| {
+                .copy_page_locked(id, Some(&mut pin), |got, pinned| {
                     assert_eq!(got, &bytes[..]);
-                    Ok(())
+                    // The small one too: it reuses the large one's locked buffer.
+                    assert!(pinned);
+                    Ok(None)
                 })
                 .unwrap();
         }

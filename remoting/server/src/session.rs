@@ -679,8 +679,14 @@ impl<B: Backend> Session<B> {
                 let backend = std::cell::RefCell::new(&mut self.backend);
                 let mut pin = |pages: &mut [u8]| backend.borrow_mut().pin_host(pages);
                 self.payloads
-                    .copy_page_locked(upload, Some(&mut pin), |bytes| {
-                        backend.borrow_mut().memcpy_htod(dst, bytes, stream)
+                    .copy_page_locked(upload, Some(&mut pin), |bytes, pinned| {
+                        let mut backend = backend.borrow_mut();
+                        backend.memcpy_htod(dst, bytes, stream)?;
+                        // A stream's copy from page-locked memory returns before it ran: the staging
+                        // buffer is not reused until it did. A synchronous one is done.
+                        Ok(stream
+                            .filter(|_| pinned)
+                            .and_then(|s| backend.device_read(s)))
                     })?;
                 Reply::Empty
             }

@@ -4,7 +4,9 @@
 //!
 //! [`StagingBuf`] is a zero-initialised, page-aligned byte buffer of a fixed capacity whose length may
 //! change within it; [`HostPin`] is the backend's page-locking of one, undone when the buffer is dropped
-//! (before its memory is freed).
+//! (before its memory is freed); [`DeviceRead`] is a copy from it that the device may still be running
+//! (a stream's copy from page-locked memory returns at once): the buffer's bytes are not written again,
+//! nor its memory freed, before it ran.
 
 use std::ops::{Deref, DerefMut};
 
@@ -37,6 +39,31 @@ impl std::fmt::Debug for HostPin {
     }
 }
 
+/// The device's pending read of a buffer (a stream-ordered copy from page-locked memory): dropping it
+/// waits until the device has run it.
+pub struct DeviceRead(Option<Box<dyn FnOnce() + Send + Sync>>);
+
+impl DeviceRead {
+    /// A read that `wait` waits for.
+    pub fn new(wait: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self(Some(Box::new(wait)))
+    }
+}
+
+impl Drop for DeviceRead {
+    fn drop(&mut self) {
+        if let Some(wait) = self.0.take() {
+            wait();
+        }
+    }
+}
+
+impl std::fmt::Debug for DeviceRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceRead")
+    }
+}
+
 /// A page-aligned, zero-initialised byte buffer, optionally page-locked. The default is empty.
 ///
 /// An anonymous mapping, not a heap allocation: its pages are zeroed by the kernel as they are first
@@ -49,6 +76,8 @@ pub struct StagingBuf {
     len: usize,
     /// Dropped before the mapping is.
     pin: Option<HostPin>,
+    /// Waited for before the bytes are written again, the pin undone or the mapping dropped.
+    reading: Option<DeviceRead>,
 }
 
 impl StagingBuf {
@@ -67,6 +96,7 @@ impl StagingBuf {
             map: Some(map),
             len,
             pin: None,
+            reading: None,
         }
     }
 
@@ -87,7 +117,25 @@ impl StagingBuf {
 
     /// The whole capacity (page-aligned, whole pages), for page-locking.
     pub fn pages_mut(&mut self) -> &mut [u8] {
+        self.settle();
         self.map.as_deref_mut().unwrap_or_default()
+    }
+
+    /// Keeps `read` (a copy from this buffer the device may still be running) until the buffer is
+    /// written again or dropped, which wait for it.
+    pub fn set_reading(&mut self, read: DeviceRead) {
+        self.settle();
+        self.reading = Some(read);
+    }
+
+    /// Waits until the device has run every copy from this buffer ([`StagingBuf::set_reading`]).
+    pub fn settle(&mut self) {
+        drop(self.reading.take());
+    }
+
+    /// Whether a copy from it may still be running.
+    pub fn is_being_read(&self) -> bool {
+        self.reading.is_some()
     }
 
     /// Keeps `pin` (the backend's page-locking of [`StagingBuf::pages_mut`]) until the buffer is dropped.
@@ -110,6 +158,8 @@ impl Deref for StagingBuf {
 
 impl DerefMut for StagingBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
+        // Not written while the device reads it (the pool's owner settles it first; this is the net).
+        self.settle();
         let len = self.len;
         self.map
             .as_deref_mut()
@@ -119,7 +169,8 @@ impl DerefMut for StagingBuf {
 
 impl Drop for StagingBuf {
     fn drop(&mut self) {
-        // Unlocked before it is unmapped.
+        // The device is done with it, then it is unlocked, then unmapped.
+        self.settle();
         drop(self.pin.take());
     }
 }
@@ -130,6 +181,7 @@ impl std::fmt::Debug for StagingBuf {
             .field("len", &self.len)
             .field("capacity", &self.capacity())
             .field("pinned", &self.is_pinned())
+            .field("being_read", &self.is_being_read())
             .finish()
     }
 }
@@ -154,6 +206,31 @@ mod tests {
         assert_eq!(buf.len(), 3 * PAGE);
         assert!(StagingBuf::default().is_empty());
         assert!(StagingBuf::zeroed(0).is_empty());
+    }
+
+    #[test]
+    fn a_pending_device_read_is_waited_for_before_a_write_and_before_the_pin_goes() {
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut buf = StagingBuf::zeroed(PAGE);
+        let log = |what: &'static str| {
+            let order = order.clone();
+            move || order.lock().unwrap().push(what)
+        };
+        buf.set_pin(HostPin::new(log("unpinned")));
+        buf.set_reading(DeviceRead::new(log("first read done")));
+        assert!(buf.is_being_read());
+        // Reading its bytes does not wait; writing them does.
+        assert_eq!(buf[0], 0);
+        assert!(order.lock().unwrap().is_empty());
+        buf[0] = 1;
+        assert_eq!(*order.lock().unwrap(), ["first read done"]);
+        assert!(!buf.is_being_read());
+        buf.set_reading(DeviceRead::new(log("second read done")));
+        drop(buf);
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["first read done", "second read done", "unpinned"]
+        );
     }
 
     #[test]
