@@ -23,7 +23,7 @@ mod scenario_tests;
 use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
 use tracing::{debug, warn};
 
@@ -35,7 +35,7 @@ use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr, ParamSlot};
 use gleam_server::backend::{ApiBackend, Backend};
 use gleam_server::callbacks::CallbackPoint;
-use gleam_server::staging::{DeviceRead, HostPin};
+use gleam_server::staging::{DeviceRead, HostPin, PinAnywhere};
 
 /// One past the last `CUdevice_attribute` of CUDA 13.0 (`CU_DEVICE_ATTRIBUTE_MAX`).
 pub const DEVICE_ATTRIBUTE_END: i32 =
@@ -287,12 +287,15 @@ macro_rules! real_api {
 
             fn api(&mut self, call: ApiCall) -> Result<ApiReply, CUresult> {
                 let effect = Effect::of(&call);
-                if matches!(effect, Effect::Destroy(Kind::Context, _) | Effect::PrimaryReset(_))
-                    || matches!(call, ApiCall::cuDevicePrimaryCtxRelease_v2(_))
-                {
-                    // Their events die with the context.
+                let ends_context =
+                    matches!(effect, Effect::Destroy(Kind::Context, _) | Effect::PrimaryReset(_))
+                        || matches!(call, ApiCall::cuDevicePrimaryCtxRelease_v2(_));
+                let contexts = self.contexts.clone();
+                let _no_pinning = ends_context.then(|| {
+                    // Their events die with the context; a filler may be page-locking in it.
                     self.settle_reads();
-                }
+                    contexts.write().unwrap_or_else(PoisonError::into_inner)
+                });
                 let reply = match call {
                     $(ApiCall::$name(a) => self.$name(a).map(ApiReply::$name),)*
                 }?;
@@ -319,6 +322,9 @@ pub struct RealBackend {
     /// Copies from upload staging the device may still be running ([`Backend::device_read`]), settled
     /// before a context (whose events they are) can go.
     reads: Vec<Weak<PendingRead>>,
+    /// Held (shared) while another thread has a context current to page-lock staging
+    /// ([`Backend::pin_anywhere`]), and exclusively while a context may go.
+    contexts: Arc<RwLock<()>>,
 }
 
 /// A recorded event after a copy from page-locked staging: waited for and destroyed once, by the
@@ -400,6 +406,28 @@ impl Staging {
     }
 }
 
+/// `cuMemHostRegister` of `pages` (in the calling thread's current context), undone when the pin drops.
+fn page_lock(
+    register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CUresult,
+    unregister: unsafe extern "C" fn(*mut c_void) -> CUresult,
+    pages: &mut [u8],
+) -> Option<HostPin> {
+    let at = pages.as_mut_ptr().cast::<c_void>();
+    // SAFETY: `pages` is valid for its length; the caller keeps it allocated until the pin is dropped.
+    // PORTABLE: copies in any of the session's contexts see it page-locked.
+    let result = unsafe { register(at, pages.len(), 1) };
+    if !result.is_success() {
+        debug!(?result, "upload staging stays pageable");
+        return None;
+    }
+    let addr = at as usize;
+    Some(HostPin::new(move || {
+        // SAFETY: registered above and not yet unregistered; a failure (its context is gone) leaves
+        // plain memory.
+        let _ = unsafe { unregister(addr as *mut c_void) };
+    }))
+}
+
 impl Drop for RealBackend {
     fn drop(&mut self) {
         self.settle_reads();
@@ -433,6 +461,7 @@ impl RealBackend {
             current: None,
             staging: None,
             reads: Vec::new(),
+            contexts: Arc::default(),
         })
     }
 
@@ -566,20 +595,28 @@ impl Backend for RealBackend {
     }
 
     fn pin_host(&mut self, pages: &mut [u8]) -> Option<HostPin> {
-        let at = pages.as_mut_ptr().cast::<c_void>();
-        // SAFETY: `pages` is valid for its length; the caller keeps it allocated until the pin is dropped.
-        // PORTABLE: copies in any of the session's contexts see it page-locked.
-        let result = unsafe { (self.driver.mem_host_register)(at, pages.len(), 1) };
-        if !result.is_success() {
-            debug!(?result, "upload staging stays pageable");
-            return None;
-        }
-        let unregister = self.driver.mem_host_unregister;
-        let addr = at as usize;
-        Some(HostPin::new(move || {
-            // SAFETY: registered above and not yet unregistered; a failure (its context is gone) leaves
-            // plain memory.
-            let _ = unsafe { unregister(addr as *mut c_void) };
+        let d = &self.driver;
+        page_lock(d.mem_host_register, d.mem_host_unregister, pages)
+    }
+
+    fn pin_anywhere(&mut self) -> Option<PinAnywhere> {
+        let ctx = self.current.filter(|&ctx| ctx != 0)?;
+        let d = &self.driver;
+        let (set_current, register, unregister) = (
+            d.ctx_set_current,
+            d.mem_host_register,
+            d.mem_host_unregister,
+        );
+        let contexts = self.contexts.clone();
+        Some(Arc::new(move |pages: &mut [u8]| {
+            // The context does not go while it is current here.
+            let _live = contexts.read().unwrap_or_else(PoisonError::into_inner);
+            // SAFETY: a live context of this session (ending one waits for the lock held above).
+            unsafe { set_current(ctx as Ptr) }.result().ok()?;
+            let pin = page_lock(register, unregister, pages);
+            // SAFETY: NULL is always valid: the thread keeps no context.
+            let _ = unsafe { set_current(std::ptr::null_mut()) };
+            pin
         }))
     }
 
@@ -838,6 +875,8 @@ impl Backend for RealBackend {
 
     fn shutdown(&mut self, handles: &Handles) {
         self.settle_reads();
+        let contexts = self.contexts.clone();
+        let _no_pinning = contexts.write().unwrap_or_else(PoisonError::into_inner);
         let modules = handles.loaded_modules();
         let libraries = handles.libraries();
         let contexts = handles.created_contexts();

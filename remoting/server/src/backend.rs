@@ -12,7 +12,7 @@ use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{DeviceInfo, FunctionInfo, Launch, LaunchAttr};
 
 use crate::callbacks::CallbackPoint;
-use crate::staging::{DeviceRead, HostPin};
+use crate::staging::{DeviceRead, HostPin, PinAnywhere};
 
 macro_rules! api_backend {
     ($($mode:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
@@ -58,6 +58,11 @@ pub trait Backend: ApiBackend {
     /// stays pageable).
     fn pin_host(&mut self, pages: &mut [u8]) -> Option<HostPin> {
         let _ = pages;
+        None
+    }
+    /// [`Backend::pin_host`] for the session's other threads, for the context current now (`None` where
+    /// the backend cannot, or no context is current: staging is then locked on this thread, at its copy).
+    fn pin_anywhere(&mut self) -> Option<PinAnywhere> {
         None
     }
     /// Called right after a copy on `stream` from page-locked memory ([`Backend::pin_host`]), which may

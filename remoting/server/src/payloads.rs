@@ -31,7 +31,7 @@ use gleam_protocol::types::CUresult;
 use tracing::{debug, warn};
 
 use crate::images::content_cache;
-use crate::staging::{DeviceRead, HostPin, StagingBuf};
+use crate::staging::{DeviceRead, HostPin, PinAnywhere, StagingBuf};
 use crate::workers::Workers;
 
 /// The largest payload one announcement may stage (clients split larger copies).
@@ -200,18 +200,23 @@ impl Payloads {
     /// returns the indices of the chunks to send (one per distinct missing chunk).
     pub fn begin(&mut self, upload: u64, manifest: &[u8]) -> Result<Vec<u32>, CUresult> {
         // Without a callback the answer is always made here.
-        Ok(self.begin_then(upload, manifest, None)?.unwrap_or_default())
+        Ok(self
+            .begin_then(upload, manifest, None, None)?
+            .unwrap_or_default())
     }
 
     /// [`Payloads::begin`], reading the store off the caller's thread when `answer` is given: then
     /// `Ok(None)` is returned at once and `answer` is told the missing chunks once the filler thread has
     /// read and verified what the store holds (so the session's executor runs other calls, and the
-    /// previous segment's copy, meanwhile). The upload's copy waits for that fill.
+    /// previous segment's copy, meanwhile). The upload's copy waits for that fill. With `pin`, the filler
+    /// then page-locks a large staging buffer that is not yet, after answering (the client's chunks and
+    /// copy are on their way meanwhile), so that the copy finds it locked.
     pub fn begin_then(
         &mut self,
         upload: u64,
         manifest: &[u8],
         answer: Option<AnswerLater>,
+        pin: Option<PinAnywhere>,
     ) -> Result<Option<Vec<u32>>, CUresult> {
         let manifest = Manifest::decode(manifest).map_err(|err| {
             debug!(upload, %err, "refused an upload announcement");
@@ -299,6 +304,7 @@ impl Payloads {
             filled: staged.filled.clone(),
             store,
             answer,
+            pin: pin.filter(|_| len >= PIN_FROM && pinned_staging()),
         };
         self.uploads.insert(upload, staged);
         self.filler.get_or_insert_with(fillers).run(job);
@@ -522,6 +528,12 @@ impl Payloads {
 }
 
 impl SharedBuf {
+    /// One piece of work in flight on this payload is done.
+    fn done_one(&self) {
+        lock(&self.progress).pending -= 1;
+        self.settled.notify_all();
+    }
+
     /// Waits until the chunk worker is done with this payload; returns the chunks that were wrong.
     fn settle(&self) -> Vec<usize> {
         let mut progress = lock(&self.progress);
@@ -721,6 +733,8 @@ struct FillJob {
     filled: Vec<bool>,
     store: Arc<BlobStore>,
     answer: AnswerLater,
+    /// Page-locks the staging buffer once the answer is out.
+    pin: Option<PinAnywhere>,
 }
 
 /// Announcements queued for the fillers at most (a client keeps a few ahead; more wait on the executor).
@@ -750,6 +764,7 @@ fn fill(job: FillJob) {
         mut filled,
         store,
         answer,
+        pin,
     } = job;
     let started = std::time::Instant::now();
     let wanted: Vec<usize> = (0..filled.len()).filter(|&i| !filled[i]).collect();
@@ -768,13 +783,33 @@ fn fill(job: FillJob) {
     }
     let missing = missing_chunks(&manifest, &filled);
     log_staged(upload, &manifest, &missing, started);
-    {
-        let mut progress = lock(&buf.progress);
-        progress.found.extend(placed);
-        progress.pending -= 1;
+    // The locking counts as work in flight on the buffer, as the fill did: the copy waits for it.
+    lock(&buf.progress).found.extend(placed);
+    if pin.is_none() {
+        buf.done_one();
     }
-    buf.settled.notify_all();
     answer(missing);
+    if let Some(pin) = pin {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut bytes = lock(&buf.bytes);
+            // Taken away meanwhile, or a pooled buffer (locked already).
+            if bytes.len() as u64 != manifest.len() || bytes.is_pinned() {
+                return;
+            }
+            let locking = std::time::Instant::now();
+            if let Some(locked) = pin(bytes.pages_mut()) {
+                bytes.set_pin(locked);
+            }
+            debug!(
+                upload,
+                capacity = bytes.capacity(),
+                pinned = bytes.is_pinned(),
+                lock_us = locking.elapsed().as_micros() as u64,
+                "staging page-locked by the filler"
+            );
+        }));
+        buf.done_one();
+    }
 }
 
 /// The thread that writes received chunks to the content cache, off the session's executor (a commit
@@ -901,7 +936,7 @@ mod tests {
                 let (tx, rx) = std::sync::mpsc::channel();
                 let answer: AnswerLater = Box::new(move |missing| tx.send(missing).unwrap());
                 match payloads
-                    .begin_then(id, &manifest.encode(), Some(answer))
+                    .begin_then(id, &manifest.encode(), Some(answer), None)
                     .unwrap()
                 {
                     Some(missing) => missing,
@@ -1164,7 +1199,7 @@ mod tests {
             Box::new(move |missing| tx.send(missing).unwrap())
         };
         // Copied before the answer was read: the copy finds the whole payload in place.
-        let begun = payloads.begin_then(1, &manifest.encode(), Some(answer(tx.clone())));
+        let begun = payloads.begin_then(1, &manifest.encode(), Some(answer(tx.clone())), None);
         assert_eq!(begun, Ok(None));
         let mut got = Vec::new();
         payloads
@@ -1180,7 +1215,7 @@ mod tests {
         );
         // Replaced (the number reused) and discarded while filling: each announcement is answered.
         for _ in 0..2 {
-            let begun = payloads.begin_then(2, &manifest.encode(), Some(answer(tx.clone())));
+            let begun = payloads.begin_then(2, &manifest.encode(), Some(answer(tx.clone())), None);
             assert_eq!(begun, Ok(None));
         }
         payloads.discard(2);
@@ -1233,6 +1268,67 @@ mod tests {
                 Ok(None)
             })
             .unwrap();
+    }
+
+    #[test]
+    fn the_filler_page_locks_a_filled_payload_after_answering_and_the_copy_waits_for_it() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::mpsc::channel;
+        for cached in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Arc::new(BlobStore::open(dir.path(), 1 << 30).unwrap());
+            let bytes = data(PIN_FROM, 9);
+            let manifest = Manifest::with_chunk_size(&bytes, 1 << 20);
+            if cached {
+                let mut first = Payloads::with_store(Some(store.clone()));
+                upload(&mut first, 1, &bytes, 1 << 20);
+                first.finish();
+            }
+            let (answered_tx, answered) = channel();
+            let (go_tx, go) = channel::<()>();
+            let go = Mutex::new(go);
+            let (pins, unpins) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+            let (p, u) = (pins.clone(), unpins.clone());
+            let executor = std::thread::current().id();
+            let anywhere: PinAnywhere = Arc::new(move |pages: &mut [u8]| {
+                assert_ne!(std::thread::current().id(), executor);
+                // Held until the test has seen the answer: the answer does not wait for the locking.
+                lock(&go).recv().unwrap();
+                p.fetch_add(1, Ordering::SeqCst);
+                assert_eq!(pages.len() % crate::staging::PAGE, 0);
+                let u = u.clone();
+                Some(HostPin::new(move || {
+                    u.fetch_add(1, Ordering::SeqCst);
+                }))
+            });
+            let mut payloads = Payloads::with_store(Some(store));
+            let answer: AnswerLater = Box::new(move |missing| answered_tx.send(missing).unwrap());
+            let begun = payloads.begin_then(2, &manifest.encode(), Some(answer), Some(anywhere));
+            assert_eq!(begun, Ok(None));
+            let missing = answered.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(missing.is_empty(), cached, "{missing:?}");
+            assert_eq!(pins.load(Ordering::SeqCst), 0);
+            go_tx.send(()).unwrap();
+            for index in missing {
+                let r = manifest.chunk_range(index as usize);
+                let wire = Encoder::new(Compression::OFF)
+                    .encode(&bytes[r.start as usize..r.end as usize])
+                    .to_wire();
+                payloads.chunk(2, index, Bytes::from(wire)).unwrap();
+            }
+            let mut on_executor =
+                |_: &mut [u8]| -> Option<HostPin> { panic!("the filler has locked it already") };
+            payloads
+                .copy_page_locked(2, Some(&mut on_executor), |got, pinned| {
+                    assert!(pinned, "the copy waits for the filler's locking");
+                    assert_eq!(got, &bytes[..]);
+                    Ok(None)
+                })
+                .unwrap();
+            assert_eq!(pins.load(Ordering::SeqCst), 1);
+            drop(payloads);
+            assert_eq!(unpins.load(Ordering::SeqCst), 1);
+        }
     }
 
     #[test]

@@ -190,7 +190,7 @@ impl<B: Backend> Session<B> {
                 ref manifest,
             } if self.state == State::Open && req.expects_reply => {
                 if let Some(sink) = self.answer_sink.clone() {
-                    return self.begin_upload(req.seq, upload, manifest, &req.call, sink);
+                    return self.begin_upload(req.seq, req.ctx, upload, manifest, &req.call, sink);
                 }
             }
             // Normally handled as it arrives (`HostCallbacks::returned`); here for a transport that
@@ -226,6 +226,7 @@ impl<B: Backend> Session<B> {
     fn begin_upload(
         &mut self,
         seq: u64,
+        ctx: u64,
         upload: u64,
         manifest: &[u8],
         call: &Call,
@@ -245,7 +246,15 @@ impl<B: Backend> Session<B> {
                 },
             );
         });
-        let begun = self.payloads.begin_then(upload, manifest, Some(later));
+        // The filler page-locks the staging buffer, for the upload's context, where that is the one
+        // current here (else the copy locks it, on this thread).
+        let pin = if self.current_ctx == Some(ctx) && self.handles.check(Kind::Context, ctx).is_ok()
+        {
+            self.backend.pin_anywhere()
+        } else {
+            None
+        };
+        let begun = self.payloads.begin_then(upload, manifest, Some(later), pin);
         let (result, reply) = match begun {
             Ok(None) => return None,
             Ok(Some(missing)) => (CUresult::SUCCESS, Reply::UploadWanted { missing }),
@@ -639,11 +648,9 @@ impl<B: Backend> Session<B> {
                 Reply::Empty
             }
             Call::UploadBegin { upload, manifest } => {
-                let begun = self.payloads.begin_then(upload, &manifest, None)?;
                 // Without a callback the answer is made here.
-                Reply::UploadWanted {
-                    missing: begun.unwrap_or_default(),
-                }
+                let missing = self.payloads.begin(upload, &manifest)?;
+                Reply::UploadWanted { missing }
             }
             Call::UploadChunk { upload, index, .. } => {
                 let wire = self

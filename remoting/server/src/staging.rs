@@ -9,6 +9,7 @@
 //! nor its memory freed, before it ran.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 use memmap2::MmapMut;
 
@@ -38,6 +39,11 @@ impl std::fmt::Debug for HostPin {
         f.write_str("HostPin")
     }
 }
+
+/// Page-locks host pages from any of the session's threads (the backend's, made on the executor for the
+/// context current there): lets a filler thread lock a staging buffer it has just filled, so that the
+/// executor does not spend the milliseconds (1-9 ms per 64 MiB measured on the H100) when it copies.
+pub type PinAnywhere = Arc<dyn Fn(&mut [u8]) -> Option<HostPin> + Send + Sync>;
 
 /// The device's pending read of a buffer (a stream-ordered copy from page-locked memory): dropping it
 /// waits until the device has run it.
@@ -189,7 +195,6 @@ impl std::fmt::Debug for StagingBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     #[test]
