@@ -2984,7 +2984,8 @@ impl Backend for EmuBackend {
             self.not_capturing(s)?;
         }
         self.sync_stream(stream)?;
-        let mut out = vec![0u8; len];
+        let mut out = gleam_server::recycle::REPLIES.buffer(len);
+        out.resize(len, 0);
         self.shared
             .mem
             .read_bytes(src, &mut out)

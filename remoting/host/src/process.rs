@@ -653,7 +653,8 @@ impl Outbox {
         let frame = Frame {
             seq: answer.frame.seq,
             head: Bytes::from(head),
-            bulk: Bytes::from(answer.bulk),
+            // A large buffer goes back to the executor's pool once sent and acknowledged.
+            bulk: gleam_server::recycle::REPLIES.bytes(answer.bulk),
         };
         let mut state = lock(&out.state);
         let before = state.cache.bytes();

@@ -662,7 +662,8 @@ impl Backend for RealBackend {
         let staging = self
             .staging
             .get_or_insert_with(|| Staging::new(d, STAGING_BYTES));
-        let mut out = Vec::with_capacity(len);
+        // Written into a buffer an earlier reply gave back, not into fresh pages.
+        let mut out = gleam_server::recycle::REPLIES.buffer(len);
         let mut offset = 0;
         // At least one copy, so that a zero-byte one is still checked by the driver.
         loop {

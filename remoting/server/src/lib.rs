@@ -11,12 +11,14 @@
 //! * [`images`] and [`payloads`]: module images and large host-to-device payloads by content, through
 //!   the peer's content cache, so that each crosses the network once; [`staging`] holds their bytes and
 //!   [`workers`] runs their decoding, filling and caching off the executor.
+//! * [`recycle`]: large reply buffers (device-to-host data), reused rather than faulted in afresh.
 
 pub mod backend;
 pub mod callbacks;
 pub mod images;
 pub mod mirrors;
 pub mod payloads;
+pub mod recycle;
 pub mod session;
 pub mod staging;
 pub mod workers;
