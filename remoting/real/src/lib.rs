@@ -122,6 +122,8 @@ struct Driver {
     device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CUresult,
     device_get_pci_bus_id: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CUresult,
     ctx_set_current: unsafe extern "C" fn(Ptr) -> CUresult,
+    ctx_push_current: unsafe extern "C" fn(Ptr) -> CUresult,
+    ctx_pop_current: unsafe extern "C" fn(*mut Ptr) -> CUresult,
     ctx_destroy: unsafe extern "C" fn(Ptr) -> CUresult,
     primary_ctx_release: unsafe extern "C" fn(c_int) -> CUresult,
     memcpy_htod: unsafe extern "C" fn(u64, *const c_void, usize) -> CUresult,
@@ -200,6 +202,8 @@ impl Driver {
             device_get_attribute: sym!("cuDeviceGetAttribute"),
             device_get_pci_bus_id: sym!("cuDeviceGetPCIBusId"),
             ctx_set_current: sym!("cuCtxSetCurrent"),
+            ctx_push_current: sym!("cuCtxPushCurrent_v2"),
+            ctx_pop_current: sym!("cuCtxPopCurrent_v2"),
             ctx_destroy: sym!("cuCtxDestroy_v2"),
             primary_ctx_release: sym!("cuDevicePrimaryCtxRelease_v2"),
             memcpy_htod: sym!("cuMemcpyHtoD_v2"),
@@ -602,8 +606,9 @@ impl Backend for RealBackend {
     fn pin_anywhere(&mut self) -> Option<PinAnywhere> {
         let ctx = self.current.filter(|&ctx| ctx != 0)?;
         let d = &self.driver;
-        let (set_current, register, unregister) = (
-            d.ctx_set_current,
+        let (push, pop, register, unregister) = (
+            d.ctx_push_current,
+            d.ctx_pop_current,
             d.mem_host_register,
             d.mem_host_unregister,
         );
@@ -611,11 +616,14 @@ impl Backend for RealBackend {
         Some(Arc::new(move |pages: &mut [u8]| {
             // The context does not go while it is current here.
             let _live = contexts.read().unwrap_or_else(PoisonError::into_inner);
+            // Pushed and popped, not set: the calling thread's own context (if it is the executor,
+            // running a filler's job inline) is current again afterwards.
             // SAFETY: a live context of this session (ending one waits for the lock held above).
-            unsafe { set_current(ctx as Ptr) }.result().ok()?;
+            unsafe { push(ctx as Ptr) }.result().ok()?;
             let pin = page_lock(register, unregister, pages);
-            // SAFETY: NULL is always valid: the thread keeps no context.
-            let _ = unsafe { set_current(std::ptr::null_mut()) };
+            let mut popped: Ptr = std::ptr::null_mut();
+            // SAFETY: pops the context pushed above; a valid out-pointer.
+            let _ = unsafe { pop(&raw mut popped) };
             pin
         }))
     }

@@ -783,32 +783,43 @@ fn fill(job: FillJob) {
     }
     let missing = missing_chunks(&manifest, &filled);
     log_staged(upload, &manifest, &missing, started);
-    // The locking counts as work in flight on the buffer, as the fill did: the copy waits for it.
     lock(&buf.progress).found.extend(placed);
-    if pin.is_none() {
-        buf.done_one();
-    }
+    // The locking counts as work in flight on the buffer, as the fill did: the copy waits for it. Done
+    // when this guard goes, whatever happens in between.
+    let done = DoneOne(&buf);
+    let Some(pin) = pin else {
+        drop(done);
+        answer(missing);
+        return;
+    };
     answer(missing);
-    if let Some(pin) = pin {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut bytes = lock(&buf.bytes);
-            // Taken away meanwhile, or a pooled buffer (locked already).
-            if bytes.len() as u64 != manifest.len() || bytes.is_pinned() {
-                return;
-            }
-            let locking = std::time::Instant::now();
-            if let Some(locked) = pin(bytes.pages_mut()) {
-                bytes.set_pin(locked);
-            }
-            debug!(
-                upload,
-                capacity = bytes.capacity(),
-                pinned = bytes.is_pinned(),
-                lock_us = locking.elapsed().as_micros() as u64,
-                "staging page-locked by the filler"
-            );
-        }));
-        buf.done_one();
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut bytes = lock(&buf.bytes);
+        // Taken away meanwhile, or a pooled buffer (locked already).
+        if bytes.len() as u64 != manifest.len() || bytes.is_pinned() {
+            return;
+        }
+        let locking = std::time::Instant::now();
+        if let Some(locked) = pin(bytes.pages_mut()) {
+            bytes.set_pin(locked);
+        }
+        debug!(
+            upload,
+            capacity = bytes.capacity(),
+            pinned = bytes.is_pinned(),
+            lock_us = locking.elapsed().as_micros() as u64,
+            "staging page-locked by the filler"
+        );
+    }));
+    drop(done);
+}
+
+/// Marks one piece of work on a payload done when dropped ([`SharedBuf::done_one`]).
+struct DoneOne<'a>(&'a SharedBuf);
+
+impl Drop for DoneOne<'_> {
+    fn drop(&mut self) {
+        self.0.done_one();
     }
 }
 
