@@ -294,12 +294,14 @@ macro_rules! real_api {
                 let ends_context =
                     matches!(effect, Effect::Destroy(Kind::Context, _) | Effect::PrimaryReset(_))
                         || matches!(call, ApiCall::cuDevicePrimaryCtxRelease_v2(_));
-                let contexts = self.contexts.clone();
-                let _no_pinning = ends_context.then(|| {
-                    // Their events die with the context; a filler may be page-locking in it.
+                // Their events die with the context; a filler may be page-locking in it.
+                let contexts = ends_context.then(|| {
                     self.settle_reads();
-                    contexts.write().unwrap_or_else(PoisonError::into_inner)
+                    self.contexts.clone()
                 });
+                let _no_pinning = contexts
+                    .as_ref()
+                    .map(|c| c.write().unwrap_or_else(PoisonError::into_inner));
                 let reply = match call {
                     $(ApiCall::$name(a) => self.$name(a).map(ApiReply::$name),)*
                 }?;

@@ -16,8 +16,8 @@ use bytes::Bytes;
 
 /// Buffers of at least this many bytes are reused.
 pub const RECYCLE_FROM: usize = 1 << 20;
-/// Buffers kept for reuse at most: 16 pieces of 4 MiB, what the reply cache holds a sixth of a
-/// second at 1.5 GiB/s. An idle session keeps them.
+/// Buffers kept for reuse at most: 16 pieces of 4 MiB (64 MiB; the session process's reply cache holds
+/// up to 96 MiB of replies the client has not acknowledged). An idle session keeps them.
 const KEEP: usize = 16;
 
 /// The session process's reply buffers.

@@ -41,8 +41,9 @@ impl std::fmt::Debug for HostPin {
 }
 
 /// Page-locks host pages from any of the session's threads (the backend's, made on the executor for the
-/// context current there): lets a filler thread lock a staging buffer it has just filled, so that the
-/// executor does not spend the milliseconds (1-9 ms per 64 MiB measured on the H100) when it copies.
+/// context current there): lets a filler thread lock a staging buffer it has just filled from the content
+/// cache, so that the executor does not spend the milliseconds (1-9 ms per 64 MiB measured on the H100)
+/// when it copies.
 pub type PinAnywhere = Arc<dyn Fn(&mut [u8]) -> Option<HostPin> + Send + Sync>;
 
 /// The device's pending read of a buffer (a stream-ordered copy from page-locked memory): dropping it
