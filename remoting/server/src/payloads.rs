@@ -428,17 +428,7 @@ impl Payloads {
         if let Some(pin) =
             pin.filter(|_| buf.len() >= PIN_FROM && !buf.is_pinned() && pinned_staging())
         {
-            let locking = std::time::Instant::now();
-            if let Some(locked) = pin(buf.pages_mut()) {
-                buf.set_pin(locked);
-            }
-            debug!(
-                upload,
-                capacity = buf.capacity(),
-                pinned = buf.is_pinned(),
-                lock_us = locking.elapsed().as_micros() as u64,
-                "staging page-locked"
-            );
+            lock_pages(upload, &mut buf, pin, "copy");
         }
         let copying = std::time::Instant::now();
         let copied = copy(&buf, buf.is_pinned()).map(|read| {
@@ -803,19 +793,31 @@ fn fill(job: FillJob) {
         if bytes.len() as u64 != manifest.len() || bytes.is_pinned() {
             return;
         }
-        let locking = std::time::Instant::now();
-        if let Some(locked) = pin(bytes.pages_mut()) {
-            bytes.set_pin(locked);
-        }
-        debug!(
-            upload,
-            capacity = bytes.capacity(),
-            pinned = bytes.is_pinned(),
-            lock_us = locking.elapsed().as_micros() as u64,
-            "staging page-locked by the filler"
-        );
+        lock_pages(upload, &mut bytes, |pages| pin(pages), "filler");
     }));
     drop(done);
+}
+
+/// Page-locks `buf` with `pin`, and logs what that cost; `by`: who locked it (the filler, or the copy
+/// on the executor).
+fn lock_pages(
+    upload: u64,
+    buf: &mut StagingBuf,
+    pin: impl FnOnce(&mut [u8]) -> Option<HostPin>,
+    by: &'static str,
+) {
+    let locking = std::time::Instant::now();
+    if let Some(locked) = pin(buf.pages_mut()) {
+        buf.set_pin(locked);
+    }
+    debug!(
+        upload,
+        by,
+        capacity = buf.capacity(),
+        pinned = buf.is_pinned(),
+        lock_us = locking.elapsed().as_micros() as u64,
+        "staging page-locked"
+    );
 }
 
 /// Marks one piece of work on a payload done when dropped ([`SharedBuf::done_one`]).
