@@ -973,14 +973,14 @@ mod tests {
     ) -> (Vec<u32>, Vec<u8>) {
         let manifest = Manifest::with_chunk_size(bytes, chunk);
         let missing = announce(payloads, id, &manifest, how);
-        let mut encoder = Encoder::new(Compression::default());
-        for &index in &missing {
-            let r = manifest.chunk_range(index as usize);
-            let wire = encoder
-                .encode(&bytes[r.start as usize..r.end as usize])
-                .to_wire();
-            payloads.chunk(id, index, Bytes::from(wire)).unwrap();
-        }
+        send_chunks(
+            payloads,
+            id,
+            &manifest,
+            bytes,
+            &missing,
+            Compression::default(),
+        );
         let mut got = Vec::new();
         payloads
             .copy(id, |bytes| {
@@ -989,6 +989,25 @@ mod tests {
             })
             .unwrap();
         (missing, got)
+    }
+
+    /// Sends chunks `indices` of `bytes` (announced as `manifest`) for upload `id`, as a client does.
+    fn send_chunks(
+        payloads: &mut Payloads,
+        id: u64,
+        manifest: &Manifest,
+        bytes: &[u8],
+        indices: &[u32],
+        compression: Compression,
+    ) {
+        let mut encoder = Encoder::new(compression);
+        for &index in indices {
+            let r = manifest.chunk_range(index as usize);
+            let wire = encoder
+                .encode(&bytes[r.start as usize..r.end as usize])
+                .to_wire();
+            payloads.chunk(id, index, Bytes::from(wire)).unwrap();
+        }
     }
 
     fn upload(payloads: &mut Payloads, id: u64, bytes: &[u8], chunk: u32) -> (Vec<u32>, Vec<u8>) {
@@ -1252,13 +1271,8 @@ mod tests {
         let (first, second) = (data(PIN_FROM, 1), data(PIN_FROM, 2));
         let stage = |payloads: &mut Payloads, id: u64, bytes: &[u8]| {
             let manifest = Manifest::with_chunk_size(bytes, 1 << 20);
-            for index in payloads.begin(id, &manifest.encode()).unwrap() {
-                let r = manifest.chunk_range(index as usize);
-                let wire = Encoder::new(Compression::OFF)
-                    .encode(&bytes[r.start as usize..r.end as usize])
-                    .to_wire();
-                payloads.chunk(id, index, Bytes::from(wire)).unwrap();
-            }
+            let missing = payloads.begin(id, &manifest.encode()).unwrap();
+            send_chunks(payloads, id, &manifest, bytes, &missing, Compression::OFF);
         };
         stage(&mut payloads, 1, &first);
         let done = read_done.clone();
@@ -1329,13 +1343,14 @@ mod tests {
             // Lets the filler's locking go on, where it locks (else its pinner is gone).
             let _ = go_tx.send(());
             let on_executor_pins = Arc::new(AtomicUsize::new(0));
-            for index in missing {
-                let r = manifest.chunk_range(index as usize);
-                let wire = Encoder::new(Compression::OFF)
-                    .encode(&bytes[r.start as usize..r.end as usize])
-                    .to_wire();
-                payloads.chunk(2, index, Bytes::from(wire)).unwrap();
-            }
+            send_chunks(
+                &mut payloads,
+                2,
+                &manifest,
+                &bytes,
+                &missing,
+                Compression::OFF,
+            );
             let mut on_executor = |_: &mut [u8]| -> Option<HostPin> {
                 assert!(!cached, "the filler has locked it already");
                 on_executor_pins.fetch_add(1, Ordering::SeqCst);
@@ -1383,13 +1398,14 @@ mod tests {
             let manifest = Manifest::with_chunk_size(bytes, 1 << 20);
             let id = round as u64 + 1;
             let missing = payloads.begin(id, &manifest.encode()).unwrap();
-            for index in missing {
-                let r = manifest.chunk_range(index as usize);
-                let wire = Encoder::new(Compression::OFF)
-                    .encode(&bytes[r.start as usize..r.end as usize])
-                    .to_wire();
-                payloads.chunk(id, index, Bytes::from(wire)).unwrap();
-            }
+            send_chunks(
+                &mut payloads,
+                id,
+                &manifest,
+                bytes,
+                &missing,
+                Compression::OFF,
+            );
             payloads
                 .copy_page_locked(id, Some(&mut pin), |got, pinned| {
                     assert_eq!(got, &bytes[..]);

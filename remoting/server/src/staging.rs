@@ -16,20 +16,33 @@ use memmap2::MmapMut;
 /// Host pages: buffers start on one and span whole ones (what page-locking works in).
 pub const PAGE: usize = 4096;
 
+/// Work that runs once, when dropped: what [`HostPin`] and [`DeviceRead`] are made of.
+struct OnDrop(Option<Box<dyn FnOnce() + Send + Sync>>);
+
+impl OnDrop {
+    fn new(work: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self(Some(Box::new(work)))
+    }
+}
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        if let Some(work) = self.0.take() {
+            work();
+        }
+    }
+}
+
 /// A page-locking of host memory by the backend, undone when dropped.
-pub struct HostPin(Option<Box<dyn FnOnce() + Send + Sync>>);
+pub struct HostPin {
+    _unpin: OnDrop,
+}
 
 impl HostPin {
     /// A pin that `unpin` undoes.
     pub fn new(unpin: impl FnOnce() + Send + Sync + 'static) -> Self {
-        Self(Some(Box::new(unpin)))
-    }
-}
-
-impl Drop for HostPin {
-    fn drop(&mut self) {
-        if let Some(unpin) = self.0.take() {
-            unpin();
+        Self {
+            _unpin: OnDrop::new(unpin),
         }
     }
 }
@@ -48,19 +61,15 @@ pub type PinAnywhere = Arc<dyn Fn(&mut [u8]) -> Option<HostPin> + Send + Sync>;
 
 /// The device's pending read of a buffer (a stream-ordered copy from page-locked memory): dropping it
 /// waits until the device has run it.
-pub struct DeviceRead(Option<Box<dyn FnOnce() + Send + Sync>>);
+pub struct DeviceRead {
+    _wait: OnDrop,
+}
 
 impl DeviceRead {
     /// A read that `wait` waits for.
     pub fn new(wait: impl FnOnce() + Send + Sync + 'static) -> Self {
-        Self(Some(Box::new(wait)))
-    }
-}
-
-impl Drop for DeviceRead {
-    fn drop(&mut self) {
-        if let Some(wait) = self.0.take() {
-            wait();
+        Self {
+            _wait: OnDrop::new(wait),
         }
     }
 }
