@@ -8,6 +8,9 @@
 //! * `launch_cpu_us`: this process's CPU time (user + system, every thread: for Gleam the shim's writer
 //!   and network threads too) per launch, for bursts of 1k, 10k, 100k and 200k launches each followed by
 //!   one synchronize (`GLEAM_BENCH_BURSTS`, comma-separated, changes the sizes);
+//! * `query_ns`: wall time per call of the state queries a framework makes thousands of times per step
+//!   (PyTorch: `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`, `cuCtxGetCurrent`), each answered on the
+//!   client by Gleam;
 //! * `htod_mib_s` / `dtoh_mib_s`: throughput of one synchronous 256 MiB copy from/to pageable host memory.
 //!
 //! Prints one JSON object on stdout. `GLEAM_BENCH_COPY_MIB` changes the copy size, `GLEAM_BENCH_LAUNCHES`
@@ -147,7 +150,42 @@ fn main() {
             })
             .collect();
 
-        // 3. Bulk copies from/to pageable host memory.
+        // 3. State queries (`GLEAM_BENCH_QUERIES` calls of each).
+        let queries = env_usize("GLEAM_BENCH_QUERIES", 200_000);
+        let per_call_ns = |f: &mut dyn FnMut()| {
+            let t = Instant::now();
+            for _ in 0..queries {
+                f();
+            }
+            t.elapsed().as_secs_f64() * 1e9 / queries.max(1) as f64
+        };
+        let mut out_dev = 0;
+        let (mut flags, mut active) = (0u32, 0i32);
+        let mut current = std::ptr::null_mut();
+        let query_ns = [
+            (
+                "cuCtxGetDevice",
+                per_call_ns(&mut || check("cuCtxGetDevice", sys::cuCtxGetDevice(&raw mut out_dev))),
+            ),
+            (
+                "cuDevicePrimaryCtxGetState",
+                per_call_ns(&mut || {
+                    check(
+                        "cuDevicePrimaryCtxGetState",
+                        sys::cuDevicePrimaryCtxGetState(dev, &raw mut flags, &raw mut active),
+                    );
+                }),
+            ),
+            (
+                "cuCtxGetCurrent",
+                per_call_ns(&mut || {
+                    check("cuCtxGetCurrent", sys::cuCtxGetCurrent(&raw mut current))
+                }),
+            ),
+        ]
+        .map(|(name, ns)| format!("\"{name}\": {ns:.1}"));
+
+        // 4. Bulk copies from/to pageable host memory.
         let bytes = copy_mib << 20;
         let host: Vec<u8> = (0..bytes).map(|i| (i * 7 + 3) as u8).collect();
         let mut back = vec![0u8; bytes];
@@ -183,9 +221,10 @@ fn main() {
         let mib = copy_mib as f64;
         println!(
             "{{\"sync_rtt_us\": {mean_rtt:.2}, \"sync_rtt_median_us\": {median_rtt:.2}, \
-             \"launches_per_s\": {launches_per_s:.0}, \"launch_cpu_us\": {{{}}}, \"htod_mib_s\": {:.1}, \
-             \"dtoh_mib_s\": {:.1}, \"copy_mib\": {copy_mib}}}",
+             \"launches_per_s\": {launches_per_s:.0}, \"launch_cpu_us\": {{{}}}, \"query_ns\": {{{}}}, \
+             \"htod_mib_s\": {:.1}, \"dtoh_mib_s\": {:.1}, \"copy_mib\": {copy_mib}}}",
             launch_cpu_us.join(", "),
+            query_ns.join(", "),
             mib / htod_s,
             mib / dtoh_s
         );

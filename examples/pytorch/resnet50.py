@@ -51,13 +51,20 @@ def main():
         sync(args.device)
         times = []
         last = None
+        # CPU time beside the latency: the calling thread's (Python, PyTorch and the driver's work on
+        # it) and the whole process's (the driver's own threads too), to tell a CPU-bound step from one
+        # that waits.
+        thread0, process0 = time.thread_time(), time.process_time()
         for _ in range(args.iters):
             t0 = time.perf_counter()
             last = model(x)
             sync(args.device)
             times.append(time.perf_counter() - t0)
+        thread_cpu, process_cpu = time.thread_time() - thread0, time.process_time() - process0
     print(f"repeat identical: {'yes' if torch.equal(last, out) else 'NO'}")
     common.perf(f"resnet50 {args.dtype} latency", times)
+    common.perf(f"resnet50 {args.dtype} calling thread's cpu per step", value=thread_cpu * 1e3 / args.iters)
+    common.perf(f"resnet50 {args.dtype} process cpu per step", value=process_cpu * 1e3 / args.iters)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@
 # LINKS ("L0 L1 L2"), WORKLOADS ("launch-storm weights-cold weights-warm two-streams"), OUT (results folder),
 # GLEAM_CONGESTION (cubic|bbr, for the peer and the clients), LINK_QUEUE (the emulated links' queue, e.g. 256KiB).
 # SERVE_LOG: the peer's GLEAM_LOG (warn; warn,gleam_host=debug logs each request that held the executor 2 ms+).
+# CLIENT_LOG: the clients' GLEAM_LOG, into $OUT/<run>.log (warn,gleam_client::upload=debug: each upload's timings).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-target/release}
@@ -100,6 +101,7 @@ run() { # workload link mode
         weights-warm) prog=weights ;;
     esac
     [ "$m" = sync ] && envs+=(CUDA_LAUNCH_BLOCKING=1 GLEAM_CACHE=off)
+    [ -n "${CLIENT_LOG:-}" ] && envs+=(GLEAM_LOG="$CLIENT_LOG")
     [ "$m" = nobulk ] && envs+=(GLEAM_BULK_CONNECTION=off)
     local p=$port
     [ "$l" != L0 ] && p=$lan_port && envs+=("$ETHERNET")

@@ -110,6 +110,13 @@ for burst in loc.get("launch_cpu_us", {}):
         if name in res and burst in res[name].get("launch_cpu_us", {}):
             row += f" {res[name]['launch_cpu_us'][burst]:12.3f} {'':8}"
     print(row)
+for call in loc.get("query_ns", {}):
+    row = f"{'query_ns ' + call:28} {loc['query_ns'][call]:12.1f}"
+    for name in others:
+        if name in res and call in res[name].get("query_ns", {}):
+            v = res[name]["query_ns"][call]
+            row += f" {v:12.1f} {v / loc['query_ns'][call]:8.3f}"
+    print(row)
 if "link" in res:
     for key in ("htod_mib_s", "dtoh_mib_s"):
         print(f"{key} over the emulated link vs the link rate ({link_mib_s:.1f} MiB/s): "
