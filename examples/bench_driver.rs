@@ -179,7 +179,7 @@ fn main() {
             (
                 "cuCtxGetCurrent",
                 per_call_ns(&mut || {
-                    check("cuCtxGetCurrent", sys::cuCtxGetCurrent(&raw mut current))
+                    check("cuCtxGetCurrent", sys::cuCtxGetCurrent(&raw mut current));
                 }),
             ),
         ]
