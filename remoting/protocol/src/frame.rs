@@ -105,26 +105,116 @@ pub fn encode<T: Serialize>(header: &T, bulk: &[u8], out: &mut Vec<u8>) -> Resul
 }
 
 /// Appends the prefix and header of a frame whose `bulk_len` bulk bytes the caller sends right after.
-pub fn encode_head<T: Serialize>(
+/// On failure `out` is left as it was.
+pub fn encode_head<T: Serialize, B: FrameBuf>(
     header: &T,
     bulk_len: usize,
-    out: &mut Vec<u8>,
+    out: &mut B,
 ) -> Result<(), FrameError> {
     if bulk_len > MAX_BULK {
         return Err(FrameError::BulkTooLarge(bulk_len));
     }
-    // Headers are small: encoding into a vector of their own costs little and leaves `out` untouched on
-    // failure.
-    let encoded = postcard::to_stdvec(header)?;
-    if encoded.len() > MAX_HEADER {
-        return Err(FrameError::HeaderTooLarge(encoded.len()));
-    }
+    // The header is serialized in place after a prefix filled in once its length is known: no vector of
+    // its own (which grew from nothing, a reallocation per doubling, for every launch a client sends).
+    let start = out.written();
+    out.reserve_more(PREFIX_LEN + HEADER_GUESS + bulk_len);
+    out.append(&[0; PREFIX_LEN]);
+    let header_len = postcard::serialize_with_flavor(header, Append(&mut *out))
+        .map_err(FrameError::from)
+        .and_then(|()| {
+            let len = out.written() - start - PREFIX_LEN;
+            if len > MAX_HEADER {
+                return Err(FrameError::HeaderTooLarge(len));
+            }
+            Ok(len)
+        });
+    let header_len = match header_len {
+        Ok(len) => len,
+        Err(err) => {
+            out.truncate_to(start);
+            return Err(err);
+        }
+    };
     // Both fit in u32: the limits above are far below 4 GiB.
-    out.reserve(PREFIX_LEN + encoded.len() + bulk_len);
-    out.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(bulk_len as u32).to_le_bytes());
-    out.extend_from_slice(&encoded);
+    let prefix = &mut out.bytes_mut()[start..start + PREFIX_LEN];
+    prefix[..4].copy_from_slice(&(header_len as u32).to_le_bytes());
+    prefix[4..].copy_from_slice(&(bulk_len as u32).to_le_bytes());
     Ok(())
+}
+
+/// A growable buffer frames are appended to: a `Vec<u8>`, or the `BytesMut` a client's lane batches
+/// its requests in.
+pub trait FrameBuf {
+    /// Bytes written so far.
+    fn written(&self) -> usize;
+    /// Makes room for `additional` more bytes.
+    fn reserve_more(&mut self, additional: usize);
+    /// Appends `data`.
+    fn append(&mut self, data: &[u8]);
+    /// Drops what was written past `len`.
+    fn truncate_to(&mut self, len: usize);
+    /// The bytes written.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl FrameBuf for Vec<u8> {
+    fn written(&self) -> usize {
+        self.len()
+    }
+    fn reserve_more(&mut self, additional: usize) {
+        self.reserve(additional);
+    }
+    fn append(&mut self, data: &[u8]) {
+        self.extend_from_slice(data);
+    }
+    fn truncate_to(&mut self, len: usize) {
+        self.truncate(len);
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+impl FrameBuf for BytesMut {
+    fn written(&self) -> usize {
+        self.len()
+    }
+    fn reserve_more(&mut self, additional: usize) {
+        self.reserve(additional);
+    }
+    fn append(&mut self, data: &[u8]) {
+        self.extend_from_slice(data);
+    }
+    fn truncate_to(&mut self, len: usize) {
+        self.truncate(len);
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+/// Room reserved for a header before it is serialized (most are a few dozen bytes).
+const HEADER_GUESS: usize = 128;
+
+/// A postcard output that appends to a buffer the caller keeps.
+struct Append<'a, B: FrameBuf>(&'a mut B);
+
+impl<B: FrameBuf> postcard::ser_flavors::Flavor for Append<'_, B> {
+    type Output = ();
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.0.append(data);
+        Ok(())
+    }
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.append(&[data]);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
 }
 
 /// A sans-IO frame reader: bytes in ([`FrameReader::feed`]), whole frames out ([`FrameReader::next_frame`]).
@@ -564,6 +654,35 @@ mod tests {
                 "cut at {cut}"
             );
         }
+    }
+
+    #[test]
+    fn a_header_that_cannot_be_sent_leaves_what_was_encoded_before_it() {
+        let mut out = Vec::new();
+        encode(&msg(1), b"first", &mut out).unwrap();
+        let before = out.clone();
+        let huge = Msg {
+            seq: 2,
+            name: "x".repeat(MAX_HEADER),
+        };
+        assert!(matches!(
+            encode_head(&huge, 0, &mut out),
+            Err(FrameError::HeaderTooLarge(_))
+        ));
+        assert!(matches!(
+            encode_head(&msg(3), MAX_BULK + 1, &mut out),
+            Err(FrameError::BulkTooLarge(_))
+        ));
+        assert_eq!(out, before);
+        // And the stream goes on.
+        encode(&msg(4), b"", &mut out).unwrap();
+        let mut reader = FrameReader::new();
+        reader.feed(&out);
+        let first = reader.next_frame().unwrap().unwrap();
+        assert_eq!(first.decode::<Msg>().unwrap(), msg(1));
+        assert_eq!(&first.bulk[..], b"first");
+        let next = reader.next_frame().unwrap().unwrap();
+        assert_eq!(next.decode::<Msg>().unwrap(), msg(4));
     }
 
     #[test]
