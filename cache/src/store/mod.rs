@@ -768,11 +768,11 @@ impl Write for BlobWriter<'_> {
     }
 }
 
-/// BLAKE3 of a file's contents from its current position, in blocks.
 /// How much of a blob [`BlobStore::read_into`] reads before hashing it: small enough to be hashed from
 /// the core's own cache (L2), large enough that a read is a few system calls per chunk.
 const VERIFY_PIECE: usize = 256 << 10;
 
+/// BLAKE3 of a file's contents from its current position, in blocks.
 fn hash_file(file: &mut File) -> io::Result<ContentId> {
     let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0; 1 << 20];

@@ -302,12 +302,12 @@ fn congestion_from_env(name: &str, default: CongestionControl) -> CongestionCont
 /// The congestion controller unless `GLEAM_CONGESTION` says otherwise.
 pub const DEFAULT_CONGESTION: CongestionControl = CongestionControl::Cubic;
 
-/// The session connection's initial congestion window (loss-based controller), in bytes: 128 KiB, a LAN's
-/// bandwidth-delay product (1 Gbit/s x 1 ms), where quinn's default is ten datagrams (14.7 kB). A reply
-/// direction that only ever carried small answers never grows its window (it is application-limited),
-/// so a device-to-host copy after it starts from this window: a 1 MiB read-back took six round trips of
-/// slow start from the default. quinn paces the window over the round trip, so it leaves as a paced
-/// burst, not at once.
+/// The loss-based controller's initial congestion window (the session connection's, by default), in
+/// bytes: 128 KiB, a LAN's bandwidth-delay product (1 Gbit/s x 1 ms), where quinn's default is ten
+/// datagrams (14.7 kB). A reply direction that only ever carried small answers never grows its window
+/// (it is application-limited), so a device-to-host copy after it starts from this window: a 1 MiB
+/// read-back took six round trips of slow start from the default. quinn paces the window over the round
+/// trip, so it leaves as a paced burst, not at once.
 pub const INITIAL_WINDOW: u64 = 128 << 10;
 
 /// The bulk connection's congestion controller on a LAN unless `GLEAM_BULK_CONGESTION` says otherwise (see

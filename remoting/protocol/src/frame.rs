@@ -157,41 +157,29 @@ pub trait FrameBuf {
     fn bytes_mut(&mut self) -> &mut [u8];
 }
 
-impl FrameBuf for Vec<u8> {
-    fn written(&self) -> usize {
-        self.len()
-    }
-    fn reserve_more(&mut self, additional: usize) {
-        self.reserve(additional);
-    }
-    fn append(&mut self, data: &[u8]) {
-        self.extend_from_slice(data);
-    }
-    fn truncate_to(&mut self, len: usize) {
-        self.truncate(len);
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        self
-    }
+// The two buffers have the same inherent methods.
+macro_rules! frame_buf {
+    ($($buf:ty),*) => {$(
+        impl FrameBuf for $buf {
+            fn written(&self) -> usize {
+                self.len()
+            }
+            fn reserve_more(&mut self, additional: usize) {
+                self.reserve(additional);
+            }
+            fn append(&mut self, data: &[u8]) {
+                self.extend_from_slice(data);
+            }
+            fn truncate_to(&mut self, len: usize) {
+                self.truncate(len);
+            }
+            fn bytes_mut(&mut self) -> &mut [u8] {
+                self
+            }
+        }
+    )*};
 }
-
-impl FrameBuf for BytesMut {
-    fn written(&self) -> usize {
-        self.len()
-    }
-    fn reserve_more(&mut self, additional: usize) {
-        self.reserve(additional);
-    }
-    fn append(&mut self, data: &[u8]) {
-        self.extend_from_slice(data);
-    }
-    fn truncate_to(&mut self, len: usize) {
-        self.truncate(len);
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        self
-    }
-}
+frame_buf!(Vec<u8>, BytesMut);
 
 /// Room reserved for a header before it is serialized (most are a few dozen bytes).
 const HEADER_GUESS: usize = 128;
