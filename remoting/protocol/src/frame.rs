@@ -20,7 +20,7 @@
 
 use std::io::{self, Read};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -104,106 +104,41 @@ pub fn encode<T: Serialize>(header: &T, bulk: &[u8], out: &mut Vec<u8>) -> Resul
     Ok(())
 }
 
-/// Appends the prefix and header of a frame whose `bulk_len` bulk bytes the caller sends right after.
-/// On failure `out` is left as it was.
-pub fn encode_head<T: Serialize, B: FrameBuf>(
+/// Appends the prefix and header of a frame whose `bulk_len` bulk bytes the caller sends right after, to a
+/// `Vec<u8>` or a `BytesMut` (a client lane's batch). On failure `out` is left as it was.
+pub fn encode_head<T: Serialize>(
     header: &T,
     bulk_len: usize,
-    out: &mut B,
+    out: &mut impl BufMut,
 ) -> Result<(), FrameError> {
     if bulk_len > MAX_BULK {
         return Err(FrameError::BulkTooLarge(bulk_len));
     }
-    // The header is serialized in place after a prefix filled in once its length is known: no vector of
-    // its own (which grew from nothing, a reallocation per doubling, for every launch a client sends).
-    let start = out.written();
-    out.reserve_more(PREFIX_LEN + HEADER_GUESS + bulk_len);
-    out.append(&[0; PREFIX_LEN]);
-    let header_len = postcard::serialize_with_flavor(header, Append(&mut *out))
-        .map_err(FrameError::from)
-        .and_then(|()| {
-            let len = out.written() - start - PREFIX_LEN;
-            if len > MAX_HEADER {
-                return Err(FrameError::HeaderTooLarge(len));
-            }
-            Ok(len)
-        });
-    let header_len = match header_len {
-        Ok(len) => len,
-        Err(err) => {
-            out.truncate_to(start);
-            return Err(err);
+    // Serialized on the stack first (a launch's header is a few dozen to a few hundred bytes), the heap
+    // only for a larger one: a vector of its own per frame, grown from nothing by postcard, was a good part
+    // of a client's CPU per launch.
+    let mut stack = [0u8; HEADER_ON_STACK];
+    let on_heap;
+    let encoded: &[u8] = match postcard::to_slice(header, &mut stack) {
+        Ok(encoded) => encoded,
+        Err(postcard::Error::SerializeBufferFull) => {
+            on_heap = postcard::to_stdvec(header)?;
+            &on_heap
         }
+        Err(err) => return Err(err.into()),
     };
+    if encoded.len() > MAX_HEADER {
+        return Err(FrameError::HeaderTooLarge(encoded.len()));
+    }
     // Both fit in u32: the limits above are far below 4 GiB.
-    let prefix = &mut out.bytes_mut()[start..start + PREFIX_LEN];
-    prefix[..4].copy_from_slice(&(header_len as u32).to_le_bytes());
-    prefix[4..].copy_from_slice(&(bulk_len as u32).to_le_bytes());
+    out.put_u32_le(encoded.len() as u32);
+    out.put_u32_le(bulk_len as u32);
+    out.put_slice(encoded);
     Ok(())
 }
 
-/// A growable buffer frames are appended to: a `Vec<u8>`, or the `BytesMut` a client's lane batches
-/// its requests in.
-pub trait FrameBuf {
-    /// Bytes written so far.
-    fn written(&self) -> usize;
-    /// Makes room for `additional` more bytes.
-    fn reserve_more(&mut self, additional: usize);
-    /// Appends `data`.
-    fn append(&mut self, data: &[u8]);
-    /// Drops what was written past `len`.
-    fn truncate_to(&mut self, len: usize);
-    /// The bytes written.
-    fn bytes_mut(&mut self) -> &mut [u8];
-}
-
-// The two buffers have the same inherent methods.
-macro_rules! frame_buf {
-    ($($buf:ty),*) => {$(
-        impl FrameBuf for $buf {
-            fn written(&self) -> usize {
-                self.len()
-            }
-            fn reserve_more(&mut self, additional: usize) {
-                self.reserve(additional);
-            }
-            fn append(&mut self, data: &[u8]) {
-                self.extend_from_slice(data);
-            }
-            fn truncate_to(&mut self, len: usize) {
-                self.truncate(len);
-            }
-            fn bytes_mut(&mut self) -> &mut [u8] {
-                self
-            }
-        }
-    )*};
-}
-frame_buf!(Vec<u8>, BytesMut);
-
-/// Room reserved for a header before it is serialized (most are a few dozen bytes).
-const HEADER_GUESS: usize = 128;
-
-/// A postcard output that appends to a buffer the caller keeps.
-struct Append<'a, B: FrameBuf>(&'a mut B);
-
-impl<B: FrameBuf> postcard::ser_flavors::Flavor for Append<'_, B> {
-    type Output = ();
-
-    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
-        self.0.append(data);
-        Ok(())
-    }
-
-    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
-        self.0.append(&[data]);
-        Ok(())
-    }
-
-    fn finalize(self) -> postcard::Result<()> {
-        Ok(())
-    }
-}
+/// Headers up to this size are serialized without a heap allocation.
+const HEADER_ON_STACK: usize = 512;
 
 /// A sans-IO frame reader: bytes in ([`FrameReader::feed`]), whole frames out ([`FrameReader::next_frame`]).
 ///
@@ -662,15 +597,19 @@ mod tests {
             Err(FrameError::BulkTooLarge(_))
         ));
         assert_eq!(out, before);
-        // And the stream goes on.
-        encode(&msg(4), b"", &mut out).unwrap();
+        // And the stream goes on, with a header too large for the stack too.
+        let large = Msg {
+            seq: 4,
+            name: "y".repeat(3 * HEADER_ON_STACK),
+        };
+        encode(&large, b"", &mut out).unwrap();
         let mut reader = FrameReader::new();
         reader.feed(&out);
         let first = reader.next_frame().unwrap().unwrap();
         assert_eq!(first.decode::<Msg>().unwrap(), msg(1));
         assert_eq!(&first.bulk[..], b"first");
         let next = reader.next_frame().unwrap().unwrap();
-        assert_eq!(next.decode::<Msg>().unwrap(), msg(4));
+        assert_eq!(next.decode::<Msg>().unwrap(), large);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use gleam_protocol::types::{
 use gleam_protocol::wire::{Call, FunctionInfo, Launch, LaunchAttr, ParamSlot, Reply};
 
 use crate::images::{self, Image, Target};
-use crate::{context, device, forward, handles, library, put, state};
+use crate::{context, forward, handles, library, put, state};
 
 /// What the client knows of a launchable handle (a function, or a client-side kernel).
 #[derive(Clone, Debug)]
@@ -457,7 +457,12 @@ pub(crate) unsafe fn prepare(a: &LaunchArgs) -> Result<Launch, CUresult> {
         .iter()
         .fold(1u64, |n, &d| n.saturating_mul(u64::from(d)));
     let dev = context::device_of(0).unwrap_or(0);
-    let device_limit = |id: u32| device::attribute(dev, id).ok().filter(|&v| v > 0);
+    // The serving device's own limits (none of these attributes is overridden here), looked up once.
+    let info = state::device(dev).ok();
+    let device_limit = |id: u32| {
+        info.and_then(|info| info.attributes.get(id as usize).copied())
+            .filter(|&v| v > 0)
+    };
     if device_limit(MAX_THREADS_PER_BLOCK).is_some_and(|max| threads > max as u64) {
         return Err(config);
     }
