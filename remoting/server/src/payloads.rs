@@ -480,8 +480,8 @@ impl Payloads {
     /// pages are faulted in as it is filled; [`Payloads::copy_page_locked`] locks it).
     fn staging(&mut self, len: usize) -> StagingBuf {
         let mut pool = lock(&self.pool);
-        // The writer thread returns every page-locked buffer, so that they are unlocked on this thread
-        // (the one the backend's context is current on): the surplus goes here.
+        // The writer thread returns every buffer it took: the surplus goes here, on this thread (the one
+        // the backend's context is current on, where a page-locked buffer is unlocked).
         keep_largest(&mut pool);
         let fits = (0..pool.len())
             .filter(|&i| pool[i].capacity() >= len)
@@ -911,11 +911,9 @@ fn write(store: &BlobStore, queued: &Mutex<Queued>, pool: &Mutex<Vec<StagingBuf>
                 }
             }
             if let Ok(buf) = Arc::try_unwrap(buf) {
-                let mut pool = lock(pool);
-                // A page-locked buffer is unlocked on the executor (`Payloads::staging`).
-                if pool.len() < POOL || buf.is_pinned() {
-                    pool.push(buf);
-                }
+                // Which buffers stay is decided on the executor (`Payloads::staging`, `keep_largest`),
+                // where a page-locked one is also unlocked.
+                lock(pool).push(buf);
             }
         }
         Job::Flush(done) => {
