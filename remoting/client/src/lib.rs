@@ -8,7 +8,7 @@
 //!
 //! Requests travel on lanes ([`gleam_protocol::order`]): one QUIC stream per CUDA stream, plus the control
 //! lane for everything else, so a long transfer on one stream never holds back another stream's calls.
-//! A [`Sequencer`] numbers every request and works out what it must follow (per-lane order, barriers,
+//! A [`Sequencer`](gleam_protocol::order::Sequencer) numbers every request and works out what it must follow (per-lane order, barriers,
 //! event records); the serving side's scheduler keeps exactly that order.
 //!
 //! Bulk travels apart: beside the session connection the client opens a bulk connection to the session
@@ -25,7 +25,7 @@
 //! of launches costs one segment, not one per launch; a request that waits for its reply flushes its lane
 //! at once. What quinn cannot take yet is bounded per lane ([`BUFFER_LIMIT`]): past it, callers of that
 //! lane wait, and only they: a lane full of a large upload never holds back another lane's calls. Replies are
-//! read by one task per lane and handed to the waiting thread through a [`slot::Slot`] (spin, then park;
+//! read by one task per lane and handed to the waiting thread through a slot (spin, then park;
 //! parked at once after a burst of [`LONG_WAIT_POSTS`] fire-and-forget requests).
 //!
 //! A session survives network drops ([`gleam_protocol::resume`]): every request frame is kept until the
@@ -37,6 +37,11 @@
 //! process's own endpoint, tells it which replies it has; each side then sends again what the other has
 //! not: each request runs once, each reply arrives once, and the GPU state is untouched.
 //!
+//! The protocol logic itself (numbering, waiters, batches, what is kept until acknowledged, what a
+//! resume sends again) is sans-IO, in `engine`: its `Session` and `LaneOut` take events
+//! and say what to send, and are tested there against a simulated link that drops at any byte. This file
+//! is the thin layer around them: locks, quinn streams, tasks, and the threads' waits.
+//!
 //! [`Client::in_process`] is the other transport: a serving peer inside this process (a [`LocalPeer`]), which
 //! executes each request on the calling thread; the shim's fuzz target drives the C exports through it.
 //!
@@ -45,6 +50,7 @@
 //! [`ClientError::Lost`], never hangs: at the end of the window, or within a round trip of reaching a
 //! peer that no longer has the session.
 
+mod engine;
 pub mod in_process;
 mod signal;
 mod slot;
@@ -53,19 +59,17 @@ pub mod upload;
 use std::collections::HashMap;
 use std::future::poll_fn;
 use std::net::SocketAddr;
-use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
 use gleam_auth::identity::{Identity, MeshSecret, PeerId};
 use gleam_auth::proof::{AuthError, authenticate_as_client};
 use gleam_auth::tls::{ALPN_CUDA, TlsError, client_config};
 use gleam_protocol::frame::{self, FrameError, FrameReader, PieceReader, Pieces};
-use gleam_protocol::order::{Lane, Sequencer};
-use gleam_protocol::resume::{Awaited, Frame, Marks, Retained, mark_of};
+use gleam_protocol::order::Lane;
+use gleam_protocol::resume::{Marks, mark_of};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
     Acks, CLOSE_RESUME_ABANDONED, COPY_CHUNK, Call, ClientHello, Control, PROTOCOL_VERSION, Reply,
@@ -74,6 +78,7 @@ use gleam_protocol::wire::{
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
+use crate::engine::{AckPoll, Delivery, LaneOut, Moved};
 pub use crate::in_process::LocalPeer;
 use crate::slot::Slot;
 
@@ -101,8 +106,6 @@ const RESUME_MARGIN: Duration = Duration::from_millis(500);
 /// How long an acknowledgement of replies waits to gather more, and how often a quiet client re-checks.
 const ACK_DELAY: Duration = Duration::from_millis(5);
 const ACK_TICK: Duration = Duration::from_millis(100);
-/// A lane's batch of fire-and-forget frames is handed to quinn at once when it reaches this size.
-const BATCH_FLUSH: usize = 256 << 10;
 /// QUIC application close code of an orderly client exit.
 const CLOSE_CLIENT_EXIT: u32 = 0;
 
@@ -836,19 +839,8 @@ struct Resume {
 /// What the lock protects: numbering, lanes and waiters change together, so each lane's stream carries
 /// its requests in seq order.
 struct Core {
-    sequencer: Sequencer,
+    session: engine::Session<Arc<Slot>>,
     lanes: HashMap<Lane, Arc<LaneTx>>,
-    waiters: HashMap<u64, Arc<Slot>>,
-    /// Fire-and-forget requests numbered since the last one awaiting a reply (see [`LONG_WAIT_POSTS`]).
-    posted_since_wait: u64,
-    lost: Option<ClientError>,
-    /// The connection whose readers may deliver (each resume attempt fences the previous ones off).
-    generation: u64,
-    /// A reply arrived since the serving side was last told which ones the client awaits.
-    replies_changed: bool,
-    /// The last seq given to an out-of-band signal (numbered on their own lane, so the serving side
-    /// can say which ones arrived).
-    signals: u64,
 }
 
 /// What a lane (or the whole session) holds, for backpressure. Changed under the lane's lock.
@@ -863,92 +855,9 @@ struct Backlog {
 /// One lane's sending half.
 struct LaneTx {
     backlog: Backlog,
-    /// No request was put in the batch yet (it holds only the opening frame).
-    fresh: AtomicBool,
-    state: Mutex<TxState>,
+    state: Mutex<LaneOut<quinn::SendStream>>,
     /// Wakes the lane's writer task.
     flush: Notify,
-}
-
-struct TxState {
-    /// The lane's stream on the current connection (`None` while the link is down).
-    send: Option<quinn::SendStream>,
-    /// Fire-and-forget frames not yet handed to quinn (coalesced into one chunk).
-    batch: BytesMut,
-    /// The requests in `batch`: seq and where its frame starts (a new lane's opening frame comes first).
-    frames: Vec<(u64, usize)>,
-    /// Chunks handed over but not yet taken by quinn, in order.
-    pending: Vec<Bytes>,
-    /// Requests sent that the serving side has not acknowledged.
-    retained: Retained,
-}
-
-/// What one flush moved, for the shared byte counts.
-#[derive(Default)]
-struct Moved {
-    /// Bytes quinn took.
-    taken: usize,
-    /// Bytes no longer to be handed to quinn on this connection (the link is down: they are kept).
-    dropped: usize,
-    /// Bytes of requests newly kept for resending.
-    kept: usize,
-}
-
-impl TxState {
-    /// Moves the batch's requests to the kept frames; returns the batch's bytes as one chunk.
-    fn seal(&mut self, moved: &mut Moved) -> Option<Bytes> {
-        if self.batch.is_empty() {
-            return None;
-        }
-        let chunk = self.batch.split().freeze();
-        let starts: Vec<(u64, usize)> = std::mem::take(&mut self.frames);
-        for (i, &(seq, start)) in starts.iter().enumerate() {
-            let end = starts.get(i + 1).map_or(chunk.len(), |&(_, next)| next);
-            moved.kept += end - start;
-            self.retained.keep(Frame {
-                seq,
-                head: chunk.slice(start..end),
-                bulk: Bytes::new(),
-            });
-        }
-        Some(chunk)
-    }
-
-    /// Moves the batch to the pending chunks, and hands them to quinn until it takes no more.
-    /// `Ready(Ok)` when everything was taken (or the link is down: then everything is kept for the
-    /// resume); `moved` counts what moved.
-    fn poll_flush(&mut self, cx: &mut Context<'_>, moved: &mut Moved) -> Poll<Result<(), String>> {
-        if let Some(chunk) = self.seal(moved) {
-            self.pending.push(chunk);
-        }
-        let Some(send) = self.send.as_mut() else {
-            moved.dropped += self.pending.iter().map(Bytes::len).sum::<usize>();
-            self.pending.clear();
-            return Poll::Ready(Ok(()));
-        };
-        while !self.pending.is_empty() {
-            let written = {
-                let fut = send.write_chunks(&mut self.pending);
-                let fut = pin!(fut);
-                fut.poll(cx)
-            };
-            match written {
-                Poll::Ready(Ok(written)) => {
-                    moved.taken += written.bytes;
-                    self.pending.retain(|chunk| !chunk.is_empty());
-                }
-                Poll::Ready(Err(err)) => {
-                    // The connection is going: what was not sent is kept for the resume.
-                    self.send = None;
-                    moved.dropped += self.pending.iter().map(Bytes::len).sum::<usize>();
-                    self.pending.clear();
-                    return Poll::Ready(Err(err.to_string()));
-                }
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        Poll::Ready(Ok(()))
-    }
 }
 
 impl Shared {
@@ -959,14 +868,8 @@ impl Shared {
     ) -> Self {
         Self {
             core: Mutex::new(Core {
-                sequencer: Sequencer::new(1),
+                session: engine::Session::new(),
                 lanes: HashMap::new(),
-                waiters: HashMap::new(),
-                posted_since_wait: 0,
-                lost: None,
-                generation: 0,
-                replies_changed: false,
-                signals: 0,
             }),
             total: Backlog::default(),
             drained: Condvar::new(),
@@ -1026,7 +929,7 @@ impl Shared {
         {
             let core = self.core();
             // A resume meanwhile moved every lane to its new connection: this one is not needed.
-            if core.generation != 0 || core.lost.is_some() {
+            if core.session.generation() != 0 || core.session.lost().is_some() {
                 conn.close(quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT), b"not needed");
                 return;
             }
@@ -1053,14 +956,7 @@ impl Shared {
     fn add_lane(self: &Arc<Self>, lane: Lane, send: quinn::SendStream, recv: quinn::RecvStream) {
         let tx = Arc::new(LaneTx {
             backlog: Backlog::default(),
-            fresh: AtomicBool::new(false),
-            state: Mutex::new(TxState {
-                send: Some(send),
-                batch: BytesMut::new(),
-                frames: Vec::new(),
-                pending: Vec::new(),
-                retained: Retained::default(),
-            }),
+            state: Mutex::new(LaneOut::attached(lane, send)),
             flush: Notify::new(),
         });
         self.core().lanes.insert(lane, tx.clone());
@@ -1105,28 +1001,19 @@ impl Shared {
                 (None, None)
             }
         };
-        // The lane's opening frame goes out with its first request.
-        let mut opening = Vec::new();
-        // Encoding a lane number cannot fail.
-        let _ = frame::encode(&StreamOpen::Lane { lane }, &[], &mut opening);
+        // The lane's opening frame goes out with its first request; it is counted like any request's
+        // bytes (the flush that hands them to quinn subtracts them).
+        let mut moved = Moved::default();
         let tx = Arc::new(LaneTx {
             backlog: Backlog::default(),
-            fresh: AtomicBool::new(true),
-            state: Mutex::new(TxState {
-                send,
-                batch: BytesMut::from(&opening[..]),
-                frames: Vec::new(),
-                pending: Vec::new(),
-                retained: Retained::default(),
-            }),
+            state: Mutex::new(LaneOut::opening(lane, send, &mut moved)),
             flush: Notify::new(),
         });
-        // Counted like any request's bytes: the flush that hands them to quinn subtracts them.
-        self.buffer(&tx, opening.len());
+        self.account(&tx, &moved);
         core.lanes.insert(lane, tx.clone());
         self.runtime.spawn(lane_writer(tx.clone(), self.clone()));
         if let Some(recv) = recv {
-            let generation = core.generation;
+            let generation = core.session.generation();
             self.runtime.spawn(lane_reader(
                 recv,
                 PieceReader::new(),
@@ -1157,81 +1044,70 @@ impl Shared {
         let lane = ordering.stream.map_or(Lane::CONTROL, Lane::of_stream);
         let tx = {
             let mut core = self.core();
-            if let Some(err) = &core.lost {
-                return Err(err.clone());
-            }
+            core.session.check()?;
             self.open_lane(&mut core, lane)
         };
         // Waits for room on this lane only (lanes stay once opened), before taking a number.
         self.wait_for_room(Some(&tx))?;
         let mut core = self.core();
-        if let Some(err) = &core.lost {
-            return Err(err.clone());
-        }
-        let (seq, numbered, deps) = core.sequencer.next(ordering);
+        let slot = expects_reply.then(|| Arc::new(Slot::new()));
+        let numbered = core.session.submit(ordering, slot.clone())?;
         self.numbered.fetch_add(1, Ordering::AcqRel);
-        debug_assert_eq!(numbered, lane, "the lane opened is the lane numbered");
+        debug_assert_eq!(numbered.lane, lane, "the lane opened is the lane numbered");
+        let seq = numbered.seq;
         let request = Request {
             seq,
             ctx,
             expects_reply,
-            deps,
+            deps: numbered.deps,
             call,
         };
-        let pending = if expects_reply {
-            let slot = Arc::new(Slot::new());
-            core.waiters.insert(seq, slot.clone());
-            let posted = std::mem::take(&mut core.posted_since_wait);
-            Some(Pending {
-                slot,
-                spin: spin_for(posted),
-            })
-        } else {
-            core.posted_since_wait += 1;
-            None
-        };
+        let pending = slot.map(|slot| Pending {
+            slot,
+            spin: spin_for(numbered.posted_before.unwrap_or(0)),
+        });
         // The lane's lock is taken before the numbering lock is let go, so that the lane's frames are
         // in the order of their numbers.
         let mut state = lock(&tx.state);
-        // Whether this request starts a burst: then the writer task must be woken for it. A new lane's
-        // batch already holds the opening frame, which is no burst of its own.
-        let was_empty = (state.batch.is_empty() && state.pending.is_empty())
-            || tx.fresh.swap(false, Ordering::AcqRel);
-        let start = state.batch.len();
+        let mut moved = Moved::default();
         // The head goes straight into the batch (which is left as it was on failure).
-        if let Err(err) = frame::encode_head(&request, bulk_len, &mut state.batch) {
-            // The seq is taken: a gap would hold every later barrier back, so the session cannot go on.
-            drop(state);
-            drop(core);
-            let err = ClientError::Protocol(format!("cannot encode request {seq}: {err}"));
-            self.fail_all(err.clone());
-            return Err(err);
-        }
-        let head_len = state.batch.len() - start;
+        let queued = match state.queue(&request, bulk_len, &mut moved) {
+            Ok(queued) => queued,
+            Err(err) => {
+                // The seq is taken: a gap would hold every later barrier back, so the session cannot
+                // go on.
+                drop(state);
+                drop(core);
+                let err = ClientError::Protocol(format!("cannot encode request {seq}: {err}"));
+                self.fail_all(err.clone());
+                return Err(err);
+            }
+        };
         // Copying a chunk's megabytes into the batch needs only the lane: every other thread's calls
         // (another stream's launch, its synchronization) take the numbering lock, and must not wait for
         // this copy (measured on the H100 over the 1 Gbit/s link: each 8 MiB chunk of an upload held
         // the other stream's loop back by 1-2 ms, once per chunk).
         drop(core);
-        state.frames.push((seq, start));
         for part in bulk {
-            state.batch.extend_from_slice(part);
+            state.append(part, &mut moved);
         }
-        self.buffer(&tx, head_len + bulk_len);
-        if expects_reply || state.batch.len() >= BATCH_FLUSH {
+        if expects_reply || state.is_batch_full() {
             // Someone waits (or the batch is large): hand everything to quinn now, from this thread.
-            let mut moved = Moved::default();
-            let flushed = state.poll_flush(&mut Context::from_waker(Waker::noop()), &mut moved);
+            let flushed = state.poll_transmit(&mut Context::from_waker(Waker::noop()), &mut moved);
             // Counted under the lane's lock: a reply acknowledging these frames finds them counted.
-            self.moved(&tx, &moved);
+            self.account(&tx, &moved);
             drop(state);
             // A failed write is the link going down: the request is kept and goes again on resume.
             if flushed.is_pending() {
                 tx.flush.notify_one();
             }
-        } else if was_empty {
-            // A fire-and-forget burst: the writer task hands the batch over shortly, coalesced.
-            tx.flush.notify_one();
+        } else {
+            self.account(&tx, &moved);
+            drop(state);
+            if queued.starts_burst {
+                // A fire-and-forget burst: the writer task hands the batch over shortly, coalesced.
+                tx.flush.notify_one();
+            }
         }
         Ok(pending)
     }
@@ -1264,46 +1140,49 @@ impl Shared {
         Ok(())
     }
 
-    /// Counts `bytes` newly put in lane `tx`'s batch or pending chunks.
-    fn buffer(&self, tx: &LaneTx, bytes: usize) {
-        tx.backlog.buffered.fetch_add(bytes, Ordering::AcqRel);
-        self.total.buffered.fetch_add(bytes, Ordering::AcqRel);
-    }
-
-    /// Accounts for what a flush of lane `tx` moved.
-    fn moved(&self, tx: &LaneTx, moved: &Moved) {
+    /// Accounts for what a change to lane `tx` moved (called under the lane's lock, so a reply
+    /// acknowledging frames finds them counted); wakes the submitters a fall below a limit lets go on.
+    fn account(&self, tx: &LaneTx, moved: &Moved) {
+        // Additions first: the session's totals are shared, and must never seem to fall below zero.
+        if moved.queued > 0 {
+            tx.backlog
+                .buffered
+                .fetch_add(moved.queued, Ordering::AcqRel);
+            self.total
+                .buffered
+                .fetch_add(moved.queued, Ordering::AcqRel);
+        }
         if moved.kept > 0 {
             tx.backlog.retained.fetch_add(moved.kept, Ordering::AcqRel);
             self.total.retained.fetch_add(moved.kept, Ordering::AcqRel);
         }
+        let crossed =
+            |before: usize, fell: usize, limit: usize| before >= limit && before - fell < limit;
+        let mut wake = false;
         let gone = moved.taken + moved.dropped;
-        if gone == 0 {
-            return;
+        if gone > 0 {
+            self.total.buffered.fetch_sub(gone, Ordering::AcqRel);
+            let before = tx.backlog.buffered.fetch_sub(gone, Ordering::AcqRel);
+            wake |= crossed(before, gone, BUFFER_LIMIT);
         }
-        self.total.buffered.fetch_sub(gone, Ordering::AcqRel);
-        let before = tx.backlog.buffered.fetch_sub(gone, Ordering::AcqRel);
-        if before >= BUFFER_LIMIT && before - gone < BUFFER_LIMIT {
+        let freed = moved.freed;
+        if freed > 0 {
+            let lane_before = tx.backlog.retained.fetch_sub(freed, Ordering::AcqRel);
+            let total_before = self.total.retained.fetch_sub(freed, Ordering::AcqRel);
+            wake |= crossed(lane_before, freed, RETAIN_LIMIT)
+                || crossed(total_before, freed, SESSION_RETAIN_LIMIT);
+        }
+        if wake {
             self.wake_submitters();
         }
     }
 
     /// Lane `tx`'s serving side acknowledged its requests up to `through`.
     fn acked(&self, tx: &LaneTx, through: u64) {
-        let freed = lock(&tx.state).retained.ack(through);
-        self.released(tx, freed);
-    }
-
-    /// Accounts for `freed` bytes of lane `tx` no longer kept.
-    fn released(&self, tx: &LaneTx, freed: usize) {
-        if freed == 0 {
-            return;
-        }
-        let lane_before = tx.backlog.retained.fetch_sub(freed, Ordering::AcqRel);
-        let total_before = self.total.retained.fetch_sub(freed, Ordering::AcqRel);
-        let crossed = |before: usize, limit: usize| before >= limit && before - freed < limit;
-        if crossed(lane_before, RETAIN_LIMIT) || crossed(total_before, SESSION_RETAIN_LIMIT) {
-            self.wake_submitters();
-        }
+        let mut state = lock(&tx.state);
+        let mut moved = Moved::default();
+        state.handle_ack(through, &mut moved);
+        self.account(tx, &moved);
     }
 
     fn wake_submitters(&self) {
@@ -1322,20 +1201,10 @@ impl Shared {
     ) -> Result<bool, ClientError> {
         let (slot, tx) = {
             let mut core = self.core();
-            if core.generation != generation {
-                return Ok(false);
+            match core.session.handle_reply(generation, reply.seq)? {
+                Delivery::Stale => return Ok(false),
+                Delivery::To(slot) => (slot, core.lanes.get(&lane).cloned()),
             }
-            core.replies_changed = true;
-            (
-                core.waiters.remove(&reply.seq),
-                core.lanes.get(&lane).cloned(),
-            )
-        };
-        let Some(slot) = slot else {
-            return Err(ClientError::Protocol(format!(
-                "reply to unknown request {}",
-                reply.seq
-            )));
         };
         // A reply says its request, and every earlier one of its lane, arrived.
         if let Some(tx) = tx {
@@ -1354,15 +1223,12 @@ impl Shared {
     fn fail_all(&self, err: ClientError) {
         let waiters: Vec<Arc<Slot>> = {
             let mut core = self.core();
-            let err = core.lost.get_or_insert(err).clone();
+            let (err, waiters) = core.session.fail(err);
             self.lost.store(true, Ordering::Release);
-            core.waiters
-                .drain()
-                .map(|(_, slot)| {
-                    slot.deliver(Err(err.clone()));
-                    slot
-                })
-                .collect()
+            for slot in &waiters {
+                slot.deliver(Err(err.clone()));
+            }
+            waiters
         };
         drop(waiters);
         self.wake_submitters();
@@ -1370,8 +1236,9 @@ impl Shared {
 
     fn lost_error(&self) -> ClientError {
         self.core()
-            .lost
-            .clone()
+            .session
+            .lost()
+            .cloned()
             .unwrap_or_else(|| ClientError::Lost("the session ended".into()))
     }
 
@@ -1392,7 +1259,7 @@ impl Shared {
     fn suspend(self: &Arc<Self>, generation: u64, quiet: Duration, why: String) {
         {
             let core = self.core();
-            if core.generation != generation || core.lost.is_some() {
+            if !core.session.is_current(generation) || core.session.lost().is_some() {
                 return;
             }
         }
@@ -1412,18 +1279,6 @@ impl Shared {
             "lost the link to the GPU peer: calls wait while the session is resumed");
         self.runtime
             .spawn(reconnect(self.clone(), window + RESUME_MARGIN, why));
-    }
-}
-
-impl Core {
-    /// The replies this client still waits for.
-    fn awaited(&self) -> Awaited {
-        let mut waiting: Vec<u64> = self.waiters.keys().copied().collect();
-        waiting.sort_unstable();
-        Awaited {
-            next: self.sequencer.peek_seq(),
-            waiting,
-        }
     }
 }
 
@@ -1643,14 +1498,14 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
     // From here on, replies on earlier connections are not delivered: the marks sent are final.
     let (generation, replies, lanes) = {
         let mut core = shared.core();
-        core.generation += 1;
+        let (generation, replies) = core.session.begin_resume();
         let lanes: Vec<Lane> = core
             .lanes
             .keys()
             .copied()
             .filter(|&l| l != Lane::CONTROL)
             .collect();
-        (core.generation, core.awaited(), lanes)
+        (generation, replies, lanes)
     };
     let mut opening = Vec::new();
     frame::encode(
@@ -1755,7 +1610,7 @@ fn switch(
     mut streams: HashMap<Lane, (quinn::SendStream, quinn::RecvStream)>,
 ) -> Result<(), Attempt> {
     let core = shared.core();
-    if core.generation != generation {
+    if !core.session.is_current(generation) {
         return Err(Attempt::Failed("a newer resume attempt took over".into()));
     }
     if core
@@ -1768,41 +1623,25 @@ fn switch(
             "a lane was opened during the resume".into(),
         ));
     }
-    let (control_send, control_recv, control_frames) = control;
-    let mut control = Some((control_send, control_recv, control_frames));
+    let mut control = Some(control);
     let mut readers = Vec::new();
     for (&lane, tx) in &core.lanes {
-        let (send, recv, frames, opening) = if lane == Lane::CONTROL {
-            let Some((send, recv, frames)) = control.take() else {
+        let (send, recv, frames) = if lane == Lane::CONTROL {
+            let Some(control) = control.take() else {
                 continue;
             };
-            (send, recv, frames, None)
+            control
         } else {
             let Some((send, recv)) = streams.remove(&lane) else {
                 continue;
             };
-            let mut opening = Vec::new();
-            // Encoding a lane number cannot fail.
-            let _ = frame::encode(&StreamOpen::Lane { lane }, &[], &mut opening);
-            (send, recv, PieceReader::new(), Some(Bytes::from(opening)))
+            (send, recv, PieceReader::new())
         };
         let mut state = lock(&tx.state);
-        // The batch (whose new-lane opening frame belonged to the old connection) is kept with the rest.
         let mut moved = Moved::default();
-        if let Some(chunk) = state.seal(&mut moved) {
-            moved.dropped += chunk.len();
-        }
-        moved.dropped += state.pending.iter().map(Bytes::len).sum::<usize>();
+        state.resume(send, mark_of(received, lane), &mut moved);
         // The counts change under the lane's lock, so an acknowledgement never finds them behind.
-        shared.moved(tx, &moved);
-        let freed = state.retained.ack(mark_of(received, lane));
-        shared.released(tx, freed);
-        let mut pending: Vec<Bytes> = opening.into_iter().collect();
-        pending.extend(state.retained.unacked());
-        shared.buffer(tx, pending.iter().map(Bytes::len).sum::<usize>());
-        state.pending = pending;
-        state.send = Some(send);
-        tx.fresh.store(false, Ordering::Release);
+        shared.account(tx, &moved);
         drop(state);
         readers.push((lane, recv, frames));
         tx.flush.notify_one();
@@ -1848,10 +1687,10 @@ async fn lane_writer(tx: Arc<LaneTx>, shared: Arc<Shared>) {
                 flushed = poll_fn(|cx| {
                     let mut moved = Moved::default();
                     let mut state = lock(&tx.state);
-                    let flushed = state.poll_flush(cx, &mut moved);
+                    let flushed = state.poll_transmit(cx, &mut moved);
                     // Counted under the lane's lock: a reply acknowledging these frames finds them
                     // counted.
-                    shared.moved(&tx, &moved);
+                    shared.account(&tx, &moved);
                     flushed
                 }) => Some(flushed),
                 () = tx.flush.notified() => None,
@@ -1917,7 +1756,7 @@ async fn watch_session(connection: quinn::Connection, generation: u64, shared: A
         quinn::ConnectionError::ApplicationClosed(_) => {
             // The session process closes it when the session ends (or this client broke the protocol);
             // a connection it left behind for a resumed one is no longer watched.
-            if shared.core().generation == generation {
+            if shared.core().session.is_current(generation) {
                 shared.end(ClientError::Lost(close_reason(&connection)));
             }
         }
@@ -1937,7 +1776,7 @@ async fn watch_lifeline(lifeline: quinn::Connection, generation: u64, shared: Ar
     let err = lifeline.closed().await;
     if let quinn::ConnectionError::ApplicationClosed(close) = &err
         && close.error_code != quinn::VarInt::from_u32(0)
-        && shared.core().generation == generation
+        && shared.core().session.is_current(generation)
     {
         let reason = String::from_utf8_lossy(&close.reason).into_owned();
         shared.end(ClientError::Lost(format!(
@@ -1958,15 +1797,10 @@ async fn send_acks(connection: quinn::Connection, generation: u64, shared: Arc<S
             () = shared.ack_due.notified() => tokio::time::sleep(ACK_DELAY).await,
             () = tokio::time::sleep(ACK_TICK) => {}
         }
-        let through = {
-            let mut core = shared.core();
-            if core.generation != generation || core.lost.is_some() {
-                return;
-            }
-            if !std::mem::take(&mut core.replies_changed) {
-                continue;
-            }
-            core.awaited()
+        let through = match shared.core().session.poll_acks(generation) {
+            AckPoll::Stop => return,
+            AckPoll::Quiet => continue,
+            AckPoll::Send(awaited) => awaited,
         };
         out.clear();
         if frame::encode(&through, &[], &mut out).is_err() || send.write_all(&out).await.is_err() {
@@ -2002,7 +1836,7 @@ async fn read_acks(connection: quinn::Connection, generation: u64, shared: Arc<S
             for (lane, through) in acks.through {
                 let tx = {
                     let core = shared.core();
-                    if core.generation != generation {
+                    if !core.session.is_current(generation) {
                         return;
                     }
                     core.lanes.get(&lane).cloned()
@@ -2064,52 +1898,4 @@ fn describe_self() -> String {
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
     format!("{program} (pid {}) on {host}", std::process::id())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A lane's batch as `submit` fills it: a new lane's opening frame, then requests.
-    fn lane_with(requests: &[(u64, &[u8])]) -> TxState {
-        let mut state = TxState {
-            send: None,
-            batch: BytesMut::from(&b"OPEN"[..]),
-            frames: Vec::new(),
-            pending: Vec::new(),
-            retained: Retained::default(),
-        };
-        for &(seq, bytes) in requests {
-            let start = state.batch.len();
-            state.frames.push((seq, start));
-            state.batch.extend_from_slice(bytes);
-        }
-        state
-    }
-
-    #[test]
-    fn a_flush_with_the_link_down_keeps_each_request_and_not_the_lane_opening() {
-        let mut state = lane_with(&[(3, b"three"), (5, b"five!"), (8, b"eight")]);
-        let mut moved = Moved::default();
-        let flushed = state.poll_flush(&mut Context::from_waker(Waker::noop()), &mut moved);
-        assert!(matches!(flushed, Poll::Ready(Ok(()))));
-        // Nothing was handed to quinn: all 19 bytes leave the unsent count; the 15 of the requests are
-        // kept for the resume.
-        assert_eq!((moved.taken, moved.dropped, moved.kept), (0, 19, 15));
-        assert!(state.pending.is_empty() && state.batch.is_empty() && state.frames.is_empty());
-        assert_eq!(state.retained.seqs().collect::<Vec<_>>(), [3, 5, 8]);
-        // The serving side has 3: 5 and 8 go again, each whole, in order.
-        assert_eq!(state.retained.ack(3), 5);
-        let again: Vec<u8> = state.retained.unacked().concat();
-        assert_eq!(again, b"five!eight");
-        // Later requests keep their order after the earlier batch's.
-        let mut later = lane_with(&[(9, b"nine")]);
-        later.retained = std::mem::take(&mut state.retained);
-        later.batch = BytesMut::from(&b"nine"[..]);
-        later.frames = vec![(9, 0)];
-        let mut moved = Moved::default();
-        let _ = later.poll_flush(&mut Context::from_waker(Waker::noop()), &mut moved);
-        assert_eq!(moved.kept, 4);
-        assert_eq!(later.retained.unacked().concat(), b"five!eightnine");
-    }
 }

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Waker};
 
-use gleam_protocol::frame;
 use gleam_protocol::order::{Deps, Lane};
 use gleam_protocol::wire::{Call, Request};
 
-use crate::{Client, ClientError, Link, Moved, Shared, lock};
+use crate::engine::Moved;
+use crate::{Client, ClientError, Link, Shared, lock};
 
 impl Client {
     /// Sends `call` out of band (see the module docs), at once. Only calls the peer handles out of band
@@ -37,12 +37,10 @@ impl Shared {
             return Err(self.lost_error());
         }
         let mut core = self.core();
-        if let Some(err) = &core.lost {
-            return Err(err.clone());
-        }
+        core.session.check()?;
         // With the link down the signal is kept with the lane's other frames and goes on resume: no wait.
         let tx = self.open_lane(&mut core, Lane::SIGNALS);
-        let seq = core.signals + 1;
+        let seq = core.session.next_signal();
         let request = Request {
             seq,
             ctx: 0,
@@ -50,21 +48,16 @@ impl Shared {
             deps: Deps::default(),
             call,
         };
-        let mut head = Vec::with_capacity(32);
-        frame::encode_head(&request, 0, &mut head)
-            .map_err(|e| ClientError::Protocol(format!("cannot encode a signal: {e}")))?;
-        core.signals = seq;
-        // Taken under the numbering lock, so signals enter their lane in the order of their numbers.
+        // Queued under the numbering lock, so signals enter their lane in the order of their numbers.
         let mut state = lock(&tx.state);
-        drop(core);
-        tx.fresh.store(false, Ordering::Release);
-        let start = state.batch.len();
-        state.frames.push((seq, start));
-        state.batch.extend_from_slice(&head);
-        self.buffer(&tx, head.len());
         let mut moved = Moved::default();
-        let flushed = state.poll_flush(&mut Context::from_waker(Waker::noop()), &mut moved);
-        self.moved(&tx, &moved);
+        state
+            .queue(&request, 0, &mut moved)
+            .map_err(|e| ClientError::Protocol(format!("cannot encode a signal: {e}")))?;
+        core.session.signal_sent(seq);
+        drop(core);
+        let flushed = state.poll_transmit(&mut Context::from_waker(Waker::noop()), &mut moved);
+        self.account(&tx, &moved);
         drop(state);
         // A failed write is the link going down: the signal is kept and goes again on resume.
         if flushed.is_pending() {

@@ -39,8 +39,8 @@ impl Slot {
         }
     }
 
-    /// Hands over the outcome. Each slot is delivered at most once (whoever removes it from
-    /// [`Waiters::pending`] delivers it); a second delivery is ignored.
+    /// Hands over the outcome. Each slot is delivered at most once (by whoever takes it from the
+    /// session's waiters); a second delivery is ignored.
     pub(crate) fn deliver(&self, outcome: Outcome) {
         {
             let mut slot = self
