@@ -16,6 +16,21 @@ use memmap2::MmapMut;
 /// Host pages: buffers start on one and span whole ones (what page-locking works in).
 pub const PAGE: usize = 4096;
 
+/// A transparent huge page (x86-64, aarch64 with 4 KiB pages).
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Whether staging buffers ask for transparent huge pages (`GLEAM_STAGING_HUGE_PAGES=off`: never; read
+/// once). A fresh 64 MiB buffer is 16,384 small pages, each faulted in as the filler first writes it and
+/// each page-locked after: with huge pages, 32 of each. Kernels whose setting is `madvise` (a common
+/// default) give them only to mappings that ask.
+fn huge_pages() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !std::env::var("GLEAM_STAGING_HUGE_PAGES")
+            .is_ok_and(|v| gleam_protocol::tuning::turned_off(&v))
+    })
+}
+
 /// Work that runs once, when dropped: what [`HostPin`] and [`DeviceRead`] are made of.
 struct OnDrop(Option<Box<dyn FnOnce() + Send + Sync>>);
 
@@ -108,6 +123,11 @@ impl StagingBuf {
         let capacity = len.div_ceil(PAGE) * PAGE;
         let map = MmapMut::map_anon(capacity)
             .unwrap_or_else(|err| panic!("cannot map {capacity} bytes of staging memory: {err}"));
+        #[cfg(target_os = "linux")]
+        if capacity >= HUGE_PAGE && huge_pages() {
+            // Best effort: a kernel without transparent huge pages keeps small ones.
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
         Self {
             map: Some(map),
             len,
