@@ -5,6 +5,7 @@
 //! bench_workloads launch-storm   # 10,000 small launches, a stream sync every 100
 //! bench_workloads weights        # upload W MiB of weights, then 50 matmuls on them, one result read back
 //! bench_workloads two-streams    # a U MiB upload on one stream beside a launch-and-sync loop on another
+//!                                # (BENCH_DIRECTION=down: a U MiB download)
 //! ```
 //!
 //! Each prints one JSON object: the workload's wall time (`time_s`, connection and module load excluded),
@@ -337,9 +338,11 @@ unsafe fn weights(gpu: &Gpu) -> String {
 }
 
 /// A `BENCH_UPLOAD_MIB` upload on one stream (its own thread) beside a loop of one launch and one stream
-/// synchronisation on another: the loop's latency idle, then during the upload.
+/// synchronisation on another: the loop's latency idle, then during the upload. `BENCH_DIRECTION=down`:
+/// a download of as many bytes instead.
 unsafe fn two_streams(gpu: &Gpu) -> String {
     let bytes = env("BENCH_UPLOAD_MIB", 1024) << 20;
+    let down = std::env::var("BENCH_DIRECTION").is_ok_and(|d| d == "down");
     let iters = env("BENCH_LOOP_ITERS", 200);
     // Bytes no cache has seen and no compressor shrinks: the upload crosses the link in full.
     let mut state = u64::from(std::process::id()) << 32
@@ -349,7 +352,7 @@ unsafe fn two_streams(gpu: &Gpu) -> String {
                 .map_or(1, |d| d.subsec_nanos()),
         )
         | 1;
-    let host: Vec<u8> = (0..bytes / 8)
+    let mut host: Vec<u8> = (0..bytes / 8)
         .flat_map(|_| {
             state ^= state << 13;
             state ^= state >> 7;
@@ -361,6 +364,12 @@ unsafe fn two_streams(gpu: &Gpu) -> String {
     unsafe {
         let (up_stream, loop_stream) = (gpu.stream(), gpu.stream());
         let dst = gpu.alloc(bytes);
+        if down {
+            check(
+                "cuMemcpyHtoD",
+                sys::cuMemcpyHtoD_v2(dst, host.as_ptr().cast::<c_void>(), bytes),
+            );
+        }
         let p = gpu.alloc(256 * 4);
         check("cuMemsetD32", sys::cuMemsetD32_v2(p, 0, 256));
         check("cuCtxSynchronize", sys::cuCtxSynchronize());
@@ -379,7 +388,7 @@ unsafe fn two_streams(gpu: &Gpu) -> String {
         let trace = std::env::var_os("BENCH_TRACE_SAMPLES").is_some();
         let t = Instant::now();
         let upload = std::thread::scope(|scope| {
-            let (done2, start2, host) = (Arc::clone(&done), Arc::clone(&start), &host);
+            let (done2, start2, host) = (Arc::clone(&done), Arc::clone(&start), &mut host);
             let (ctx, up) = (gpu.ctx as usize, up_stream as usize);
             let uploader = scope.spawn(move || {
                 check(
@@ -388,15 +397,27 @@ unsafe fn two_streams(gpu: &Gpu) -> String {
                 );
                 start2.wait();
                 let t = Instant::now();
-                check(
-                    "cuMemcpyHtoDAsync",
-                    sys::cuMemcpyHtoDAsync_v2(
-                        dst,
-                        host.as_ptr().cast::<c_void>(),
-                        bytes,
-                        up as sys::CUstream,
-                    ),
-                );
+                if down {
+                    check(
+                        "cuMemcpyDtoHAsync",
+                        sys::cuMemcpyDtoHAsync_v2(
+                            host.as_mut_ptr().cast::<c_void>(),
+                            dst,
+                            bytes,
+                            up as sys::CUstream,
+                        ),
+                    );
+                } else {
+                    check(
+                        "cuMemcpyHtoDAsync",
+                        sys::cuMemcpyHtoDAsync_v2(
+                            dst,
+                            host.as_ptr().cast::<c_void>(),
+                            bytes,
+                            up as sys::CUstream,
+                        ),
+                    );
+                }
                 check(
                     "cuStreamSynchronize",
                     sys::cuStreamSynchronize(up as sys::CUstream),
@@ -424,10 +445,11 @@ unsafe fn two_streams(gpu: &Gpu) -> String {
         let (busy_p50, busy_p99) = percentiles(&mut busy);
         let sum = read_sum(p, 256);
         format!(
-            "{{\"workload\": \"two-streams\", \"time_s\": {time:.6}, \"upload_s\": {upload_s:.6}, \
-             \"syncs\": {}, \"must_cross_bytes\": {bytes}, \"idle_p50_us\": {idle_p50:.1}, \
+            "{{\"workload\": \"two-streams\", \"direction\": \"{}\", \"time_s\": {time:.6}, \
+             \"upload_s\": {upload_s:.6}, \"syncs\": {}, \"must_cross_bytes\": {bytes}, \"idle_p50_us\": {idle_p50:.1}, \
              \"idle_p99_us\": {idle_p99:.1}, \"busy_p50_us\": {busy_p50:.1}, \"busy_p99_us\": {busy_p99:.1}, \
              \"busy_samples\": {}, \"checksum\": {sum}}}",
+            if down { "down" } else { "up" },
             busy.len() + 1,
             busy.len()
         )

@@ -141,25 +141,34 @@ fn a_second_run_of_the_same_upload_sends_at_most_one_percent() {
 }
 
 #[test]
-fn uploads_travel_on_the_bulk_connection_unless_it_is_turned_off() {
+fn uploads_and_downloads_travel_on_the_bulk_connection_unless_it_is_turned_off() {
     let lab = Lab::new();
     let payload = PAYLOAD_MIB * MIB;
     let size = PAYLOAD_MIB.to_string();
     // Synchronous and stream-ordered copies: their chunks cross on the bulk connection, and land exactly
-    // (the program checks every byte it reads back).
+    // (the program checks every byte it reads back); the read-back comes over it too.
     for (seed, mode) in [("21", "sync"), ("22", "async")] {
         let (_, stats) = lab.upload_with_stats(&[&size, seed, mode], &[]);
-        let bulk = stats["bulk_sent_bytes"].as_u64().expect("bulk_sent_bytes");
+        let sent = stats["bulk_sent_bytes"].as_u64().expect("bulk_sent_bytes");
+        let received = stats["bulk_received_bytes"]
+            .as_u64()
+            .expect("bulk_received_bytes");
         assert!(
-            bulk >= payload,
-            "{mode}: {bulk} bytes on the bulk connection for a {payload}-byte payload: {stats}"
+            sent >= payload && received >= payload,
+            "{mode}: {sent} bytes sent and {received} received on the bulk connection for a \
+             {payload}-byte payload each way: {stats}"
         );
     }
-    // Turned off, the same chunks share the session connection, and land the same.
+    // Turned off, the same chunks and read-backs share the session connection, and land the same.
     let (_, stats) =
         lab.upload_with_stats(&[&size, "23", "async"], &[("GLEAM_BULK_CONNECTION", "off")]);
     assert_eq!(stats["bulk_sent_bytes"].as_u64(), Some(0), "{stats}");
+    assert_eq!(stats["bulk_received_bytes"].as_u64(), Some(0), "{stats}");
     assert!(stats["sent_bytes"].as_u64().unwrap() >= payload, "{stats}");
+    assert!(
+        stats["received_bytes"].as_u64().unwrap() >= payload,
+        "{stats}"
+    );
 }
 
 #[test]

@@ -186,6 +186,7 @@ fn copies_session() -> Vec<u8> {
         src: b,
         len: 8192,
         stream: None,
+        apart: false,
     });
     s.api(ApiCall::cuMemGetInfo_v2(args::cuMemGetInfo_v2 {
         free: (),
@@ -250,6 +251,7 @@ fn launch_session() -> Vec<u8> {
         src: bufs[2],
         len: u64::from(n) * 4,
         stream: None,
+        apart: false,
     });
     s.call(Call::Api(ApiCall::cuModuleGetGlobal_v2(
         args::cuModuleGetGlobal_v2 {
@@ -331,6 +333,7 @@ fn streams_session() -> Vec<u8> {
         src: p,
         len: 256,
         stream: Some(stream),
+        apart: false,
     });
     s.call(Call::Api(ApiCall::cuStreamSynchronize(
         args::cuStreamSynchronize { stream },

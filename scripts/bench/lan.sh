@@ -8,7 +8,8 @@
 # Workloads (examples/bench_workloads.rs): launch-storm (10,000 small launches, a sync every 100), weights
 # (512 MiB uploaded, then 50 matmuls; cold = content the peer never saw, warm = the same content again),
 # two-streams (a 1 GiB upload on one stream beside a launch-and-sync loop on another: the loop's p99 during
-# the upload against its idle p99).
+# the upload against its idle p99), two-streams-down (the same beside a 1 GiB download; not run unless
+# WORKLOADS names it).
 # Links: L0 loopback; L1 1 Gbit/s, 1 ms RTT; L2 300 Mbit/s, 5 ms RTT, 2 ms jitter, 0.5% loss (`gleam linkemu`,
 # relaying both the peer's port and its session port, GLEAM_SESSION_PORTS).
 # Modes: local (NVIDIA's driver directly; cuda only), sync (CUDA_LAUNCH_BLOCKING=1 and GLEAM_CACHE=off: every
@@ -99,6 +100,7 @@ run() { # workload link mode
     case "$w" in
         weights-cold) prog=weights; envs=(BENCH_SEED=$seed); seed=$((seed + 1)) ;;
         weights-warm) prog=weights ;;
+        two-streams-down) prog=two-streams; envs+=(BENCH_DIRECTION=down) ;;
     esac
     [ "$m" = sync ] && envs+=(CUDA_LAUNCH_BLOCKING=1 GLEAM_CACHE=off)
     [ -n "${CLIENT_LOG:-}" ] && envs+=(GLEAM_LOG="$CLIENT_LOG")
@@ -140,7 +142,7 @@ floor = load("floor.json") or {}
 print()
 print(f"backend {backend}; floor (bare quinn on loopback): RTT {floor.get('rtt_median_us', '?')} us, "
       f"upload {floor.get('upload_mib_s', '?')} MiB/s, download {floor.get('download_mib_s', '?')} MiB/s")
-print(f"{'workload':14} {'link':4} {'mode':6} {'time s':>9} {'wire MB':>9} {'vs sync':>8} {'vs ideal':>8}  notes")
+print(f"{'workload':16} {'link':4} {'mode':6} {'time s':>9} {'wire MB':>9} {'vs sync':>8} {'vs ideal':>8}  notes")
 for w in workloads:
     local = load(f"{w}.L0.local.json")
     base = local or load(f"{w}.L0.gleam.json")
@@ -148,7 +150,7 @@ for w in workloads:
         for m in (["local"] if l == "L0" and local else []) + modes:
             r = load(f"{w}.{l}.{m}.json")
             if not r:
-                print(f"{w:14} {l:4} {m:6} {'failed':>9}")
+                print(f"{w:16} {l:4} {m:6} {'failed':>9}")
                 continue
             wire = load(f"{w}.{l}.{m}.wire.json") or {}
             mb = (wire.get("sent_bytes", 0) + wire.get("received_bytes", 0)) / 1e6
@@ -165,11 +167,12 @@ for w in workloads:
             notes = ""
             if "busy_p99_us" in r:
                 idle = r["idle_p99_us"] or float("nan")
-                notes = f"loop p99 idle {r['idle_p99_us']:.0f} us, during upload {r['busy_p99_us']:.0f} us ({r['busy_p99_us'] / idle:.1f}x)"
+                copy = "download" if r.get("direction") == "down" else "upload"
+                notes = f"loop p99 idle {r['idle_p99_us']:.0f} us, during {copy} {r['busy_p99_us']:.0f} us ({r['busy_p99_us'] / idle:.1f}x)"
             if "upload_s" in r and "weights_bytes" in r:
                 notes = f"upload {r['weights_bytes'] / 2**20 / r['upload_s']:.0f} MiB/s"
                 if RATE[l]:
                     notes += f" ({r['weights_bytes'] / r['upload_s'] / RATE[l]:.0%} of the link)"
-            print(f"{w:14} {l:4} {m:6} {r['time_s']:9.3f} {mb:9.1f} {vs_sync:8.2f} {vs_ideal:8.2f}  {notes}")
+            print(f"{w:16} {l:4} {m:6} {r['time_s']:9.3f} {mb:9.1f} {vs_sync:8.2f} {vs_ideal:8.2f}  {notes}")
 PY
 echo "results: $OUT"

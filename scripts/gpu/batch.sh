@@ -53,6 +53,12 @@ for phase in "$@"; do
             kill $peer; wait $peer' > "$BASE/$phase/stdout" 2>&1 ;;
         bench) OUT="$BASE/$phase" timeout -s INT "$t" bash scripts/gpu/bench.sh > "$BASE/$phase/stdout" 2>&1 ;;
         lan) OUT="$BASE/$phase" BIN="$C" BACKEND=cuda timeout -s INT "$t" bash scripts/bench/lan.sh > "$BASE/$phase/stdout" 2>&1 ;;
+        # A second LAN run in the same call, e.g. an A/B of one setting: LAN2_WORKLOADS, LAN2_MODES,
+        # LAN2_LINKS, and LAN2_ENV ("VAR=VALUE ...", for the peer and the clients alike).
+        lan2) # shellcheck disable=SC2086
+            env ${LAN2_ENV:-} WORKLOADS="${LAN2_WORKLOADS:-two-streams-down}" MODES="${LAN2_MODES:-nobulk gleam}" \
+                LINKS="${LAN2_LINKS:-L1}" OUT="$BASE/$phase" BIN="$C" BACKEND=cuda \
+                timeout -s INT "$t" bash scripts/bench/lan.sh > "$BASE/$phase/stdout" 2>&1 ;;
         upload) OUT="$BASE/$phase/run" timeout -s INT "$t" bash cache/bench/upload.sh "$C" ${UPLOAD_MIB:-256} ${UPLOAD_ROUNDS:-2} cuda > "$BASE/$phase/stdout" 2>&1 ;;
         v1) gcc -o "$BASE/$phase/v1_names" tools/gpu/v1_names.c -ldl && timeout 60 "$BASE/$phase/v1_names" > "$BASE/$phase/stdout" 2>&1 ;;
         spy) OUT="$BASE/$phase" timeout "$t" bash -c '

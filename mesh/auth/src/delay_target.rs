@@ -66,8 +66,12 @@ const FULL_QUEUE: u32 = 4;
 /// Datagrams a round may lose with no queue before its loss share counts.
 const LOSS_FLOOR: u64 = 2;
 
-/// The initial window, in datagrams.
-const INITIAL_DATAGRAMS: u64 = 10;
+/// The initial window: [`crate::tls::INITIAL_WINDOW`] (a LAN's bandwidth-delay product), or ten datagrams
+/// if larger. A download after a quiet spell starts from it (the window does not grow while the
+/// application limits the sending).
+fn initial_window(mtu: u64) -> u64 {
+    crate::tls::INITIAL_WINDOW.max(10 * mtu)
+}
 
 /// The target queueing delay: `GLEAM_BULK_QUEUE_TARGET_US` (50-100000 µs), else [`DEFAULT_TARGET`].
 pub fn queue_target() -> Duration {
@@ -144,7 +148,7 @@ impl DelayTarget {
             rounds_under: 0,
             target,
             mtu,
-            window: INITIAL_DATAGRAMS * mtu,
+            window: initial_window(mtu),
             slow_start: true,
             base: None,
             previous_round_min: None,
@@ -405,7 +409,7 @@ impl Controller for DelayTarget {
     }
 
     fn initial_window(&self) -> u64 {
-        INITIAL_DATAGRAMS * self.mtu
+        initial_window(self.mtu)
     }
 
     fn into_any(self: Box<Self>) -> Box<dyn Any> {

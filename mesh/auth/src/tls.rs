@@ -299,11 +299,25 @@ fn congestion_from_env(name: &str, default: CongestionControl) -> CongestionCont
     }
 }
 
+/// [`server_config`] for a session process's endpoint, whose connections send the session's replies:
+/// on a LAN under the bulk connection's controller ([`DEFAULT_BULK_CONGESTION`], or
+/// `GLEAM_BULK_CONGESTION`), since large downloads come back over the bulk connection and must keep the
+/// link's queue short for every other stream's calls, as uploads do (the session connection's replies
+/// are small, and never fill a window). A loopback client is fitted apart by [`accept`] (the loss-based
+/// controller: no link queue there).
+pub fn session_server_config(id: &Identity) -> Result<quinn::ServerConfig, TlsError> {
+    let mut config = server_config(id)?;
+    let mut transport = preauth_transport_config();
+    bulk_congestion(PathKind::Lan).apply(&mut transport);
+    config.transport_config(Arc::new(transport));
+    Ok(config)
+}
+
 /// The congestion controller unless `GLEAM_CONGESTION` says otherwise.
 pub const DEFAULT_CONGESTION: CongestionControl = CongestionControl::Cubic;
 
-/// The loss-based controller's initial congestion window (the session connection's, by default), in
-/// bytes: 128 KiB, a LAN's bandwidth-delay product (1 Gbit/s x 1 ms), where quinn's default is ten
+/// The initial congestion window of the loss-based controller and of the delay target
+/// ([`crate::delay_target`]), in bytes: 128 KiB, a LAN's bandwidth-delay product (1 Gbit/s x 1 ms), where quinn's default is ten
 /// datagrams (14.7 kB). A reply direction that only ever carried small answers never grows its window
 /// (it is application-limited), so a device-to-host copy after it starts from this window: a 1 MiB
 /// read-back took six round trips of slow start from the default. quinn paces the window over the round

@@ -35,7 +35,8 @@ pub(crate) const BATCH_FLUSH: usize = 256 << 10;
 #[derive(Debug)]
 pub(crate) struct Session<W> {
     sequencer: Sequencer,
-    waiters: HashMap<u64, W>,
+    /// Each request awaiting its reply: its lane and its waiter.
+    waiters: HashMap<u64, (Lane, W)>,
     /// Fire-and-forget requests numbered since the last one awaiting a reply (see
     /// [`crate::LONG_WAIT_POSTS`]).
     posted_since_wait: u64,
@@ -63,8 +64,9 @@ pub(crate) struct Numbered {
 /// What a reply that arrived is for, from [`Session::handle_reply`].
 #[derive(Debug)]
 pub(crate) enum Delivery<W> {
-    /// Hand it to this waiter.
-    To(W),
+    /// Hand it to this waiter. The serving side has received every request of `lane` (the request's,
+    /// whichever stream the reply came on) up to the reply's.
+    To { waiter: W, lane: Lane },
     /// It came on a connection a resume left behind: the new connection brings it again.
     Stale,
 }
@@ -119,7 +121,7 @@ impl<W> Session<W> {
         let (seq, lane, deps) = self.sequencer.next(ordering);
         let posted_before = match waiter {
             Some(waiter) => {
-                self.waiters.insert(seq, waiter);
+                self.waiters.insert(seq, (lane, waiter));
                 Some(std::mem::take(&mut self.posted_since_wait))
             }
             None => {
@@ -144,15 +146,16 @@ impl<W> Session<W> {
         self.signals = seq;
     }
 
-    /// The reply to request `seq` arrived on connection `generation`. `Err`: the serving side answered a
-    /// request that waits for nothing (a protocol violation).
+    /// The reply to request `seq` arrived on connection `generation` (on its request's lane, or apart:
+    /// see [`gleam_protocol::wire::Call::answer_lane`]). `Err`: the serving side answered a request that
+    /// waits for nothing (a protocol violation).
     pub fn handle_reply(&mut self, generation: u64, seq: u64) -> Result<Delivery<W>, ClientError> {
         if generation != self.generation {
             return Ok(Delivery::Stale);
         }
         self.replies_changed = true;
         match self.waiters.remove(&seq) {
-            Some(waiter) => Ok(Delivery::To(waiter)),
+            Some((lane, waiter)) => Ok(Delivery::To { waiter, lane }),
             None => Err(ClientError::Protocol(format!(
                 "reply to unknown request {seq}"
             ))),
@@ -187,7 +190,7 @@ impl<W> Session<W> {
     /// Ends the session (the first reason wins); returns it and every waiter, to be failed with it.
     pub fn fail(&mut self, err: ClientError) -> (ClientError, Vec<W>) {
         let err = self.lost.get_or_insert(err).clone();
-        (err, self.waiters.drain().map(|(_, w)| w).collect())
+        (err, self.waiters.drain().map(|(_, (_, w))| w).collect())
     }
 
     /// The replies this client still waits for.
@@ -786,7 +789,10 @@ mod tests {
         assert_eq!(session.poll_acks(0), AckPoll::Quiet);
         assert!(matches!(
             session.handle_reply(0, a.seq),
-            Ok(Delivery::To("a"))
+            Ok(Delivery::To {
+                waiter: "a",
+                lane: Lane::CONTROL
+            })
         ));
         assert_eq!(
             session.poll_acks(0),
@@ -807,7 +813,7 @@ mod tests {
         assert_eq!(session.poll_acks(0), AckPoll::Stop);
         assert!(matches!(
             session.handle_reply(generation, b.seq),
-            Ok(Delivery::To("b"))
+            Ok(Delivery::To { waiter: "b", .. })
         ));
     }
 

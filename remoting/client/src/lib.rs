@@ -73,7 +73,7 @@ use gleam_protocol::resume::{Marks, mark_of};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
     Acks, CLOSE_RESUME_ABANDONED, COPY_CHUNK, Call, ClientHello, Control, PROTOCOL_VERSION, Reply,
-    ReplyFrame, Request, Resumed, ServerHello, StreamOpen,
+    ReplyFrame, Request, Resumed, ServerHello, StreamOpen, upload_chunk_stream,
 };
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
@@ -93,6 +93,10 @@ pub const RETAIN_LIMIT: usize = 128 << 20;
 /// Unacknowledged bytes of all lanes together: the bound on what the client keeps, whatever the number
 /// of streams. Past it, every submitting thread waits.
 pub const SESSION_RETAIN_LIMIT: usize = 4 * RETAIN_LIMIT;
+/// Downloads from this size on come back over the bulk connection, apart from the session connection
+/// ([`Call::MemcpyDtoH`]'s `apart`): 2 ms of a 1 Gbit/s link, which another stream's small calls would
+/// otherwise wait for.
+pub const DOWNLOAD_APART: usize = 256 << 10;
 /// One attempt to resume a session (dial, authenticate, reach the session process) may take this long.
 const RESUME_ATTEMPT: Duration = Duration::from_secs(3);
 /// How long one attempt waits for the peer's handshake: short, so that once the link is back a fresh
@@ -280,19 +284,22 @@ pub struct WireStats {
     pub mtu: u16,
     /// Of `sent_bytes`, those sent over the bulk connection (uploads' chunks).
     pub bulk_sent_bytes: u64,
+    /// Of `received_bytes`, those received over the bulk connection (large downloads).
+    pub bulk_received_bytes: u64,
 }
 
 impl WireStats {
     /// As a JSON object.
     pub fn to_json(&self) -> String {
         format!(
-            r#"{{"sent_bytes":{},"sent_datagrams":{},"received_bytes":{},"received_datagrams":{},"mtu":{},"bulk_sent_bytes":{}}}"#,
+            r#"{{"sent_bytes":{},"sent_datagrams":{},"received_bytes":{},"received_datagrams":{},"mtu":{},"bulk_sent_bytes":{},"bulk_received_bytes":{}}}"#,
             self.sent_bytes,
             self.sent_datagrams,
             self.received_bytes,
             self.received_datagrams,
             self.mtu,
-            self.bulk_sent_bytes
+            self.bulk_sent_bytes,
+            self.bulk_received_bytes
         )
     }
 }
@@ -671,7 +678,8 @@ impl Client {
 
     /// Copies `dst.len()` bytes from device address `src` into `dst`. All pieces are requested at once
     /// (pipelined: the link never waits for a request) and collected in order. With `stream`, the
-    /// server waits for the stream first.
+    /// server waits for the stream first. From [`DOWNLOAD_APART`] bytes on, the bytes come back over the
+    /// bulk connection.
     pub fn memcpy_dtoh(
         &self,
         ctx: u64,
@@ -680,6 +688,13 @@ impl Client {
         stream: Option<u64>,
     ) -> Result<CUresult, ClientError> {
         let len = dst.len();
+        // A large download comes back apart, over the bulk connection (see `Call::MemcpyDtoH`).
+        let apart = match &self.link {
+            Link::Network(network) if len >= DOWNLOAD_APART => {
+                network.shared.open_download_lane(stream)?
+            }
+            _ => false,
+        };
         let pieces = len.div_ceil(COPY_CHUNK).max(1);
         let mut pending = Vec::with_capacity(pieces);
         for i in 0..pieces {
@@ -689,6 +704,7 @@ impl Client {
                 src: src + offset as u64,
                 len: n as u64,
                 stream,
+                apart,
             };
             let p = self.submit(ctx, call, &[], true)?.ok_or_else(|| {
                 ClientError::Protocol("a request expecting a reply has no waiter".into())
@@ -742,7 +758,11 @@ impl Client {
             total.received_bytes += stats.udp_rx.bytes;
             total.received_datagrams += stats.udp_rx.datagrams;
         }
-        total.bulk_sent_bytes = bulk.map_or(0, |b| b.stats().udp_tx.bytes);
+        if let Some(bulk) = bulk {
+            let stats = bulk.stats();
+            total.bulk_sent_bytes = stats.udp_tx.bytes;
+            total.bulk_received_bytes = stats.udp_rx.bytes;
+        }
         total
     }
 
@@ -962,7 +982,7 @@ impl Shared {
         self.core().lanes.insert(lane, tx.clone());
         self.runtime.spawn(lane_writer(tx, self.clone()));
         self.runtime
-            .spawn(lane_reader(recv, PieceReader::new(), lane, 0, self.clone()));
+            .spawn(lane_reader(recv, PieceReader::new(), 0, self.clone()));
     }
 
     /// Starts the tasks that watch a (new) connection and its lifeline, and exchange acknowledgements.
@@ -980,6 +1000,30 @@ impl Shared {
             .spawn(send_acks(connection.clone(), generation, self.clone()));
         self.runtime
             .spawn(read_acks(connection.clone(), generation, self.clone()));
+    }
+
+    /// Opens the lane that carries `stream`'s downloads apart (its uploads' chunk lane, on the bulk
+    /// connection), and announces it at once: the serving side answers there, and holds the answers
+    /// until the lane arrives. `Ok(false)`: there is no bulk connection, downloads stay on their lane.
+    fn open_download_lane(self: &Arc<Self>, stream: Option<u64>) -> Result<bool, ClientError> {
+        if lock(&self.bulk).is_none() {
+            return Ok(false);
+        }
+        let lane = Lane(upload_chunk_stream(stream));
+        let tx = {
+            let mut core = self.core();
+            core.session.check()?;
+            self.open_lane(&mut core, lane)
+        };
+        let mut state = lock(&tx.state);
+        let mut moved = Moved::default();
+        let flushed = state.poll_transmit(&mut Context::from_waker(Waker::noop()), &mut moved);
+        self.account(&tx, &moved);
+        drop(state);
+        if flushed.is_pending() {
+            tx.flush.notify_one();
+        }
+        Ok(true)
     }
 
     /// Opens the QUIC stream of a new lane (under the core lock, so the lane's first frame precedes any
@@ -1017,7 +1061,6 @@ impl Shared {
             self.runtime.spawn(lane_reader(
                 recv,
                 PieceReader::new(),
-                lane,
                 generation,
                 self.clone(),
             ));
@@ -1190,11 +1233,10 @@ impl Shared {
         self.drained.notify_all();
     }
 
-    /// Hands a reply that came on `lane` of connection `generation` to its waiter. `Ok(false)`: the
+    /// Hands a reply that came on connection `generation` (on any lane) to its waiter. `Ok(false)`: the
     /// connection was left behind (the reply comes again on the new one).
     fn deliver(
         &self,
-        lane: Lane,
         generation: u64,
         reply: ReplyFrame,
         bulk: Pieces,
@@ -1203,10 +1245,12 @@ impl Shared {
             let mut core = self.core();
             match core.session.handle_reply(generation, reply.seq)? {
                 Delivery::Stale => return Ok(false),
-                Delivery::To(slot) => (slot, core.lanes.get(&lane).cloned()),
+                // Acknowledges the request's lane, not the one the reply came on (a download's
+                // reply comes apart).
+                Delivery::To { waiter, lane } => (waiter, core.lanes.get(&lane).cloned()),
             }
         };
-        // A reply says its request, and every earlier one of its lane, arrived.
+        // A reply says its request, and every earlier one of the request's lane, arrived.
         if let Some(tx) = tx {
             self.acked(&tx, reply.seq);
         }
@@ -1643,7 +1687,7 @@ fn switch(
         // The counts change under the lane's lock, so an acknowledgement never finds them behind.
         shared.account(tx, &moved);
         drop(state);
-        readers.push((lane, recv, frames));
+        readers.push((recv, frames));
         tx.flush.notify_one();
     }
     *lock(&shared.connections) = (connection.clone(), lifeline.clone());
@@ -1662,10 +1706,10 @@ fn switch(
             .runtime
             .spawn(watch_session(bulk, generation, shared.clone()));
     }
-    for (lane, recv, frames) in readers {
+    for (recv, frames) in readers {
         shared
             .runtime
-            .spawn(lane_reader(recv, frames, lane, generation, shared.clone()));
+            .spawn(lane_reader(recv, frames, generation, shared.clone()));
     }
     shared.start_connection_tasks(generation, &connection, &lifeline);
     shared.suspended.store(false, Ordering::Release);
@@ -1706,11 +1750,11 @@ async fn lane_writer(tx: Arc<LaneTx>, shared: Arc<Shared>) {
     }
 }
 
-/// One lane's reader on one connection: routes replies to their waiters by `seq`.
+/// One lane's reader on one connection: routes replies to their waiters by `seq` (a lane may carry
+/// replies to other lanes' requests: downloads apart).
 async fn lane_reader(
     mut recv: quinn::RecvStream,
     mut frames: PieceReader,
-    lane: Lane,
     generation: u64,
     shared: Arc<Shared>,
 ) {
@@ -1725,7 +1769,7 @@ async fn lane_reader(
                     break 'lane ClientError::Protocol(format!("undecodable reply: {err}"));
                 }
             };
-            match shared.deliver(lane, generation, reply, frame.bulk) {
+            match shared.deliver(generation, reply, frame.bulk) {
                 Ok(true) => {}
                 // A resume left this connection behind.
                 Ok(false) => return,

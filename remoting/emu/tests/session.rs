@@ -141,6 +141,7 @@ fn a_client_session_end_to_end() {
         src: b,
         len: 128,
         stream: None,
+        apart: false,
     });
     assert_eq!(res, CUresult::SUCCESS);
     let Reply::Data = reply else {
@@ -177,7 +178,8 @@ fn a_client_session_end_to_end() {
         c.call(Call::MemcpyDtoH {
             src: b,
             len: 4,
-            stream: None
+            stream: None,
+            apart: false,
         })
         .0,
         CUresult::ILLEGAL_ADDRESS

@@ -204,7 +204,7 @@ pub fn run<B: Backend>(
     reason
 }
 
-/// The executor: runs requests as the scheduler allows, answers on their lanes.
+/// The executor: runs requests as the scheduler allows, answers on their lanes ([`Call::answer_lane`]).
 /// A request that keeps the executor this long is logged (at debug level).
 const SLOW_REQUEST: Duration = Duration::from_millis(2);
 
@@ -244,6 +244,8 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
             break ExitReason::Ended;
         };
         let (kind, started, bulk_len) = (request.call.kind(), Instant::now(), bulk.len());
+        // Most answers go back on their request's lane; a large download's goes apart.
+        let answer_lane = request.call.answer_lane(lane);
         let answer = session.handle_shared(request, bulk);
         let took = started.elapsed();
         if took >= SLOW_REQUEST {
@@ -254,7 +256,7 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
             shared.inbox.done(seq);
         }
         if let Some(answer) = answer
-            && let Err(err) = shared.outbox.send(lane, answer)
+            && let Err(err) = shared.outbox.send(answer_lane, answer)
         {
             break ExitReason::Network(err);
         }
@@ -803,7 +805,7 @@ fn network(
 /// an address that went away) falls back to every address of its family. Returns the endpoint and its
 /// server config.
 fn bind(options: &Options) -> Result<(quinn::Endpoint, quinn::ServerConfig), String> {
-    let server = tls::server_config(&options.identity).map_err(|e| format!("TLS: {e}"))?;
+    let server = tls::session_server_config(&options.identity).map_err(|e| format!("TLS: {e}"))?;
     let ports = match std::env::var("GLEAM_SESSION_PORTS") {
         Ok(text) => session_ports(&text).ok_or_else(|| {
             format!("GLEAM_SESSION_PORTS={text:?} is not LO-HI (e.g. 47100-47199)")

@@ -87,6 +87,19 @@ pub struct Ordering {
 }
 
 impl Call {
+    /// The lane whose stream carries this call's reply, for a call that travelled on `lane`: its own,
+    /// except a download that asked for its reply apart ([`Call::MemcpyDtoH`]'s `apart`).
+    pub fn answer_lane(&self, lane: Lane) -> Lane {
+        match self {
+            Call::MemcpyDtoH {
+                stream,
+                apart: true,
+                ..
+            } => Lane(crate::wire::upload_chunk_stream(*stream)),
+            _ => lane,
+        }
+    }
+
     /// How this call is ordered against the session's other requests.
     pub fn ordering(&self) -> Ordering {
         let on = |stream: Option<u64>| Ordering {
@@ -455,6 +468,25 @@ mod tests {
         assert_eq!((l4, d4.barrier), (Lane::CONTROL, false));
         let sync = Call::Api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}));
         assert!(seq.next(sync.ordering()).2.barrier);
+    }
+
+    #[test]
+    fn a_download_apart_is_answered_on_its_streams_bulk_lane_and_everything_else_on_its_own() {
+        let dtoh = |stream, apart| Call::MemcpyDtoH {
+            src: 0x1000,
+            len: 4 << 20,
+            stream,
+            apart,
+        };
+        let own = Lane::of_stream(A);
+        let bulk = dtoh(Some(A), true).answer_lane(own);
+        assert!(bulk.carries_bulk() && bulk != own);
+        assert_eq!(bulk, Lane(crate::wire::upload_chunk_stream(Some(A))));
+        // Synchronous downloads: the synchronous uploads' chunk lane.
+        let sync = dtoh(None, true).answer_lane(Lane::CONTROL);
+        assert_eq!(sync, Lane(crate::wire::SYNC_UPLOAD_STREAM));
+        assert_eq!(dtoh(Some(A), false).answer_lane(own), own);
+        assert_eq!(Call::Goodbye.answer_lane(Lane::CONTROL), Lane::CONTROL);
     }
 
     #[test]

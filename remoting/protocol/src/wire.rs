@@ -18,7 +18,7 @@ use crate::copy::Copy3D;
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 /// QUIC close code of a connection the client abandons while resuming a session (an attempt that broke
 /// off, or lost to a newer one): the session waits for the next attempt, where any other close by the
 /// client ends it.
@@ -207,6 +207,11 @@ pub enum Call {
         len: u64,
         /// `None` for the synchronous copy, else the stream handle (the server waits for the stream).
         stream: Option<u64>,
+        /// The reply travels apart: on the lane of the stream's uploads' chunks
+        /// ([`upload_chunk_stream`]), which the client opens on its bulk connection first, not on the
+        /// stream's own lane. So a large download has a congestion window of its own, and another
+        /// stream's small replies never queue behind it ([`Call::answer_lane`]).
+        apart: bool,
     },
     /// `cuModuleLoadData`/`cuModuleLoadDataEx`/`cuModuleLoad` (the client reads the file): the frame's bulk
     /// bytes are a PTX, cubin or fatbin image, exactly as many bytes as the client determined it spans.

@@ -1214,6 +1214,7 @@ mod tests {
                     src: ptr + back.len() as u64,
                     len: len as u64,
                     stream: None,
+                    apart: false,
                 },
                 true,
                 &[],
@@ -1264,6 +1265,7 @@ mod tests {
                 src: ptr,
                 len: 64,
                 stream: Some(stream),
+                apart: false,
             },
             true,
             &[],
@@ -1362,6 +1364,7 @@ mod tests {
                 src: ptr,
                 len: 4,
                 stream: Some(BOGUS),
+                apart: false,
             },
             true,
         )

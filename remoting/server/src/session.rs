@@ -505,7 +505,9 @@ impl<B: Backend> Session<B> {
                 self.backend.memcpy_htod(dst, bulk, stream)?;
                 Reply::Empty
             }
-            Call::MemcpyDtoH { src, len, stream } => {
+            Call::MemcpyDtoH {
+                src, len, stream, ..
+            } => {
                 // The reply must fit in a frame: the client splits larger copies.
                 let len = usize::try_from(len)
                     .ok()
@@ -1286,6 +1288,7 @@ mod tests {
                         src: 0x1000,
                         len: 16,
                         stream: None,
+                        apart: false,
                     },
                 ),
                 &[],
@@ -1303,6 +1306,7 @@ mod tests {
                     src: 0x1000,
                     len: COPY_CHUNK as u64 + 1,
                     stream: None,
+                    apart: false,
                 },
             ))
             .unwrap();
@@ -1376,6 +1380,7 @@ mod tests {
             src: 0x1000,
             len: 4,
             stream: Some(2),
+            apart: false,
         };
         let r = s.handle_req(req(4, 0, true, dtoh)).unwrap();
         assert_eq!(r.result, CUresult::STREAM_CAPTURE_UNSUPPORTED);
