@@ -67,6 +67,10 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(15);
 /// Reply bytes kept for resending (not yet acknowledged by the client) past which the executor waits for
 /// acknowledgements before running more.
 const REPLY_CACHE_LIMIT: usize = 96 << 20;
+/// Reply bytes kept past which calls answered with device memory's bytes ([`Call::answers_with_bytes`])
+/// wait, while other calls run: what a download keeps in flight. Acknowledgements come every
+/// [`ACK_DELAY`] or so, in which loopback carries 8 MiB; the rest is headroom.
+const ANSWER_BYTES_LIMIT: usize = 32 << 20;
 /// How long an acknowledgement waits to gather more receipts (and how often a quiet side re-checks).
 const ACK_DELAY: Duration = Duration::from_millis(5);
 const ACK_TICK: Duration = Duration::from_millis(100);
@@ -240,7 +244,12 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
     }));
     let spin = gleam_protocol::tuning::spin_budget();
     let reason = loop {
-        let Some((lane, seq, (request, bulk))) = shared.inbox.next(spin) else {
+        // A call answered with device memory's bytes waits while the replies in flight fill the
+        // reply cache: the link drains them at its pace, and meanwhile every other lane's calls run
+        // (a large download never holds back another stream's synchronization).
+        let room =
+            |request: &Request| !(request.call.answers_with_bytes() && shared.outbox.is_full());
+        let Some((lane, seq, (request, bulk))) = shared.inbox.next(spin, room) else {
             break ExitReason::Ended;
         };
         let (kind, started, bulk_len) = (request.call.kind(), Instant::now(), bulk.len());
@@ -260,11 +269,12 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
         {
             break ExitReason::Network(err);
         }
-        // The reply cache is bounded: past it, wait for the client to acknowledge what it received
-        // (during a drop, until it resumes or the session ends).
-        if shared.outbox.is_full() {
+        // The reply cache is bounded: past its limit (which small replies alone reach, the bulk ones wait
+        // above), wait for the client to acknowledge what it received (during a drop, until it resumes
+        // or the session ends).
+        if shared.outbox.is_overfull() {
             let waiting = Instant::now();
-            while shared.outbox.is_full() && shared.ending().is_none() {
+            while shared.outbox.is_overfull() && shared.ending().is_none() {
                 shared.outbox.wait_for_room(Duration::from_millis(50));
             }
             debug!(took = ?waiting.elapsed(), "the reply cache was full: waited for acknowledgements");
@@ -380,8 +390,12 @@ enum PushError {
 impl InboxState {
     /// Takes the next runnable request off the scheduler, releasing its lane's quota.
     #[allow(clippy::type_complexity)]
-    fn pop(&mut self, drained: &Notify) -> Option<(Lane, u64, (Request, Bytes))> {
-        let next = self.scheduler.pop()?;
+    fn pop(
+        &mut self,
+        drained: &Notify,
+        allowed: &impl Fn(&Request) -> bool,
+    ) -> Option<(Lane, u64, (Request, Bytes))> {
+        let next = self.scheduler.pop_if(|(request, _)| allowed(request))?;
         if let Some(queued) = self.queued.get_mut(&next.0) {
             let was_full = *queued >= LANE_QUEUE_LIMIT;
             *queued -= next.2.1.len();
@@ -479,14 +493,19 @@ impl Inbox {
         }
     }
 
-    /// The next request that may run, waiting (spinning first) until there is one; `None` once closed.
+    /// The next request that may run and that `allowed` lets through, waiting (spinning first) until
+    /// there is one; `None` once closed.
     #[allow(clippy::type_complexity)]
-    fn next(&self, spin: Duration) -> Option<(Lane, u64, (Request, Bytes))> {
+    fn next(
+        &self,
+        spin: Duration,
+        allowed: impl Fn(&Request) -> bool,
+    ) -> Option<(Lane, u64, (Request, Bytes))> {
         let started = Instant::now();
         loop {
             {
                 let mut state = lock(&self.state);
-                if let Some(next) = state.pop(&self.drained) {
+                if let Some(next) = state.pop(&self.drained, &allowed) {
                     return Some(next);
                 }
                 if state.closed {
@@ -500,7 +519,7 @@ impl Inbox {
                         .wait_timeout(state, Duration::from_millis(100))
                         .map_or_else(|e| e.into_inner().0, |(s, _)| s);
                     self.sleeping.store(false, Ordering::Release);
-                    if let Some(next) = state.pop(&self.drained) {
+                    if let Some(next) = state.pop(&self.drained, &allowed) {
                         return Some(next);
                     }
                     if state.closed {
@@ -515,6 +534,12 @@ impl Inbox {
 
     fn done(&self, seq: u64) {
         lock(&self.state).scheduler.done(seq);
+    }
+
+    /// Wakes the executor: what it held back may run now (the reply cache made room).
+    fn wake(&self) {
+        let _state = lock(&self.state);
+        self.ready.notify_all();
     }
 
     /// [`Inbox::done`] from another thread (a chunk worker): wakes the executor, which may be asleep
@@ -617,29 +642,39 @@ impl Outbox {
         }
     }
 
-    /// The client has every reply but those it still awaits.
-    fn ack(&self, awaited: &Awaited) {
+    /// The client has every reply but those it still awaits. Returns whether that made room for calls
+    /// answered with bytes ([`Outbox::is_full`] no longer).
+    fn ack(&self, awaited: &Awaited) -> bool {
         let mut freed = 0;
         let lanes: Vec<Arc<LaneOut>> = lock(&self.lanes).values().cloned().collect();
         for out in lanes {
             freed += lock(&out.state).cache.ack(awaited);
         }
-        if freed > 0 {
-            let before = self.cached.fetch_sub(freed, Ordering::AcqRel);
-            if before >= REPLY_CACHE_LIMIT && before - freed < REPLY_CACHE_LIMIT {
-                let _guard = lock(&self.room_lock);
-                self.room.notify_all();
-            }
+        if freed == 0 {
+            return false;
         }
+        let before = self.cached.fetch_sub(freed, Ordering::AcqRel);
+        let crossed = |limit: usize| before >= limit && before - freed < limit;
+        if crossed(REPLY_CACHE_LIMIT) {
+            let _guard = lock(&self.room_lock);
+            self.room.notify_all();
+        }
+        crossed(ANSWER_BYTES_LIMIT)
     }
 
+    /// Replies in flight past [`ANSWER_BYTES_LIMIT`]: calls answered with bytes wait.
     fn is_full(&self) -> bool {
+        self.cached.load(Ordering::Acquire) >= ANSWER_BYTES_LIMIT
+    }
+
+    /// Past [`REPLY_CACHE_LIMIT`]: the executor waits.
+    fn is_overfull(&self) -> bool {
         self.cached.load(Ordering::Acquire) >= REPLY_CACHE_LIMIT
     }
 
     fn wait_for_room(&self, at_most: Duration) {
         let guard = lock(&self.room_lock);
-        if self.is_full() {
+        if self.is_overfull() {
             let _ = self.room.wait_timeout(guard, at_most);
         }
     }
@@ -980,7 +1015,9 @@ fn connect(shared: &Arc<Shared>, link: Link, resumed: Option<Awaited>) -> quinn:
             // Readers of the previous connection push nothing from here on: what was received is final.
             let (generation, received) = shared.inbox.fence();
             shared.outbox.detach_all();
-            shared.outbox.ack(&replies);
+            if shared.outbox.ack(&replies) {
+                shared.inbox.wake();
+            }
             let mut first = Vec::new();
             if let Err(err) = frame::encode(&Resumed { received }, &[], &mut first) {
                 shared.end(End::Network(format!(
@@ -1344,7 +1381,11 @@ async fn read_acks(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
         loop {
             match frames.next_frame() {
                 Ok(Some(frame)) => match frame.decode::<Awaited>() {
-                    Ok(awaited) => shared.outbox.ack(&awaited),
+                    Ok(awaited) => {
+                        if shared.outbox.ack(&awaited) {
+                            shared.inbox.wake();
+                        }
+                    }
                     Err(err) => {
                         shared.end(End::Protocol(format!("malformed acknowledgement: {err}")));
                         return;

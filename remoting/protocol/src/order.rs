@@ -100,6 +100,17 @@ impl Call {
         }
     }
 
+    /// Whether this call's answer carries bytes of device memory (up to a [`crate::wire::COPY_CHUNK`] or
+    /// a mirror's ranges), which take the link a while: the serving side runs such a call only while its
+    /// replies in flight leave room, and every other lane goes on meanwhile.
+    pub fn answers_with_bytes(&self) -> bool {
+        match self {
+            Call::MemcpyDtoH { .. } | Call::MirrorRead { .. } => true,
+            Call::Memcpy3D { copy, .. } => matches!(copy.dst.place, crate::copy::Place::Host),
+            _ => false,
+        }
+    }
+
     /// How this call is ordered against the session's other requests.
     pub fn ordering(&self) -> Ordering {
         let on = |stream: Option<u64>| Ordering {
@@ -349,11 +360,17 @@ impl<T> Scheduler<T> {
     /// another lane's request back by one request, not by its whole queue. Any choice among ready
     /// requests keeps CUDA's order, which the dependencies carry whole.
     pub fn pop(&mut self) -> Option<(Lane, u64, T)> {
+        self.pop_if(|_| true)
+    }
+
+    /// [`Scheduler::pop`] among the requests `allowed` lets through: a lane whose next request it holds
+    /// back waits (its later requests with it), and every other lane goes on.
+    pub fn pop_if(&mut self, allowed: impl Fn(&T) -> bool) -> Option<(Lane, u64, T)> {
         let mut best: Option<(Lane, u64)> = None;
         let mut best_other: Option<(Lane, u64)> = None;
         for (lane, queue) in &self.lanes {
             let Some(q) = queue.front() else { continue };
-            if !self.ready(q) {
+            if !self.ready(q) || !allowed(&q.item) {
                 continue;
             }
             if best.is_none_or(|(_, seq)| q.seq < seq) {
@@ -487,6 +504,26 @@ mod tests {
         assert_eq!(sync, Lane(crate::wire::SYNC_UPLOAD_STREAM));
         assert_eq!(dtoh(Some(A), false).answer_lane(own), own);
         assert_eq!(Call::Goodbye.answer_lane(Lane::CONTROL), Lane::CONTROL);
+    }
+
+    #[test]
+    fn a_lane_held_back_waits_and_the_others_go_on() {
+        let mut sched = Scheduler::new(1);
+        let mut seq = Sequencer::new(1);
+        for (stream, item) in [(A, "a1"), (A, "a2"), (B, "b1"), (B, "b2")] {
+            let (s, lane, deps) = seq.next(launch(stream));
+            sched.push(lane, s, deps, item).unwrap();
+        }
+        // Lane A's head is held back: B's requests run, in order; A's wait, both.
+        let hold_a = |item: &&str| !item.starts_with('a');
+        assert_eq!(sched.pop_if(hold_a).map(|p| p.2), Some("b1"));
+        sched.done(3);
+        assert_eq!(sched.pop_if(hold_a).map(|p| p.2), Some("b2"));
+        sched.done(4);
+        assert_eq!(sched.pop_if(hold_a), None);
+        assert_eq!(sched.pop().map(|p| p.2), Some("a1"));
+        sched.done(1);
+        assert_eq!(sched.pop().map(|p| p.2), Some("a2"));
     }
 
     #[test]
