@@ -8,16 +8,18 @@
 //!
 //! Requests travel on lanes ([`gleam_protocol::order`]): one QUIC stream per CUDA stream, plus the control
 //! lane for everything else, so a long transfer on one stream never holds back another stream's calls.
-//! A [`Sequencer`](gleam_protocol::order::Sequencer) numbers every request and works out what it must follow (per-lane order, barriers,
-//! event records); the serving side's scheduler keeps exactly that order.
+//! A [`Sequencer`](gleam_protocol::order::Sequencer) numbers every request and works out what it must
+//! follow (per-lane order, barriers, event records); the serving side's scheduler keeps exactly that
+//! order.
 //!
 //! Bulk travels apart: beside the session connection the client opens a bulk connection to the session
 //! process ([`StreamOpen::Bulk`]), with a congestion window of its own (and its own controller, on a LAN
 //! a delay target that keeps the queue the upload builds at the bottleneck short: see
 //! [`gleam_auth::tls::bulk_transport_config_to`]), and the lanes carrying cached uploads' chunks (one per
 //! copy stream, [`Lane::carries_bulk`]) open there; the copy itself stays on its stream's lane and waits
-//! for its chunks by the upload's pseudo event. `GLEAM_BULK_CONNECTION=off` keeps everything on one
-//! connection.
+//! for its chunks by the upload's pseudo event. Downloads from [`DOWNLOAD_APART`] bytes on come back on
+//! the same lanes: the request travels on its stream's lane, its reply on the bulk connection.
+//! `GLEAM_BULK_CONNECTION=off` keeps everything on one connection.
 //!
 //! Sending costs no thread hop: the calling thread encodes its frame and hands it to quinn itself
 //! (quinn's driver then sends it). Fire-and-forget requests are coalesced per lane: they accumulate in the
