@@ -343,7 +343,7 @@ impl<T: Transport> LaneOut<T> {
             self.pending.push(chunk);
         }
         let Some(send) = self.send.as_mut() else {
-            moved.dropped += self.pending.drain(..).map(|c| c.len()).sum::<usize>();
+            self.let_go_pending(moved);
             return Poll::Ready(Ok(()));
         };
         while !self.pending.is_empty() {
@@ -355,7 +355,7 @@ impl<T: Transport> LaneOut<T> {
                 Poll::Ready(Err(err)) => {
                     // The connection is going: what was not sent is kept for the resume.
                     self.send = None;
-                    moved.dropped += self.pending.drain(..).map(|c| c.len()).sum::<usize>();
+                    self.let_go_pending(moved);
                     return Poll::Ready(Err(err));
                 }
                 Poll::Pending => return Poll::Pending,
@@ -377,7 +377,7 @@ impl<T: Transport> LaneOut<T> {
         if let Some(chunk) = self.seal(moved) {
             moved.dropped += chunk.len();
         }
-        moved.dropped += self.pending.drain(..).map(|c| c.len()).sum::<usize>();
+        self.let_go_pending(moved);
         moved.freed += self.retained.ack(received);
         if self.announced {
             self.pending.push(opening_frame(self.lane));
@@ -386,6 +386,11 @@ impl<T: Transport> LaneOut<T> {
         moved.queued += self.pending.iter().map(Bytes::len).sum::<usize>();
         self.send = Some(send);
         self.fresh = false;
+    }
+
+    /// The chunks not taken will not go on this connection (the requests among them are kept).
+    fn let_go_pending(&mut self, moved: &mut Moved) {
+        moved.dropped += self.pending.drain(..).map(|c| c.len()).sum::<usize>();
     }
 
     /// Moves the batch's requests to the kept frames; returns the batch's bytes as one chunk.
@@ -531,11 +536,8 @@ mod tests {
     struct SimClient {
         session: Session<u64>,
         lanes: BTreeMap<Lane, LaneOut<SimStream>>,
-        queued: usize,
-        taken: usize,
-        dropped: usize,
-        kept: usize,
-        freed: usize,
+        /// Everything every lane moved so far (each call adds to it).
+        moved: Moved,
     }
 
     impl SimClient {
@@ -548,20 +550,8 @@ mod tests {
             Self {
                 session: Session::new(),
                 lanes,
-                queued: 0,
-                taken: 0,
-                dropped: 0,
-                kept: 0,
-                freed: 0,
+                moved: Moved::default(),
             }
-        }
-
-        fn count(&mut self, moved: &Moved) {
-            self.queued += moved.queued;
-            self.taken += moved.taken;
-            self.dropped += moved.dropped;
-            self.kept += moved.kept;
-            self.freed += moved.freed;
         }
 
         /// Submits a request on `stream` (`None`: the control lane) with `bulk` bytes.
@@ -572,31 +562,31 @@ mod tests {
             };
             let waiter = expects_reply.then_some(0);
             let numbered = self.session.submit(ordering, waiter).expect("session up");
-            let mut moved = Moved::default();
+            let moved = &mut self.moved;
             let lane = self.lanes.entry(numbered.lane).or_insert_with(|| {
-                LaneOut::opening(numbered.lane, Some(SimStream::default()), &mut moved)
+                LaneOut::opening(numbered.lane, Some(SimStream::default()), moved)
             });
             let req = request(numbered.seq, numbered.deps, expects_reply);
-            lane.queue(&req, bulk.len(), &mut moved).expect("encodable");
-            lane.append(bulk, &mut moved);
-            self.count(&moved);
+            lane.queue(&req, bulk.len(), moved).expect("encodable");
+            lane.append(bulk, moved);
             numbered.seq
         }
 
         /// Gives every stream `room` bytes and polls every lane once.
         fn pump(&mut self, room: usize) {
-            let mut all = Moved::default();
             for lane in self.lanes.values_mut() {
                 if let Some(send) = lane.send.as_mut() {
                     send.room = room;
                 }
-                let (_, moved) = poll(lane);
-                all.queued += moved.queued;
-                all.taken += moved.taken;
-                all.dropped += moved.dropped;
-                all.kept += moved.kept;
+                let _ =
+                    lane.poll_transmit(&mut Context::from_waker(Waker::noop()), &mut self.moved);
             }
-            self.count(&all);
+        }
+
+        /// The serving side acknowledges `lane`'s requests up to `through`.
+        fn ack(&mut self, lane: Lane, through: u64) {
+            let out = self.lanes.get_mut(&lane).expect("an open lane");
+            out.handle_ack(through, &mut self.moved);
         }
 
         /// What each lane's stream carried since the last call (taken out of the simulated streams).
@@ -623,20 +613,18 @@ mod tests {
         fn resume(&mut self, server: &SimServer) {
             let marks = server.received.marks();
             self.session.begin_resume();
-            let mut all = Moved::default();
             for (&lane, out) in &mut self.lanes {
-                out.resume(SimStream::default(), mark_of(&marks, lane), &mut all);
+                out.resume(SimStream::default(), mark_of(&marks, lane), &mut self.moved);
             }
-            self.count(&all);
         }
 
         /// Bytes waiting for a transport: what was queued, less what was taken or let go.
         fn buffered(&self) -> usize {
-            self.queued - self.taken - self.dropped
+            self.moved.queued - self.moved.taken - self.moved.dropped
         }
 
         fn retained(&self) -> usize {
-            self.kept - self.freed
+            self.moved.kept - self.moved.freed
         }
     }
 
@@ -665,21 +653,9 @@ mod tests {
         assert_eq!(client.lanes[&lane].retained.seqs().count(), 100);
         deliver(&mut client, &mut server);
         assert_eq!(server.arrived.len(), 100);
-        let mut moved = Moved::default();
-        client
-            .lanes
-            .get_mut(&lane)
-            .unwrap()
-            .handle_ack(60, &mut moved);
-        client.count(&moved);
+        client.ack(lane, 60);
         assert_eq!(client.lanes[&lane].retained.seqs().next(), Some(61));
-        let mut moved = Moved::default();
-        client
-            .lanes
-            .get_mut(&lane)
-            .unwrap()
-            .handle_ack(100, &mut moved);
-        client.count(&moved);
+        client.ack(lane, 100);
         assert_eq!(client.retained(), 0);
     }
 
@@ -727,7 +703,7 @@ mod tests {
             for &(stream, len, reply) in &plan {
                 client.submit(stream, &vec![1; len], reply);
             }
-            client.queued
+            client.moved.queued
         };
         for cut_after in (0..total).step_by(97) {
             let mut client = SimClient::new();
@@ -766,11 +742,10 @@ mod tests {
             }
             // The serving side acknowledges everything: nothing stays kept.
             let marks = server.received.marks();
-            let mut moved = Moved::default();
-            for (lane, out) in &mut client.lanes {
-                out.handle_ack(mark_of(&marks, *lane), &mut moved);
+            let lanes: Vec<Lane> = client.lanes.keys().copied().collect();
+            for lane in lanes {
+                client.ack(lane, mark_of(&marks, lane));
             }
-            client.count(&moved);
             assert_eq!(client.retained(), 0);
         }
     }

@@ -1017,14 +1017,7 @@ impl Shared {
             core.session.check()?;
             self.open_lane(&mut core, lane)
         };
-        let mut state = lock(&tx.state);
-        let mut moved = Moved::default();
-        let flushed = state.poll_transmit(&mut Context::from_waker(Waker::noop()), &mut moved);
-        self.account(&tx, &moved);
-        drop(state);
-        if flushed.is_pending() {
-            tx.flush.notify_one();
-        }
+        self.flush_now(&tx, lock(&tx.state), Moved::default());
         Ok(true)
     }
 
@@ -1138,14 +1131,7 @@ impl Shared {
         }
         if expects_reply || state.is_batch_full() {
             // Someone waits (or the batch is large): hand everything to quinn now, from this thread.
-            let flushed = state.poll_transmit(&mut Context::from_waker(Waker::noop()), &mut moved);
-            // Counted under the lane's lock: a reply acknowledging these frames finds them counted.
-            self.account(&tx, &moved);
-            drop(state);
-            // A failed write is the link going down: the request is kept and goes again on resume.
-            if flushed.is_pending() {
-                tx.flush.notify_one();
-            }
+            self.flush_now(&tx, state, moved);
         } else {
             self.account(&tx, &moved);
             drop(state);
@@ -1155,6 +1141,25 @@ impl Shared {
             }
         }
         Ok(pending)
+    }
+
+    /// Hands lane `tx`'s batch and pending chunks to quinn from the calling thread (`state` is its
+    /// locked sending half, `moved` what the caller changed there); what quinn cannot take yet is left to
+    /// the lane's writer. A failed write is the link going down: the requests are kept and go again on
+    /// resume.
+    fn flush_now(
+        &self,
+        tx: &LaneTx,
+        mut state: MutexGuard<'_, LaneOut<quinn::SendStream>>,
+        mut moved: Moved,
+    ) {
+        let flushed = state.poll_transmit(&mut Context::from_waker(Waker::noop()), &mut moved);
+        // Counted under the lane's lock: a reply acknowledging these frames finds them counted.
+        self.account(tx, &moved);
+        drop(state);
+        if flushed.is_pending() {
+            tx.flush.notify_one();
+        }
     }
 
     /// Waits while lane `tx` (if given) holds more than [`BUFFER_LIMIT`] bytes quinn has not taken or

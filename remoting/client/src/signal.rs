@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Waker};
 
 use gleam_protocol::order::{Deps, Lane};
 use gleam_protocol::wire::{Call, Request};
@@ -56,13 +55,7 @@ impl Shared {
             .map_err(|e| ClientError::Protocol(format!("cannot encode a signal: {e}")))?;
         core.session.signal_sent(seq);
         drop(core);
-        let flushed = state.poll_transmit(&mut Context::from_waker(Waker::noop()), &mut moved);
-        self.account(&tx, &moved);
-        drop(state);
-        // A failed write is the link going down: the signal is kept and goes again on resume.
-        if flushed.is_pending() {
-            tx.flush.notify_one();
-        }
+        self.flush_now(&tx, state, moved);
         Ok(())
     }
 }

@@ -331,6 +331,14 @@ impl Shared {
         self.ended.notify_one();
     }
 
+    /// The client has every reply but those it still awaits: they leave the reply cache, and the
+    /// executor is woken if that lets a call held back for room run.
+    fn replies_received(&self, awaited: &Awaited) {
+        if self.outbox.ack(awaited) {
+            self.inbox.wake();
+        }
+    }
+
     fn ending(&self) -> Option<End> {
         lock(&self.end).clone()
     }
@@ -1015,9 +1023,7 @@ fn connect(shared: &Arc<Shared>, link: Link, resumed: Option<Awaited>) -> quinn:
             // Readers of the previous connection push nothing from here on: what was received is final.
             let (generation, received) = shared.inbox.fence();
             shared.outbox.detach_all();
-            if shared.outbox.ack(&replies) {
-                shared.inbox.wake();
-            }
+            shared.replies_received(&replies);
             let mut first = Vec::new();
             if let Err(err) = frame::encode(&Resumed { received }, &[], &mut first) {
                 shared.end(End::Network(format!(
@@ -1381,11 +1387,7 @@ async fn read_acks(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
         loop {
             match frames.next_frame() {
                 Ok(Some(frame)) => match frame.decode::<Awaited>() {
-                    Ok(awaited) => {
-                        if shared.outbox.ack(&awaited) {
-                            shared.inbox.wake();
-                        }
-                    }
+                    Ok(awaited) => shared.replies_received(&awaited),
                     Err(err) => {
                         shared.end(End::Protocol(format!("malformed acknowledgement: {err}")));
                         return;
