@@ -3,6 +3,11 @@
 //! one-byte round trip (median of 2,000) and a bulk transfer each way on one stream. Gleam's own figures
 //! are read against these.
 //!
+//! Each end runs on one thread (no hand-off between threads, which Gleam's client cannot avoid: the
+//! application's thread is not the runtime's) and keeps it polling through round trips as Gleam's
+//! network threads do ([`BusyPoll`], on hosts where Gleam's waiters spin; `GLEAM_SPIN_US=0` turns it off),
+//! so the floor waits for the network the same way.
+//!
 //! ```text
 //! quinn_floor serve 127.0.0.1:0          # prints "listening ADDR PEERID", serves until killed
 //! quinn_floor connect ADDR PEERID [MIB]  # prints one JSON object
@@ -11,6 +16,7 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
+use gleam_auth::busy_poll::BusyPoll;
 use gleam_auth::identity::{Identity, PeerId};
 use gleam_auth::tls::{ALPN_CUDA, client_config, endpoint, server_config, server_name};
 
@@ -19,7 +25,7 @@ const CHUNK: usize = 1 << 20;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     match args.get(1).map(String::as_str) {
@@ -40,17 +46,21 @@ async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
     let config = server_config(&id)?;
     let endpoint = endpoint(addr, Some(config.clone()))?;
     println!("listening {} {}", endpoint.local_addr()?, id.peer_id());
+    // As a session process: awake for the spin budget after each byte in or out.
+    let busy = BusyPoll::new(gleam_protocol::tuning::spin_budget());
+    tokio::spawn(busy.clone().run());
     while let Some(incoming) = endpoint.accept().await {
         // Fitted to the path as a session endpoint does (loopback datagrams on loopback).
         let Ok(connecting) = gleam_auth::tls::accept(incoming, &config) else {
             continue;
         };
+        let busy = busy.clone();
         tokio::spawn(async move {
             let Ok(conn) = connecting.await else { return };
             // The floor is measured without the proof: the full credit it would have granted.
             gleam_auth::tls::grant_credit(&conn);
             while let Ok((send, recv)) = conn.accept_bi().await {
-                tokio::spawn(answer(send, recv));
+                tokio::spawn(answer(send, recv, busy.clone()));
             }
         });
     }
@@ -58,13 +68,18 @@ async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
 }
 
 /// One stream: `r` echoes single bytes; `u` counts what arrives and answers the count; `d N` sends N MiB.
-async fn answer(mut send: quinn::SendStream, mut recv: quinn::RecvStream) -> anyhow::Result<()> {
+async fn answer(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    busy: std::sync::Arc<BusyPoll>,
+) -> anyhow::Result<()> {
     let mut kind = [0u8; 1];
     recv.read_exact(&mut kind).await?;
     match kind[0] {
         b'r' => {
             let mut byte = [0u8; 1];
             while recv.read_exact(&mut byte).await.is_ok() {
+                busy.touch();
                 send.write_all(&byte).await?;
             }
         }
@@ -101,7 +116,11 @@ async fn connect(addr: SocketAddr, peer: PeerId, mib: u32) -> anyhow::Result<()>
         .connect_with(config, addr, &server_name(peer))?
         .await?;
 
-    // Round trips: one byte each way, one stream.
+    // Round trips: one byte each way, one stream; awake throughout, as for a thread spinning for its
+    // reply.
+    let busy = BusyPoll::new(gleam_protocol::tuning::spin_budget());
+    tokio::spawn(busy.clone().run());
+    let hot = busy.hold();
     let (mut send, mut recv) = conn.open_bi().await?;
     send.write_all(b"r").await?;
     let mut byte = [0u8; 1];
@@ -115,6 +134,7 @@ async fn connect(addr: SocketAddr, peer: PeerId, mib: u32) -> anyhow::Result<()>
         }
     }
     send.finish()?;
+    drop(hot);
     samples.sort_by(f64::total_cmp);
     let median = samples[samples.len() / 2];
 

@@ -53,6 +53,29 @@ fn events_order_streams_and_time_them() {
 
 /// A kernel that never ends is stopped by the emu's watchdog: the session gets the sticky
 /// `CUDA_ERROR_LAUNCH_TIMEOUT`, and the program ends instead of hanging.
+/// The stream priority range is read from the peer once per context (a property of its device), however
+/// often the program asks, whichever out-pointers it passes.
+#[test]
+fn the_stream_priority_range_crosses_the_network_once_per_context() {
+    let server = Server::start("emu");
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_c("driver_api", dir.path());
+    let report = dir.path().join("trace.tsv");
+    let out = output_within(server.trace_with(&report, &exe, &["contexts"]), LIMIT);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("contexts ok"),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    let report = std::fs::read_to_string(&report).unwrap();
+    let counts = common::trace_counts(&report, "cuCtxGetStreamPriorityRange")
+        .unwrap_or_else(|| panic!("no cuCtxGetStreamPriorityRange in\n{report}"));
+    // Three reads (both values, the greatest alone, the least alone) in one context.
+    assert_eq!(counts.iter().sum::<u64>(), 3, "{counts:?}\n{report}");
+    assert_eq!(counts[2], 1, "waited for: {counts:?}\n{report}");
+}
+
 #[test]
 fn a_kernel_that_never_ends_times_out() {
     let server = Server::start_in(

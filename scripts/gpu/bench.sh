@@ -59,6 +59,18 @@ run() { # name, then the command
 run local "$C/examples/bench_driver"
 run loopback env GLEAM_STATS="$OUT/wire-loopback.json" "$C/gleam" run --peer "$id@$addr" --config-dir "$cfg" -- "$C/examples/bench_driver"
 run link env "$ETHERNET" GLEAM_STATS="$OUT/wire-link.json" "$C/gleam" run --peer "$id@127.0.0.2:47000" --config-dir "$cfg" -- "$C/examples/bench_driver"
+# The bare quinn floor (examples/quinn_floor.rs) as LABEL, with the given VAR=VALUE settings on both ends.
+floor() {
+    local label=$1; shift
+    [ -x "$C/examples/quinn_floor" ] || return 0
+    env "$@" "$C/examples/quinn_floor" serve 127.0.0.1:0 > "$OUT/floor-$label-serve.out" 2>&1 &
+    local fp=$!; pids+=($fp)
+    for _ in $(seq 100); do [ -s "$OUT/floor-$label-serve.out" ] && break; sleep 0.1; done
+    read -r _ faddr fpeer < "$OUT/floor-$label-serve.out"
+    echo "quinn floor, $label: $(env "$@" timeout 60 "$C/examples/quinn_floor" connect "$faddr" "$fpeer" 256 2>&1 | tail -3)"
+    kill $fp 2>/dev/null
+}
+floor default
 # Other datagram sizes on loopback (GLEAM_LOOPBACK_UDP_PAYLOAD on both ends), each with the bare quinn floor
 # at the same size: MTUS="1452 6550".
 for mtu in ${MTUS:-}; do
@@ -67,15 +79,15 @@ for mtu in ${MTUS:-}; do
     mid=$peer_id
     run "loopback-mtu$mtu" env GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu" GLEAM_STATS="$OUT/wire-loopback-mtu$mtu.json" \
         "$C/gleam" run --peer "$mid@$maddr" --config-dir "$cfg" -- "$C/examples/bench_driver"
-    if [ -x "$C/examples/quinn_floor" ]; then
-        GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu" "$C/examples/quinn_floor" serve 127.0.0.1:0 > "$OUT/floor-mtu$mtu-serve.out" 2>&1 &
-        fp=$!; pids+=($fp)
-        for _ in $(seq 100); do [ -s "$OUT/floor-mtu$mtu-serve.out" ] && break; sleep 0.1; done
-        read -r _ faddr fpeer < "$OUT/floor-mtu$mtu-serve.out"
-        echo "quinn floor, datagrams of $mtu: $(GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu" timeout 60 "$C/examples/quinn_floor" connect \
-            "$faddr" "$fpeer" 256 2>&1 | tail -3)"
-        kill $fp 2>/dev/null
-    fi
+    floor "datagrams of $mtu" GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu"
+done
+# Other waiting policies on loopback (GLEAM_SPIN_US on both ends; 0: nothing spins or polls), each with the
+# floor under the same policy: SPINS="0".
+for spin in ${SPINS:-}; do
+    start_server "serve-spin$spin" GLEAM_SPIN_US="$spin"
+    run "loopback-spin$spin" env GLEAM_SPIN_US="$spin" GLEAM_STATS="$OUT/wire-loopback-spin$spin.json" \
+        "$C/gleam" run --peer "$peer_id@$peer_addr" --config-dir "$cfg" -- "$C/examples/bench_driver"
+    floor "spin $spin us" GLEAM_SPIN_US="$spin"
 done
 
 python3 - "$OUT" <<'PY'
@@ -83,7 +95,7 @@ import json, sys, os
 out = sys.argv[1]
 res = {}
 names = ["local", "loopback", "link"] + sorted(f[6:-5] for f in os.listdir(out)
-                                                if f.startswith("bench-loopback-mtu") and f.endswith(".json"))
+                                                if f.startswith("bench-loopback-") and f.endswith(".json"))
 for name in names:
     try:
         res[name] = json.load(open(os.path.join(out, f"bench-{name}.json")))
@@ -122,6 +134,6 @@ if "link" in res:
         print(f"{key} over the emulated link vs the link rate ({link_mib_s:.1f} MiB/s): "
               f"{res['link'][key] / link_mib_s:.3f}")
 PY
-for name in loopback link $(for m in ${MTUS:-}; do echo "loopback-mtu$m"; done); do
+for name in loopback link $(for m in ${MTUS:-}; do echo "loopback-mtu$m"; done) $(for s in ${SPINS:-}; do echo "loopback-spin$s"; done); do
     [ -f "$OUT/wire-$name.json" ] && echo "wire bytes, $name: $(cat "$OUT/wire-$name.json")"
 done

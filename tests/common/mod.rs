@@ -126,8 +126,13 @@ impl Server {
     /// counts written to `report` (see [`trace_counts`]).
     #[allow(dead_code)]
     pub fn trace(&self, report: &Path, program: &Path) -> Command {
+        self.trace_with(report, program, &[])
+    }
+
+    /// `gleam trace --report <report> -- <program> <args>` against this server.
+    pub fn trace_with(&self, report: &Path, program: &Path, args: &[&str]) -> Command {
         let report = report.to_str().expect("a UTF-8 report path");
-        self.gleam(&["trace", "--report", report], program, &[])
+        self.gleam(&["trace", "--report", report], program, args)
     }
 
     fn gleam(&self, command: &[&str], program: &Path, args: &[&str]) -> Command {

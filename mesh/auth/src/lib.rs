@@ -14,11 +14,15 @@
 //! The bulk connection's congestion controller, [`delay_target::DelayTarget`], keeps the queue an upload
 //! builds at the bottleneck near a target delay, so a session's small calls do not wait behind it.
 //!
+//! [`busy_poll::BusyPoll`] keeps the thread that drives a session's connections polling, rather than
+//! sleeping, while a round trip is under way.
+//!
 //! Reaching a peer: [`target::PeerAddr`] (the one parser of `<peer-id>@HOST:PORT[,...]`) and
 //! [`dial::dial`] (try every address of a peer, happy-eyeballs style, first handshake wins).
 //!
 //! The crate does no discovery and keeps no peer state: that is `gleam-mesh`.
 
+pub mod busy_poll;
 pub mod delay_target;
 pub mod dial;
 pub mod identity;

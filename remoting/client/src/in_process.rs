@@ -86,6 +86,7 @@ impl InProcess {
                 Ok(Some(Pending {
                     slot,
                     spin: std::time::Duration::ZERO,
+                    hot: None,
                 }))
             }
             (expects, answer) => {

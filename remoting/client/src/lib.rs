@@ -66,6 +66,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
+use gleam_auth::busy_poll::{BusyPoll, Hold};
 use gleam_auth::identity::{Identity, MeshSecret, PeerId};
 use gleam_auth::proof::{AuthError, authenticate_as_client};
 use gleam_auth::tls::{ALPN_CUDA, TlsError, client_config};
@@ -82,7 +83,7 @@ use tracing::{debug, info, warn};
 
 use crate::engine::{AckPoll, Delivery, LaneOut, Moved};
 pub use crate::in_process::LocalPeer;
-use crate::slot::Slot;
+use crate::slot::{Outcome, Slot};
 
 /// How long [`Client::connect`] may take in all (handshake, authentication, session start, hello).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -227,6 +228,8 @@ pub struct Pending {
     slot: Arc<Slot>,
     /// How long the waiting thread spins before it parks ([`spin_for`]).
     spin: Duration,
+    /// Keeps the network thread polling while this thread spins, so the reply is read as it arrives.
+    hot: Option<Hold>,
 }
 
 /// Fire-and-forget requests ahead of a reply from which its waiter parks at once instead of spinning:
@@ -235,6 +238,20 @@ pub struct Pending {
 /// much CPU as the wait lasts (a 1,000-launch burst and its synchronize: 3.6 µs of CPU per launch with a
 /// 2 ms spin, against 1.4 without, on the development machine). Waking a parked thread costs microseconds.
 pub const LONG_WAIT_POSTS: u64 = 256;
+
+/// How long the runtime's thread keeps polling after the last spinning waiter: a synchronizing loop's
+/// next request comes within it and finds the thread awake, while a burst of launches after a
+/// synchronization pays at most this much of the thread's time.
+const BUSY_LINGER: Duration = Duration::from_micros(100);
+
+/// [`BUSY_LINGER`] where waiters spin at all ([`gleam_protocol::tuning::spin_budget`]), else off.
+fn busy_linger() -> Duration {
+    if gleam_protocol::tuning::spin_budget().is_zero() {
+        Duration::ZERO
+    } else {
+        BUSY_LINGER
+    }
+}
 
 /// The spin before parking for a reply that follows `posted` fire-and-forget requests.
 fn spin_for(posted: u64) -> Duration {
@@ -254,7 +271,8 @@ impl std::fmt::Debug for Pending {
 impl Pending {
     /// Blocks until the reply arrives (or the session ends).
     pub fn wait(self) -> Result<Answer, ClientError> {
-        match self.slot.wait(self.spin, None) {
+        let spin = self.spin;
+        match self.spin_then_park(spin, None) {
             Some(outcome) => outcome,
             None => Err(ClientError::Lost("the session ended".into())),
         }
@@ -264,10 +282,17 @@ impl Pending {
     pub fn wait_timeout(self, timeout: Duration) -> Result<Answer, ClientError> {
         let deadline = Instant::now().checked_add(timeout);
         let spin = self.spin.min(timeout);
-        match self.slot.wait(spin, deadline) {
+        match self.spin_then_park(spin, deadline) {
             Some(outcome) => outcome,
             None => Err(ClientError::Lost(format!("no reply within {timeout:?}"))),
         }
+    }
+
+    /// Spins for `spin`, then lets the network thread sleep and parks until `deadline`.
+    fn spin_then_park(mut self, spin: Duration, deadline: Option<Instant>) -> Option<Outcome> {
+        self.slot.spin(spin);
+        drop(self.hot.take());
+        self.slot.wait(Duration::ZERO, deadline)
     }
 }
 
@@ -469,6 +494,7 @@ impl Client {
             runtime.handle().clone(),
         ));
         let _ = shared.resume.set(resume);
+        runtime.spawn(shared.busy.clone().run());
         shared.add_lane(Lane::CONTROL, send, recv);
         shared.start_connection_tasks(0, &connection, &lifeline);
         // The bulk connection is made while the hello goes; the session is handed out with it, so that
@@ -841,6 +867,8 @@ struct Shared {
     resume: OnceLock<Resume>,
     /// A reply arrived that the serving side has not been told about.
     ack_due: Notify,
+    /// Keeps the runtime's thread polling while a thread spins for its reply (see [`BUSY_LINGER`]).
+    busy: Arc<BusyPoll>,
     runtime: tokio::runtime::Handle,
 }
 
@@ -904,6 +932,7 @@ impl Shared {
             bulk: Mutex::new(None),
             resume: OnceLock::new(),
             ack_due: Notify::new(),
+            busy: BusyPoll::new(busy_linger()),
             runtime,
         }
     }
@@ -1100,9 +1129,18 @@ impl Shared {
             deps: numbered.deps,
             call,
         };
-        let pending = slot.map(|slot| Pending {
-            slot,
-            spin: spin_for(numbered.posted_before.unwrap_or(0)),
+        let pending = slot.map(|slot| {
+            let spin = spin_for(numbered.posted_before.unwrap_or(0));
+            Pending {
+                slot,
+                spin,
+                // Taken before the request goes, so the network thread is awake when it leaves.
+                hot: if spin.is_zero() {
+                    None
+                } else {
+                    self.busy.hold()
+                },
+            }
         });
         // The lane's lock is taken before the numbering lock is let go, so that the lane's frames are
         // in the order of their numbers.

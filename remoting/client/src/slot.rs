@@ -66,20 +66,26 @@ impl Slot {
             .take()
     }
 
-    /// Waits until the outcome is delivered, or until `deadline`.
-    pub(crate) fn wait(&self, spin: Duration, deadline: Option<Instant>) -> Option<Outcome> {
-        if !spin.is_zero() {
-            let start = Instant::now();
-            let mut polls = 0u32;
-            while self.state.load(Ordering::Acquire) != SLOT_READY {
-                std::hint::spin_loop();
-                polls = polls.wrapping_add(1);
-                // Reading the clock costs more than a poll of the flag; look at it now and then.
-                if polls.is_multiple_of(64) && start.elapsed() >= spin {
-                    break;
-                }
+    /// Spins until the outcome is delivered or `spin` has passed.
+    pub(crate) fn spin(&self, spin: Duration) {
+        if spin.is_zero() {
+            return;
+        }
+        let start = Instant::now();
+        let mut polls = 0u32;
+        while self.state.load(Ordering::Acquire) != SLOT_READY {
+            std::hint::spin_loop();
+            polls = polls.wrapping_add(1);
+            // Reading the clock costs more than a poll of the flag; look at it now and then.
+            if polls.is_multiple_of(64) && start.elapsed() >= spin {
+                break;
             }
         }
+    }
+
+    /// Waits (spinning for `spin` first) until the outcome is delivered, or until `deadline`.
+    pub(crate) fn wait(&self, spin: Duration, deadline: Option<Instant>) -> Option<Outcome> {
+        self.spin(spin);
         if self.state.load(Ordering::Acquire) != SLOT_READY {
             let _ = self.thread.set(std::thread::current());
             // Only park if no outcome arrived meanwhile; an unpark that comes before `park` makes

@@ -19,7 +19,9 @@
 //!   buffer is full).
 //!
 //! The executor spins briefly before sleeping when it runs out of work, on hosts with cores to spare
-//! ([`gleam_protocol::tuning::spin_budget`]), so a synchronous client's next request finds it awake.
+//! ([`gleam_protocol::tuning::spin_budget`]), so a synchronous client's next request finds it awake; for as
+//! long, the network thread polls its socket rather than sleeping ([`BusyPoll`]), so neither the request
+//! nor the answer waits for a sleeping thread to wake.
 //!
 //! The session outlives its connection: when the link goes silent, the process keeps its GPU state, runs
 //! what it received, and keeps its replies ([`gleam_protocol::resume`]) for the grace window
@@ -39,6 +41,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use gleam_auth::busy_poll::BusyPoll;
 use gleam_auth::identity::{Identity, PeerId};
 use gleam_auth::tls;
 use gleam_protocol::frame::{self, FrameError, FrameReader};
@@ -223,7 +226,7 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
                 frame,
                 bulk: Vec::new(),
             };
-            if let Err(err) = shared.outbox.send(lane, answer) {
+            if let Err(err) = shared.answer(lane, answer) {
                 debug!(%err, "an answer made off the executor could not be sent");
             }
         }
@@ -265,7 +268,7 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
             shared.inbox.done(seq);
         }
         if let Some(answer) = answer
-            && let Err(err) = shared.outbox.send(answer_lane, answer)
+            && let Err(err) = shared.answer(answer_lane, answer)
         {
             break ExitReason::Network(err);
         }
@@ -302,7 +305,7 @@ enum End {
     Network(String),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
     inbox: Inbox,
     outbox: Outbox,
@@ -310,6 +313,23 @@ struct Shared {
     callbacks: std::sync::OnceLock<Arc<HostCallbacks>>,
     end: Mutex<Option<End>>,
     ended: Notify,
+    /// Keeps the network thread polling for as long as the executor spins after the client's last
+    /// bytes or the last answer ([`gleam_protocol::tuning::spin_budget`]): a synchronizing client's
+    /// next request, and the executor's answer to it, then leave without waking a sleeping thread.
+    busy: Arc<BusyPoll>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            inbox: Inbox::default(),
+            outbox: Outbox::default(),
+            callbacks: std::sync::OnceLock::new(),
+            end: Mutex::new(None),
+            ended: Notify::new(),
+            busy: BusyPoll::new(gleam_protocol::tuning::spin_budget()),
+        }
+    }
 }
 
 impl Shared {
@@ -333,6 +353,13 @@ impl Shared {
 
     /// The client has every reply but those it still awaits: they leave the reply cache, and the
     /// executor is woken if that lets a call held back for room run.
+    /// Sends `answer` on `lane` ([`Outbox::send`]), keeping the network thread awake to carry it and to
+    /// read the client's next request.
+    fn answer(&self, lane: Lane, answer: Answer) -> Result<(), String> {
+        self.busy.touch();
+        self.outbox.send(lane, answer)
+    }
+
     fn replies_received(&self, awaited: &Awaited) {
         if self.outbox.ack(awaited) {
             self.inbox.wake();
@@ -780,6 +807,7 @@ fn network(
         };
         let port = endpoint.local_addr().map(|a| a.port()).unwrap_or(0);
         let _ = port_tx.send(Ok(port));
+        tokio::spawn(shared.busy.clone().run());
         let (arrivals_tx, mut arrivals) = mpsc::channel(4);
         let acceptor = tokio::spawn(accept(
             endpoint.clone(),
@@ -1304,7 +1332,11 @@ async fn lane_reader(
         // the client).
         shared.inbox.room(lane).await;
         match recv.read_chunk(usize::MAX, true).await {
-            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
+            Ok(Some(chunk)) => {
+                // The client is talking: stay awake for its next bytes, and for the executor's answer.
+                shared.busy.touch();
+                frames.feed(&chunk.bytes);
+            }
             Ok(None) if frames.is_mid_frame() => {
                 break End::Protocol("a stream ended inside a frame".into());
             }

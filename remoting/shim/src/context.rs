@@ -335,9 +335,50 @@ pub unsafe fn cuCtxSetLimit(limit: u32, value: usize) -> Result<(), CUresult> {
     set
 }
 
+/// Stream priority ranges read from the server, by context: a property of the context's device, which
+/// nothing changes (cuDNN reads it again for its handles; PyTorch once).
+static PRIORITY_RANGES: LazyLock<Mutex<HashMap<u64, (i32, i32)>>> = LazyLock::new(Mutex::default);
+
+fn priority_ranges() -> MutexGuard<'static, HashMap<u64, (i32, i32)>> {
+    PRIORITY_RANGES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+pub unsafe fn cuCtxGetStreamPriorityRange(
+    least: *mut i32,
+    greatest: *mut i32,
+) -> Result<(), CUresult> {
+    let ctx = current();
+    let known = priority_ranges().get(&ctx).copied();
+    let (l, g) = match known {
+        Some(range) => range,
+        None => {
+            let (mut l, mut g) = (0i32, 0i32);
+            // SAFETY: valid out-pointers to locals (both wanted, whatever the caller asked for).
+            unsafe { forward::cuCtxGetStreamPriorityRange(&raw mut l, &raw mut g)? };
+            if ctx != 0 {
+                priority_ranges().insert(ctx, (l, g));
+            }
+            (l, g)
+        }
+    };
+    // Either pointer may be NULL: that value is not wanted.
+    if !least.is_null() {
+        // SAFETY: the caller's out-pointer, non-NULL.
+        unsafe { put(least, l)? };
+    }
+    if !greatest.is_null() {
+        // SAFETY: as above.
+        unsafe { put(greatest, g)? };
+    }
+    Ok(())
+}
+
 /// The context was destroyed or reset: its limits are the driver's defaults again.
 pub fn context_emptied(ctx: u64) {
     CHANGES.fetch_add(1, Ordering::AcqRel);
+    priority_ranges().remove(&ctx);
     limits().retain(|&(c, _), _| c != ctx);
     launched().retain(|&(c, _)| c != ctx);
 }

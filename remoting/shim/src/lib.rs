@@ -70,8 +70,8 @@ pub mod hand {
     pub use crate::context::{
         cuCtxAttach, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy_v2,
         cuCtxDetach, cuCtxGetCurrent, cuCtxGetDevice, cuCtxGetDevice_v2, cuCtxGetLimit,
-        cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent, cuCtxPushCurrent_v2,
-        cuCtxSetCurrent, cuCtxSetLimit, cuDevicePrimaryCtxRetain,
+        cuCtxGetStreamPriorityRange, cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent,
+        cuCtxPushCurrent_v2, cuCtxSetCurrent, cuCtxSetLimit, cuDevicePrimaryCtxRetain,
     };
     pub use crate::device::{
         cuDeviceComputeCapability, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetByPCIBusId,
