@@ -41,13 +41,19 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// Polling as Gleam's session process does: on hosts where its waiters spin, unless `GLEAM_BUSY_POLL=off`.
+fn busy_poll() -> std::sync::Arc<BusyPoll> {
+    let spin = gleam_protocol::tuning::spin_budget();
+    BusyPoll::beside_spinning(spin, spin)
+}
+
 async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
     let id = Identity::ephemeral()?;
     let config = server_config(&id)?;
     let endpoint = endpoint(addr, Some(config.clone()))?;
     println!("listening {} {}", endpoint.local_addr()?, id.peer_id());
     // As a session process: awake for the spin budget after each byte in or out.
-    let busy = BusyPoll::new(gleam_protocol::tuning::spin_budget());
+    let busy = busy_poll();
     tokio::spawn(busy.clone().run());
     while let Some(incoming) = endpoint.accept().await {
         // Fitted to the path as a session endpoint does (loopback datagrams on loopback).
@@ -118,7 +124,7 @@ async fn connect(addr: SocketAddr, peer: PeerId, mib: u32) -> anyhow::Result<()>
 
     // Round trips: one byte each way, one stream; awake throughout, as for a thread spinning for its
     // reply.
-    let busy = BusyPoll::new(gleam_protocol::tuning::spin_budget());
+    let busy = busy_poll();
     tokio::spawn(busy.clone().run());
     let hot = busy.hold();
     let (mut send, mut recv) = conn.open_bi().await?;

@@ -32,6 +32,13 @@ for phase in "$@"; do
     case $phase in
         pytorch) OUT="$BASE/$phase" LOCAL_RUNS=${LOCAL_RUNS:-1} RUN_TIMEOUT=${RUN_TIMEOUT:-120} \
             timeout -s INT "$t" bash scripts/gpu/compare-pytorch.sh > "$BASE/$phase/stdout" 2>&1 ;;
+        # More PyTorch runs in the same call, e.g. an A/B of one setting: PT2_ENV / PT3_ENV ("VAR=VALUE ...",
+        # for the peer and the clients alike), PT2_CASES / PT3_CASES (default: CASES).
+        pytorch2|pytorch3) n=${phase#pytorch}; envs="PT${n}_ENV"; cases="PT${n}_CASES"
+            # shellcheck disable=SC2086
+            env ${!envs:-} SERVE_ENV="${!envs:-}" CASES="${!cases:-${CASES:-}}" OUT="$BASE/$phase" \
+                LOCAL_RUNS=${LOCAL_RUNS:-1} RUN_TIMEOUT=${RUN_TIMEOUT:-120} \
+                timeout -s INT "$t" bash scripts/gpu/compare-pytorch.sh > "$BASE/$phase/stdout" 2>&1 ;;
         driver-api) OUT="$BASE/$phase" timeout -s INT "$t" bash scripts/gpu/driver-api.sh > "$BASE/$phase/stdout" 2>&1 ;;
         tests)
             for tb in "$C"/tests/*; do

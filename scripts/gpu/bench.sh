@@ -81,13 +81,14 @@ for mtu in ${MTUS:-}; do
         "$C/gleam" run --peer "$mid@$maddr" --config-dir "$cfg" -- "$C/examples/bench_driver"
     floor "datagrams of $mtu" GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu"
 done
-# Other waiting policies on loopback (GLEAM_SPIN_US on both ends; 0: nothing spins or polls), each with the
-# floor under the same policy: SPINS="0".
-for spin in ${SPINS:-}; do
-    start_server "serve-spin$spin" GLEAM_SPIN_US="$spin"
-    run "loopback-spin$spin" env GLEAM_SPIN_US="$spin" GLEAM_STATS="$OUT/wire-loopback-spin$spin.json" \
+# Other settings on loopback, one VAR=VALUE each, on both ends, each with the floor under the same setting:
+# SETTINGS="GLEAM_SPIN_US=0 GLEAM_BUSY_POLL=off" (nothing spins or polls; threads spin but do not poll).
+for setting in ${SETTINGS:-}; do
+    name=loopback-$(tr -c 'A-Za-z0-9\n' - <<<"${setting#GLEAM_}" | tr 'A-Z' 'a-z')
+    start_server "serve-$name" "$setting"
+    run "$name" env "$setting" GLEAM_STATS="$OUT/wire-$name.json" \
         "$C/gleam" run --peer "$peer_id@$peer_addr" --config-dir "$cfg" -- "$C/examples/bench_driver"
-    floor "spin $spin us" GLEAM_SPIN_US="$spin"
+    floor "$setting" "$setting"
 done
 
 python3 - "$OUT" <<'PY'
@@ -134,6 +135,6 @@ if "link" in res:
         print(f"{key} over the emulated link vs the link rate ({link_mib_s:.1f} MiB/s): "
               f"{res['link'][key] / link_mib_s:.3f}")
 PY
-for name in loopback link $(for m in ${MTUS:-}; do echo "loopback-mtu$m"; done) $(for s in ${SPINS:-}; do echo "loopback-spin$s"; done); do
+for name in loopback link $(cd "$OUT" && ls bench-loopback-*.json 2>/dev/null | sed 's/^bench-//; s/\.json$//'); do
     [ -f "$OUT/wire-$name.json" ] && echo "wire bytes, $name: $(cat "$OUT/wire-$name.json")"
 done

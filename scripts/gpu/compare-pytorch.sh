@@ -18,7 +18,8 @@
 # peer (a new session: its images come from the peer's content cache), for module bytes on a second run.
 # Env: CASES (space-separated case names, default all; see `cases` below), CARRY (default .carry),
 # RUN_TIMEOUT (s per run, default 300), LOCAL_RUNS (default 2), PYTHON (default python3),
-# BACKEND (default cuda; emu checks the script itself on a machine without a GPU).
+# BACKEND (default cuda; emu checks the script itself on a machine without a GPU), SERVE_ENV ("VAR=VALUE ..."
+# for the server's clean environment).
 # $OUT afterwards: compare-pytorch.log (summary) and compare-pytorch.tgz (every output and log).
 # Exit 1 if any result differs from the local one, a run fails, or a Gleam run mapped NVIDIA's libcuda.
 set -u -o pipefail
@@ -136,8 +137,9 @@ PEER=""
 if [ -x "$GLEAM" ] && [ -f "$(dirname "$GLEAM")/libgleamcuda.so" ]; then
     cfg="$WORK/config"
     mkdir -p "$cfg"
+    # shellcheck disable=SC2086
     env -i PATH="$PATH" HOME="$HOME" "${KEEP_ENV[@]}" \
-        ${SYSTEM_LD_LIBRARY_PATH:+LD_LIBRARY_PATH="$SYSTEM_LD_LIBRARY_PATH"} GLEAM_LOG="${GLEAM_LOG:-info}" \
+        ${SYSTEM_LD_LIBRARY_PATH:+LD_LIBRARY_PATH="$SYSTEM_LD_LIBRARY_PATH"} GLEAM_LOG="${GLEAM_LOG:-info}" ${SERVE_ENV:-} \
         "$GLEAM" serve 127.0.0.1:0 --backend "$BACKEND" --config-dir "$cfg" > "$LOGS/serve.out" 2> "$LOGS/serve.err" &
     server_pid=$!
     for _ in $(seq 1 300); do

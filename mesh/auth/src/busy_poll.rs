@@ -13,7 +13,7 @@
 //! reply) and for the linger after the last [`BusyPoll::touch`] or hold (the serving side: after each
 //! request and each reply, so the client's next request finds it awake). This is CUDA's own choice for a
 //! synchronizing thread, spinning on hosts with cores to spare, applied to the thread that carries the
-//! bytes; a zero linger turns it off.
+//! bytes. `GLEAM_BUSY_POLL=off` turns it off ([`enabled`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -24,8 +24,10 @@ use tokio::sync::Notify;
 /// Keeps one tokio runtime polling its sockets while a round trip is under way (see the module doc).
 #[derive(Debug)]
 pub struct BusyPoll {
+    /// Off: never hot, nothing polls.
+    on: bool,
     origin: Instant,
-    /// How long the runtime stays hot after the last touch or hold; zero: never hot.
+    /// How long the runtime stays hot after the last touch or hold.
     linger: Duration,
     /// Until when (nanoseconds after `origin`) the runtime stays hot without a hold.
     until: AtomicU64,
@@ -41,9 +43,29 @@ pub struct BusyPoll {
 pub struct Hold(Arc<BusyPoll>);
 
 impl BusyPoll {
-    /// A busy poll that stays hot for `linger` after each touch or hold; `Duration::ZERO` turns it off.
+    /// A busy poll that stays hot for `linger` after each touch or hold (zero: only while held).
     pub fn new(linger: Duration) -> Arc<Self> {
+        Self::with(true, linger)
+    }
+
+    /// As configured for threads that spin `spin` for their replies: off where they do not spin (hosts
+    /// with few cores) or `GLEAM_BUSY_POLL` says so ([`enabled`]), else [`BusyPoll::new`]`(linger)`.
+    pub fn beside_spinning(spin: Duration, linger: Duration) -> Arc<Self> {
+        if spin.is_zero() || !enabled() {
+            Self::off()
+        } else {
+            Self::new(linger)
+        }
+    }
+
+    /// One that never polls.
+    pub fn off() -> Arc<Self> {
+        Self::with(false, Duration::ZERO)
+    }
+
+    fn with(on: bool, linger: Duration) -> Arc<Self> {
         Arc::new(Self {
+            on,
             origin: Instant::now(),
             linger,
             until: AtomicU64::new(0),
@@ -52,9 +74,9 @@ impl BusyPoll {
         })
     }
 
-    /// Whether it ever polls (a zero linger: never).
+    /// Whether it ever polls.
     pub fn is_on(&self) -> bool {
-        !self.linger.is_zero()
+        self.on
     }
 
     /// Keeps the runtime hot for the linger from now. Costs a clock read and an atomic when already hot.
@@ -124,6 +146,16 @@ impl Drop for Hold {
     }
 }
 
+/// Whether busy polling is wanted: not when `GLEAM_BUSY_POLL` is `off` (or `0`, `false`, `no`).
+pub fn enabled() -> bool {
+    !matches!(
+        std::env::var("GLEAM_BUSY_POLL")
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref(),
+        Ok("off" | "0" | "false" | "no")
+    )
+}
+
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -191,11 +223,22 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_linger_is_off() {
-        let poll = BusyPoll::new(Duration::ZERO);
+    fn off_is_never_hot() {
+        let poll = BusyPoll::off();
         assert!(!poll.is_on());
         assert!(poll.hold().is_none());
         poll.touch();
+        assert!(!poll.is_hot());
+    }
+
+    #[test]
+    fn a_zero_linger_is_hot_only_while_held() {
+        let poll = BusyPoll::new(Duration::ZERO);
+        poll.touch();
+        assert!(!poll.is_hot(), "a touch without linger keeps nothing awake");
+        let hold = poll.hold().expect("on");
+        assert!(poll.is_hot());
+        drop(hold);
         assert!(!poll.is_hot());
     }
 }

@@ -239,18 +239,12 @@ pub struct Pending {
 /// 2 ms spin, against 1.4 without, on the development machine). Waking a parked thread costs microseconds.
 pub const LONG_WAIT_POSTS: u64 = 256;
 
-/// How long the runtime's thread keeps polling after the last spinning waiter: a synchronizing loop's
-/// next request comes within it and finds the thread awake, while a burst of launches after a
-/// synchronization pays at most this much of the thread's time.
-const BUSY_LINGER: Duration = Duration::from_micros(100);
-
-/// [`BUSY_LINGER`] where waiters spin at all ([`gleam_protocol::tuning::spin_budget`]), else off.
-fn busy_linger() -> Duration {
-    if gleam_protocol::tuning::spin_budget().is_zero() {
-        Duration::ZERO
-    } else {
-        BUSY_LINGER
-    }
+/// The client's busy poll: hot only while a thread spins for its reply (no linger), where waiters spin
+/// at all ([`gleam_protocol::tuning::spin_budget`]) and `GLEAM_BUSY_POLL` allows it. No linger, because
+/// a runtime thread that polls while the application submits hands each launch to quinn as it comes
+/// instead of coalescing a burst, and takes the lane's lock from the submitting thread at every one.
+fn client_busy_poll() -> Arc<BusyPoll> {
+    BusyPoll::beside_spinning(gleam_protocol::tuning::spin_budget(), Duration::ZERO)
 }
 
 /// The spin before parking for a reply that follows `posted` fire-and-forget requests.
@@ -867,7 +861,7 @@ struct Shared {
     resume: OnceLock<Resume>,
     /// A reply arrived that the serving side has not been told about.
     ack_due: Notify,
-    /// Keeps the runtime's thread polling while a thread spins for its reply (see [`BUSY_LINGER`]).
+    /// Keeps the runtime's thread polling while a thread spins for its reply ([`client_busy_poll`]).
     busy: Arc<BusyPoll>,
     runtime: tokio::runtime::Handle,
 }
@@ -932,7 +926,7 @@ impl Shared {
             bulk: Mutex::new(None),
             resume: OnceLock::new(),
             ack_due: Notify::new(),
-            busy: BusyPoll::new(busy_linger()),
+            busy: client_busy_poll(),
             runtime,
         }
     }

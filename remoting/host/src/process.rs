@@ -327,7 +327,10 @@ impl Default for Shared {
             callbacks: std::sync::OnceLock::new(),
             end: Mutex::new(None),
             ended: Notify::new(),
-            busy: BusyPoll::new(gleam_protocol::tuning::spin_budget()),
+            busy: {
+                let spin = gleam_protocol::tuning::spin_budget();
+                BusyPoll::beside_spinning(spin, spin)
+            },
         }
     }
 }
