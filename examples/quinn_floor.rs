@@ -43,8 +43,10 @@ fn main() -> anyhow::Result<()> {
 
 /// Polling as Gleam's session process does: on hosts where its waiters spin, unless `GLEAM_BUSY_POLL=off`.
 fn busy_poll() -> std::sync::Arc<BusyPoll> {
-    let spin = gleam_protocol::tuning::spin_budget();
-    BusyPoll::beside_spinning(spin, spin)
+    BusyPoll::beside_spinning(
+        gleam_protocol::tuning::spin_budget(),
+        gleam_auth::busy_poll::ANSWER_LINGER,
+    )
 }
 
 async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
@@ -85,6 +87,7 @@ async fn answer(
         b'r' => {
             let mut byte = [0u8; 1];
             while recv.read_exact(&mut byte).await.is_ok() {
+                // Awake for the next request, as after a session's answer.
                 busy.touch();
                 send.write_all(&byte).await?;
             }

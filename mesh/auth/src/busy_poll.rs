@@ -4,22 +4,32 @@
 //! kernel to wake the thread, and a task woken from another thread (a request handed to quinn by the
 //! application's thread, a reply by the session's executor) waits for an eventfd to do the same: a few
 //! microseconds each from a shallow idle state, tens from a deep one. A synchronous round trip pays this
-//! at every hop, on both ends. On the development machine a bare quinn round trip took 67-75 µs with its
-//! runtimes sleeping, and 27-37 µs with them polling.
+//! at every hop, on both ends. On the development machine a bare quinn round trip took 72-98 µs with its
+//! runtimes sleeping and 34-63 µs with them polling; on an H100 host, Gleam's synchronous round trip
+//! took 66 µs with both ends sleeping and 30 µs with both polling.
 //!
-//! [`BusyPoll`] keeps a runtime polling instead, only while a round trip is under way: its [`BusyPoll::run`]
-//! task yields in a loop (each yield makes the runtime poll its sockets with a zero timeout) while it is
-//! *hot*, and sleeps otherwise. It is hot while a [`Hold`] lives (the client: a thread spinning for its
-//! reply) and for the linger after the last [`BusyPoll::touch`] or hold (the serving side: after each
-//! request and each reply, so the client's next request finds it awake). This is CUDA's own choice for a
-//! synchronizing thread, spinning on hosts with cores to spare, applied to the thread that carries the
-//! bytes. `GLEAM_BUSY_POLL=off` turns it off ([`enabled`]).
+//! [`BusyPoll`] keeps a runtime polling instead, only while a round trip is under way: its
+//! [`BusyPoll::run`] task yields in a loop (each yield makes the runtime poll its sockets with a zero
+//! timeout) while it is *hot*, and sleeps otherwise. It is hot while a [`Hold`] lives (the client: a
+//! thread spinning for its reply) and for the linger after the last [`BusyPoll::touch`] or hold (the
+//! serving side: [`ANSWER_LINGER`] after each answer, so a synchronizing client's next request finds it
+//! awake). This is CUDA's own choice for a synchronizing thread, spinning on hosts with cores to spare,
+//! applied to the thread that carries the bytes. `GLEAM_BUSY_POLL=off` turns it off ([`enabled`]).
+//!
+//! It stays cold through a burst of fire-and-forget calls, where nothing waits for it: a thread that
+//! sleeps through a burst wakes to a batch of datagrams and frames and handles them together, where a
+//! polling one would handle each as it comes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+
+/// How long the serving side keeps polling after an answer: a synchronizing client's turnaround (its
+/// half of the round trip and the application's work between two calls) on a fast LAN or loopback, short
+/// enough that a burst of launches after a synchronization finds the thread cold within it.
+pub const ANSWER_LINGER: Duration = Duration::from_micros(250);
 
 /// Keeps one tokio runtime polling its sockets while a round trip is under way (see the module doc).
 #[derive(Debug)]

@@ -19,9 +19,9 @@
 //!   buffer is full).
 //!
 //! The executor spins briefly before sleeping when it runs out of work, on hosts with cores to spare
-//! ([`gleam_protocol::tuning::spin_budget`]), so a synchronous client's next request finds it awake; for as
-//! long, the network thread polls its socket rather than sleeping ([`BusyPoll`]), so neither the request
-//! nor the answer waits for a sleeping thread to wake.
+//! ([`gleam_protocol::tuning::spin_budget`]), so a synchronous client's next request finds it awake. For a
+//! shorter while after each answer the network thread polls its socket rather than sleeping
+//! ([`BusyPoll`]), so that request does not wait for a sleeping thread to read it either.
 //!
 //! The session outlives its connection: when the link goes silent, the process keeps its GPU state, runs
 //! what it received, and keeps its replies ([`gleam_protocol::resume`]) for the grace window
@@ -313,9 +313,9 @@ struct Shared {
     callbacks: std::sync::OnceLock<Arc<HostCallbacks>>,
     end: Mutex<Option<End>>,
     ended: Notify,
-    /// Keeps the network thread polling for as long as the executor spins after the client's last
-    /// bytes or the last answer ([`gleam_protocol::tuning::spin_budget`]): a synchronizing client's
-    /// next request, and the executor's answer to it, then leave without waking a sleeping thread.
+    /// Keeps the network thread polling for a while after each answer
+    /// ([`gleam_auth::busy_poll::ANSWER_LINGER`]): a synchronizing client's next request, and the
+    /// executor's answer to it, then travel without waking a sleeping thread.
     busy: Arc<BusyPoll>,
 }
 
@@ -327,10 +327,10 @@ impl Default for Shared {
             callbacks: std::sync::OnceLock::new(),
             end: Mutex::new(None),
             ended: Notify::new(),
-            busy: {
-                let spin = gleam_protocol::tuning::spin_budget();
-                BusyPoll::beside_spinning(spin, spin)
-            },
+            busy: BusyPoll::beside_spinning(
+                gleam_protocol::tuning::spin_budget(),
+                gleam_auth::busy_poll::ANSWER_LINGER,
+            ),
         }
     }
 }
@@ -1335,11 +1335,7 @@ async fn lane_reader(
         // the client).
         shared.inbox.room(lane).await;
         match recv.read_chunk(usize::MAX, true).await {
-            Ok(Some(chunk)) => {
-                // The client is talking: stay awake for its next bytes, and for the executor's answer.
-                shared.busy.touch();
-                frames.feed(&chunk.bytes);
-            }
+            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
             Ok(None) if frames.is_mid_frame() => {
                 break End::Protocol("a stream ended inside a frame".into());
             }
