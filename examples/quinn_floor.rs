@@ -4,9 +4,10 @@
 //! are read against these.
 //!
 //! Each end runs on one thread (no hand-off between threads, which Gleam's client cannot avoid: the
-//! application's thread is not the runtime's) and keeps it polling through round trips as Gleam's
-//! network threads do ([`BusyPoll`], on hosts where Gleam's waiters spin; `GLEAM_SPIN_US=0` turns it off),
-//! so the floor waits for the network the same way.
+//! application's thread is not the runtime's) and polls its socket as Gleam's network threads do
+//! ([`BusyPoll`]: the client through its round trips, the server for a while after each answer; on hosts
+//! where Gleam's waiters spin, unless `GLEAM_BUSY_POLL=off`), so the floor waits for the network the same
+//! way.
 //!
 //! ```text
 //! quinn_floor serve 127.0.0.1:0          # prints "listening ADDR PEERID", serves until killed
@@ -54,7 +55,7 @@ async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
     let config = server_config(&id)?;
     let endpoint = endpoint(addr, Some(config.clone()))?;
     println!("listening {} {}", endpoint.local_addr()?, id.peer_id());
-    // As a session process: awake for the spin budget after each byte in or out.
+    // As a session process: awake for a while after each answer.
     let busy = busy_poll();
     tokio::spawn(busy.clone().run());
     while let Some(incoming) = endpoint.accept().await {

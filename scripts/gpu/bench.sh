@@ -63,10 +63,12 @@ run link env "$ETHERNET" GLEAM_STATS="$OUT/wire-link.json" "$C/gleam" run --peer
 floor() {
     local label=$1; shift
     [ -x "$C/examples/quinn_floor" ] || return 0
-    env "$@" "$C/examples/quinn_floor" serve 127.0.0.1:0 > "$OUT/floor-$label-serve.out" 2>&1 &
+    local served
+    served="$OUT/floor-$(tr -c 'A-Za-z0-9\n' - <<<"$label")-serve.out"
+    env "$@" "$C/examples/quinn_floor" serve 127.0.0.1:0 > "$served" 2>&1 &
     local fp=$!; pids+=($fp)
-    for _ in $(seq 100); do [ -s "$OUT/floor-$label-serve.out" ] && break; sleep 0.1; done
-    read -r _ faddr fpeer < "$OUT/floor-$label-serve.out"
+    for _ in $(seq 100); do [ -s "$served" ] && break; sleep 0.1; done
+    read -r _ faddr fpeer < "$served"
     echo "quinn floor, $label: $(env "$@" timeout 60 "$C/examples/quinn_floor" connect "$faddr" "$fpeer" 256 2>&1 | tail -3)"
     kill $fp 2>/dev/null
 }
