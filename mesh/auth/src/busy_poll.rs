@@ -6,7 +6,8 @@
 //! microseconds each from a shallow idle state, tens from a deep one. A synchronous round trip pays this
 //! at every hop, on both ends. On the development machine a bare quinn round trip took 72-98 µs with its
 //! runtimes sleeping and 34-63 µs with them polling; on an H100 host, Gleam's synchronous round trip
-//! took 66 µs with both ends sleeping and 30 µs with both polling.
+//! took 66 µs with both ends sleeping and 30 µs with both polling (measured with this module's first
+//! policy, which also polled through bursts).
 //!
 //! [`BusyPoll`] keeps a runtime polling instead, only while a round trip is under way: its
 //! [`BusyPoll::run`] task yields in a loop (each yield makes the runtime poll its sockets with a zero

@@ -240,9 +240,10 @@ pub struct Pending {
 pub const LONG_WAIT_POSTS: u64 = 256;
 
 /// The client's busy poll: hot only while a thread spins for its reply (no linger), where waiters spin
-/// at all ([`gleam_protocol::tuning::spin_budget`]) and `GLEAM_BUSY_POLL` allows it. No linger, because
-/// a runtime thread that polls while the application submits hands each launch to quinn as it comes
-/// instead of coalescing a burst, and takes the lane's lock from the submitting thread at every one.
+/// at all ([`gleam_protocol::tuning::spin_budget`]) and `GLEAM_BUSY_POLL` allows it. No linger: once the
+/// reply is in, the application goes on submitting, and a runtime thread that polls through that burst
+/// would hand each launch to quinn as it comes, taking the lane's lock from the submitting thread each
+/// time, where a sleeping one wakes to a coalesced batch.
 fn client_busy_poll() -> Arc<BusyPoll> {
     BusyPoll::beside_spinning(gleam_protocol::tuning::spin_budget(), Duration::ZERO)
 }
@@ -286,7 +287,7 @@ impl Pending {
     fn spin_then_park(mut self, spin: Duration, deadline: Option<Instant>) -> Option<Outcome> {
         self.slot.spin(spin);
         drop(self.hot.take());
-        self.slot.wait(Duration::ZERO, deadline)
+        self.slot.wait(deadline)
     }
 }
 

@@ -83,9 +83,9 @@ impl Slot {
         }
     }
 
-    /// Waits (spinning for `spin` first) until the outcome is delivered, or until `deadline`.
-    pub(crate) fn wait(&self, spin: Duration, deadline: Option<Instant>) -> Option<Outcome> {
-        self.spin(spin);
+    /// Waits parked (after [`Slot::spin`], if the caller spins first) until the outcome is delivered, or
+    /// until `deadline`.
+    pub(crate) fn wait(&self, deadline: Option<Instant>) -> Option<Outcome> {
         if self.state.load(Ordering::Acquire) != SLOT_READY {
             let _ = self.thread.set(std::thread::current());
             // Only park if no outcome arrived meanwhile; an unpark that comes before `park` makes
@@ -124,9 +124,7 @@ mod tests {
         // Delivered before anyone waits: no park at all.
         let slot = Slot::new();
         slot.deliver(Err(ClientError::Lost("early".into())));
-        assert!(
-            matches!(slot.wait(Duration::ZERO, None), Some(Err(ClientError::Lost(r))) if r == "early")
-        );
+        assert!(matches!(slot.wait(None), Some(Err(ClientError::Lost(r))) if r == "early"));
 
         // Delivered while the waiter is parked (no spin), from another thread.
         let slot = Arc::new(Slot::new());
@@ -137,9 +135,7 @@ mod tests {
             // A second delivery is ignored.
             late.deliver(Err(ClientError::Lost("again".into())));
         });
-        assert!(
-            matches!(slot.wait(Duration::ZERO, None), Some(Err(ClientError::Lost(r))) if r == "late")
-        );
+        assert!(matches!(slot.wait(None), Some(Err(ClientError::Lost(r))) if r == "late"));
         deliverer.join().unwrap();
 
         // Delivered during the spin.
@@ -147,21 +143,17 @@ mod tests {
         let soon = slot.clone();
         let deliverer =
             std::thread::spawn(move || soon.deliver(Err(ClientError::Lost("soon".into()))));
-        assert!(matches!(
-            slot.wait(Duration::from_millis(500), None),
-            Some(Err(_))
-        ));
+        slot.spin(Duration::from_millis(500));
+        assert!(matches!(slot.wait(None), Some(Err(_))));
         deliverer.join().unwrap();
 
         // Nothing comes: the deadline ends the wait.
         let slot = Slot::new();
         let t = Instant::now();
+        slot.spin(Duration::from_millis(1));
         assert!(
-            slot.wait(
-                Duration::from_millis(1),
-                Some(Instant::now() + Duration::from_millis(30))
-            )
-            .is_none()
+            slot.wait(Some(Instant::now() + Duration::from_millis(30)))
+                .is_none()
         );
         assert!(t.elapsed() >= Duration::from_millis(30));
     }

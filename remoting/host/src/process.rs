@@ -354,8 +354,6 @@ impl Shared {
         self.ended.notify_one();
     }
 
-    /// The client has every reply but those it still awaits: they leave the reply cache, and the
-    /// executor is woken if that lets a call held back for room run.
     /// Sends `answer` on `lane` ([`Outbox::send`]), keeping the network thread awake to carry it and to
     /// read the client's next request.
     fn answer(&self, lane: Lane, answer: Answer) -> Result<(), String> {
@@ -363,6 +361,8 @@ impl Shared {
         self.outbox.send(lane, answer)
     }
 
+    /// The client has every reply but those it still awaits: they leave the reply cache, and the
+    /// executor is woken if that lets a call held back for room run.
     fn replies_received(&self, awaited: &Awaited) {
         if self.outbox.ack(awaited) {
             self.inbox.wake();
