@@ -112,10 +112,12 @@ print()
 others = [n for n in names[1:] if n in res]
 print(f"{'metric':28} {'local':>12}" + "".join(f" {n[:12]:>12} {'ratio':>8}" for n in others))
 for key, better in (("sync_rtt_us", "lower"), ("sync_rtt_median_us", "lower"), ("launches_per_s", "higher"),
-                    ("htod_mib_s", "higher"), ("dtoh_mib_s", "higher")):
+                    ("htod_mib_s", "higher"), ("dtoh_mib_s", "higher"), ("htod_cold_mib_s", "higher")):
+    if key not in loc:
+        continue
     row = f"{key:28} {loc[key]:12.1f}"
     for name in others:
-        if name in res:
+        if name in res and key in res[name]:
             v = res[name][key]
             row += f" {v:12.1f} {v / loc[key]:8.3f}"
     print(row)
@@ -133,7 +135,9 @@ for call in loc.get("query_ns", {}):
             row += f" {v:12.1f} {v / loc['query_ns'][call]:8.3f}"
     print(row)
 if "link" in res:
-    for key in ("htod_mib_s", "dtoh_mib_s"):
+    for key in ("htod_mib_s", "dtoh_mib_s", "htod_cold_mib_s"):
+        if key not in res["link"]:
+            continue
         print(f"{key} over the emulated link vs the link rate ({link_mib_s:.1f} MiB/s): "
               f"{res['link'][key] / link_mib_s:.3f}")
 PY
