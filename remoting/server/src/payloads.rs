@@ -21,8 +21,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::mpsc::{SyncSender, sync_channel};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -38,9 +37,10 @@ use crate::workers::Workers;
 pub const MAX_UPLOAD: u64 = 256 << 20;
 /// What one session may have staged at once.
 pub const MAX_STAGED: u64 = 1 << 30;
-/// Staging buffers waiting for the writer thread, at most (each up to [`MAX_UPLOAD`]): past it, copies
-/// wait for the disk.
-const WRITE_QUEUE: usize = 4;
+/// Chunks waiting for the cache writers, at most: past it, copies wait for the disk. 32 chunks of 8 MiB:
+/// four 64 MiB segments, the most a client announces at once (a buffer's bytes stay held until its
+/// last chunk is written).
+const WRITE_QUEUE: usize = 32;
 /// Staging buffers kept for reuse (a fresh one costs a page fault per page as it fills, and page-locking
 /// it more); at most 4 x 64 MiB held by an idle session: a client keeps a few segments announced ahead
 /// of the one it copies.
@@ -837,41 +837,45 @@ impl Drop for DoneOne<'_> {
     }
 }
 
-/// The thread that writes received chunks to the content cache, off the session's executor (a commit
-/// costs a file write and an fsync), then returns their staging buffers to the pool.
+/// The threads that write received chunks to the content cache, off the session's executor (a commit
+/// costs a file write and an fsync), then return their staging buffers to the pool. Several, each on
+/// its own chunk: a disk takes several syncs at once far faster than one after another (8 MiB blobs on
+/// the development VM: 343 MiB/s from one thread, 867 MiB/s from four), and a copy waits for the
+/// writers once [`WRITE_QUEUE`] chunks are queued.
 #[derive(Debug)]
 struct Writer {
-    thread: Workers<Job>,
-    /// Chunks queued and not yet committed, by id: where they are.
-    queued: Arc<Mutex<Queued>>,
+    threads: Workers<Job>,
+    /// Chunks queued and not yet committed, by id: where they are. Empty once everything queued is in
+    /// the store (or failed to be): [`Writer::flush`] waits for that.
+    queued: Arc<(Mutex<Queued>, Condvar)>,
 }
 
 type Queued = HashMap<ContentId, (Arc<StagingBuf>, Range<usize>)>;
 
-enum Job {
-    /// Store these chunks of this buffer.
-    Put(Arc<StagingBuf>, Vec<(ContentId, Range<usize>)>),
-    Flush(SyncSender<()>),
-}
+/// Store this chunk of this buffer (the buffer goes back to the pool with its last chunk).
+struct Job(Arc<StagingBuf>, ContentId, Range<usize>);
+
+/// Cache writer threads at most (fewer on a smaller machine).
+const WRITE_THREADS: usize = 4;
 
 impl Writer {
     fn start(store: Arc<BlobStore>, pool: Arc<Mutex<Vec<StagingBuf>>>) -> Self {
-        let queued = Arc::new(Mutex::new(HashMap::new()));
-        let thread = {
+        let queued = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
+        let threads = {
             let queued = queued.clone();
             Workers::start(
                 "gleam-cache-writer",
-                1,
+                gleam_cache::parallel::cores().min(WRITE_THREADS),
                 WRITE_QUEUE,
                 || (),
                 move |(), job| write(&store, &queued, &pool, job),
             )
         };
-        Self { thread, queued }
+        Self { threads, queued }
     }
 
     fn queued(&self) -> MutexGuard<'_, Queued> {
-        lock(&self.queued)
+        lock(&self.queued.0)
     }
 
     fn put(&self, buf: StagingBuf, chunks: Vec<(ContentId, Range<usize>)>) {
@@ -882,43 +886,50 @@ impl Writer {
                 queued.insert(*id, (buf.clone(), range.clone()));
             }
         }
-        self.thread.run(Job::Put(buf, chunks));
+        for (id, range) in chunks {
+            self.threads.run(Job(buf.clone(), id, range));
+        }
     }
 
+    /// Waits (at most `timeout`) until every chunk queued so far is in the store.
     fn flush(&self, timeout: Duration) {
-        let (done, wait) = sync_channel(1);
-        self.thread.run(Job::Flush(done));
-        if wait.recv_timeout(timeout).is_err() {
-            warn!("the content cache writer did not finish in time");
+        let (queued, written) = &*self.queued;
+        let (guard, waited) = written
+            .wait_timeout_while(lock(queued), timeout, |queued| !queued.is_empty())
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        drop(guard);
+        if waited.timed_out() {
+            warn!("the content cache writers did not finish in time");
         }
     }
 }
 
-fn write(store: &BlobStore, queued: &Mutex<Queued>, pool: &Mutex<Vec<StagingBuf>>, job: Job) {
-    match job {
-        Job::Put(buf, chunks) => {
-            for (id, range) in chunks {
-                if let Err(err) = store.put_verified(id, &buf[range]) {
-                    warn!(%id, %err, "cannot keep a chunk in the content cache");
-                }
-                let mut queued = lock(queued);
-                // Unless a later upload queued the same chunk again.
-                if queued
-                    .get(&id)
-                    .is_some_and(|(theirs, _)| Arc::ptr_eq(theirs, &buf))
-                {
-                    queued.remove(&id);
-                }
-            }
-            if let Ok(buf) = Arc::try_unwrap(buf) {
-                // Which buffers stay is decided on the executor (`Payloads::staging`, `keep_largest`),
-                // where a page-locked one is also unlocked.
-                lock(pool).push(buf);
-            }
-        }
-        Job::Flush(done) => {
-            let _ = done.send(());
-        }
+fn write(
+    store: &BlobStore,
+    queued: &(Mutex<Queued>, Condvar),
+    pool: &Mutex<Vec<StagingBuf>>,
+    Job(buf, id, range): Job,
+) {
+    if let Err(err) = store.put_verified(id, &buf[range]) {
+        warn!(%id, %err, "cannot keep a chunk in the content cache");
+    }
+    let (queued, written) = queued;
+    let mut queued = lock(queued);
+    // Unless a later upload queued the same chunk again.
+    if queued
+        .get(&id)
+        .is_some_and(|(theirs, _)| Arc::ptr_eq(theirs, &buf))
+    {
+        queued.remove(&id);
+    }
+    // The buffer's last chunk: back to the pool, before a flush may see the queue empty. Which buffers
+    // stay is decided on the executor (`Payloads::staging`, `keep_largest`), where a page-locked one is
+    // also unlocked.
+    if let Ok(buf) = Arc::try_unwrap(buf) {
+        lock(pool).push(buf);
+    }
+    if queued.is_empty() {
+        written.notify_all();
     }
 }
 
@@ -1018,6 +1029,33 @@ mod tests {
 
     fn upload(payloads: &mut Payloads, id: u64, bytes: &[u8], chunk: u32) -> (Vec<u32>, Vec<u8>) {
         upload_as(Now, payloads, id, bytes, chunk)
+    }
+
+    #[test]
+    fn the_cache_writers_keep_every_received_chunk_and_a_flush_waits_for_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(BlobStore::open(dir.path(), 1 << 30).unwrap());
+        let mut payloads = Payloads::with_store(Some(store.clone()));
+        // More chunks than the writers' queue holds, so that copies also wait for room.
+        let uploads: Vec<Vec<u8>> = (0..12).map(|i| data(16 * 4096, 100 + i)).collect();
+        for (i, bytes) in uploads.iter().enumerate() {
+            let (missing, got) = upload(&mut payloads, i as u64, bytes, 4096);
+            assert_eq!(missing.len(), 16);
+            assert_eq!(&got, bytes);
+        }
+        payloads.finish();
+        assert!(payloads.writer.as_ref().unwrap().queued().is_empty());
+        for bytes in &uploads {
+            for id in Manifest::with_chunk_size(bytes, 4096).chunks() {
+                assert!(store.contains(id), "chunk {id} was not kept");
+            }
+        }
+        // Every buffer the writers held came back (the pool is trimmed on the executor's next take).
+        assert!(!lock(&payloads.pool).is_empty());
+        let held = lock(&payloads.pool)
+            .iter()
+            .all(|buf| buf.capacity() >= 16 * 4096);
+        assert!(held);
     }
 
     #[test]
