@@ -23,7 +23,7 @@ source scripts/lib/peer.sh
 start_server() {
     local name=$1; shift
     start_serving_peer "$name" "$C/gleam" "${BACKEND:-cuda}" "$cfg" "$OUT/$name.out" "$OUT/$name.log" \
-        GLEAM_LOG=info "$@"
+        GLEAM_LOG="${SERVE_LOG:-info}" "$@"
 }
 # An emulated 1 Gbit/s link with 1 ms round trips from LISTEN to TO.
 link() {
@@ -48,9 +48,11 @@ link 127.0.0.2:47000 "127.0.0.1:$link_port" linkemu
 link 127.0.0.2:47100 127.0.0.1:47100 linkemu-session
 sleep 0.5
 
+# CLIENT_LOG: the Gleam runs' GLEAM_LOG (e.g. warn,gleam_client::upload=debug: each upload's timings), into
+# bench-NAME.log; SERVE_LOG likewise for the servers (default info).
 run() { # name, then the command
     local name=$1; shift
-    if "$@" >"$OUT/bench-$name.json" 2>"$OUT/bench-$name.log"; then
+    if env ${CLIENT_LOG:+GLEAM_LOG="$CLIENT_LOG"} "$@" >"$OUT/bench-$name.json" 2>"$OUT/bench-$name.log"; then
         echo "$name: $(cat "$OUT/bench-$name.json")"
     else
         echo "$name: FAILED (see bench-$name.log)"; tail -5 "$OUT/bench-$name.log"
