@@ -172,6 +172,29 @@ fn uploads_and_downloads_travel_on_the_bulk_connection_unless_it_is_turned_off()
 }
 
 #[test]
+fn a_large_copy_stripes_over_several_bulk_connections_each_way() {
+    let lab = Lab::new();
+    // 40 MiB: three segments (8, 16 and 16 MiB), one per stripe; read back in ten 4 MiB pieces that
+    // take turns. The program checks every byte it reads back, whichever connection brought it.
+    let (mib, stripes) = (40, 3);
+    for (seed, mode) in [("31", "sync"), ("32", "async")] {
+        let (_, stats) = lab.upload_with_stats(
+            &[&mib.to_string(), seed, mode],
+            &[("GLEAM_BULK_STRIPES", &stripes.to_string())],
+        );
+        let each = stats["bulk_stripes"].as_array().expect("bulk_stripes");
+        assert_eq!(each.len(), stripes, "{mode}: {stats}");
+        for (stripe, counts) in each.iter().enumerate() {
+            let (sent, received) = (counts[0].as_u64().unwrap(), counts[1].as_u64().unwrap());
+            assert!(
+                sent >= 8 * MIB && received >= 8 * MIB,
+                "{mode}: stripe {stripe} carried {sent} bytes up and {received} down: {stats}"
+            );
+        }
+    }
+}
+
+#[test]
 fn every_copy_form_lands_exactly_and_in_stream_order() {
     let lab = Lab::new();
     // Sync (a miss), async between two memsets of its stream, then cuMemcpy (hits of the same session);

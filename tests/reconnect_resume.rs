@@ -226,7 +226,7 @@ async fn a_resumed_session_gets_what_it_missed_once_and_only_its_owner_may_resum
         src: ptr,
         len: data.len() as u64,
         stream: None,
-        apart: false,
+        apart: None,
     };
     c.send(5, ctx, true, back, &[]).await;
     let sync = Call::Api(ApiCall::cuCtxSynchronize(args::cuCtxSynchronize {}));

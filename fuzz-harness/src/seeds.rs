@@ -186,7 +186,7 @@ fn copies_session() -> Vec<u8> {
         src: b,
         len: 8192,
         stream: None,
-        apart: false,
+        apart: None,
     });
     s.api(ApiCall::cuMemGetInfo_v2(args::cuMemGetInfo_v2 {
         free: (),
@@ -251,7 +251,7 @@ fn launch_session() -> Vec<u8> {
         src: bufs[2],
         len: u64::from(n) * 4,
         stream: None,
-        apart: false,
+        apart: None,
     });
     s.call(Call::Api(ApiCall::cuModuleGetGlobal_v2(
         args::cuModuleGetGlobal_v2 {
@@ -333,7 +333,7 @@ fn streams_session() -> Vec<u8> {
         src: p,
         len: 256,
         stream: Some(stream),
-        apart: false,
+        apart: None,
     });
     s.call(Call::Api(ApiCall::cuStreamSynchronize(
         args::cuStreamSynchronize { stream },

@@ -85,14 +85,16 @@ for mtu in ${MTUS:-}; do
         "$C/gleam" run --peer "$mid@$maddr" --config-dir "$cfg" -- "$C/examples/bench_driver"
     floor "datagrams of $mtu" GLEAM_LOOPBACK_UDP_PAYLOAD="$mtu"
 done
-# Other settings on loopback, one VAR=VALUE each, on both ends, each with the floor under the same setting:
-# SETTINGS="GLEAM_SPIN_US=0 GLEAM_BUSY_POLL=off" (nothing spins or polls; threads spin but do not poll).
+# Other settings on loopback, each VAR=VALUE (several joined by commas) on both ends, each with the floor
+# under the same setting: SETTINGS="GLEAM_SPIN_US=0 GLEAM_BUSY_POLL=off" (nothing spins or polls; threads
+# spin but do not poll), SETTINGS="GLEAM_BULK_STRIPES=2,GLEAM_LOOPBACK_UDP_PAYLOAD=1452".
 for setting in ${SETTINGS:-}; do
-    name=loopback-$(tr -c 'A-Za-z0-9\n' - <<<"${setting#GLEAM_}" | tr 'A-Z' 'a-z')
-    start_server "serve-$name" "$setting"
-    run "$name" env "$setting" GLEAM_STATS="$OUT/wire-$name.json" \
+    name=loopback-$(tr -c 'A-Za-z0-9\n' - <<<"${setting//GLEAM_/}" | tr 'A-Z' 'a-z')
+    IFS=, read -r -a vars <<<"$setting"
+    start_server "serve-$name" "${vars[@]}"
+    run "$name" env "${vars[@]}" GLEAM_STATS="$OUT/wire-$name.json" \
         "$C/gleam" run --peer "$peer_id@$peer_addr" --config-dir "$cfg" -- "$C/examples/bench_driver"
-    floor "$setting" "$setting"
+    floor "$setting" "${vars[@]}"
 done
 
 python3 - "$OUT" <<'PY'

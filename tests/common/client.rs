@@ -279,7 +279,7 @@ impl Client {
                     src: src + out.len() as u64,
                     len: n as u64,
                     stream: None,
-                    apart: false,
+                    apart: None,
                 })
                 .await;
             match r.reply {

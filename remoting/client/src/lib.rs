@@ -19,7 +19,10 @@
 //! copy stream, [`Lane::carries_bulk`]) open there; the copy itself stays on its stream's lane and waits
 //! for its chunks by the upload's pseudo event. Downloads from [`DOWNLOAD_APART`] bytes on come back on
 //! the same lanes: the request travels on its stream's lane, its reply on the bulk connection.
-//! `GLEAM_BULK_CONNECTION=off` keeps everything on one connection.
+//! `GLEAM_BULK_CONNECTION=off` keeps everything on one connection. `GLEAM_BULK_STRIPES=N` opens N bulk
+//! connections ([`BulkDialer`]), each with lanes of its own ([`gleam_protocol::wire::bulk_stream`]) and,
+//! past the first, driven by a thread of its own at both ends: a large upload's segments and a large
+//! download's pieces take turns across them, so one copy is encrypted and decrypted on several cores.
 //!
 //! Sending costs no thread hop: the calling thread encodes its frame and hands it to quinn itself
 //! (quinn's driver then sends it). Fire-and-forget requests are coalesced per lane: they accumulate in the
@@ -76,7 +79,7 @@ use gleam_protocol::resume::{Marks, mark_of};
 use gleam_protocol::types::CUresult;
 use gleam_protocol::wire::{
     Acks, CLOSE_RESUME_ABANDONED, COPY_CHUNK, Call, ClientHello, Control, PROTOCOL_VERSION, Reply,
-    ReplyFrame, Request, Resumed, ServerHello, StreamOpen, upload_chunk_stream,
+    ReplyFrame, Request, Resumed, ServerHello, StreamOpen, bulk_stream, stripe_of,
 };
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
@@ -292,7 +295,7 @@ impl Pending {
 }
 
 /// Bytes and datagrams a session moved over the network (see [`Client::wire_stats`]).
-#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+#[derive(Clone, Debug, Default, Eq, PartialEq)]
 pub struct WireStats {
     /// UDP payload bytes sent.
     pub sent_bytes: u64,
@@ -304,24 +307,31 @@ pub struct WireStats {
     pub received_datagrams: u64,
     /// The session connection's datagram size (path MTU discovery's current answer).
     pub mtu: u16,
-    /// Of `sent_bytes`, those sent over the bulk connection (uploads' chunks).
+    /// Of `sent_bytes`, those sent over the bulk connections (uploads' chunks).
     pub bulk_sent_bytes: u64,
-    /// Of `received_bytes`, those received over the bulk connection (large downloads).
+    /// Of `received_bytes`, those received over the bulk connections (large downloads).
     pub bulk_received_bytes: u64,
+    /// Per bulk connection (stripe 0 first): bytes sent and received.
+    pub bulk_stripes: Vec<(u64, u64)>,
 }
 
 impl WireStats {
     /// As a JSON object.
     pub fn to_json(&self) -> String {
         format!(
-            r#"{{"sent_bytes":{},"sent_datagrams":{},"received_bytes":{},"received_datagrams":{},"mtu":{},"bulk_sent_bytes":{},"bulk_received_bytes":{}}}"#,
+            r#"{{"sent_bytes":{},"sent_datagrams":{},"received_bytes":{},"received_datagrams":{},"mtu":{},"bulk_sent_bytes":{},"bulk_received_bytes":{},"bulk_stripes":[{}]}}"#,
             self.sent_bytes,
             self.sent_datagrams,
             self.received_bytes,
             self.received_datagrams,
             self.mtu,
             self.bulk_sent_bytes,
-            self.bulk_received_bytes
+            self.bulk_received_bytes,
+            self.bulk_stripes
+                .iter()
+                .map(|(sent, received)| format!("[{sent},{received}]"))
+                .collect::<Vec<_>>()
+                .join(",")
         )
     }
 }
@@ -348,6 +358,8 @@ struct Network {
     endpoint: quinn::Endpoint,
     // Last, so the tasks stop after everything else is dropped.
     runtime: tokio::runtime::Runtime,
+    /// Drives the bulk connections ([`BulkDialer`]); held for as long as the session (dropped last).
+    _bulk_runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl std::fmt::Debug for Client {
@@ -409,6 +421,10 @@ impl Client {
         let endpoint = runtime
             .block_on(async { gleam_auth::dial::client_endpoint() })
             .map_err(|e| ClientError::Endpoint(e.to_string()))?;
+        let (bulk_runtime, bulk_dialer) = match BulkDialer::start(&endpoint, &runtime) {
+            Some((runtime, dialer)) => (runtime, Some(dialer)),
+            None => (None, None),
+        };
         let secret = secret.clone();
         let pace = gleam_auth::dial::Pace {
             stagger: gleam_auth::dial::Pace::default().stagger,
@@ -469,6 +485,7 @@ impl Client {
                 config: config.clone(),
                 secret: secret.clone(),
                 endpoint: endpoint.clone(),
+                bulk: bulk_dialer.clone(),
                 session,
                 token,
                 grace,
@@ -492,22 +509,16 @@ impl Client {
         runtime.spawn(shared.busy.clone().run());
         shared.add_lane(Lane::CONTROL, send, recv);
         shared.start_connection_tasks(0, &connection, &lifeline);
-        // The bulk connection is made while the hello goes; the session is handed out with it, so that
-        // an upload right at the start already travels on it.
-        let bulk = bulk_connection_enabled().then(|| {
+        // The bulk connections are made while the hello goes; the session is handed out with them, so
+        // that an upload right at the start already travels on them.
+        let bulk = bulk_dialer.map(|dialer| {
             let (done, bulk) = std::sync::mpsc::sync_channel(1);
             let token = shared.resume.get().map(|r| r.token).unwrap_or_default();
-            let (endpoint, config) = (endpoint.clone(), config.clone());
+            let config = config.clone();
             runtime.spawn(async move {
-                let attached = connect_bulk(
-                    &endpoint,
-                    config,
-                    peer,
-                    session_addr,
-                    token,
-                    BULK_ATTACH_TIMEOUT,
-                )
-                .await;
+                let attached = dialer
+                    .connect(config, peer, session_addr, token, BULK_ATTACH_TIMEOUT)
+                    .await;
                 let _ = done.send(attached);
             });
             bulk
@@ -555,6 +566,7 @@ impl Client {
                 peer_addr,
                 endpoint,
                 runtime,
+                _bulk_runtime: bulk_runtime,
             }),
         ))
     }
@@ -711,12 +723,13 @@ impl Client {
         stream: Option<u64>,
     ) -> Result<CUresult, ClientError> {
         let len = dst.len();
-        // A large download comes back apart, over the bulk connection (see `Call::MemcpyDtoH`).
-        let apart = match &self.link {
+        // A large download comes back apart, over the bulk connections (see `Call::MemcpyDtoH`), its
+        // pieces taking turns.
+        let stripes = match &self.link {
             Link::Network(network) if len >= DOWNLOAD_APART => {
-                network.shared.open_download_lane(stream)?
+                network.shared.open_download_lanes(stream)?
             }
-            _ => false,
+            _ => 0,
         };
         let pieces = len.div_ceil(COPY_CHUNK).max(1);
         let mut pending = Vec::with_capacity(pieces);
@@ -727,7 +740,7 @@ impl Client {
                 src: src + offset as u64,
                 len: n as u64,
                 stream,
-                apart,
+                apart: (stripes > 0).then(|| (i % usize::from(stripes)) as u8),
             };
             let p = self.submit(ctx, call, &[], true)?.ok_or_else(|| {
                 ClientError::Protocol("a request expecting a reply has no waiter".into())
@@ -771,20 +784,20 @@ impl Client {
             ..WireStats::default()
         };
         let bulk = lock(&network.shared.bulk).clone();
-        for connection in [Some(&connection), Some(&lifeline), bulk.as_ref()]
-            .into_iter()
-            .flatten()
-        {
+        for connection in [&connection, &lifeline].into_iter().chain(&bulk) {
             let stats = connection.stats();
             total.sent_bytes += stats.udp_tx.bytes;
             total.sent_datagrams += stats.udp_tx.datagrams;
             total.received_bytes += stats.udp_rx.bytes;
             total.received_datagrams += stats.udp_rx.datagrams;
         }
-        if let Some(bulk) = bulk {
-            let stats = bulk.stats();
-            total.bulk_sent_bytes = stats.udp_tx.bytes;
-            total.bulk_received_bytes = stats.udp_rx.bytes;
+        for stripe in &bulk {
+            let stats = stripe.stats();
+            total.bulk_sent_bytes += stats.udp_tx.bytes;
+            total.bulk_received_bytes += stats.udp_rx.bytes;
+            total
+                .bulk_stripes
+                .push((stats.udp_tx.bytes, stats.udp_rx.bytes));
         }
         total
     }
@@ -816,10 +829,24 @@ impl Network {
         self.shared.close_connections();
         // Give the close frames a moment to leave (the process may be exiting right after). No `block_on`:
         // this may run from a library destructor, after the calling thread's tokio context is gone.
-        let endpoint = self.endpoint.clone();
+        let endpoints: Vec<quinn::Endpoint> = std::iter::once(self.endpoint.clone())
+            .chain(
+                self.shared
+                    .resume
+                    .get()
+                    .and_then(|r| r.bulk.as_ref())
+                    .into_iter()
+                    .flat_map(BulkDialer::endpoints),
+            )
+            .collect();
         let (done, idle) = std::sync::mpsc::sync_channel(1);
         self.runtime.spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
+            let idle = async {
+                for endpoint in endpoints {
+                    endpoint.wait_idle().await;
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_millis(200), idle).await;
             let _ = done.try_send(());
         });
         let _ = idle.recv_timeout(Duration::from_millis(250));
@@ -857,7 +884,7 @@ struct Shared {
     /// The bulk connection ([`StreamOpen::Bulk`]), once attached: the lanes that carry bulk bytes open
     /// on it. Until then, without one (`GLEAM_BULK_CONNECTION=off`, or it could not be made) and after a
     /// resume, every lane opens on the session connection.
-    bulk: Mutex<Option<quinn::Connection>>,
+    bulk: Mutex<Vec<quinn::Connection>>,
     /// How to resume the session (from the peer's offer).
     resume: OnceLock<Resume>,
     /// A reply arrived that the serving side has not been told about.
@@ -875,6 +902,8 @@ struct Resume {
     config: quinn::ClientConfig,
     secret: MeshSecret,
     endpoint: quinn::Endpoint,
+    /// Makes the bulk connections (`None`: `GLEAM_BULK_CONNECTION=off`, or no thread for them).
+    bulk: Option<BulkDialer>,
     session: u64,
     token: [u8; 32],
     /// The session's grace window, counted from the last time the peer heard from us.
@@ -924,7 +953,7 @@ impl Shared {
             closing: AtomicBool::new(false),
             suspended: AtomicBool::new(false),
             connections: Mutex::new((connection, lifeline)),
-            bulk: Mutex::new(None),
+            bulk: Mutex::new(Vec::new()),
             resume: OnceLock::new(),
             ack_due: Notify::new(),
             busy: client_busy_poll(),
@@ -945,24 +974,38 @@ impl Shared {
         lock(&self.connections).0.clone()
     }
 
-    /// The connection a new `lane` opens on: the bulk connection for lanes that carry bulk bytes.
+    /// The connection a new `lane` opens on: for lanes that carry bulk bytes, the bulk connection of
+    /// the lane's stripe ([`gleam_protocol::wire::stripe_of`]).
     fn connection_for(&self, lane: Lane) -> quinn::Connection {
-        if lane.carries_bulk()
-            && let Some(bulk) = &*lock(&self.bulk)
-        {
-            return bulk.clone();
+        if lane.carries_bulk() {
+            let bulk = lock(&self.bulk);
+            if !bulk.is_empty() {
+                return bulk[usize::from(stripe_of(lane.0)) % bulk.len()].clone();
+            }
         }
         self.connection()
     }
 
-    /// Makes `attached` (from [`connect_bulk`], or why there is none) the session's bulk connection and
-    /// watches it. Best effort: without one, bulk lanes open on the session connection.
+    /// The bulk connections attached (0 without any: bulk lanes then travel on the session connection).
+    pub(crate) fn stripes(&self) -> usize {
+        lock(&self.bulk).len()
+    }
+
+    /// The stripe upload number `upload`'s chunks travel on: consecutive segments of a large copy
+    /// (each its own upload) take turns, so the connections carry them at once.
+    pub(crate) fn stripe_for(&self, upload: u64) -> u8 {
+        (upload % self.stripes().max(1) as u64) as u8
+    }
+
+    /// Makes `attached` (from [`BulkDialer::connect`], or why there is none) the session's bulk
+    /// connections and watches them. Best effort: without one, bulk lanes open on the session
+    /// connection.
     fn install_bulk(
         self: &Arc<Self>,
-        attached: Result<Result<quinn::Connection, String>, std::sync::mpsc::RecvTimeoutError>,
+        attached: Result<Result<Vec<quinn::Connection>, String>, std::sync::mpsc::RecvTimeoutError>,
     ) {
-        let conn = match attached {
-            Ok(Ok(conn)) => conn,
+        let stripes = match attached {
+            Ok(Ok(stripes)) => stripes,
             Ok(Err(err)) => {
                 warn!(error = %err, "no bulk connection: uploads share the session connection");
                 return;
@@ -974,16 +1017,20 @@ impl Shared {
         };
         {
             let core = self.core();
-            // A resume meanwhile moved every lane to its new connection: this one is not needed.
+            // A resume meanwhile moved every lane to its new connections: these are not needed.
             if core.session.generation() != 0 || core.session.lost().is_some() {
-                conn.close(quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT), b"not needed");
+                for conn in &stripes {
+                    conn.close(quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT), b"not needed");
+                }
                 return;
             }
-            *lock(&self.bulk) = Some(conn.clone());
+            *lock(&self.bulk) = stripes.clone();
         }
-        debug!(addr = %conn.remote_address(), "bulk connection attached");
-        // Losing it is losing the link (a resume follows); its close by the session process is the end.
-        self.runtime.spawn(watch_session(conn, 0, self.clone()));
+        debug!(stripes = stripes.len(), "bulk connections attached");
+        // Losing one is losing the link (a resume follows); its close by the session process is the end.
+        for conn in stripes {
+            self.runtime.spawn(watch_session(conn, 0, self.clone()));
+        }
     }
 
     /// Closes every connection of the session: this client is leaving.
@@ -992,8 +1039,8 @@ impl Shared {
         let (connection, lifeline) = self.connections();
         connection.close(code, b"client exit");
         lifeline.close(code, b"client exit");
-        // Kept (closed) for its counters: `wire_stats` after the close still counts its bytes.
-        if let Some(bulk) = &*lock(&self.bulk) {
+        // Kept (closed) for their counters: `wire_stats` after the close still counts their bytes.
+        for bulk in &*lock(&self.bulk) {
             bulk.close(code, b"client exit");
         }
     }
@@ -1028,21 +1075,22 @@ impl Shared {
             .spawn(read_acks(connection.clone(), generation, self.clone()));
     }
 
-    /// Opens the lane that carries `stream`'s downloads apart (its uploads' chunk lane, on the bulk
-    /// connection), and announces it at once: the serving side answers there, and holds the answers
-    /// until the lane arrives. `Ok(false)`: there is no bulk connection, downloads stay on their lane.
-    fn open_download_lane(self: &Arc<Self>, stream: Option<u64>) -> Result<bool, ClientError> {
-        if lock(&self.bulk).is_none() {
-            return Ok(false);
+    /// Opens the lanes that carry `stream`'s downloads apart (its bulk lanes, one on each bulk
+    /// connection), and announces them at once: the serving side answers there, and holds the answers
+    /// until the lane arrives. Returns how many there are: 0 without a bulk connection (downloads stay
+    /// on their lane).
+    fn open_download_lanes(self: &Arc<Self>, stream: Option<u64>) -> Result<u8, ClientError> {
+        let stripes = self.stripes() as u8;
+        for stripe in 0..stripes {
+            let lane = Lane(bulk_stream(stream, stripe));
+            let tx = {
+                let mut core = self.core();
+                core.session.check()?;
+                self.open_lane(&mut core, lane)
+            };
+            self.flush_now(&tx, lock(&tx.state), Moved::default());
         }
-        let lane = Lane(upload_chunk_stream(stream));
-        let tx = {
-            let mut core = self.core();
-            core.session.check()?;
-            self.open_lane(&mut core, lane)
-        };
-        self.flush_now(&tx, lock(&tx.state), Moved::default());
-        Ok(true)
+        Ok(stripes)
     }
 
     /// Opens the QUIC stream of a new lane (under the core lock, so the lane's first frame precedes any
@@ -1437,8 +1485,143 @@ fn bulk_connection_enabled() -> bool {
     !std::env::var("GLEAM_BULK_CONNECTION").is_ok_and(|v| gleam_protocol::tuning::turned_off(&v))
 }
 
-/// How long the session process may take to admit the bulk connection.
+/// How long the session process may take to admit the bulk connections.
 const BULK_ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many bulk connections a session stripes its large copies over: `GLEAM_BULK_STRIPES` (1 to
+/// [`MAX_STRIPES`](gleam_protocol::wire::MAX_STRIPES)), by default 1. One QUIC connection is encrypted
+/// and decrypted by one thread at each end, which at Ethernet's 1500-byte datagrams tops out below a
+/// 10 Gbit/s link (H200 host, loopback at 1452-byte datagrams: downloads 468 MiB/s on one, 907 on two,
+/// 1121 on four); several carry one copy's segments and pieces at once, each on a thread of its own.
+fn bulk_stripes() -> Result<u8, String> {
+    let max = gleam_protocol::wire::MAX_STRIPES;
+    match std::env::var("GLEAM_BULK_STRIPES") {
+        Err(_) => Ok(1),
+        Ok(text) => match text.trim().parse::<u8>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "GLEAM_BULK_STRIPES={text:?} is not a number of connections from 1 to {max}"
+            )),
+        },
+    }
+}
+
+/// Makes a session's bulk connections ([`StreamOpen::Bulk`]). The first (stripe 0) comes from the
+/// session's own endpoint and runtime; the others from an endpoint whose connections are driven by
+/// threads of their own (the `gleam-bulk` runtime, a thread per extra stripe): a quinn connection is
+/// encrypted and decrypted by the thread that drives it, so several stripes work in parallel.
+#[derive(Clone, Debug)]
+struct BulkDialer {
+    /// Stripe 0's: the session's endpoint and runtime.
+    first: (quinn::Endpoint, tokio::runtime::Handle),
+    /// The other stripes': an endpoint made on the `gleam-bulk` runtime (quinn runs an endpoint's
+    /// and a connection's driver on the runtime it is made on).
+    others: Option<(quinn::Endpoint, tokio::runtime::Handle)>,
+    stripes: u8,
+}
+
+impl BulkDialer {
+    /// The dialer, and the runtime of the stripes past the first (none for one stripe); `None` when
+    /// bulk connections are turned off (`GLEAM_BULK_CONNECTION=off`: bulk lanes share the session
+    /// connection).
+    fn start(
+        endpoint: &quinn::Endpoint,
+        runtime: &tokio::runtime::Runtime,
+    ) -> Option<(Option<tokio::runtime::Runtime>, Self)> {
+        if !bulk_connection_enabled() {
+            return None;
+        }
+        let stripes = bulk_stripes()
+            .inspect_err(|err| warn!("{err}: one bulk connection"))
+            .unwrap_or(1);
+        let first = (endpoint.clone(), runtime.handle().clone());
+        let others = (stripes > 1)
+            .then(|| {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(usize::from(stripes - 1))
+                    .thread_name("gleam-bulk")
+                    .enable_all()
+                    .build()
+                    .inspect_err(|err| warn!(%err, "no threads for more bulk connections: one"))
+                    .ok()?;
+                let endpoint = runtime
+                    .block_on(async { gleam_auth::dial::client_endpoint() })
+                    .inspect_err(|err| warn!(%err, "no endpoint for more bulk connections: one"))
+                    .ok()?;
+                Some((runtime, endpoint))
+            })
+            .flatten();
+        let (runtime, others) = match others {
+            Some((runtime, endpoint)) => {
+                let handle = runtime.handle().clone();
+                (Some(runtime), Some((endpoint, handle)))
+            }
+            None => (None, None),
+        };
+        let stripes = if others.is_some() { stripes } else { 1 };
+        Some((
+            runtime,
+            Self {
+                first,
+                others,
+                stripes,
+            },
+        ))
+    }
+
+    /// The endpoints the bulk connections come from (for the close's wait).
+    fn endpoints(&self) -> impl Iterator<Item = quinn::Endpoint> + use<> {
+        self.others
+            .as_ref()
+            .map(|(endpoint, _)| endpoint.clone())
+            .into_iter()
+    }
+
+    /// Opens the bulk connections to the session process at `addr` at once, each admitted within
+    /// `within`, stripe 0 first (the session process drives the first one on its network thread and the
+    /// others on threads of their own); those that were (at least one), or why none was.
+    async fn connect(
+        &self,
+        config: quinn::ClientConfig,
+        peer: PeerId,
+        addr: SocketAddr,
+        token: [u8; 32],
+        within: Duration,
+    ) -> Result<Vec<quinn::Connection>, String> {
+        let dial = |(endpoint, runtime): &(quinn::Endpoint, tokio::runtime::Handle)| {
+            runtime.spawn(connect_bulk(
+                endpoint.clone(),
+                config.clone(),
+                peer,
+                addr,
+                token,
+                within,
+            ))
+        };
+        let mut made = Vec::new();
+        let mut why = String::from("no bulk connection was asked for");
+        let mut take = |dialed: Result<
+            Result<quinn::Connection, String>,
+            tokio::task::JoinError,
+        >| {
+            match dialed {
+                Ok(Ok(conn)) => made.push(conn),
+                Ok(Err(err)) => why = err,
+                Err(err) => why = err.to_string(),
+            }
+        };
+        // Stripe 0 first, so that it arrives first and the session process drives it on its network
+        // thread; the others then at once.
+        take(dial(&self.first).await);
+        if let Some(others) = &self.others {
+            let dials: Vec<_> = (1..self.stripes).map(|_| dial(others)).collect();
+            for dialed in dials {
+                take(dialed.await);
+            }
+        }
+        if made.is_empty() { Err(why) } else { Ok(made) }
+    }
+}
 
 /// `config` with its transport fitted to the path to `addr` (loopback datagrams to a peer on this
 /// machine: `gleam_auth::tls::fit_to_path`).
@@ -1452,7 +1635,7 @@ fn fitted(config: &quinn::ClientConfig, addr: SocketAddr) -> quinn::ClientConfig
 /// [`gleam_auth::tls::bulk_transport_config`]; done once the session process
 /// admitted it (it finishes the opening stream, or closes the connection), within `within`.
 async fn connect_bulk(
-    endpoint: &quinn::Endpoint,
+    endpoint: quinn::Endpoint,
     mut config: quinn::ClientConfig,
     peer: PeerId,
     addr: SocketAddr,
@@ -1513,7 +1696,7 @@ async fn reconnect(shared: Arc<Shared>, window: Duration, why: String) {
                 info!(
                     attempts,
                     after_ms = started.elapsed().as_millis() as u64,
-                    bulk = lock(&shared.bulk).is_some(),
+                    stripes = shared.stripes(),
                     "CUDA session resumed on a new connection"
                 );
                 return;
@@ -1614,36 +1797,38 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
             Ok(None) | Err(_) => return Err(Attempt::Failed(close_reason(&connection))),
         }
     };
-    // The session process has taken the new connection: a new bulk connection may join it (best
-    // effort: without one, the bulk lanes resume on the session connection).
-    let bulk = if bulk_connection_enabled() {
-        let made = connect_bulk(
-            &resume.endpoint,
-            resume.config.clone(),
-            resume.peer,
-            session_addr,
-            resume.token,
-            RESUME_DIAL,
-        )
-        .await;
-        match made {
-            Ok(bulk) => {
-                attempt.0.push(bulk.clone());
-                Some(bulk)
-            }
-            Err(err) => {
-                debug!(error = %err, "the resumed session has no bulk connection");
-                None
+    // The session process has taken the new connection: new bulk connections may join it (best
+    // effort: without them, the bulk lanes resume on the session connection).
+    let bulk = match &resume.bulk {
+        Some(dialer) => {
+            let made = dialer
+                .connect(
+                    resume.config.clone(),
+                    resume.peer,
+                    session_addr,
+                    resume.token,
+                    RESUME_DIAL,
+                )
+                .await;
+            match made {
+                Ok(bulk) => {
+                    attempt.0.extend(bulk.iter().cloned());
+                    bulk
+                }
+                Err(err) => {
+                    debug!(error = %err, "the resumed session has no bulk connection");
+                    Vec::new()
+                }
             }
         }
-    } else {
-        None
+        None => Vec::new(),
     };
     let mut streams = HashMap::new();
     for lane in lanes {
-        let on = match &bulk {
-            Some(bulk) if lane.carries_bulk() => bulk,
-            _ => &connection,
+        let on = if lane.carries_bulk() && !bulk.is_empty() {
+            &bulk[usize::from(stripe_of(lane.0)) % bulk.len()]
+        } else {
+            &connection
         };
         let (send, recv) = on.open_bi().await.map_err(|e| failed(&e))?;
         streams.insert(lane, (send, recv));
@@ -1685,11 +1870,7 @@ fn switch(
     shared: &Arc<Shared>,
     generation: u64,
     received: &Marks,
-    (connection, lifeline, bulk): (
-        quinn::Connection,
-        quinn::Connection,
-        Option<quinn::Connection>,
-    ),
+    (connection, lifeline, bulk): (quinn::Connection, quinn::Connection, Vec<quinn::Connection>),
     control: (quinn::SendStream, quinn::RecvStream, PieceReader),
     mut streams: HashMap<Lane, (quinn::SendStream, quinn::RecvStream)>,
 ) -> Result<(), Attempt> {
@@ -1731,17 +1912,17 @@ fn switch(
         tx.flush.notify_one();
     }
     *lock(&shared.connections) = (connection.clone(), lifeline.clone());
-    // Every lane now travels on the new connections; the old bulk connection is left behind (the
-    // session process closes it too).
+    // Every lane now travels on the new connections; the old bulk connections are left behind (the
+    // session process closes them too).
     let old = std::mem::replace(&mut *lock(&shared.bulk), bulk.clone());
-    if let Some(old) = old {
+    for old in old {
         old.close(
             quinn::VarInt::from_u32(CLOSE_CLIENT_EXIT),
             b"superseded by the resumed connection",
         );
     }
     drop(core);
-    if let Some(bulk) = bulk {
+    for bulk in bulk {
         shared
             .runtime
             .spawn(watch_session(bulk, generation, shared.clone()));

@@ -490,6 +490,7 @@ fn consume(
                     upload,
                     index,
                     stream,
+                    stripe: shared.stripe_for(upload),
                 };
                 crate::sent::note(false);
                 let sending = Instant::now();

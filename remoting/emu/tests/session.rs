@@ -141,7 +141,7 @@ fn a_client_session_end_to_end() {
         src: b,
         len: 128,
         stream: None,
-        apart: false,
+        apart: None,
     });
     assert_eq!(res, CUresult::SUCCESS);
     let Reply::Data = reply else {
@@ -179,7 +179,7 @@ fn a_client_session_end_to_end() {
             src: b,
             len: 4,
             stream: None,
-            apart: false,
+            apart: None,
         })
         .0,
         CUresult::ILLEGAL_ADDRESS

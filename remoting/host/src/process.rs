@@ -8,11 +8,14 @@
 //! same peer and token): its streams are lanes like the session connection's, on a congestion window of
 //! their own; its loss alone does not end or suspend the session.
 //!
-//! Two threads:
+//! Its threads:
 //!
 //! * the network thread runs a single-threaded tokio runtime: quinn's endpoint, one reader task per lane
 //!   (QUIC stream) that decodes frames into the [`Inbox`], and one writer task per lane that flushes what the
 //!   executor could not hand to quinn at once;
+//! * beside it, [`ConnectionThreads`] drive a client's bulk connections past its first (striping:
+//!   `GLEAM_BULK_STRIPES` on the client), so that one copy's connections are encrypted and decrypted
+//!   on several cores;
 //! * this thread is the executor: it takes the next request the [`Scheduler`] allows (per-lane order,
 //!   barriers, event dependencies), runs it through the [`Session`] engine on the backend, and writes the
 //!   answer to the request's lane itself (a reply goes to quinn without a thread hop unless quinn's send
@@ -57,9 +60,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::{CLOSE_ENDED, CLOSE_PROTOCOL_VIOLATION};
 
-/// Bulk connections one session connection may have at once (a client opens one; the bound keeps a
-/// misbehaving one from making this process hold connections without end).
-const MAX_BULK_CONNECTIONS: usize = 4;
+/// Bulk connections one session connection may have at once (a client opens one per stripe; the bound
+/// keeps a misbehaving one from making this process hold connections without end).
+const MAX_BULK_CONNECTIONS: usize = gleam_protocol::wire::MAX_STRIPES as usize;
 /// How long the client may take to attach after the session process announced itself.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the last replies (Goodbye's) may take to leave before the connection closes.
@@ -317,6 +320,10 @@ struct Shared {
     /// ([`gleam_auth::busy_poll::ANSWER_LINGER`]): a synchronizing client's next request, and the
     /// executor's answer to it, then travel without waking a sleeping thread.
     busy: Arc<BusyPoll>,
+    /// Connections given the network thread's runtime since the link was last down: the first two to
+    /// arrive then are the session connection and the client's first bulk connection (which follows
+    /// it); any other, a further stripe, is driven by a bulk thread ([`ConnectionThreads`]).
+    on_network_thread: AtomicUsize,
 }
 
 impl Default for Shared {
@@ -331,6 +338,7 @@ impl Default for Shared {
                 gleam_protocol::tuning::spin_budget(),
                 gleam_auth::busy_poll::ANSWER_LINGER,
             ),
+            on_network_thread: AtomicUsize::new(0),
         }
     }
 }
@@ -800,6 +808,8 @@ fn network(
             return;
         }
     };
+    let threads = ConnectionThreads::start();
+    let bulk_threads = threads.handle();
     runtime.block_on(async move {
         let (endpoint, server) = match bind(&options) {
             Ok(bound) => bound,
@@ -818,6 +828,7 @@ fn network(
             options.client,
             token,
             arrivals_tx,
+            (shared.clone(), bulk_threads),
         ));
         // A bulk connection admitted before the attach (its handshake may finish first) waits for it.
         let mut early_bulk = Vec::new();
@@ -938,18 +949,70 @@ enum Arrival {
     Bulk(quinn::Connection),
 }
 
+/// Threads beside the network thread that drive a session's further bulk connections, past its first
+/// (a quinn connection's driver encrypts what it sends and decrypts what it receives): a copy striped
+/// over several bulk connections ([`gleam_protocol::wire::bulk_stream`]) is then encrypted and
+/// decrypted on several cores. The socket stays the network thread's; only the connections' work
+/// moves. The first bulk connection stays on the network thread: with one stripe (the default) the
+/// session runs as it did before stripes.
+struct ConnectionThreads(Option<tokio::runtime::Runtime>);
+
+impl ConnectionThreads {
+    /// One thread per stripe past the first a client may use, as the host's cores allow (at least one).
+    fn start() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let threads = cores
+            .saturating_sub(1)
+            .clamp(1, usize::from(gleam_protocol::wire::MAX_STRIPES) - 1);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("gleam-session-bulk")
+            .enable_all()
+            .build()
+            .inspect_err(
+                |err| warn!(%err, "no bulk connection threads: the network thread drives them"),
+            )
+            .ok();
+        Self(runtime)
+    }
+
+    fn handle(&self) -> Option<tokio::runtime::Handle> {
+        self.0.as_ref().map(|runtime| runtime.handle().clone())
+    }
+}
+
+impl Drop for ConnectionThreads {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            // The connections are closed by now; their drivers need not finish.
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// Admits connections for the whole session: authenticated as `client`, their first stream presenting
-/// `token` (the first connection attaches, later ones resume). Anything else is refused.
+/// `token` (the first connection attaches, later ones resume). Anything else is refused. The first two
+/// connections to arrive while the link is down (the session connection and the first bulk one) are
+/// driven on this, the network thread; any other one, a further stripe, on `bulk_threads`.
 async fn accept(
     endpoint: quinn::Endpoint,
     server: quinn::ServerConfig,
     client: PeerId,
     token: [u8; 32],
     arrivals: mpsc::Sender<Arrival>,
+    (shared, bulk_threads): (Arc<Shared>, Option<tokio::runtime::Handle>),
 ) {
     while let Some(incoming) = endpoint.accept().await {
-        // Fitted to the path (loopback datagrams for a client on this machine).
-        let incoming = match tls::accept(incoming, &server) {
+        let on_bulk_thread = bulk_threads
+            .as_ref()
+            .filter(|_| shared.on_network_thread.fetch_add(1, Ordering::AcqRel) >= 2);
+        // Fitted to the path (loopback datagrams for a client on this machine). quinn spawns the
+        // connection's driver on the runtime it is accepted in.
+        let accepted = {
+            let _on = on_bulk_thread.map(tokio::runtime::Handle::enter);
+            tls::accept(incoming, &server)
+        };
+        let incoming = match accepted {
             Ok(connecting) => connecting,
             Err(err) => {
                 debug!(error = %err, "a connection to the session endpoint was refused");
@@ -1170,6 +1233,8 @@ async fn drive(
                 }
                 Err(err) => {
                     current = None;
+                    // The client's next connection is the resumed session connection.
+                    shared.on_network_thread.store(0, Ordering::Release);
                     match &err {
                         // A resume attempt the client gave up: it tries again (below, as a drop).
                         quinn::ConnectionError::ApplicationClosed(close)

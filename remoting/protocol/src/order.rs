@@ -93,9 +93,9 @@ impl Call {
         match self {
             Call::MemcpyDtoH {
                 stream,
-                apart: true,
+                apart: Some(stripe),
                 ..
-            } => Lane(crate::wire::upload_chunk_stream(*stream)),
+            } => Lane(crate::wire::bulk_stream(*stream, *stripe)),
             _ => lane,
         }
     }
@@ -124,8 +124,13 @@ impl Call {
             // A cached upload's chunks travel ahead of its copy, on a lane of their own per copy stream
             // (bulk bytes, kept off the stream's lane and the control lane); the copy waits for the
             // upload's pseudo event, which each chunk records.
-            Call::UploadChunk { upload, stream, .. } => Ordering {
-                stream: Some(crate::wire::upload_chunk_stream(*stream)),
+            Call::UploadChunk {
+                upload,
+                stream,
+                stripe,
+                ..
+            } => Ordering {
+                stream: Some(crate::wire::bulk_stream(*stream, *stripe)),
                 records: Some(crate::wire::upload_event(*upload)),
                 ..Ordering::default()
             },
@@ -496,13 +501,24 @@ mod tests {
             apart,
         };
         let own = Lane::of_stream(A);
-        let bulk = dtoh(Some(A), true).answer_lane(own);
+        let bulk = dtoh(Some(A), Some(0)).answer_lane(own);
         assert!(bulk.carries_bulk() && bulk != own);
         assert_eq!(bulk, Lane(crate::wire::upload_chunk_stream(Some(A))));
         // Synchronous downloads: the synchronous uploads' chunk lane.
-        let sync = dtoh(None, true).answer_lane(Lane::CONTROL);
+        let sync = dtoh(None, Some(0)).answer_lane(Lane::CONTROL);
         assert_eq!(sync, Lane(crate::wire::SYNC_UPLOAD_STREAM));
-        assert_eq!(dtoh(Some(A), false).answer_lane(own), own);
+        assert_eq!(dtoh(Some(A), None).answer_lane(own), own);
+        // Another stripe: another bulk lane of the same stream.
+        for stream in [Some(A), None] {
+            let lanes: Vec<Lane> = (0..crate::wire::MAX_STRIPES)
+                .map(|stripe| dtoh(stream, Some(stripe)).answer_lane(own))
+                .collect();
+            for (stripe, lane) in lanes.iter().enumerate() {
+                assert!(lane.carries_bulk(), "{lane:?}");
+                assert_eq!(crate::wire::stripe_of(lane.0), stripe as u8);
+                assert!(lanes[..stripe].iter().all(|other| other != lane));
+            }
+        }
         assert_eq!(Call::Goodbye.answer_lane(Lane::CONTROL), Lane::CONTROL);
     }
 
@@ -770,6 +786,7 @@ mod tests {
             upload,
             index: 0,
             stream: None,
+            stripe: 0,
         };
         let copy = |upload, continues| Call::UploadCopy {
             upload,
@@ -812,6 +829,7 @@ mod tests {
             upload: 7,
             index,
             stream: Some(S),
+            stripe: 0,
         };
         let (c1, chunk_lane, _) = seq.next(chunk(0).ordering());
         let (c2, lane, _) = seq.next(chunk(1).ordering());

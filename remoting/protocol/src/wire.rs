@@ -18,7 +18,7 @@ use crate::copy::Copy3D;
 use crate::types::CUresult;
 
 /// Bumped on any incompatible change to the messages below or to the framing.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 /// QUIC close code of a connection the client abandons while resuming a session (an attempt that broke
 /// off, or lost to a newer one): the session waits for the next attempt, where any other close by the
 /// client ends it.
@@ -37,7 +37,8 @@ pub const SYNC_UPLOAD_STREAM: u64 = u64::MAX - 1;
 /// connection ([`StreamOpen::Bulk`]) while the stream's small calls keep to the session connection; the
 /// copy waits for its chunks through [`upload_event`] wherever they travel. The handle has bit 62 set and
 /// bit 63 clear: no driver gives out such a handle (user-space addresses and the emu's handles are far
-/// below), and it is never [`SYNC_UPLOAD_STREAM`] nor the signals' lane.
+/// below), and it is never [`SYNC_UPLOAD_STREAM`] nor the signals' lane. Stripe 0's:
+/// [`bulk_stream`] gives the others.
 pub fn upload_chunk_stream(stream: Option<u64>) -> u64 {
     match stream {
         None => SYNC_UPLOAD_STREAM,
@@ -45,12 +46,41 @@ pub fn upload_chunk_stream(stream: Option<u64>) -> u64 {
     }
 }
 
+/// Bulk connections a client may stripe its bulk bytes over ([`bulk_stream`]'s `stripe` is below it).
+pub const MAX_STRIPES: u8 = 4;
+
+/// The pseudo stream of `stream`'s bulk lane number `stripe` (below [`MAX_STRIPES`]; 0 is
+/// [`upload_chunk_stream`]'s): a client with several bulk connections opens stripe `k`'s lanes on its
+/// `k`-th, so that one large copy's bytes cross on several connections at once, each with its own
+/// congestion window and encrypted by its own thread ([`Call::UploadChunk`]'s and
+/// [`Call::MemcpyDtoH`]'s `stripe`). The stripe flips bits 56-61, which no handle has (see
+/// [`upload_chunk_stream`]): a handle that did would only share lanes with another stripe.
+pub fn bulk_stream(stream: Option<u64>, stripe: u8) -> u64 {
+    upload_chunk_stream(stream) ^ (u64::from(stripe & STRIPE_BITS) << STRIPE_SHIFT)
+}
+
+/// Where [`bulk_stream`] puts the stripe.
+const STRIPE_SHIFT: u32 = 56;
+const STRIPE_BITS: u8 = 0x3f;
+
+/// The stripe of a bulk lane's pseudo stream ([`bulk_stream`]), for the connection it travels on.
+pub fn stripe_of(stream: u64) -> u8 {
+    let base = if stream >> 62 == 0b11 {
+        SYNC_UPLOAD_STREAM
+    } else {
+        // Stripe 0 of the same stream: bits 56-61 as `upload_chunk_stream` left them, which for a
+        // handle below 2^56 (every one a driver gives out) is zero.
+        stream & !(u64::from(STRIPE_BITS) << STRIPE_SHIFT)
+    };
+    (((stream ^ base) >> STRIPE_SHIFT) as u8) & STRIPE_BITS
+}
+
 /// The bit that marks [`upload_chunk_stream`]'s pseudo streams of asynchronous copies.
 const BULK_STREAM_BIT: u64 = 1 << 62;
 
-/// Whether `stream` is one of [`upload_chunk_stream`]'s pseudo streams: its lane carries bulk bytes.
+/// Whether `stream` is one of [`bulk_stream`]'s pseudo streams: its lane carries bulk bytes.
 pub fn is_upload_chunk_stream(stream: u64) -> bool {
-    stream == SYNC_UPLOAD_STREAM || stream >> 62 == 0b01
+    stream | (u64::from(STRIPE_BITS) << STRIPE_SHIFT) == SYNC_UPLOAD_STREAM || stream >> 62 == 0b01
 }
 
 /// The pseudo event an upload's chunks record and its copy waits for ([`crate::order::Ordering`]): a
@@ -207,11 +237,11 @@ pub enum Call {
         len: u64,
         /// `None` for the synchronous copy, else the stream handle (the server waits for the stream).
         stream: Option<u64>,
-        /// The reply travels apart: on the lane of the stream's uploads' chunks
-        /// ([`upload_chunk_stream`]), which the client opens on its bulk connection first, not on the
-        /// stream's own lane. So a large download has a congestion window of its own, and another
-        /// stream's small replies never queue behind it ([`Call::answer_lane`]).
-        apart: bool,
+        /// `Some(stripe)`: the reply travels apart, on the stream's bulk lane `stripe` ([`bulk_stream`]),
+        /// which the client opens on its bulk connection of that number first, not on the stream's own
+        /// lane. So a large download has congestion windows of its own, and another stream's small
+        /// replies never queue behind it ([`Call::answer_lane`]).
+        apart: Option<u8>,
     },
     /// `cuModuleLoadData`/`cuModuleLoadDataEx`/`cuModuleLoad` (the client reads the file): the frame's bulk
     /// bytes are a PTX, cubin or fatbin image, exactly as many bytes as the client determined it spans.
@@ -304,6 +334,9 @@ pub enum Call {
         index: u32,
         /// The copy's stream (`None`: the synchronous copy), for its lane.
         stream: Option<u64>,
+        /// The stream's bulk lane it travels on ([`bulk_stream`]): every chunk of one upload on the
+        /// same, so that the copy waits for the last of them.
+        stripe: u8,
     },
     /// Copies a staged upload, now complete, to device memory at `dst` and forgets it: the CUDA call
     /// (`cuMemcpyHtoD`, or `cuMemcpyHtoDAsync` on `stream`). Reply: [`Reply::Empty`].

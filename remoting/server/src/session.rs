@@ -1176,6 +1176,7 @@ mod tests {
                     upload: id,
                     index,
                     stream: None,
+                    stripe: 0,
                 };
                 assert!(s.handle(req(seq, 0, false, chunk), &wire).is_none());
             }
@@ -1288,7 +1289,7 @@ mod tests {
                         src: 0x1000,
                         len: 16,
                         stream: None,
-                        apart: false,
+                        apart: None,
                     },
                 ),
                 &[],
@@ -1306,7 +1307,7 @@ mod tests {
                     src: 0x1000,
                     len: COPY_CHUNK as u64 + 1,
                     stream: None,
-                    apart: false,
+                    apart: None,
                 },
             ))
             .unwrap();
@@ -1380,7 +1381,7 @@ mod tests {
             src: 0x1000,
             len: 4,
             stream: Some(2),
-            apart: false,
+            apart: None,
         };
         let r = s.handle_req(req(4, 0, true, dtoh)).unwrap();
         assert_eq!(r.result, CUresult::STREAM_CAPTURE_UNSUPPORTED);
