@@ -808,8 +808,7 @@ fn network(
             return;
         }
     };
-    let threads = ConnectionThreads::start();
-    let bulk_threads = threads.handle();
+    let bulk_threads = Arc::new(ConnectionThreads::default());
     runtime.block_on(async move {
         let (endpoint, server) = match bind(&options) {
             Ok(bound) => bound,
@@ -955,16 +954,24 @@ enum Arrival {
 /// decrypted on several cores. The socket stays the network thread's; only the connections' work
 /// moves. The first bulk connection stays on the network thread: with one stripe (the default) the
 /// session runs as it did before stripes.
-struct ConnectionThreads(Option<tokio::runtime::Runtime>);
+/// Started at the first such connection: a session with one stripe (the default) never starts them.
+#[derive(Default)]
+struct ConnectionThreads(std::sync::OnceLock<Option<tokio::runtime::Runtime>>);
 
 impl ConnectionThreads {
-    /// One thread per stripe past the first a client may use, as the host's cores allow (at least one).
-    fn start() -> Self {
+    /// The threads' runtime, started now if it is not yet: one thread per stripe past the first a client
+    /// may use, as the host's cores allow (at least one). `None` if it cannot be started.
+    fn handle(&self) -> Option<tokio::runtime::Handle> {
+        let runtime = self.0.get_or_init(Self::start).as_ref()?;
+        Some(runtime.handle().clone())
+    }
+
+    fn start() -> Option<tokio::runtime::Runtime> {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let threads = cores
             .saturating_sub(1)
             .clamp(1, usize::from(gleam_protocol::wire::MAX_STRIPES) - 1);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+        tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("gleam-session-bulk")
             .enable_all()
@@ -972,19 +979,15 @@ impl ConnectionThreads {
             .inspect_err(
                 |err| warn!(%err, "no bulk connection threads: the network thread drives them"),
             )
-            .ok();
-        Self(runtime)
-    }
-
-    fn handle(&self) -> Option<tokio::runtime::Handle> {
-        self.0.as_ref().map(|runtime| runtime.handle().clone())
+            .ok()
     }
 }
 
 impl Drop for ConnectionThreads {
     fn drop(&mut self) {
-        if let Some(runtime) = self.0.take() {
-            // The connections are closed by now; their drivers need not finish.
+        if let Some(Some(runtime)) = self.0.take() {
+            // The connections are closed by now; their drivers need not finish. (Also allowed where
+            // blocking is not, as on the network thread's runtime.)
             runtime.shutdown_background();
         }
     }
@@ -1000,16 +1003,16 @@ async fn accept(
     client: PeerId,
     token: [u8; 32],
     arrivals: mpsc::Sender<Arrival>,
-    (shared, bulk_threads): (Arc<Shared>, Option<tokio::runtime::Handle>),
+    (shared, bulk_threads): (Arc<Shared>, Arc<ConnectionThreads>),
 ) {
     while let Some(incoming) = endpoint.accept().await {
-        let on_bulk_thread = bulk_threads
-            .as_ref()
-            .filter(|_| shared.on_network_thread.fetch_add(1, Ordering::AcqRel) >= 2);
+        let on_bulk_thread = (shared.on_network_thread.fetch_add(1, Ordering::AcqRel) >= 2)
+            .then(|| bulk_threads.handle())
+            .flatten();
         // Fitted to the path (loopback datagrams for a client on this machine). quinn spawns the
         // connection's driver on the runtime it is accepted in.
         let accepted = {
-            let _on = on_bulk_thread.map(tokio::runtime::Handle::enter);
+            let _on = on_bulk_thread.as_ref().map(tokio::runtime::Handle::enter);
             tls::accept(incoming, &server)
         };
         let incoming = match accepted {
