@@ -25,6 +25,9 @@ use std::time::Instant;
 
 use cudarc::driver::sys;
 
+#[path = "common/mod.rs"]
+mod common;
+
 /// An empty kernel with one pointer parameter, in PTX (JIT-compiled by the driver, or interpreted by emu).
 const EMPTY_PTX: &str = r#"
 .version 8.0
@@ -252,19 +255,15 @@ fn main() {
     }
 }
 
-/// `len` random bytes, new to any content cache: splitmix64 seeded by the clock and the process id.
+/// `len` random bytes, new to any content cache: seeded by the clock and the process id.
 fn fresh_bytes(len: usize) -> Vec<u8> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let mut state = nanos ^ (u64::from(std::process::id()) << 32);
+    let mut rng = common::SplitMix64::new(nanos ^ (u64::from(std::process::id()) << 32));
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+        out.extend_from_slice(&rng.next_u64().to_le_bytes());
     }
     out.truncate(len);
     out
