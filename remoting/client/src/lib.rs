@@ -977,11 +977,8 @@ impl Shared {
     /// The connection a new `lane` opens on: for lanes that carry bulk bytes, the bulk connection of
     /// the lane's stripe ([`gleam_protocol::wire::stripe_of`]).
     fn connection_for(&self, lane: Lane) -> quinn::Connection {
-        if lane.carries_bulk() {
-            let bulk = lock(&self.bulk);
-            if !bulk.is_empty() {
-                return bulk[usize::from(stripe_of(lane.0)) % bulk.len()].clone();
-            }
+        if let Some(stripe) = bulk_connection_of(&lock(&self.bulk), lane) {
+            return stripe.clone();
         }
         self.connection()
     }
@@ -1661,6 +1658,16 @@ async fn connect_bulk(
         .map_err(|_| format!("not admitted within {within:?}"))?
 }
 
+/// The bulk connection `lane` travels on, of those a session has (`bulk`, stripe 0 first): its stripe's
+/// ([`stripe_of`]; with fewer connections than stripes, they share). `None` for a lane that carries no
+/// bulk bytes, or without bulk connections: it travels on the session connection.
+fn bulk_connection_of(bulk: &[quinn::Connection], lane: Lane) -> Option<&quinn::Connection> {
+    if !lane.carries_bulk() || bulk.is_empty() {
+        return None;
+    }
+    bulk.get(usize::from(stripe_of(lane.0)) % bulk.len())
+}
+
 /// Why one attempt to resume did not.
 enum Attempt {
     /// The peer answered: the session is no more.
@@ -1825,11 +1832,7 @@ async fn resume_once(shared: &Arc<Shared>, resume: &Resume) -> Result<(), Attemp
     };
     let mut streams = HashMap::new();
     for lane in lanes {
-        let on = if lane.carries_bulk() && !bulk.is_empty() {
-            &bulk[usize::from(stripe_of(lane.0)) % bulk.len()]
-        } else {
-            &connection
-        };
+        let on = bulk_connection_of(&bulk, lane).unwrap_or(&connection);
         let (send, recv) = on.open_bi().await.map_err(|e| failed(&e))?;
         streams.insert(lane, (send, recv));
     }
