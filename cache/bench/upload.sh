@@ -9,7 +9,10 @@
 # the upload program is built from tests/remote/upload.c with cc. MIB: payload size (default 256);
 # ROUNDS: rounds of (off, cold, warm) per link, interleaved (default 3); BACKEND: emu (default) or cuda.
 # Prints one line per upload; wire byte counts (GLEAM_STATS) go to $OUT (default ./upload-bench), which is
-# emptied first.
+# emptied first. SERVE_LOG and CLIENT_LOG set the servers' and the clients' GLEAM_LOG (default warn): the
+# servers log to $OUT/<link>.err, each upload to $OUT/<link>-<round>-<run>.log (with
+# SERVE_LOG=gleam_server=debug,gleam_host=trace and CLIENT_LOG=gleam_client=debug, a timeline of each
+# upload on both sides). LINKS: which of `loopback link` to run (default both).
 set -euo pipefail
 BIN=$(cd "$1" && pwd)
 MIB=${2:-256}
@@ -28,7 +31,7 @@ serve() {
     local dir="$OUT/$1"
     shift
     mkdir -p "$dir"
-    env GLEAM_LOG=warn "$@" "$BIN/gleam" serve 127.0.0.1:0 --backend "$BACKEND" --config-dir "$dir" \
+    env GLEAM_LOG="${SERVE_LOG:-warn}" "$@" "$BIN/gleam" serve 127.0.0.1:0 --backend "$BACKEND" --config-dir "$dir" \
         >"$dir.out" 2>"$dir.err" &
     pids+=($!)
     for _ in $(seq 100); do [ -s "$dir.out" ] && break; sleep 0.1; done
@@ -59,7 +62,7 @@ sleep 1
 
 seed=$((RANDOM * 1000))
 for round in $(seq "$ROUNDS"); do
-    for where in loopback link; do
+    for where in ${LINKS:-loopback link}; do
         peer=$loopback datagrams=
         [ "$where" = link ] && peer=$link datagrams=$ETHERNET
         for run in off cold warm; do
@@ -68,8 +71,8 @@ for round in $(seq "$ROUNDS"); do
             [ "$run" = off ] && cache=off
             stats="$OUT/$where-$round-$run.json"
             line=$(env ${datagrams:+"$datagrams"} GLEAM_CACHE=$cache GLEAM_SHIM="$BIN/libgleamcuda.so" GLEAM_STATS="$stats" \
-                "$BIN/gleam" run --peer "$peer" --config-dir "$OUT/$where" -- \
-                "$OUT/upload" "$MIB" "$seed" sync | grep 'upload sync')
+                GLEAM_LOG="${CLIENT_LOG:-warn}" "$BIN/gleam" run --peer "$peer" --config-dir "$OUT/$where" -- \
+                "$OUT/upload" "$MIB" "$seed" sync 2>"$OUT/$where-$round-$run.log" | grep 'upload sync')
             sent=$(sed -E 's/.*"sent_bytes":([0-9]+).*/\1/' "$stats")
             echo "$where round $round cache-$run: ${line#upload sync: }, $sent bytes sent"
         done

@@ -242,13 +242,16 @@ pub fn accept(
 }
 
 /// The bulk connection's congestion controller on a path of `kind`: `GLEAM_BULK_CONGESTION` if set; else
-/// [`DEFAULT_BULK_CONGESTION`] on a LAN, and BBR on loopback, where no link queue is shared with
-/// anything and the round trip measures the receiving process's scheduling (the delay target cost 14%
-/// of a cold upload's rate there: 729-750 MiB/s against 850-866 with BBR, same call as above).
+/// [`DEFAULT_BULK_CONGESTION`] on a LAN, and Cubic on loopback, where no link queue is shared with
+/// anything and the round trip measures the receiving process's scheduling. Cold 256 MiB uploads on the
+/// H100 host's loopback (`GLEAM_BULK_CONGESTION=$cc LINKS=loopback bash cache/bench/upload.sh .carry 256 2
+/// cuda` for bbr, cubic, delay, twice over in one call): 604-668 MiB/s with Cubic, 516-543 with BBR,
+/// 483-668 with the delay target. (An earlier call, before the session process owned its connections, had BBR ahead of
+/// the delay target, 850-866 against 729-750.)
 fn bulk_congestion(kind: PathKind) -> CongestionControl {
     let default = match kind {
         PathKind::Lan => DEFAULT_BULK_CONGESTION,
-        PathKind::Loopback => CongestionControl::Bbr,
+        PathKind::Loopback => CongestionControl::Cubic,
     };
     congestion_from_env("GLEAM_BULK_CONGESTION", default)
 }

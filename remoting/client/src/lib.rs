@@ -988,6 +988,11 @@ impl Shared {
         lock(&self.bulk).len()
     }
 
+    /// The first bulk connection's statistics (its path, the frames it sent), if there is one.
+    pub(crate) fn bulk_stats(&self) -> Option<quinn::ConnectionStats> {
+        lock(&self.bulk).first().map(quinn::Connection::stats)
+    }
+
     /// The stripe upload number `upload`'s chunks travel on: consecutive segments of a large copy
     /// (each its own upload) take turns, so the connections carry them at once.
     pub(crate) fn stripe_for(&self, upload: u64) -> u8 {
@@ -1023,7 +1028,11 @@ impl Shared {
             }
             *lock(&self.bulk) = stripes.clone();
         }
-        debug!(stripes = stripes.len(), "bulk connections attached");
+        debug!(
+            stripes = stripes.len(),
+            rtt_us = ?stripes.iter().map(|c| c.rtt().as_micros()).collect::<Vec<_>>(),
+            "bulk connections attached"
+        );
         // Losing one is losing the link (a resume follows); its close by the session process is the end.
         for conn in stripes {
             self.runtime.spawn(watch_session(conn, 0, self.clone()));

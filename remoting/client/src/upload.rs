@@ -229,7 +229,16 @@ pub(crate) fn upload(
     // trace`.
     crate::sent::note(true);
     let secs = started.elapsed().as_secs_f64();
+    // The first bulk connection at the end: what held its sending back (a large round trip, losses,
+    // the peer's flow control).
+    let bulk = shared.bulk_stats();
     debug!(
+        bulk_rtt_us = bulk.map(|b| b.path.rtt.as_micros() as u64),
+        bulk_min_rtt_us = bulk.map(|b| b.path.min_rtt.as_micros() as u64),
+        bulk_cwnd = bulk.map(|b| b.path.cwnd),
+        bulk_lost = bulk.map(|b| b.path.lost_packets),
+        bulk_congestion_events = bulk.map(|b| b.path.congestion_events),
+        bulk_blocked = bulk.map(|b| b.frame_tx.data_blocked + b.frame_tx.stream_data_blocked),
         bytes = src.len(),
         sent_chunks = tally.chunks,
         sent_raw = tally.raw,

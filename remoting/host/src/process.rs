@@ -38,7 +38,7 @@ use std::future::poll_fn;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -208,7 +208,10 @@ pub fn run<B: Backend>(
         other => other,
     };
     match &reason {
-        ExitReason::Ended => info!("session process done"),
+        ExitReason::Ended => info!(
+            readers_held_back_ms = shared.inbox.held_back_us.load(Ordering::Relaxed) / 1000,
+            "session process done"
+        ),
         other => error!(reason = %other, "session ended abnormally"),
     }
     reason
@@ -266,6 +269,9 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
         if took >= SLOW_REQUEST {
             // Every other lane waited this long: what holds small calls back behind bulk work.
             debug!(kind, ?lane, ?took, bulk = bulk_len, "slow request");
+        } else {
+            // Every request, for a timeline (`GLEAM_LOG=gleam_host=trace`).
+            tracing::trace!(kind, ?lane, ?took, bulk = bulk_len, "request ran");
         }
         if !session.marks_run_later() {
             shared.inbox.done(seq);
@@ -407,6 +413,9 @@ struct Inbox {
     sleeping: AtomicBool,
     /// Something arrived that the client has not been told about.
     ack_due: Notify,
+    /// Microseconds lane readers spent held back by [`LANE_QUEUE_LIMIT`] (the executor behind), all
+    /// lanes together: for the session's last log line.
+    held_back_us: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -524,6 +533,7 @@ impl Inbox {
 
     /// Waits while `lane` has more than [`LANE_QUEUE_LIMIT`] bulk bytes queued (the executor is behind).
     async fn room(&self, lane: Lane) {
+        let mut since: Option<Instant> = None;
         loop {
             let drained = self.drained.notified();
             let mut drained = pin!(drained);
@@ -532,9 +542,14 @@ impl Inbox {
                 let state = lock(&self.state);
                 if state.closed || state.queued.get(&lane).copied().unwrap_or(0) < LANE_QUEUE_LIMIT
                 {
+                    if let Some(since) = since {
+                        let waited = since.elapsed().as_micros() as u64;
+                        self.held_back_us.fetch_add(waited, Ordering::Relaxed);
+                    }
                     return;
                 }
             }
+            since.get_or_insert_with(Instant::now);
             drained.await;
         }
     }

@@ -110,6 +110,8 @@ struct Staged {
     received: Vec<usize>,
     /// Where each chunk that occurs more than once occurs.
     repeats: HashMap<ContentId, Vec<usize>>,
+    /// Microseconds the executor waited for room in the chunk workers' queue, for its log line.
+    handoff_us: u64,
 }
 
 /// A staged payload's bytes, and what the chunk worker has still to do for it.
@@ -128,6 +130,10 @@ struct Progress {
     wrong: Vec<usize>,
     /// Chunks the filler put in place from the store, not yet marked in [`Staged::filled`].
     found: Vec<usize>,
+    /// Microseconds the chunk workers spent on this payload: checking chunks (decoding them too, if
+    /// compressed), and copying them into place (the buffer's lock included): for its log line.
+    check_us: u64,
+    place_us: u64,
 }
 
 impl Staged {
@@ -252,6 +258,7 @@ impl Payloads {
             buf: shared.clone(),
             received: Vec::new(),
             repeats: places,
+            handoff_us: 0,
             filled: vec![false; chunks],
             unfilled: chunks,
             manifest,
@@ -369,7 +376,9 @@ impl Payloads {
         };
         staged.received.push(index);
         lock(&staged.buf.progress).pending += 1;
+        let handing = std::time::Instant::now();
         self.worker.get_or_insert_with(chunk_workers).run(job);
+        staged.handoff_us += handing.elapsed().as_micros() as u64;
         Ok(())
     }
 
@@ -404,7 +413,9 @@ impl Payloads {
             .remove(&upload)
             .ok_or(CUresult::INVALID_VALUE)?;
         self.staged -= staged.manifest.len();
-        let wrong = staged.buf.settle();
+        let settling = std::time::Instant::now();
+        let (wrong, check_us, place_us) = staged.buf.settle();
+        let settle_us = settling.elapsed().as_micros() as u64;
         staged.absorb_found();
         let mut buf = std::mem::take(&mut *lock(&staged.buf.bytes));
         if staged.unfilled > 0 {
@@ -425,20 +436,30 @@ impl Payloads {
             self.recycle(buf);
             return Err(CUresult::INVALID_VALUE);
         }
+        let locking = std::time::Instant::now();
         if let Some(pin) =
             pin.filter(|_| buf.len() >= PIN_FROM && !buf.is_pinned() && pinned_staging())
         {
             lock_pages(upload, &mut buf, pin, "copy");
         }
+        let lock_us = locking.elapsed().as_micros() as u64;
         let copying = std::time::Instant::now();
         let copied = copy(&buf, buf.is_pinned()).map(|read| {
             if let Some(read) = read {
                 buf.set_reading(read);
             }
         });
+        // Where a payload's time went on this side: the executor's waits (for room in the workers'
+        // queue, for the last chunks to be placed), the workers' work, the page-locking, the copy.
         debug!(
             upload,
             bytes = buf.len(),
+            received = staged.received.len(),
+            handoff_us = staged.handoff_us,
+            settle_us,
+            check_us,
+            place_us,
+            lock_us,
             copy_us = copying.elapsed().as_micros() as u64,
             "upload copied"
         );
@@ -521,8 +542,9 @@ impl SharedBuf {
         self.settled.notify_all();
     }
 
-    /// Waits until the chunk worker is done with this payload; returns the chunks that were wrong.
-    fn settle(&self) -> Vec<usize> {
+    /// Waits until the chunk worker is done with this payload; returns the chunks that were wrong,
+    /// and the workers' time on it (checking, placing; microseconds).
+    fn settle(&self) -> (Vec<usize>, u64, u64) {
         let mut progress = lock(&self.progress);
         while progress.pending > 0 {
             progress = self
@@ -530,7 +552,8 @@ impl SharedBuf {
                 .wait(progress)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
-        std::mem::take(&mut progress.wrong)
+        let wrong = std::mem::take(&mut progress.wrong);
+        (wrong, progress.check_us, progress.place_us)
     }
 }
 
@@ -616,6 +639,8 @@ fn chunk_workers() -> Workers<ChunkJob> {
 /// Decodes one chunk, checks it, and copies it into place; then tells whoever waits for its upload.
 fn place(decoder: &mut Decoder, scratch: &mut Vec<u8>, job: &ChunkJob) {
     // Whatever happens, the copy waiting for this chunk must hear of it: a panic counts as a wrong chunk.
+    let checking = std::time::Instant::now();
+    let mut placing = None;
     let right = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // Outside the buffer's lock: other workers place other chunks of the same upload meanwhile.
         let body: &[u8] = match job.raw {
@@ -639,6 +664,7 @@ fn place(decoder: &mut Decoder, scratch: &mut Vec<u8>, job: &ChunkJob) {
             }
         };
         // `body` has the range's length: checked on arrival (raw) or decoded into `scratch` (compressed).
+        placing = Some(std::time::Instant::now());
         let mut bytes = lock(&job.buf.bytes);
         // A buffer taken away (the upload was discarded or replaced) is not written.
         if bytes.len() >= job.range.end {
@@ -648,7 +674,11 @@ fn place(decoder: &mut Decoder, scratch: &mut Vec<u8>, job: &ChunkJob) {
         true
     }))
     .unwrap_or(false);
+    let done = std::time::Instant::now();
+    let placed_from = placing.unwrap_or(done);
     let mut progress = lock(&job.buf.progress);
+    progress.check_us += placed_from.duration_since(checking).as_micros() as u64;
+    progress.place_us += done.duration_since(placed_from).as_micros() as u64;
     progress.pending -= 1;
     if !right {
         progress.wrong.push(job.index);
