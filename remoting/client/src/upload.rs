@@ -319,6 +319,7 @@ fn announce<'a>(
     let started = Instant::now();
     let manifest = Manifest::of(segment);
     Timing::add(&timing.hash, started);
+    tracing::trace!(offset, len = segment.len(), "segment hashed");
     let upload = NEXT_UPLOAD.fetch_add(1, Ordering::Relaxed);
     let call = Call::UploadBegin {
         upload,
@@ -341,6 +342,7 @@ impl Announced<'_> {
         let started = Instant::now();
         let answer = pending.wait();
         Timing::add(&timing.announce, started);
+        tracing::trace!(upload = self.upload, "announcement answered");
         let answer = answer?;
         if !answer.result.is_success() {
             debug!(upload = self.upload, result = %answer.result, "segment not staged: plain copy");
@@ -505,6 +507,14 @@ fn consume(
                 let sending = Instant::now();
                 shared.submit(ctx, call, &[&header, &encoded.body], false)?;
                 tally.sending += sending.elapsed();
+                // A timeline of the upload (`GLEAM_LOG=gleam_client::upload=trace`).
+                tracing::trace!(
+                    upload,
+                    index,
+                    waited_us = waiting.elapsed().as_micros() as u64,
+                    sending_us = sending.elapsed().as_micros() as u64,
+                    "chunk handed over"
+                );
                 tally.chunks += 1;
                 tally.raw += encoded.header.raw_len as usize;
                 tally.wire += encoded.wire_len();
