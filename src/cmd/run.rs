@@ -145,7 +145,13 @@ const LOSSY_LINK: f32 = 0.001;
 /// BBR on a lossy link, unless the user chose one (`configured`: `GLEAM_CONGESTION`); `None` leaves
 /// the default.
 fn congestion_for(loss: f32, configured: Option<&str>) -> Option<&'static str> {
-    (configured.is_none_or(|c| c.trim().is_empty()) && loss >= LOSSY_LINK).then_some("bbr")
+    (!user_chose(configured) && loss >= LOSSY_LINK).then_some("bbr")
+}
+
+/// Whether the user set a variable `gleam run` would otherwise set for the program (a blank value
+/// counts as unset).
+fn user_chose(configured: Option<&str>) -> bool {
+    configured.is_some_and(|c| !c.trim().is_empty())
 }
 
 /// Measured bandwidth per bulk connection from which `gleam run` stripes large copies over several
@@ -159,7 +165,7 @@ const STRIPE_BANDWIDTH: u64 = 4_000_000_000;
 /// at `bandwidth_bps`: one per [`STRIPE_BANDWIDTH`] (at most `MAX_STRIPES`), unless the user chose
 /// (`configured`: `GLEAM_BULK_STRIPES`); `None` leaves the default, one.
 fn stripes_for(bandwidth_bps: Option<u64>, configured: Option<&str>) -> Option<u8> {
-    if configured.is_some_and(|c| !c.trim().is_empty()) {
+    if user_chose(configured) {
         return None;
     }
     let stripes = bandwidth_bps?.div_ceil(STRIPE_BANDWIDTH);

@@ -230,8 +230,10 @@ pub(crate) fn upload(
     crate::sent::note(true);
     let secs = started.elapsed().as_secs_f64();
     // The first bulk connection at the end: what held its sending back (a large round trip, losses,
-    // the peer's flow control).
-    let bulk = shared.bulk_stats();
+    // the peer's flow control). Read only when the line is logged.
+    let bulk = tracing::enabled!(tracing::Level::DEBUG)
+        .then(|| shared.bulk_stats())
+        .flatten();
     debug!(
         bulk_rtt_us = bulk.map(|b| b.path.rtt.as_micros() as u64),
         bulk_min_rtt_us = bulk.map(|b| b.path.min_rtt.as_micros() as u64),

@@ -436,13 +436,11 @@ impl Payloads {
             self.recycle(buf);
             return Err(CUresult::INVALID_VALUE);
         }
-        let locking = std::time::Instant::now();
         if let Some(pin) =
             pin.filter(|_| buf.len() >= PIN_FROM && !buf.is_pinned() && pinned_staging())
         {
             lock_pages(upload, &mut buf, pin, "copy");
         }
-        let lock_us = locking.elapsed().as_micros() as u64;
         let copying = std::time::Instant::now();
         let copied = copy(&buf, buf.is_pinned()).map(|read| {
             if let Some(read) = read {
@@ -450,7 +448,8 @@ impl Payloads {
             }
         });
         // Where a payload's time went on this side: the executor's waits (for room in the workers'
-        // queue, for the last chunks to be placed), the workers' work, the page-locking, the copy.
+        // queue, for the last chunks to be placed), the workers' work, the copy (a page-locking here
+        // has its own line, from `lock_pages`).
         debug!(
             upload,
             bytes = buf.len(),
@@ -459,7 +458,6 @@ impl Payloads {
             settle_us,
             check_us,
             place_us,
-            lock_us,
             copy_us = copying.elapsed().as_micros() as u64,
             "upload copied"
         );
