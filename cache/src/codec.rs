@@ -86,6 +86,19 @@ impl ChunkHeader {
                 got: wire.len(),
             });
         };
+        let header = Self::parse_head(*head)?;
+        if header.codec == Codec::Raw && body.len() != header.raw_len as usize {
+            return Err(DecodeError::Length {
+                expected: header.raw_len.into(),
+                actual: body.len() as u64,
+            });
+        }
+        Ok((header, body))
+    }
+
+    /// Checks the header alone (the first [`HEADER_LEN`] bytes of an encoded chunk), for a chunk whose
+    /// body is not in one slice; the caller checks a raw body's length.
+    pub fn parse_head(head: [u8; HEADER_LEN]) -> Result<Self, DecodeError> {
         let codec = Codec::from_tag(head[0])?;
         let raw_len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
         if raw_len > MAX_CHUNK_SIZE {
@@ -95,13 +108,7 @@ impl ChunkHeader {
                 max: MAX_CHUNK_SIZE.into(),
             });
         }
-        if codec == Codec::Raw && body.len() != raw_len as usize {
-            return Err(DecodeError::Length {
-                expected: raw_len.into(),
-                actual: body.len() as u64,
-            });
-        }
-        Ok((Self { codec, raw_len }, body))
+        Ok(Self { codec, raw_len })
     }
 
     /// The header's wire bytes.

@@ -290,7 +290,7 @@ struct Engine(Session<EmuBackend>);
 impl LocalPeer for Engine {
     fn handle(&mut self, request: Request, bulk: Bytes) -> Option<(ReplyFrame, Bytes)> {
         self.0
-            .handle_shared(request, bulk)
+            .handle_pieces(request, bulk.into())
             .map(|answer| (answer.frame, Bytes::from(answer.bulk)))
     }
 }

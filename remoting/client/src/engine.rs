@@ -326,6 +326,17 @@ impl<T: Transport> LaneOut<T> {
         moved.queued += part.len();
     }
 
+    /// Appends `part`, the last bulk bytes of the request queued last, as a buffer of its own: the batch
+    /// so far (that request's head included) is sealed, and `part` follows it to the transport without
+    /// being copied into the batch (it is kept with its request for resending).
+    pub fn append_owned(&mut self, part: Bytes, moved: &mut Moved) {
+        moved.queued += part.len();
+        if let Some(chunk) = self.seal_with(part.clone(), moved) {
+            self.pending.push(chunk);
+        }
+        self.pending.push(part);
+    }
+
     /// Whether the batch is large enough to hand over now, without waiting for the writer.
     pub fn is_batch_full(&self) -> bool {
         self.batch.len() >= BATCH_FLUSH
@@ -395,20 +406,30 @@ impl<T: Transport> LaneOut<T> {
 
     /// Moves the batch's requests to the kept frames; returns the batch's bytes as one chunk.
     fn seal(&mut self, moved: &mut Moved) -> Option<Bytes> {
+        self.seal_with(Bytes::new(), moved)
+    }
+
+    /// [`LaneOut::seal`], the last request's frame ending with `last_bulk` (sent apart).
+    fn seal_with(&mut self, last_bulk: Bytes, moved: &mut Moved) -> Option<Bytes> {
         if self.batch.is_empty() {
             return None;
         }
         let chunk = self.batch.split().freeze();
+        let mut last_bulk = Some(last_bulk);
         for (i, &(seq, start)) in self.frames.iter().enumerate() {
             let end = self
                 .frames
                 .get(i + 1)
                 .map_or(chunk.len(), |&(_, next)| next);
-            moved.kept += end - start;
+            let bulk = match i + 1 == self.frames.len() {
+                true => last_bulk.take().unwrap_or_default(),
+                false => Bytes::new(),
+            };
+            moved.kept += end - start + bulk.len();
             self.retained.keep(Frame {
                 seq,
                 head: chunk.slice(start..end),
-                bulk: Bytes::new(),
+                bulk,
             });
         }
         self.frames.clear();
@@ -532,6 +553,9 @@ mod tests {
         }
     }
 
+    /// Bulk parts from this size on go in buffers of their own in the simulation.
+    const OWNED_IN_TESTS: usize = 200;
+
     /// A client of the simulation: the session and its lanes over simulated streams.
     struct SimClient {
         session: Session<u64>,
@@ -568,7 +592,13 @@ mod tests {
             });
             let req = request(numbered.seq, numbered.deps, expects_reply);
             lane.queue(&req, bulk.len(), moved).expect("encodable");
-            lane.append(bulk, moved);
+            // Larger parts in buffers of their own, as the thin layer sends large ones: the tests cover
+            // both forms, resumes included.
+            if bulk.len() >= OWNED_IN_TESTS {
+                lane.append_owned(Bytes::copy_from_slice(bulk), moved);
+            } else {
+                lane.append(bulk, moved);
+            }
             numbered.seq
         }
 

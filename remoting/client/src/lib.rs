@@ -57,6 +57,7 @@
 
 mod engine;
 pub mod in_process;
+mod pool;
 mod signal;
 mod slot;
 pub mod upload;
@@ -1156,6 +1157,14 @@ impl Shared {
         }
         // A new lane is not opened on a link that is down.
         self.wait_for_room(None)?;
+        // A large last part is copied into a buffer of its own (warm, from the pool), before any lock is
+        // taken: it travels to quinn as it is, and is kept with its request for resending.
+        let (bulk, owned) = match bulk.split_last() {
+            Some((last, rest)) if last.len() >= pool::OWN_BUFFER_FROM => {
+                (rest, Some(pool::BulkPool::global().copy(last)))
+            }
+            _ => (bulk, None),
+        };
         let ordering = call.ordering();
         let lane = ordering.stream.map_or(Lane::CONTROL, Lane::of_stream);
         let tx = {
@@ -1216,7 +1225,11 @@ impl Shared {
         for part in bulk {
             state.append(part, &mut moved);
         }
-        if expects_reply || state.is_batch_full() {
+        let sealed = owned.is_some();
+        if let Some(owned) = owned {
+            state.append_owned(owned, &mut moved);
+        }
+        if expects_reply || sealed || state.is_batch_full() {
             // Someone waits (or the batch is large): hand everything to quinn now, from this thread.
             self.flush_now(&tx, state, moved);
         } else {

@@ -47,7 +47,7 @@ use bytes::Bytes;
 use gleam_auth::busy_poll::BusyPoll;
 use gleam_auth::identity::{Identity, PeerId};
 use gleam_auth::tls;
-use gleam_protocol::frame::{self, FrameError, FrameReader};
+use gleam_protocol::frame::{self, FrameError, FrameReader, PieceReader, Pieces};
 use gleam_protocol::order::{Lane, OrderError, Scheduler};
 use gleam_protocol::resume::{Awaited, Frame, Marks, Misordered, Received, ReplyCache};
 use gleam_protocol::wire::{Acks, CLOSE_RESUME_ABANDONED, Call, Request, Resumed, StreamOpen};
@@ -86,6 +86,9 @@ pub const CLOSE_SUPERSEDED: VarInt = VarInt::from_u32(0x4743_0005);
 /// QUIC flow control holds the client back. Per lane, so a lane waiting on another never starves it: the
 /// request everything waits for is always at the head of its own lane.
 const LANE_QUEUE_LIMIT: usize = 64 << 20;
+/// Requests with at most this many bulk bytes get them copied into a buffer of their
+/// own on arrival (see [`lane_reader`]); larger ones keep the pieces.
+const COPY_SMALL_BULK: usize = 16 << 10;
 
 /// What the session process needs to know.
 #[derive(Debug)]
@@ -264,7 +267,7 @@ fn execute<B: Backend>(backend: B, shared: &Arc<Shared>) -> ExitReason {
         let (kind, started, bulk_len) = (request.call.kind(), Instant::now(), bulk.len());
         // Most answers go back on their request's lane; a large download's goes apart.
         let answer_lane = request.call.answer_lane(lane);
-        let answer = session.handle_shared(request, bulk);
+        let answer = session.handle_pieces(request, bulk);
         let took = started.elapsed();
         if took >= SLOW_REQUEST {
             // Every other lane waited this long: what holds small calls back behind bulk work.
@@ -420,7 +423,7 @@ struct Inbox {
 
 #[derive(Debug, Default)]
 struct InboxState {
-    scheduler: Scheduler<(Request, Bytes)>,
+    scheduler: Scheduler<(Request, Pieces)>,
     /// Bulk bytes queued per lane.
     queued: HashMap<Lane, usize>,
     closed: bool,
@@ -449,7 +452,7 @@ impl InboxState {
         &mut self,
         drained: &Notify,
         allowed: &impl Fn(&Request) -> bool,
-    ) -> Option<(Lane, u64, (Request, Bytes))> {
+    ) -> Option<(Lane, u64, (Request, Pieces))> {
         let next = self.scheduler.pop_if(|(request, _)| allowed(request))?;
         if let Some(queued) = self.queued.get_mut(&next.0) {
             let was_full = *queued >= LANE_QUEUE_LIMIT;
@@ -469,7 +472,7 @@ impl Inbox {
         lane: Lane,
         generation: u64,
         request: Request,
-        bulk: Bytes,
+        bulk: Pieces,
     ) -> Result<(), PushError> {
         {
             let mut state = lock(&self.state);
@@ -561,7 +564,7 @@ impl Inbox {
         &self,
         spin: Duration,
         allowed: impl Fn(&Request) -> bool,
-    ) -> Option<(Lane, u64, (Request, Bytes))> {
+    ) -> Option<(Lane, u64, (Request, Pieces))> {
         let started = Instant::now();
         loop {
             {
@@ -1162,7 +1165,14 @@ fn start_lane(
 ) {
     let flush = shared.outbox.attach(lane, send, first);
     tokio::spawn(lane_writer(lane, flush, shared.clone()));
-    tokio::spawn(lane_reader(recv, frames, lane, generation, shared.clone()));
+    // From here on the lane's bytes are read where they arrived: requests' bulk bytes travel to the
+    // executor (and an upload's chunks to their workers) in quinn's buffers, never copied on this thread.
+    match PieceReader::after(frames.into_buffered()) {
+        Ok(frames) => {
+            tokio::spawn(lane_reader(recv, frames, lane, generation, shared.clone()));
+        }
+        Err(err) => shared.end(End::Protocol(format!("request {err}"))),
+    }
 }
 
 /// Serves the session's connections until the session ends: the lanes the client opens, its
@@ -1374,21 +1384,13 @@ async fn read_opening(
 /// One lane's reader: frames in, requests to the inbox.
 async fn lane_reader(
     mut recv: quinn::RecvStream,
-    mut frames: FrameReader,
+    mut frames: PieceReader,
     lane: Lane,
     generation: u64,
     shared: Arc<Shared>,
 ) {
     let why = 'lane: loop {
-        loop {
-            let frame = match frames.next_frame() {
-                Ok(Some(frame)) => frame,
-                Ok(None) => break,
-                Err(err @ (FrameError::HeaderTooLarge(_) | FrameError::BulkTooLarge(_))) => {
-                    break 'lane End::Protocol(format!("request {err}"));
-                }
-                Err(err) => break 'lane End::Protocol(err.to_string()),
-            };
+        while let Some(frame) = frames.next_frame() {
             let request: Request = match frame.decode() {
                 Ok(request) => request,
                 Err(err) => break 'lane End::Protocol(format!("malformed request: {err}")),
@@ -1407,7 +1409,14 @@ async fn lane_reader(
                 }
                 continue;
             }
-            match shared.inbox.push(lane, generation, request, frame.bulk) {
+            // A small request's bytes are copied out: as pieces they would keep whole received packets
+            // alive while the request waits.
+            let bulk = if !frame.bulk.is_empty() && frame.bulk.len() <= COPY_SMALL_BULK {
+                Pieces::from(Bytes::from(frame.bulk.to_vec()))
+            } else {
+                frame.bulk
+            };
+            match shared.inbox.push(lane, generation, request, bulk) {
                 Ok(()) => {}
                 // A resume took over: the client sends this again on the new connection.
                 Err(PushError::Stale) => return,
@@ -1418,7 +1427,13 @@ async fn lane_reader(
         // the client).
         shared.inbox.room(lane).await;
         match recv.read_chunk(usize::MAX, true).await {
-            Ok(Some(chunk)) => frames.feed(&chunk.bytes),
+            Ok(Some(chunk)) => match frames.feed(chunk.bytes) {
+                Ok(()) => {}
+                Err(err @ (FrameError::HeaderTooLarge(_) | FrameError::BulkTooLarge(_))) => {
+                    break End::Protocol(format!("request {err}"));
+                }
+                Err(err) => break End::Protocol(err.to_string()),
+            },
             Ok(None) if frames.is_mid_frame() => {
                 break End::Protocol("a stream ended inside a frame".into());
             }

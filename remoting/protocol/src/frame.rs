@@ -236,6 +236,57 @@ impl Pieces {
         self.parts.iter().map(|part| &part[..])
     }
 
+    /// The pieces from byte `at` on, in order (the first one cut at `at`; none if `at` is past the end).
+    pub fn iter_from(&self, at: usize) -> impl Iterator<Item = &[u8]> {
+        let mut skip = at;
+        self.parts.iter().filter_map(move |part| {
+            if skip >= part.len() {
+                skip -= part.len();
+                return None;
+            }
+            let from = std::mem::take(&mut skip);
+            Some(&part[from..])
+        })
+    }
+
+    /// The first `N` bytes, if there are as many (a header that may straddle pieces).
+    pub fn first_chunk<const N: usize>(&self) -> Option<[u8; N]> {
+        let mut out = [0; N];
+        let mut at = 0;
+        for part in &self.parts {
+            let n = (N - at).min(part.len());
+            out[at..at + n].copy_from_slice(&part[..n]);
+            at += n;
+            if at == N {
+                return Some(out);
+            }
+        }
+        (N == 0).then_some(out)
+    }
+
+    /// The bytes as one slice, when they arrived in one piece (or none).
+    pub fn as_contiguous(&self) -> Option<&[u8]> {
+        match self.parts.as_slice() {
+            [] => Some(&[]),
+            [one] => Some(one),
+            _ => None,
+        }
+    }
+
+    /// Copies the bytes from `at` on into `dst`, which must be exactly that long (`false`, and nothing
+    /// copied, if it is not).
+    pub fn copy_from_to(&self, at: usize, dst: &mut [u8]) -> bool {
+        if at > self.len || dst.len() != self.len - at {
+            return false;
+        }
+        let mut filled = 0;
+        for part in self.iter_from(at) {
+            dst[filled..filled + part.len()].copy_from_slice(part);
+            filled += part.len();
+        }
+        true
+    }
+
     /// Copies every byte into `dst`, which must be exactly [`Pieces::len`] long (`false`, and nothing
     /// copied, if it is not).
     pub fn copy_to_slice(&self, dst: &mut [u8]) -> bool {
@@ -500,6 +551,36 @@ mod tests {
                 "split {split}"
             );
         }
+    }
+
+    #[test]
+    fn pieces_are_read_across_their_boundaries() {
+        let all: Vec<u8> = (0..=255).collect();
+        for cut in [1, 3, 7, 100, 256] {
+            let mut pieces = Pieces::default();
+            for part in all.chunks(cut) {
+                pieces.push(Bytes::copy_from_slice(part));
+            }
+            assert_eq!(
+                pieces.first_chunk::<5>(),
+                Some([0, 1, 2, 3, 4]),
+                "cut {cut}"
+            );
+            assert_eq!(pieces.as_contiguous().is_some(), cut == 256);
+            for at in [0, 1, 5, 100, 255, 256] {
+                let from: Vec<u8> = pieces.iter_from(at).flatten().copied().collect();
+                assert_eq!(from, all[at..], "cut {cut} from {at}");
+                let mut dst = vec![0; 256 - at];
+                assert!(pieces.copy_from_to(at, &mut dst));
+                assert_eq!(dst, all[at..]);
+            }
+            assert!(!pieces.copy_from_to(3, &mut [0; 3]));
+            assert!(!pieces.copy_from_to(300, &mut []));
+        }
+        let mut short = Pieces::default();
+        short.push(Bytes::from_static(b"abc"));
+        assert_eq!(short.first_chunk::<4>(), None);
+        assert_eq!(Pieces::default().as_contiguous(), Some(&[][..]));
     }
 
     #[test]

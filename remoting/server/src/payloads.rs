@@ -24,8 +24,8 @@ use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bytes::Bytes;
-use gleam_cache::{BlobStore, ChunkHeader, Codec, ContentId, Decoder, Manifest};
+use gleam_cache::{BlobStore, ChunkHeader, Codec, ContentId, Decoder, HEADER_LEN, Manifest};
+use gleam_protocol::frame::Pieces;
 use gleam_protocol::types::CUresult;
 use tracing::{debug, warn};
 
@@ -318,10 +318,16 @@ impl Payloads {
         Ok(None)
     }
 
-    /// Hands chunk `index` of `upload` (its wire form) to the chunk worker, which decodes it into place
-    /// and checks it; what can be refused at once (an unknown upload or chunk, a malformed header, a raw
-    /// body of the wrong length) is refused here. The copy fails if the chunk turns out wrong.
-    pub fn chunk(&mut self, upload: u64, index: u32, wire: Bytes) -> Result<(), CUresult> {
+    /// Hands chunk `index` of `upload` (its wire form, in the pieces the network delivered) to the chunk
+    /// worker, which decodes it into place and checks it; what can be refused at once (an unknown upload
+    /// or chunk, a malformed header, a raw body of the wrong length) is refused here. The copy fails if
+    /// the chunk turns out wrong.
+    pub fn chunk(
+        &mut self,
+        upload: u64,
+        index: u32,
+        wire: impl Into<Pieces>,
+    ) -> Result<(), CUresult> {
         self.chunk_then(upload, index, wire, Settled::none())
     }
 
@@ -332,9 +338,10 @@ impl Payloads {
         &mut self,
         upload: u64,
         index: u32,
-        wire: Bytes,
+        wire: impl Into<Pieces>,
         settled: Settled,
     ) -> Result<(), CUresult> {
+        let wire = wire.into();
         let staged = self
             .uploads
             .get_mut(&upload)
@@ -352,14 +359,18 @@ impl Payloads {
             warn!(upload, index, %err, "refused a chunk that is not what the upload announced");
             CUresult::INVALID_VALUE
         };
-        let raw = match ChunkHeader::parse(&wire) {
-            Ok((header, body)) if header.codec == Codec::Raw => {
-                if body.len() != range.len() {
+        let Some(head) = wire.first_chunk::<HEADER_LEN>() else {
+            return Err(refuse(&"a chunk shorter than its header"));
+        };
+        let raw = match ChunkHeader::parse_head(head) {
+            Ok(header) if header.codec == Codec::Raw => {
+                if wire.len() - HEADER_LEN != range.len() || header.raw_len as usize != range.len()
+                {
                     return Err(refuse(&"a raw chunk of the wrong length"));
                 }
-                Some(wire.len() - body.len())
+                Some(HEADER_LEN)
             }
-            Ok((header, _)) if header.raw_len as usize == range.len() => None,
+            Ok(header) if header.raw_len as usize == range.len() => None,
             Ok(_) => return Err(refuse(&"a compressed chunk of the wrong length")),
             Err(err) => return Err(refuse(&err)),
         };
@@ -575,7 +586,8 @@ struct ChunkJob {
     range: Range<usize>,
     /// Where its repeats go once it is in place.
     repeats: Vec<Range<usize>>,
-    wire: Bytes,
+    /// As the network delivered it: a raw body is hashed and placed from its pieces, never gathered.
+    wire: Pieces,
     /// A raw chunk's body offset (`None`: compressed, decoded and checked by the decoder).
     raw: Option<usize>,
     /// Fires when the job is dropped: after [`place`] has counted it.
@@ -629,31 +641,59 @@ fn chunk_workers() -> Workers<ChunkJob> {
         "gleam-chunks",
         gleam_cache::parallel::cores().min(CHUNK_THREADS),
         CHUNK_QUEUE,
-        || (Decoder::new(), Vec::new()),
+        || (Decoder::new(), Scratch::default()),
         |(decoder, scratch), job| place(decoder, scratch, &job),
     )
 }
 
+/// A chunk worker's buffers, kept between chunks (warm: no page faults per chunk).
+#[derive(Default)]
+struct Scratch {
+    /// A compressed chunk's wire form in one slice.
+    wire: Vec<u8>,
+    /// Its decoded bytes.
+    decoded: Vec<u8>,
+}
+
+/// A checked chunk's bytes, as [`place`] copies them into place.
+enum Body<'a> {
+    /// A raw chunk's wire pieces, from byte `from` on.
+    Raw { from: usize },
+    /// A compressed chunk, decoded.
+    Decoded(&'a [u8]),
+}
+
 /// Decodes one chunk, checks it, and copies it into place; then tells whoever waits for its upload.
-fn place(decoder: &mut Decoder, scratch: &mut Vec<u8>, job: &ChunkJob) {
+fn place(decoder: &mut Decoder, scratch: &mut Scratch, job: &ChunkJob) {
     // Whatever happens, the copy waiting for this chunk must hear of it: a panic counts as a wrong chunk.
     let checking = std::time::Instant::now();
     let mut placing = None;
     let right = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // Outside the buffer's lock: other workers place other chunks of the same upload meanwhile.
-        let body: &[u8] = match job.raw {
+        // A raw body goes into place from the wire's pieces (from where it starts); a compressed one is
+        // decoded first.
+        let body = match job.raw {
             Some(at) => {
-                let body = &job.wire[at..];
-                if ContentId::of(body) != job.id {
+                if ContentId::of_parts(job.wire.iter_from(at)) != job.id {
                     return false;
                 }
-                body
+                Body::Raw { from: at }
             }
             None => {
+                let wire = match job.wire.as_contiguous() {
+                    Some(wire) => wire,
+                    None => {
+                        scratch.wire.clear();
+                        for piece in job.wire.iter() {
+                            scratch.wire.extend_from_slice(piece);
+                        }
+                        &scratch.wire
+                    }
+                };
                 // The length was checked against the header on arrival.
-                scratch.resize(job.range.len(), 0);
-                match decoder.decode_into(&job.id, &job.wire, scratch) {
-                    Ok(()) => scratch,
+                scratch.decoded.resize(job.range.len(), 0);
+                match decoder.decode_into(&job.id, wire, &mut scratch.decoded) {
+                    Ok(()) => Body::Decoded(&scratch.decoded),
                     Err(err) => {
                         warn!(upload = job.upload, index = job.index, %err, "refused a chunk that is not what the upload announced");
                         return false;
@@ -661,12 +701,18 @@ fn place(decoder: &mut Decoder, scratch: &mut Vec<u8>, job: &ChunkJob) {
                 }
             }
         };
-        // `body` has the range's length: checked on arrival (raw) or decoded into `scratch` (compressed).
         placing = Some(std::time::Instant::now());
         let mut bytes = lock(&job.buf.bytes);
         // A buffer taken away (the upload was discarded or replaced) is not written.
         if bytes.len() >= job.range.end {
-            bytes[job.range.clone()].copy_from_slice(body);
+            let place = &mut bytes[job.range.clone()];
+            // Either has the range's length: checked on arrival (raw) or decoded (compressed).
+            match body {
+                Body::Raw { from } => {
+                    job.wire.copy_from_to(from, place);
+                }
+                Body::Decoded(decoded) => place.copy_from_slice(decoded),
+            }
             copy_repeats(&mut bytes[..], &job.range, &job.repeats);
         }
         true
@@ -968,6 +1014,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use gleam_cache::{Compression, Encoder};
 
     fn data(len: usize, seed: u64) -> Vec<u8> {

@@ -30,6 +30,7 @@ pub use crate::images::use_content_cache;
 use crate::mirrors::{self, Mirrors};
 use crate::payloads::{AnswerLater, Payloads, Settled};
 use gleam_protocol::api::ApiCall;
+use gleam_protocol::frame::Pieces;
 use gleam_protocol::order::Lane;
 use gleam_protocol::registry::{Admit, Effect, Handles, Kind, Owner, Register};
 use gleam_protocol::types::CUresult;
@@ -71,9 +72,12 @@ pub struct Session<B: Backend> {
     /// Warnings about a client breaking the protocol (requests before hello, a second hello): a
     /// hostile client must not decide how much the server logs.
     misuse: RateLimit,
-    /// The bulk bytes of the request being handled, when the caller owns them as [`Bytes`]
-    /// ([`Session::handle_shared`]): an upload's chunk is kept without a copy for the chunk worker.
-    shared_bulk: Option<Bytes>,
+    /// The bulk bytes of an upload's chunk being handled, as the network delivered them
+    /// ([`Session::handle_pieces`]): kept without a copy for the chunk worker.
+    shared_bulk: Option<Pieces>,
+    /// Where other requests' bulk bytes that arrived in several pieces are gathered into one slice
+    /// (kept between requests up to [`GATHER_KEPT`] bytes, so a stream of copies reuses warm pages).
+    gathered: Vec<u8>,
     /// Told (with the request's seq) when an upload's chunk is in place ([`Session::settle_chunks_with`]).
     chunk_sink: Option<ChunkSink>,
     /// The request just handled is marked run by [`Session::chunk_sink`], later.
@@ -87,6 +91,11 @@ pub type AnswerSink = Arc<dyn Fn(Lane, ReplyFrame) + Send + Sync>;
 
 /// Told the seq of an [`Call::UploadChunk`] request once its chunk is in place or refused.
 pub type ChunkSink = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// The most bytes [`Session::handle_pieces`] keeps for gathering between requests: a plain copy's piece
+/// ([`gleam_protocol::wire::COPY_CHUNK`]) with room to spare; a larger request (a module image) gathers
+/// into a buffer of its own.
+const GATHER_KEPT: usize = 8 << 20;
 
 /// Protocol-misuse warnings logged per [`MISUSE_INTERVAL`]; the rest are counted.
 const MISUSE_BURST: u32 = 10;
@@ -130,6 +139,7 @@ impl<B: Backend> Session<B> {
             requests: 0,
             misuse: RateLimit::new(MISUSE_BURST, MISUSE_INTERVAL),
             shared_bulk: None,
+            gathered: Vec::new(),
             chunk_sink: None,
             run_later: false,
             answer_sink: None,
@@ -158,12 +168,31 @@ impl<B: Backend> Session<B> {
         std::mem::take(&mut self.run_later)
     }
 
-    /// [`Session::handle`] with the bulk bytes as [`Bytes`], which a cached upload's chunk keeps (the
-    /// session process's executor hands its frames over this way).
-    pub fn handle_shared(&mut self, req: Request, bulk: Bytes) -> Option<Answer> {
-        self.shared_bulk = Some(bulk.clone());
-        let answer = self.handle(req, &bulk);
-        self.shared_bulk = None;
+    /// [`Session::handle`] with the bulk bytes in the pieces the network delivered them in (the session
+    /// process's executor hands its frames over this way): an upload's chunk keeps them as they are, for
+    /// its worker to hash and place; any other request gets them in one slice, gathered here if they came
+    /// in several, so the network thread never copies a request's bytes.
+    pub fn handle_pieces(&mut self, req: Request, bulk: Pieces) -> Option<Answer> {
+        if matches!(req.call, Call::UploadChunk { .. }) {
+            self.shared_bulk = Some(bulk);
+            let answer = self.handle(req, &[]);
+            self.shared_bulk = None;
+            return answer;
+        }
+        if let Some(bytes) = bulk.as_contiguous() {
+            return self.handle(req, bytes);
+        }
+        let mut gathered = std::mem::take(&mut self.gathered);
+        gathered.clear();
+        gathered.reserve(bulk.len());
+        for piece in bulk.iter() {
+            gathered.extend_from_slice(piece);
+        }
+        drop(bulk);
+        let answer = self.handle(req, &gathered);
+        if gathered.capacity() <= GATHER_KEPT {
+            self.gathered = gathered;
+        }
         answer
     }
 
@@ -658,7 +687,7 @@ impl<B: Backend> Session<B> {
                 let wire = self
                     .shared_bulk
                     .take()
-                    .unwrap_or_else(|| Bytes::copy_from_slice(bulk));
+                    .unwrap_or_else(|| Bytes::copy_from_slice(bulk).into());
                 let settled = match &self.chunk_sink {
                     Some(sink) => {
                         let sink = sink.clone();
