@@ -1161,7 +1161,7 @@ impl Shared {
         // taken: it travels to quinn as it is, and is kept with its request for resending.
         let (bulk, owned) = match bulk.split_last() {
             Some((last, rest)) if last.len() >= pool::OWN_BUFFER_FROM => {
-                (rest, Some(pool::BulkPool::global().copy(last)))
+                (rest, Some(pool::copy(last)))
             }
             _ => (bulk, None),
         };

@@ -290,24 +290,23 @@ impl Pieces {
     /// Copies every byte into `dst`, which must be exactly [`Pieces::len`] long (`false`, and nothing
     /// copied, if it is not).
     pub fn copy_to_slice(&self, dst: &mut [u8]) -> bool {
-        if dst.len() != self.len {
-            return false;
-        }
-        let mut at = 0;
-        for part in &self.parts {
-            dst[at..at + part.len()].copy_from_slice(part);
-            at += part.len();
-        }
-        true
+        self.copy_from_to(0, dst)
     }
 
     /// The bytes in a vector of their own.
     pub fn to_vec(&self) -> Vec<u8> {
-        let mut all = Vec::with_capacity(self.len);
-        for part in &self.parts {
-            all.extend_from_slice(part);
-        }
+        let mut all = Vec::new();
+        self.gather_into(&mut all);
         all
+    }
+
+    /// Replaces what `out` holds with the bytes (a buffer kept between uses keeps its pages).
+    pub fn gather_into(&self, out: &mut Vec<u8>) {
+        out.clear();
+        out.reserve(self.len);
+        for part in &self.parts {
+            out.extend_from_slice(part);
+        }
     }
 
     /// The bytes in one buffer: no copy when they arrived in one piece.

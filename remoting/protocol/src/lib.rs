@@ -9,6 +9,7 @@
 //! * [`registry`]: [`registry::Handles`], the registry of live handles with each kind's lifetime rules.
 //! * [`order`]: lanes and dependencies: which requests must run after which ([`order::Sequencer`] on
 //!   the client, [`order::Scheduler`] on the serving side).
+//! * [`recycle`]: large bulk buffers reused rather than faulted in afresh ([`recycle::Recycler`]).
 //! * [`resume`]: what each side keeps until the other has it, to resume a session after a drop.
 //! * [`types`]: the C ABI types (`CUresult`, handles, constants) shared by every layer.
 //! * [`descriptors`]: the C descriptor structs of arrays, textures, surfaces and 2D/3D copies.
@@ -21,6 +22,7 @@ pub mod copy;
 pub mod descriptors;
 pub mod frame;
 pub mod order;
+pub mod recycle;
 pub mod registry;
 pub mod resume;
 pub mod tuning;

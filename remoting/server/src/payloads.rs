@@ -683,10 +683,7 @@ fn place(decoder: &mut Decoder, scratch: &mut Scratch, job: &ChunkJob) {
                 let wire = match job.wire.as_contiguous() {
                     Some(wire) => wire,
                     None => {
-                        scratch.wire.clear();
-                        for piece in job.wire.iter() {
-                            scratch.wire.extend_from_slice(piece);
-                        }
+                        job.wire.gather_into(&mut scratch.wire);
                         &scratch.wire
                     }
                 };

@@ -183,11 +183,7 @@ impl<B: Backend> Session<B> {
             return self.handle(req, bytes);
         }
         let mut gathered = std::mem::take(&mut self.gathered);
-        gathered.clear();
-        gathered.reserve(bulk.len());
-        for piece in bulk.iter() {
-            gathered.extend_from_slice(piece);
-        }
+        bulk.gather_into(&mut gathered);
         drop(bulk);
         let answer = self.handle(req, &gathered);
         if gathered.capacity() <= GATHER_KEPT {
