@@ -338,26 +338,52 @@ pub unsafe fn dtoh(
     managed::before_work()?;
     let mirrored = managed::containing(dst as u64, n as u64);
     let pieces = n.div_ceil(gleam_protocol::wire::COPY_CHUNK).max(1) as u64;
-    // Requests numbered when the copy's own began, and how many of them precede the read ([`idle`]).
-    let mut before = session.client.requests_numbered();
-    let mut sent_before_copy = 0;
-    if mirrored.is_some() || managed::overlaps(dst as u64, n as u64) {
-        // Into mirrored memory: the server's copy is written in stream order too, and the bytes are
-        // installed here without faults (nor pushed back).
-        if let Some(m) = mirrored {
-            // What the host wrote there goes first, so that the copy lands on top of it.
-            managed::flush_range(dst as u64, n as u64)?;
-            before = session.client.requests_numbered();
-            sent_before_copy = 1;
-            let to = m.device + (dst as u64 - m.host);
-            // SAFETY: plain values.
-            unsafe {
-                match stream {
-                    None => forward::cuMemcpyDtoD_v2(to, src, n)?,
-                    Some(s) => forward::cuMemcpyDtoDAsync_v2(to, src, n, s as CUstream)?,
-                }
+    // (Below, `before`: the requests numbered when the copy's own began, for [`idle`].)
+    if let Some(m) = mirrored {
+        // Into one mirror: the server's copy is written in stream order too, then the whole pages the
+        // copy touches are read back from it ([`managed::PageSpan`]) and installed here without faults
+        // (nor pushed back). What the host wrote there goes first, so that the copy lands on top of it.
+        managed::flush_range(dst as u64, n as u64)?;
+        let before = session.client.requests_numbered();
+        let to = m.device + (dst as u64 - m.host);
+        // SAFETY: plain values.
+        unsafe {
+            match stream {
+                None => forward::cuMemcpyDtoD_v2(to, src, n)?,
+                Some(s) => forward::cuMemcpyDtoDAsync_v2(to, src, n, s as CUstream)?,
             }
         }
+        let span = managed::page_span(dst as u64, n as u64);
+        let (from, len) = span.map_or((src, n), |s| (s.device, s.len));
+        let mut staged = vec![0u8; len];
+        session
+            .client
+            .memcpy_dtoh(context::current(), &mut staged, from, stream)
+            .map_err(state::lost)?
+            .result()?;
+        if let Some(s) = stream {
+            // The device-side copy, then the read-back's pieces.
+            let expected =
+                before + 1 + len.div_ceil(gleam_protocol::wire::COPY_CHUNK).max(1) as u64;
+            idle::copied_back(s, expected, session.client.requests_numbered());
+        }
+        // The synchronization first (it may make every other page stale), then the fresh bytes. This is
+        // the copy's one synchronization point: another would make the installed pages stale again.
+        let Some(span) = span else {
+            return managed::after_sync();
+        };
+        managed::after_copy_into(&span)?;
+        if !managed::install_span(&span, &staged, dst as u64, n) {
+            // Freed meanwhile: written here, holding no lock, so that faults resolve.
+            let at = (dst as u64 - span.host) as usize;
+            bytes.copy_from_slice(&staged[at..at + n]);
+        }
+        return Ok(());
+    }
+    let before = session.client.requests_numbered();
+    if managed::overlaps(dst as u64, n as u64) {
+        // Partly into mirrored memory: written here, holding no lock, so that faults resolve, after the
+        // synchronization (which may make the mirrors' pages stale).
         let mut staged = vec![0u8; n];
         session
             .client
@@ -365,25 +391,19 @@ pub unsafe fn dtoh(
             .map_err(state::lost)?
             .result()?;
         if let Some(s) = stream {
-            let expected = before + sent_before_copy + pieces;
-            idle::copied_back(s, expected, session.client.requests_numbered());
-        }
-        // The synchronization first (it may make every mirror stale), then the fresh bytes.
-        managed::after_sync()?;
-        if mirrored.is_none() || !managed::install(dst as u64, &staged) {
-            // Written here, holding no lock: faults resolve.
-            bytes.copy_from_slice(&staged);
-        }
-    } else {
-        before = session.client.requests_numbered();
-        session
-            .client
-            .memcpy_dtoh(context::current(), bytes, src, stream)
-            .map_err(state::lost)?
-            .result()?;
-        if let Some(s) = stream {
             idle::copied_back(s, before + pieces, session.client.requests_numbered());
         }
+        managed::after_sync()?;
+        bytes.copy_from_slice(&staged);
+        return Ok(());
+    }
+    session
+        .client
+        .memcpy_dtoh(context::current(), bytes, src, stream)
+        .map_err(state::lost)?
+        .result()?;
+    if let Some(s) = stream {
+        idle::copied_back(s, before + pieces, session.client.requests_numbered());
     }
     // The data came after the stream's (or the legacy stream's) earlier work.
     managed::after_sync()
@@ -422,7 +442,9 @@ pub unsafe fn cuStreamSynchronize(stream: CUstream) -> Result<(), CUresult> {
     let session = state::session()?;
     if idle::known(stream as u64, session.client.requests_numbered()) {
         handles::check(gleam_protocol::registry::Kind::Stream, stream as u64)?;
-        return managed::after_sync();
+        // Nothing completes now that had not when the copy came back, and that was a synchronization
+        // point for the mirrors already: another would make the pages it installed stale again.
+        return Ok(());
     }
     // SAFETY: a plain handle, forwarded under the same contract.
     unsafe { forward::cuStreamSynchronize(stream) }

@@ -133,7 +133,7 @@ fn only_changed_bytes_travel_and_device_writes_come_back_lazily() {
 
     // The device writes page 6; after a synchronization the host sees it, fetching only what changed.
     f.device_writes(p + 6 * page as u64, &[9; 100]);
-    synced(Some(submitted())).unwrap();
+    synced(Some(submitted()), None).unwrap();
     // SAFETY: as above.
     let seen = unsafe { std::slice::from_raw_parts(host, len) }.to_vec();
     assert_eq!(seen[6 * page..6 * page + 100], [9; 100]);
@@ -145,7 +145,7 @@ fn only_changed_bytes_travel_and_device_writes_come_back_lazily() {
     );
 
     // No work since the last full synchronization: another one drops nothing.
-    synced(Some(submitted())).unwrap();
+    synced(Some(submitted()), None).unwrap();
     // SAFETY: as above.
     let _ = unsafe { host.add(6 * page).read_volatile() };
     assert_eq!(counters(&f), (0, 0));
@@ -163,7 +163,7 @@ fn host_and_device_writes_to_one_page_merge() {
     // SAFETY: our mirror.
     unsafe { std::ptr::write_bytes(host, 1, page / 2) };
     f.device_writes(p + (page / 2) as u64, &vec![2; page / 2]);
-    synced(Some(submitted())).unwrap();
+    synced(Some(submitted()), None).unwrap();
     // SAFETY: as above.
     let seen = unsafe { std::slice::from_raw_parts(host, page) };
     assert!(seen[..page / 2].iter().all(|&b| b == 1), "host writes kept");
@@ -244,7 +244,7 @@ fn registered_memory_keeps_its_address_and_its_neighbours() {
     // The device writes the first byte (a shared page) and one interior byte.
     f.device_writes(device, &[8]);
     f.device_writes(device + 2 * page as u64, &[9]);
-    synced(Some(submitted())).unwrap();
+    synced(Some(submitted()), None).unwrap();
     // SAFETY: as above.
     unsafe {
         assert_eq!(*(start as *const u8), 8);
@@ -329,7 +329,7 @@ fn a_forked_child_gets_a_private_unprotected_copy() {
     // SAFETY: our mirror.
     unsafe { *host = 5 };
     before_work().unwrap();
-    synced(Some(submitted())).unwrap();
+    synced(Some(submitted()), None).unwrap();
     // Both pages are now inaccessible in this process. In a child, where no resolver runs, they must be
     // plain memory holding the bytes this process had, and the child's writes its own.
     // SAFETY: the child touches memory and exits, nothing else.
@@ -415,4 +415,68 @@ fn small_allocations_get_pages_of_their_own() {
         assert_eq!(free(p, false), Some(Ok(())));
     }
     assert_eq!(free(c, true), Some(Ok(())));
+}
+
+/// A device-to-host copy of a few bytes into a page-locked buffer (`tensor.item()`), as `dtoh` makes it:
+/// the device-side copy into the server's copy, the touched pages read back whole from it, the
+/// synchronization, the install. The next read faults nothing and fetches nothing, the rest of the page
+/// is what the device left there, and the host's own writes to a writable page are kept.
+#[test]
+fn a_copy_read_back_by_whole_pages_leaves_nothing_stale() {
+    let (_g, f) = fake();
+    let page = page_size();
+    let p = alloc(MirrorKind::Host { flags: 0 }, 3 * page, 7).unwrap();
+    let host = p as *mut u8;
+    let at = p + page as u64 + 100;
+    let copy = |value: u8| {
+        before_work().unwrap(); // the copy is device work
+        let span = page_span(at, 4).unwrap();
+        assert_eq!(
+            (span.host, span.len),
+            (p + page as u64, page),
+            "its one page, whole"
+        );
+        f.device_writes(at, &[value; 4]); // the device-side copy into the server's copy
+        let back = f.device_reads(span.device, span.len);
+        after_copy_into(&span).unwrap();
+        assert!(install_span(&span, &back, at, 4));
+    };
+    // The device wrote elsewhere in the page meanwhile.
+    f.device_writes(p + page as u64 + 2000, &[5; 8]);
+    copy(1);
+    let reads = f.reads.load(Ordering::Relaxed);
+    // SAFETY: our mirror.
+    let seen = unsafe { std::slice::from_raw_parts(host.add(page), page) }.to_vec();
+    assert_eq!(seen[100..104], [1; 4]);
+    assert_eq!(
+        seen[2000..2008],
+        [5; 8],
+        "the page's other bytes are the server's"
+    );
+    assert_eq!(
+        f.reads.load(Ordering::Relaxed),
+        reads,
+        "no fault fetched the page"
+    );
+
+    // Written by the host since (dirty): the next copy installs only its own bytes there.
+    // SAFETY: as above.
+    unsafe { *host.add(page + 3000) = 9 };
+    f.device_writes(p + page as u64 + 2000, &[6; 8]);
+    counters(&f);
+    copy(2);
+    assert_eq!(
+        counters(&f).0,
+        1,
+        "the copy's device work pushed the host's byte first"
+    );
+    // SAFETY: as above.
+    let seen = unsafe { std::slice::from_raw_parts(host.add(page), page) }.to_vec();
+    assert_eq!(seen[100..104], [2; 4]);
+    assert_eq!(seen[3000], 9, "the host's write is kept");
+    // The copy's bytes are not pushed back as host writes.
+    before_work().unwrap();
+    assert_eq!(counters(&f).0, 0);
+    assert_eq!(f.device_reads(p + page as u64 + 3000, 1), [9]);
+    free(p, true).unwrap().unwrap();
 }
