@@ -664,6 +664,30 @@ fn push_all(t: &mut Table, remote: &dyn Remote) -> Result<(), CUresult> {
     batch.send()
 }
 
+/// [`push_all`], leaving out the pages of `span`.
+fn push_all_but(t: &mut Table, remote: &dyn Remote, span: &PageSpan) -> Result<(), CUresult> {
+    let mut batch = Batch {
+        remote,
+        runs: Vec::new(),
+        bytes: Vec::new(),
+    };
+    let quiet = !t.pending();
+    let page = page_size();
+    let (lo, hi) = (span.host as usize, span.host as usize + span.len);
+    for m in t.mirrors.values_mut() {
+        let map_end = m.start + m.map_len();
+        if hi <= m.start || lo >= map_end {
+            m.push(&mut batch, None, quiet)?;
+            continue;
+        }
+        let first = (lo.max(m.start) - m.start) / page;
+        let end = (hi.min(map_end) - m.start).div_ceil(page);
+        m.push(&mut batch, Some((0, first)), quiet)?;
+        m.push(&mut batch, Some((end, m.npages)), quiet)?;
+    }
+    batch.send()
+}
+
 // --- The hooks the rest of the shim calls -------------------------------------------------------
 
 /// Before device work (a launch, a copy, a forwarded call that may touch memory): dirty pages go to the
@@ -699,8 +723,12 @@ fn synced(completes: Option<u64>, installing: Option<&PageSpan>) -> Result<(), C
         return Ok(());
     }
     fault::ensure_handler();
-    // Host writes made meanwhile are pushed before the pages are dropped.
-    push_all(&mut t, &*remote)?;
+    // Host writes made meanwhile are pushed before the pages are dropped; not those of `installing`,
+    // whose read-back was taken before them: a page written since stays dirty and keeps them.
+    match installing {
+        None => push_all(&mut t, &*remote)?,
+        Some(span) => push_all_but(&mut t, &*remote, span)?,
+    }
     for m in t.mirrors.values_mut() {
         m.invalidate(&*remote, installing)?;
     }
