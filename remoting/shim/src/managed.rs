@@ -314,6 +314,18 @@ impl Mirror {
         }
     }
 
+    /// The pages of `span` in this mirror (empty if it lies elsewhere).
+    fn pages_of(&self, span: Option<&PageSpan>) -> std::ops::Range<usize> {
+        let Some(span) = span else { return 0..0 };
+        let (lo, hi) = (span.host as usize, span.host as usize + span.len);
+        let map_end = self.start + self.map_len();
+        if hi <= self.start || lo >= map_end {
+            return 0..0;
+        }
+        let page = page_size();
+        (lo.max(self.start) - self.start) / page..(hi.min(map_end) - self.start).div_ceil(page)
+    }
+
     fn device_writable(&self) -> bool {
         !matches!(self.kind, MirrorKind::Registered { flags } if flags & REGISTER_READ_ONLY != 0)
     }
@@ -620,18 +632,11 @@ impl Mirror {
         if !self.device_writable() {
             return Ok(());
         }
-        let page = page_size();
-        let start = self.start;
-        let installed = |i: usize| {
-            installing.is_some_and(|s| {
-                let at = start + i * page;
-                at < s.host as usize + s.len && at + page > s.host as usize
-            })
-        };
+        let installed = self.pages_of(installing);
         let mut stale = Vec::new();
         let mut now = Vec::new();
         for (i, p) in self.pages.iter_mut().enumerate() {
-            if installed(i) {
+            if installed.contains(&i) {
                 continue;
             }
             match p.state {
@@ -650,8 +655,12 @@ impl Mirror {
     }
 }
 
-/// Sends what is dirty in every mirror.
-fn push_all(t: &mut Table, remote: &dyn Remote) -> Result<(), CUresult> {
+/// Sends what is dirty in every mirror, but for the pages of `leaving`.
+fn push_all(
+    t: &mut Table,
+    remote: &dyn Remote,
+    leaving: Option<&PageSpan>,
+) -> Result<(), CUresult> {
     let mut batch = Batch {
         remote,
         runs: Vec::new(),
@@ -659,31 +668,13 @@ fn push_all(t: &mut Table, remote: &dyn Remote) -> Result<(), CUresult> {
     };
     let quiet = !t.pending();
     for m in t.mirrors.values_mut() {
-        m.push(&mut batch, None, quiet)?;
-    }
-    batch.send()
-}
-
-/// [`push_all`], leaving out the pages of `span`.
-fn push_all_but(t: &mut Table, remote: &dyn Remote, span: &PageSpan) -> Result<(), CUresult> {
-    let mut batch = Batch {
-        remote,
-        runs: Vec::new(),
-        bytes: Vec::new(),
-    };
-    let quiet = !t.pending();
-    let page = page_size();
-    let (lo, hi) = (span.host as usize, span.host as usize + span.len);
-    for m in t.mirrors.values_mut() {
-        let map_end = m.start + m.map_len();
-        if hi <= m.start || lo >= map_end {
+        let left = m.pages_of(leaving);
+        if left.is_empty() {
             m.push(&mut batch, None, quiet)?;
-            continue;
+        } else {
+            m.push(&mut batch, Some((0, left.start)), quiet)?;
+            m.push(&mut batch, Some((left.end, m.npages)), quiet)?;
         }
-        let first = (lo.max(m.start) - m.start) / page;
-        let end = (hi.min(map_end) - m.start).div_ceil(page);
-        m.push(&mut batch, Some((0, first)), quiet)?;
-        m.push(&mut batch, Some((end, m.npages)), quiet)?;
     }
     batch.send()
 }
@@ -698,7 +689,7 @@ pub fn before_work() -> Result<(), CUresult> {
     }
     let mut t = table();
     if UNPUSHED.load(Ordering::Acquire) > 0 {
-        push_all(&mut t, &*remote())?;
+        push_all(&mut t, &*remote(), None)?;
     }
     t.submitted += 1;
     Ok(())
@@ -725,10 +716,7 @@ fn synced(completes: Option<u64>, installing: Option<&PageSpan>) -> Result<(), C
     fault::ensure_handler();
     // Host writes made meanwhile are pushed before the pages are dropped; not those of `installing`,
     // whose read-back was taken before them: a page written since stays dirty and keeps them.
-    match installing {
-        None => push_all(&mut t, &*remote)?,
-        Some(span) => push_all_but(&mut t, &*remote, span)?,
-    }
+    push_all(&mut t, &*remote, installing)?;
     for m in t.mirrors.values_mut() {
         m.invalidate(&*remote, installing)?;
     }
